@@ -1,0 +1,51 @@
+"""Clocks the engine runs on: the wall clock for real runs, a virtual one for simulation.
+
+The engine reads ``now()`` when it schedules and after a step; it calls
+``advance(duration)`` with the step's duration. The wall clock ignores that (the
+time really passed); the virtual clock is moved by it, which is all simulation is.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class WallClock:
+    """Seconds since the clock was created (monotonic)."""
+
+    is_virtual = False
+
+    def __init__(self) -> None:
+        self._origin = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def advance(self, seconds: float) -> None:  # the step already took its time
+        pass
+
+    def advance_to(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class VirtualClock:
+    """Time that moves only when told to."""
+
+    is_virtual = True
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"cannot move a clock backwards by {seconds} s")
+        self._now += seconds
+
+    def advance_to(self, t: float) -> None:
+        if t > self._now:
+            self._now = t

@@ -1,0 +1,80 @@
+"""Scheduler decisions as plain records.
+
+The scheduler appends one :class:`Decision` per choice it makes; telemetry turns
+them into spans and metrics in one place, reports read them back. Nothing here
+imports OpenTelemetry or touches tensors. Records are created only when something
+happens (an admission, a preemption, ...), never per sequence per step, so the
+step's hot path stays free of them — except ``idle_running``, which is one record
+per step listing every sequence the token budget left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Decision kinds ------------------------------------------------------------------
+ADMIT = "admit"  # a waiting request entered the running set for the first time
+PREEMPT = "preempt"  # a running request lost its place (mode: swap | recompute)
+SWAP_OUT = "swap_out"  # its KV blocks moved device -> host
+SWAP_IN = "swap_in"  # its KV blocks moved host -> device; it runs again
+RECOMPUTE = "recompute"  # a recompute-preempted request re-entered to re-prefill
+REJECT = "reject"  # a request that can never run, or arrived to a full queue
+WAIT = "wait"  # the head of the queue could not be admitted (once per reason change)
+IDLE_RUNNING = "idle_running"  # running requests left out of a step by the token budget
+ABORT = "abort"  # the client went away or abort() was called
+
+DECISION_KINDS = (ADMIT, PREEMPT, SWAP_OUT, SWAP_IN, RECOMPUTE, REJECT, WAIT, IDLE_RUNNING, ABORT)
+
+# Reasons -------------------------------------------------------------------------
+REASON_POLICY_ORDER = "policy_order"  # admitted in the active policy's order
+REASON_MAX_WAIT = "max_wait"  # waited past max_wait_s: served ahead of the policy
+REASON_OUT_OF_BLOCKS = "out_of_blocks"  # the device KV pool had no room
+REASON_PRIORITY = "priority"  # a waiting request with a better key needed the room
+REASON_MAX_NUM_SEQS = "max_num_seqs"  # the running set was full
+REASON_TOKEN_BUDGET = "token_budget"  # max_num_batched_tokens was used up
+REASON_SWAP_SPACE_EXHAUSTED = "swap_space_exhausted"  # swap wanted, host pool full
+REASON_PREEMPTION_MODE = "preemption_mode"  # the configured mode chose it
+REASON_EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"
+REASON_EXCEEDS_KV_POOL = "exceeds_kv_pool"
+REASON_QUEUE_FULL = "queue_full"  # max_waiting reached (a server answers 429)
+REASON_STATIC_BATCH = "static_batch"  # static batching: the batch is closed to joins
+REASON_CLIENT = "client"  # abort requested from outside
+
+
+@dataclass(slots=True)
+class Decision:
+    """One scheduling choice.
+
+    ``request_id`` is the request the decision is about (the victim of a
+    preemption); ``beneficiary`` the one it was made for. ``mode`` is set on
+    preemptions (``swap`` or ``recompute``). ``num_blocks`` counts blocks moved or
+    needed, ``num_tokens`` tokens to (re-)prefill. ``request_ids`` lists the
+    sequences of an ``idle_running`` record.
+    """
+
+    kind: str
+    time: float
+    step: int
+    request_id: str | None = None
+    reason: str = ""
+    mode: str | None = None
+    beneficiary: str | None = None
+    num_blocks: int = 0
+    num_tokens: int = 0
+    request_ids: tuple[str, ...] = field(default_factory=tuple)
+    detail: str = ""  # e.g. why a swap preemption fell back to recompute
+
+    def as_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "time": self.time,
+            "step": self.step,
+            "request_id": self.request_id,
+            "reason": self.reason,
+            "mode": self.mode,
+            "beneficiary": self.beneficiary,
+            "num_blocks": self.num_blocks,
+            "num_tokens": self.num_tokens,
+            "request_ids": list(self.request_ids),
+            "detail": self.detail,
+        }

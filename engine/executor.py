@@ -1,0 +1,52 @@
+"""Executors run a scheduled step. The simulated one lives here; the torch one is
+``engine.model_runner``. Both return a :class:`StepResult`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.cost_model import CostModel
+from engine.scheduler import SchedulerOutput
+
+
+@dataclass(slots=True)
+class StepResult:
+    #: One entry per scheduled sequence (aligned with ``SchedulerOutput.seqs``): the
+    #: sampled token id, or None when the sequence only computed part of a prefill.
+    sampled: list[int | None]
+    #: Seconds the step took (measured) or would take (predicted, in simulation).
+    duration_s: float
+
+
+class Executor(Protocol):
+    def execute(self, out: SchedulerOutput) -> StepResult: ...
+
+
+class SimulatedExecutor:
+    """Executes nothing: predicts the step's duration with a cost model and emits
+    placeholder tokens, EOS when a request reaches its known output length.
+    """
+
+    #: The placeholder token; any id that is not EOS would do.
+    FILLER_TOKEN_ID = 3
+
+    def __init__(self, cost_model: CostModel, eos_token_id: int = 2) -> None:
+        self.cost_model = cost_model
+        self.eos_token_id = eos_token_id
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        eos, filler = self.eos_token_id, self.FILLER_TOKEN_ID
+        sampled: list[int | None] = []
+        for seq in out.seqs:
+            if seq.num_computed_tokens + seq.num_scheduled_tokens < seq.num_tokens:
+                sampled.append(None)
+            elif (
+                seq.oracle_output_tokens is not None
+                and seq.num_tokens - seq.num_prompt_tokens + 1 >= seq.oracle_output_tokens
+            ):
+                sampled.append(eos)
+            else:
+                sampled.append(filler)
+        return StepResult(sampled, self.cost_model.predict_step(out))

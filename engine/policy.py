@@ -1,0 +1,91 @@
+"""Scheduling policies as orderings.
+
+A policy gives each request a *static* key when it arrives; lower keys are served
+first and, among running requests, the highest key is preempted first. Ties fall
+to arrival order (``Sequence.seq_no``).
+
+Why static keys are enough, aging included: with linear aging at one rate, the
+effective key at time ``t`` is ``base - rate * (t - arrival) = (base + rate *
+arrival) - rate * t``. The last term is the same for every request, so the order
+is that of ``base + rate * arrival`` at all times, and a heap with that fixed key
+never needs re-sorting. The hard bound ``max_wait_s`` is not an ordering: the
+scheduler handles it by watching the request that has waited longest.
+"""
+
+from __future__ import annotations
+
+from engine.config import SchedulerConfig
+from engine.sequence import Sequence
+
+
+class Policy:
+    """One ordering of requests. Subclasses only define :meth:`base_key`."""
+
+    name = ""
+    #: Whether a waiting request with a better key may take the place (blocks, slot)
+    #: of a running request with a worse one, as vLLM's priority scheduling does.
+    preempts_for_waiting = False
+
+    def __init__(self, aging_rate: float = 0.0) -> None:
+        self.aging_rate = aging_rate
+
+    def base_key(self, seq: Sequence) -> float:
+        raise NotImplementedError
+
+    def key(self, seq: Sequence) -> float:
+        """The static key: lower is served earlier."""
+        return self.base_key(seq) + self.aging_rate * seq.arrival_time
+
+
+class FcfsPolicy(Policy):
+    """First come, first served: arrival time is the key (aging changes nothing)."""
+
+    name = "fcfs"
+
+    def base_key(self, seq: Sequence) -> float:
+        return 0.0
+
+    def key(self, seq: Sequence) -> float:
+        return seq.arrival_time
+
+
+class SjfPolicy(Policy):
+    """Shortest job first by an estimated job size in tokens.
+
+    ``request`` estimates prompt + ``max_tokens`` (all a server knows);
+    ``oracle`` uses the true output length when the simulator knows it.
+    """
+
+    name = "sjf"
+
+    def __init__(self, aging_rate: float = 0.0, estimator: str = "request") -> None:
+        super().__init__(aging_rate)
+        self.estimator = estimator
+
+    def base_key(self, seq: Sequence) -> float:
+        if self.estimator == "oracle" and seq.oracle_output_tokens is not None:
+            return float(seq.num_prompt_tokens + seq.oracle_output_tokens)
+        return float(seq.num_prompt_tokens + seq.params.max_tokens)
+
+
+class PriorityPolicy(Policy):
+    """vLLM's priority scheduling: lower value is served earlier, arrival breaks ties."""
+
+    name = "priority"
+    preempts_for_waiting = True
+
+    def base_key(self, seq: Sequence) -> float:
+        return float(seq.priority)
+
+
+POLICIES: dict[str, type[Policy]] = {
+    FcfsPolicy.name: FcfsPolicy,
+    SjfPolicy.name: SjfPolicy,
+    PriorityPolicy.name: PriorityPolicy,
+}
+
+
+def make_policy(config: SchedulerConfig) -> Policy:
+    if config.scheduling_policy == SjfPolicy.name:
+        return SjfPolicy(config.aging_rate, config.sjf_size_estimator)
+    return POLICIES[config.scheduling_policy](config.aging_rate)

@@ -1,0 +1,187 @@
+"""The request object: the one place that holds a request's state.
+
+The scheduler moves a :class:`Sequence` between its queues; the block manager
+fills its block table; the executor appends tokens. Nothing else owns request
+state, so a record of a request is always read from here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "finished_stopped"  # EOS or a stop token
+    FINISHED_LENGTH = "finished_length"  # max_tokens or max_model_len reached
+    FINISHED_ABORTED = "finished_aborted"  # the client went away / abort() was called
+    FINISHED_REJECTED = "finished_rejected"  # can never run (too long, never fits the pool)
+    FINISHED_ERROR = "finished_error"  # the executor failed while running it
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = frozenset(
+    {
+        SequenceStatus.FINISHED_STOPPED,
+        SequenceStatus.FINISHED_LENGTH,
+        SequenceStatus.FINISHED_ABORTED,
+        SequenceStatus.FINISHED_REJECTED,
+        SequenceStatus.FINISHED_ERROR,
+    }
+)
+
+#: The OpenAI ``finish_reason`` / vLLM ``finished_reason`` label for each end state.
+FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+    SequenceStatus.FINISHED_REJECTED: "rejected",
+    SequenceStatus.FINISHED_ERROR: "error",
+}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What the client asked for; validated by the API layer, trusted here."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+
+
+class Sequence:
+    """All per-request state.
+
+    Token accounting: ``num_tokens`` = prompt + generated. ``num_computed_tokens`` is
+    how many of them have KV in the cache. A step schedules ``num_scheduled_tokens``
+    more; when that reaches ``num_tokens`` the step samples one new token. After a
+    recompute preemption ``num_computed_tokens`` drops to 0 and the whole prompt
+    plus the output so far is prefilled again (those tokens are counted in
+    ``num_recomputed_tokens``).
+    """
+
+    __slots__ = (
+        "request_id", "seq_no", "prompt_token_ids", "output_token_ids", "params", "priority",
+        "arrival_time", "request_class", "oracle_output_tokens", "status", "num_prompt_tokens",
+        "num_tokens", "num_computed_tokens", "num_scheduled_tokens", "block_table",
+        "policy_key", "queue_version", "waiting_since", "first_scheduled_time",
+        "first_token_time", "last_token_time", "finished_time", "swapped_out_time",
+        "total_swapped_s", "total_queue_s", "num_preemptions_swap", "num_preemptions_recompute",
+        "num_recomputed_tokens", "num_pending_recompute_tokens", "num_idle_running_steps",
+        "reject_reason", "error", "promoted",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        seq_no: int,
+        priority: int = 0,
+        request_class: str = "",
+        oracle_output_tokens: int | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.seq_no = seq_no  # arrival order inside this engine: the final tie-breaker
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.priority = priority
+        self.arrival_time = arrival_time
+        self.request_class = request_class
+        # The true output length where one is known in advance (simulation): the
+        # simulated executor emits EOS here; the sjf "oracle" estimator reads it.
+        self.oracle_output_tokens = oracle_output_tokens
+        self.status = SequenceStatus.WAITING
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_tokens = self.num_prompt_tokens
+        self.num_computed_tokens = 0
+        self.num_scheduled_tokens = 0  # tokens scheduled in the step being built
+        self.block_table: list[int] = []
+        self.policy_key: float = 0.0  # set by the policy when the request arrives
+        self.queue_version = 0  # invalidates stale queue entries (lazy deletion)
+        self.waiting_since = arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finished_time: float | None = None
+        self.swapped_out_time: float | None = None
+        self.total_swapped_s = 0.0
+        self.total_queue_s = 0.0  # every interval spent WAITING, re-queues included
+        self.num_preemptions_swap = 0
+        self.num_preemptions_recompute = 0
+        self.num_recomputed_tokens = 0
+        self.num_pending_recompute_tokens = 0  # still to be re-prefilled after a recompute
+        self.num_idle_running_steps = 0
+        self.reject_reason: str | None = None
+        self.error: str | None = None
+        self.promoted = False  # waited past max_wait_s: served ahead of the policy order
+
+    # -- derived counts ------------------------------------------------------------
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.num_preemptions_swap + self.num_preemptions_recompute
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The most tokens this request can ever hold: prompt + max_tokens."""
+        return self.num_prompt_tokens + self.params.max_tokens
+
+    @property
+    def queue_s(self) -> float | None:
+        """First admission minus arrival (METRICS.md ``queue_s``)."""
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def append_token(self, token_id: int, now: float) -> None:
+        self.output_token_ids.append(token_id)
+        self.num_tokens += 1
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.last_token_time = now
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )
