@@ -33,7 +33,7 @@ from engine.block_manager import BlockManager, BlockMapping
 from engine.config import SchedulerConfig
 from engine.decisions import Decision
 from engine.policy import Policy, make_policy
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import STALL_FLOOR_S, Sequence, SequenceStatus
 
 WAITING = SequenceStatus.WAITING
 RUNNING = SequenceStatus.RUNNING
@@ -592,10 +592,18 @@ class Scheduler:
                 seq.num_pending_recompute_tokens -= redone
             if token is None:
                 continue
+            # Sequence.append_token, inlined: this runs once per generated token.
             seq.output_token_ids.append(token)
             seq.num_tokens += 1
-            if seq.first_token_time is None:
+            last = seq.last_token_time
+            if last is None:
                 seq.first_token_time = now
+            else:
+                gap = now - last
+                if gap > seq.max_itl_s:
+                    seq.max_itl_s = gap
+                if gap >= STALL_FLOOR_S:
+                    seq.long_gaps.append((last, gap))
             seq.last_token_time = now
             params = seq.params
             num_output = seq.num_tokens - seq.num_prompt_tokens

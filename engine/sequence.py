@@ -10,6 +10,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+#: No inter-token gap shorter than this is ever a stall (METRICS.md: the threshold is
+#: the larger of 250 ms and 5x the run's median ITL).
+STALL_FLOOR_S = 0.25
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -87,7 +91,7 @@ class Sequence:
         "first_token_time", "last_token_time", "finished_time", "swapped_out_time",
         "total_swapped_s", "total_queue_s", "num_preemptions_swap", "num_preemptions_recompute",
         "num_recomputed_tokens", "num_pending_recompute_tokens", "num_idle_running_steps",
-        "reject_reason", "error", "promoted",
+        "reject_reason", "error", "promoted", "max_itl_s", "long_gaps",
     )
 
     def __init__(
@@ -136,6 +140,10 @@ class Sequence:
         self.reject_reason: str | None = None
         self.error: str | None = None
         self.promoted = False  # waited past max_wait_s: served ahead of the policy order
+        self.max_itl_s = 0.0  # largest gap between consecutive tokens, at the engine
+        # (start, length) of every gap of at least STALL_FLOOR_S: stall candidates. The
+        # stall threshold is never below the floor, so these are all a report needs.
+        self.long_gaps: list[tuple[float, float]] = []
 
     # -- derived counts ------------------------------------------------------------
     @property
@@ -174,10 +182,18 @@ class Sequence:
         return self.prompt_token_ids + self.output_token_ids
 
     def append_token(self, token_id: int, now: float) -> None:
+        """Append a sampled token at time ``now`` (the scheduler inlines this)."""
         self.output_token_ids.append(token_id)
         self.num_tokens += 1
-        if self.first_token_time is None:
+        last = self.last_token_time
+        if last is None:
             self.first_token_time = now
+        else:
+            gap = now - last
+            if gap > self.max_itl_s:
+                self.max_itl_s = gap
+            if gap >= STALL_FLOOR_S:
+                self.long_gaps.append((last, gap))
         self.last_token_time = now
 
     def __repr__(self) -> str:

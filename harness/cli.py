@@ -1,0 +1,159 @@
+"""The ``schedscope`` command line (typer)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from engine.config import ConfigError, EngineConfig
+from engine.cost_model import CostModel, CostModelError
+from harness.knobs import build_engine_config, with_engine_knobs
+from harness.profiles import ProfileError, resolve_profile
+
+app = typer.Typer(
+    name="schedscope",
+    help="Observability-first benchmark and load-testing harness for LLM inference schedulers.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+
+POLICY_CHOICES = ("fcfs", "sjf", "priority")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"schedscope {version('schedscope')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """schedscope: see *why* requests were slow — per request, per decision."""
+
+
+def _policies(value: str) -> list[str]:
+    if value == "all":
+        return list(POLICY_CHOICES)
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [n for n in names if n not in POLICY_CHOICES]
+    if not names or bad:
+        raise typer.BadParameter(
+            f"unknown policy {', '.join(bad) or repr(value)}; expected fcfs, sjf, priority, "
+            "a comma-separated list of them, or all",
+            param_hint="--policy",
+        )
+    if len(set(names)) != len(names):
+        raise typer.BadParameter(f"policy listed twice in {value!r}", param_hint="--policy")
+    return names
+
+
+@app.command()
+@with_engine_knobs(exclude=frozenset({"scheduling_policy"}))
+def simulate(
+    engine_config: EngineConfig | None,
+    knob_values: dict,
+    profile: str = typer.Option(
+        "default", "--profile", help="Profile file (.toml or .py) or a shipped profile's name."
+    ),
+    policy: str = typer.Option(
+        "fcfs", "--policy",
+        help="fcfs, sjf or priority; a comma-separated list or 'all' compares several.",
+    ),
+    out: Path = typer.Option(Path("runs/simulate"), "--out", help="Directory for the records."),
+    cost_model: Path | None = typer.Option(
+        None, "--cost-model", help="Cost model JSON (from `schedscope calibrate`); default: built-in."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Schedule seed (default: the profile's)."),
+    rate_scale: float = typer.Option(
+        1.0, "--rate-scale", help="Multiply every open-loop arrival rate of the profile."
+    ),
+    num_requests: int | None = typer.Option(
+        None, "--num-requests",
+        help="Simulate exactly this many open-loop requests by repeating the profile's open phases.",
+    ),
+    write_decisions: bool = typer.Option(
+        True, "--decisions/--no-decisions", help="Also write decisions.parquet."
+    ),
+) -> None:
+    """Simulate the engine's scheduler on a virtual clock with a cost model.
+
+    Writes DIR/requests.parquet, DIR/decisions.parquet and DIR/summary.json (one
+    policy), or DIR/<policy>/... plus a combined DIR/summary.json (several), and
+    prints a comparison table. Same profile, seed and knobs: same bytes.
+    """
+    from harness.simulate import run_simulations
+
+    policies = _policies(policy)
+    try:
+        prof = resolve_profile(profile)
+        if rate_scale != 1.0:
+            prof = prof.with_rate_scale(rate_scale)
+    except ProfileError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--profile") from None
+    try:
+        model = CostModel.load(cost_model) if cost_model else CostModel()
+    except CostModelError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
+    configs = {}
+    for name in policies:
+        try:
+            configs[name] = build_engine_config({**knob_values, "scheduling_policy": name})
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    if num_requests is not None and num_requests < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--num-requests")
+    summary = run_simulations(
+        prof, configs, model, out, seed=seed, num_requests=num_requests,
+        write_decisions=write_decisions,
+    )
+    print_comparison(summary)
+    console.print(f"records: {out}")
+
+
+def print_comparison(summary: dict) -> None:
+    table = Table(title=f"schedscope simulate — profile {summary['profile']} (seed {summary['seed']})")
+    for column in ("policy", "class", "ok", "rej", "ttft p50", "ttft p99", "tpot p50",
+                   "e2e p99", "queue p99", "queue max", "preempt s/r", "goodput/s"):
+        table.add_column(column, justify="left" if column in ("policy", "class") else "right")
+
+    def fmt(value, unit="s") -> str:
+        return "-" if value is None else f"{value:.3f}" if unit == "s" else f"{value:.2f}"
+
+    for name, result in summary["policies"].items():
+        groups = [("all", result["overall"])] + list(result["classes"].items())
+        for class_name, g in groups:
+            m = g["metrics"]
+            table.add_row(
+                name if class_name == "all" else "", class_name, str(g["counts"]["ok"]),
+                str(g["counts"]["rejected"]),
+                fmt(m.get("ttft_s", {}).get("p50")), fmt(m.get("ttft_s", {}).get("p99")),
+                fmt(m.get("tpot_s", {}).get("p50")), fmt(m.get("e2e_s", {}).get("p99")),
+                fmt(m.get("queue_s", {}).get("p99")), fmt(m.get("queue_s", {}).get("max")),
+                f"{g['preemptions']['swap']}/{g['preemptions']['recompute']}",
+                fmt(g["goodput_rps"], "n"),
+            )
+        table.add_section()
+    console.print(table)
+
+
+def engine_config_dict(config: EngineConfig) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def main() -> None:  # pragma: no cover - console script entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

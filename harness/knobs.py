@@ -1,0 +1,95 @@
+"""CLI flags generated from the engine's config dataclasses.
+
+Every field of :class:`SchedulerConfig` and :class:`CacheConfig` becomes a flag with
+vLLM's spelling (``max_num_seqs`` -> ``--max-num-seqs``) and the field's
+``metadata["help"]``; a command decorated with :func:`with_engine_knobs` receives a
+validated :class:`EngineConfig` as ``engine_config``. Adding a knob to a config
+class adds it to every command at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+
+import typer
+
+from engine.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+
+KNOB_SECTIONS: tuple[tuple[str, type], ...] = (("scheduler", SchedulerConfig), ("cache", CacheConfig))
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _knob_parameter(f: dataclasses.Field, hint: typing.Any) -> inspect.Parameter:
+    meta = f.metadata
+    default = f.default
+    extra: dict[str, typing.Any] = {}
+    if "choices" in meta:
+        hint = typing.Literal[tuple(meta["choices"])]
+    if hint is bool:
+        decls = [f"{flag_name(f.name)}/--no-{f.name.replace('_', '-')}"]
+    else:
+        decls = [flag_name(f.name)]
+    option = typer.Option(default, *decls, help=meta.get("help", ""), rich_help_panel="Engine knobs", **extra)
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=hint)
+
+
+def knob_parameters(exclude: frozenset[str] = frozenset()) -> list[inspect.Parameter]:
+    params = []
+    for _, cls in KNOB_SECTIONS:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name not in exclude:
+                params.append(_knob_parameter(f, hints[f.name]))
+    model_option = typer.Option("tiny", "--model", help="Model preset name (or directory).",
+                                rich_help_panel="Engine knobs")
+    params.append(inspect.Parameter("model", inspect.Parameter.KEYWORD_ONLY, default=model_option,
+                                    annotation=str))
+    return params
+
+
+def build_engine_config(values: dict[str, typing.Any]) -> EngineConfig:
+    """An EngineConfig from flag values; ConfigError names the bad knob."""
+    sections = {}
+    for section, cls in KNOB_SECTIONS:
+        names = {f.name for f in dataclasses.fields(cls)}
+        sections[section] = cls(**{k: v for k, v in values.items() if k in names})
+    return EngineConfig(sections["scheduler"], sections["cache"], model=values.get("model", "tiny"))
+
+
+def with_engine_knobs(exclude: frozenset[str] = frozenset()):
+    """Decorator: add every engine knob as a flag; pass ``engine_config`` (or None
+    when a knob is excluded and must be filled in by the command) plus
+    ``knob_values`` (the raw flag values) to the command."""
+
+    def decorate(fn):
+        sig = inspect.signature(fn)
+        own = [p for p in sig.parameters.values() if p.name not in ("engine_config", "knob_values")]
+        knobs = knob_parameters(exclude)
+        names = [p.name for p in knobs]
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs):
+            values = {name: kwargs.pop(name) for name in names}
+            engine_config = None
+            if not exclude:
+                try:
+                    engine_config = build_engine_config(values)
+                except ConfigError as exc:
+                    raise typer.BadParameter(str(exc)) from None
+            return fn(engine_config=engine_config, knob_values=values, **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=own + knobs)
+        annotations = {k: v for k, v in typing.get_type_hints(fn).items()
+                       if k not in ("engine_config", "knob_values")}
+        annotations.update({p.name: p.annotation for p in knobs})
+        wrapper.__annotations__ = annotations
+        del wrapper.__wrapped__  # typer must read our signature, not fn's
+        return wrapper
+
+    return decorate

@@ -1,0 +1,297 @@
+"""Turning a profile and a seed into one exact request schedule.
+
+Determinism: every random draw comes from its own numpy stream keyed by
+(seed; phase index, purpose, block, class index) through SeedSequence's spawn_key, so
+a schedule is identical across processes (for one numpy version) and editing one phase
+or class does not shift the draws of the others. `block` is the repetition cycle for
+open phases and the chunk number for closed phases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from harness.profiles.errors import ProfileError, check_int
+
+if TYPE_CHECKING:
+    from harness.profiles.model import Phase, Profile
+
+# Stream purposes (part of the spawn key; never renumber, it would change every schedule).
+_ARRIVALS, _CLASSES, _PROMPT, _OUTPUT = 0, 1, 2, 3
+
+# Closed-phase specs are drawn in chunks of this many so that the k-th spec does not
+# depend on how the caller consumed the ones before it.
+CLOSED_CHUNK = 256
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One request to send. `scheduled_at` is seconds from the start of the run for
+    open-loop phases and None for closed-loop ones (the driver picks the time).
+    `index` is the position among the open-loop requests of the plan (or of
+    `sample_requests`), and the position within its phase for closed-loop ones."""
+
+    request_id: str
+    index: int
+    phase: int
+    class_name: str
+    prompt_tokens: int
+    output_tokens: int
+    max_tokens: int
+    priority: int
+    scheduled_at: float | None
+
+
+def _rng(seed: int, phase: int, purpose: int, block: int, cls: int = 0) -> np.random.Generator:
+    return np.random.default_rng(
+        np.random.SeedSequence(seed, spawn_key=(phase, purpose, block, cls))
+    )
+
+
+def _arrival_times(
+    phase: Phase, seed: int, phase_index: int, block: int, start_s: float, end_s: float
+) -> np.ndarray:
+    """Open-loop arrival times in [start_s, end_s), ascending, shape (k,)."""
+    rate, shape = phase.rate, phase.burstiness
+    assert rate is not None
+    rng = _rng(seed, phase_index, _ARRIVALS, block)
+    expected = rate * phase.duration_s
+    # Enough gaps to cover the phase with overwhelming probability (the count's
+    # variance is about expected/burstiness); draw more in the rare case it isn't.
+    batch = int(expected + 8.0 * math.sqrt(expected / shape) + 16)
+    offsets: list[np.ndarray] = []
+    last = 0.0
+    while last < phase.duration_s:
+        cum = last + np.cumsum(rng.gamma(shape, 1.0 / (rate * shape), size=batch))
+        offsets.append(cum)
+        last = float(cum[-1])
+    times = start_s + np.concatenate(offsets)
+    # Cut on the absolute time so that end_s (= the next phase's start_s) is excluded.
+    return times[: np.searchsorted(times, end_s, side="left")]
+
+
+@dataclass(slots=True)
+class _Draws:
+    """Per-request draws, each an array of shape (n,)."""
+
+    class_index: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    max_tokens: np.ndarray
+
+
+_DRAW_FIELDS = tuple(f.name for f in fields(_Draws))
+
+
+def _draw_requests(profile: Profile, seed: int, phase_index: int, block: int, n: int) -> _Draws:
+    weights = profile.class_weights(phase_index)
+    cum = np.cumsum(weights) / weights.sum()
+    # side="right": a zero-weight class (zero-width interval) is never chosen.
+    class_index = np.searchsorted(
+        cum, _rng(seed, phase_index, _CLASSES, block).random(n), side="right"
+    )
+    prompt = np.empty(n, dtype=np.int64)
+    output = np.empty(n, dtype=np.int64)
+    max_tokens = np.empty(n, dtype=np.int64)
+    for j, rc in enumerate(profile.classes):
+        where = np.flatnonzero(class_index == j)
+        if where.size == 0:
+            continue
+        prompt[where] = rc.prompt_tokens.sample(
+            _rng(seed, phase_index, _PROMPT, block, j), where.size
+        )
+        out = rc.output_tokens.sample(_rng(seed, phase_index, _OUTPUT, block, j), where.size)
+        if rc.max_tokens is not None:
+            out = np.minimum(out, rc.max_tokens)
+            max_tokens[where] = rc.max_tokens
+        else:
+            max_tokens[where] = out
+        output[where] = out
+    return _Draws(class_index, prompt, output, max_tokens)
+
+
+def _specs(
+    profile: Profile,
+    ids: list[str],
+    indices: range,
+    phases: list[int],
+    draws: _Draws,
+    times: list[float] | list[None],
+) -> list[RequestSpec]:
+    names = [c.name for c in profile.classes]
+    priorities = [c.priority for c in profile.classes]
+    return [
+        RequestSpec(rid, i, ph, names[c], p, o, m, priorities[c], t)
+        for rid, i, ph, c, p, o, m, t in zip(
+            ids,
+            indices,
+            phases,
+            draws.class_index.tolist(),
+            draws.prompt_tokens.tolist(),
+            draws.output_tokens.tolist(),
+            draws.max_tokens.tolist(),
+            times,
+            strict=True,
+        )
+    ]
+
+
+def _open_ids(profile: Profile, seed: int, indices: range) -> list[str]:
+    prefix = f"{profile.name}-{seed}-"
+    return [f"{prefix}{i:07d}" for i in indices]
+
+
+@dataclass
+class PhasePlan:
+    """One phase of a plan. Open phases carry their `requests`; closed phases hand out
+    an unbounded deterministic sequence through `next_request()` / `request_at(k)`."""
+
+    index: int
+    phase: Phase
+    start_s: float
+    end_s: float
+    requests: list[RequestSpec]
+    _profile: Profile = field(repr=False)
+    _seed: int = field(repr=False)
+    _cursor: int = field(default=0, repr=False)
+    _chunk: tuple[int, list[RequestSpec]] | None = field(default=None, repr=False)
+
+    @property
+    def kind(self) -> Literal["open", "closed"]:
+        return self.phase.kind
+
+    @property
+    def concurrency(self) -> int | None:
+        return self.phase.concurrency
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def next_request(self) -> RequestSpec:
+        """The next spec of a closed phase; the k-th call returns `request_at(k)`."""
+        spec = self.request_at(self._cursor)
+        self._cursor += 1
+        return spec
+
+    def request_at(self, k: int) -> RequestSpec:
+        """The k-th spec (k >= 0) of a closed phase, scheduled_at=None."""
+        if self.kind != "closed":
+            raise ValueError(f"phase {self.phase.name!r} is open-loop: use .requests")
+        check_int("k", k, minimum=0)
+        chunk_no = k // CLOSED_CHUNK
+        if self._chunk is None or self._chunk[0] != chunk_no:
+            self._chunk = (chunk_no, self._closed_chunk(chunk_no))
+        return self._chunk[1][k % CLOSED_CHUNK]
+
+    def _closed_chunk(self, chunk_no: int) -> list[RequestSpec]:
+        first = chunk_no * CLOSED_CHUNK
+        indices = range(first, first + CLOSED_CHUNK)
+        prefix = f"{self._profile.name}-{self._seed}-c{self.index}-"
+        return _specs(
+            self._profile,
+            [f"{prefix}{k:07d}" for k in indices],
+            indices,
+            [self.index] * CLOSED_CHUNK,
+            _draw_requests(self._profile, self._seed, self.index, chunk_no, CLOSED_CHUNK),
+            [None] * CLOSED_CHUNK,
+        )
+
+
+@dataclass
+class Plan:
+    """The schedule of one run: the profile's phases laid end to end from t=0."""
+
+    profile: Profile
+    seed: int
+    phases: list[PhasePlan]
+
+    @property
+    def duration_s(self) -> float:
+        return self.phases[-1].end_s
+
+    @property
+    def num_open_requests(self) -> int:
+        return sum(len(p.requests) for p in self.phases)
+
+    def open_loop_requests(self) -> list[RequestSpec]:
+        """Every open-loop spec of the plan, in time (and index) order."""
+        return [spec for p in self.phases for spec in p.requests]
+
+    def phase_at(self, t: float) -> PhasePlan | None:
+        """The phase running at `t` seconds into the run, None once the run is over."""
+        for p in self.phases:
+            if p.start_s <= t < p.end_s:
+                return p
+        return None
+
+
+def _phase_bounds(durations: list[float], base: float = 0.0) -> list[tuple[float, float]]:
+    # Both ends come from the same expression so a phase's end_s == the next start_s.
+    offsets = np.concatenate([[0.0], np.cumsum(durations)]).tolist()
+    return [(base + offsets[i], base + offsets[i + 1]) for i in range(len(durations))]
+
+
+def build_plan(profile: Profile, seed: int) -> Plan:
+    check_int("seed", seed, minimum=0)
+    bounds = _phase_bounds([p.duration_s for p in profile.phases])
+    phases: list[PhasePlan] = []
+    num_open = 0
+    for i, (phase, (start, end)) in enumerate(zip(profile.phases, bounds, strict=True)):
+        requests: list[RequestSpec] = []
+        if phase.kind == "open":
+            times = _arrival_times(phase, seed, i, 0, start, end)
+            indices = range(num_open, num_open + times.size)
+            draws = _draw_requests(profile, seed, i, 0, times.size)
+            requests = _specs(
+                profile,
+                _open_ids(profile, seed, indices),
+                indices,
+                [i] * times.size,
+                draws,
+                times.tolist(),
+            )
+            num_open += times.size
+        phases.append(PhasePlan(i, phase, start, end, requests, profile, seed))
+    return Plan(profile, seed, phases)
+
+
+def sample_open_requests(profile: Profile, n: int, seed: int) -> list[RequestSpec]:
+    check_int("n", n, minimum=0)
+    check_int("seed", seed, minimum=0)
+    open_phases = [i for i, p in enumerate(profile.phases) if p.kind == "open"]
+    if not open_phases:
+        raise ProfileError(f"phases: profile {profile.name!r} has no open-loop (`rate`) phase")
+    if n == 0:
+        return []
+    durations = [profile.phases[i].duration_s for i in open_phases]
+    period = float(sum(durations))
+    times_parts: list[np.ndarray] = []
+    phase_parts: list[np.ndarray] = []
+    draw_parts: list[_Draws] = []
+    total = 0
+    cycle = 0
+    while total < n:
+        for i, (start, end) in zip(
+            open_phases, _phase_bounds(durations, cycle * period), strict=True
+        ):
+            times = _arrival_times(profile.phases[i], seed, i, cycle, start, end)
+            times_parts.append(times)
+            phase_parts.append(np.full(times.size, i, dtype=np.int64))
+            draw_parts.append(_draw_requests(profile, seed, i, cycle, times.size))
+            total += times.size
+        cycle += 1
+    draws = _Draws(*(np.concatenate([getattr(d, f) for d in draw_parts])[:n] for f in _DRAW_FIELDS))
+    indices = range(n)
+    return _specs(
+        profile,
+        _open_ids(profile, seed, indices),
+        indices,
+        np.concatenate(phase_parts)[:n].tolist(),
+        draws,
+        np.concatenate(times_parts)[:n].tolist(),
+    )

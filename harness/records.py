@@ -1,0 +1,129 @@
+"""Per-request records (``requests.parquet``): one row per request, METRICS.md names.
+
+The simulator knows the server side exactly and the client side as if the network
+were instant: ``scheduled_at == sent_at == arrival at the engine`` and a token is
+"received" when its step ends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from engine.sequence import Sequence, SequenceStatus
+
+#: requests.parquet columns, in order, with their Polars types.
+REQUEST_SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.String,
+    "policy": pl.String,
+    "profile": pl.String,
+    "class": pl.String,
+    "priority": pl.Int64,
+    "prompt_tokens": pl.Int64,
+    "output_tokens": pl.Int64,
+    "max_tokens": pl.Int64,
+    "status": pl.String,  # ok | error | rejected | aborted
+    "error": pl.String,
+    "finish_reason": pl.String,
+    "scheduled_at": pl.Float64,
+    "sent_at": pl.Float64,
+    "ttft_s": pl.Float64,
+    "ttft_from_sent_s": pl.Float64,
+    "tpot_s": pl.Float64,
+    "e2e_s": pl.Float64,
+    "max_itl_s": pl.Float64,
+    "queue_s": pl.Float64,
+    "total_queue_s": pl.Float64,
+    "preemptions": pl.Int64,
+    "preempt_swaps": pl.Int64,
+    "preempt_recomputes": pl.Int64,
+    "swapped_s": pl.Float64,
+    "recomputed_tokens": pl.Int64,
+    "idle_running_steps": pl.Int64,
+    "stall_s": pl.Float64,
+    "num_stalls": pl.Int64,
+    "first_scheduled_at": pl.Float64,
+    "first_token_at": pl.Float64,
+    "finished_at": pl.Float64,
+}
+
+_STATUS = {
+    SequenceStatus.FINISHED_STOPPED: "ok",
+    SequenceStatus.FINISHED_LENGTH: "ok",
+    SequenceStatus.FINISHED_ABORTED: "aborted",
+    SequenceStatus.FINISHED_REJECTED: "rejected",
+    SequenceStatus.FINISHED_ERROR: "error",
+}
+
+
+def record_status(seq: Sequence) -> str:
+    return _STATUS.get(seq.status, "error")
+
+
+def sequence_record(seq: Sequence, policy: str, profile: str) -> dict:
+    """The row of a finished request (stall columns are filled in by :func:`add_stalls`)."""
+    arrival = seq.arrival_time
+    first, last = seq.first_token_time, seq.last_token_time
+    num_output = seq.num_output_tokens
+    ttft = None if first is None else first - arrival
+    e2e = None if last is None else last - arrival
+    tpot = (e2e - ttft) / (num_output - 1) if num_output > 1 and ttft is not None else None
+    return {
+        "request_id": seq.request_id,
+        "policy": policy,
+        "profile": profile,
+        "class": seq.request_class,
+        "priority": seq.priority,
+        "prompt_tokens": seq.num_prompt_tokens,
+        "output_tokens": num_output,
+        "max_tokens": seq.params.max_tokens,
+        "status": record_status(seq),
+        "error": seq.error or seq.reject_reason,
+        "finish_reason": seq.finish_reason,
+        "scheduled_at": arrival,
+        "sent_at": arrival,
+        "ttft_s": ttft,
+        "ttft_from_sent_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": e2e,
+        "max_itl_s": seq.max_itl_s if num_output > 1 else None,
+        "queue_s": seq.queue_s,
+        "total_queue_s": seq.total_queue_s,
+        "preemptions": seq.num_preemptions,
+        "preempt_swaps": seq.num_preemptions_swap,
+        "preempt_recomputes": seq.num_preemptions_recompute,
+        "swapped_s": seq.total_swapped_s,
+        "recomputed_tokens": seq.num_recomputed_tokens,
+        "idle_running_steps": seq.num_idle_running_steps,
+        "stall_s": 0.0,
+        "num_stalls": 0,
+        "first_scheduled_at": seq.first_scheduled_time,
+        "first_token_at": first,
+        "finished_at": seq.finished_time,
+        "_long_gaps": [gap for _, gap in seq.long_gaps],
+    }
+
+
+def stall_threshold(median_itl_s: float | None, floor_s: float = 0.25, factor: float = 5.0) -> float:
+    """METRICS.md: the larger of 250 ms and 5x the run's median ITL."""
+    if median_itl_s is None:
+        return floor_s
+    return max(floor_s, factor * median_itl_s)
+
+
+def add_stalls(rows: list[dict], threshold_s: float) -> None:
+    """Fill ``stall_s``/``num_stalls`` from each row's long gaps, and drop the gaps."""
+    for row in rows:
+        gaps = [g for g in row.pop("_long_gaps") if g > threshold_s]
+        row["stall_s"] = float(sum(gaps))
+        row["num_stalls"] = len(gaps)
+
+
+def requests_frame(rows: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=REQUEST_SCHEMA, orient="row" if rows and isinstance(rows[0], list) else None)
+
+
+def write_parquet(frame: pl.DataFrame, path: Path) -> None:
+    # Statistics off and no compression-level surprises: same data, same bytes.
+    frame.write_parquet(path, compression="zstd", statistics=False)

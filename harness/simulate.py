@@ -1,0 +1,263 @@
+"""Simulation: the engine's own scheduler and block manager, a cost model instead of
+the model runner, a virtual clock instead of the wall clock.
+
+The driver is a discrete-event loop: requests are added when the virtual clock
+reaches their arrival; while there is work the engine steps (each step moves the
+clock by its predicted duration); when there is none the clock jumps to the next
+arrival. A request that arrives while a step runs joins at the step's end with its
+true arrival time, so queueing delay includes the wait for the step to finish —
+as it would on a real engine. Closed-loop phases keep ``concurrency`` users busy:
+each sends its next request the instant the previous one ends, until the phase ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from engine.config import EngineConfig
+from engine.cost_model import CostModel
+from engine.decisions import Decision
+from engine.llm_engine import LLMEngine, StepOutcome
+from engine.sequence import SamplingParams, Sequence
+from harness.profiles import Profile, RequestSpec
+from harness.records import add_stalls, requests_frame, sequence_record, stall_threshold
+
+#: The token every simulated prompt is made of; its value changes nothing.
+PROMPT_TOKEN_ID = 5
+#: Guard against a scheduler bug turning a simulation into an endless loop.
+MAX_EMPTY_STEPS_IN_A_ROW = 10_000
+
+
+class SimulationError(RuntimeError):
+    pass
+
+
+@dataclass
+class SimulationResult:
+    policy: str
+    profile: str
+    requests: pl.DataFrame
+    decisions: list[Decision]
+    duration_s: float  # virtual seconds from the first arrival to the last completion
+    num_steps: int
+    stall_threshold_s: float
+    kv_plan_text: str = ""
+    step_stats: dict = field(default_factory=dict)
+
+
+def _pending_arrivals(profile: Profile, seed: int | None, requests: list[RequestSpec] | None):
+    """Open-loop specs in time order plus the closed phases of the plan."""
+    if requests is not None:
+        return requests, []
+    plan = profile.plan(seed)
+    closed = [p for p in plan.phases if p.kind == "closed"]
+    return plan.open_loop_requests(), closed
+
+
+def simulate(
+    profile: Profile,
+    config: EngineConfig,
+    cost_model: CostModel | None = None,
+    seed: int | None = None,
+    requests: list[RequestSpec] | None = None,
+    record_decisions: bool = True,
+) -> SimulationResult:
+    """Run ``profile`` (or an explicit list of open-loop ``requests``) through a
+    simulated engine and return one record per request.
+    """
+    engine = LLMEngine.simulated(config, cost_model or CostModel())
+    clock = engine.clock
+    policy = config.scheduler.scheduling_policy
+    open_specs, closed_phases = _pending_arrivals(profile, seed, requests)
+
+    # Closed-loop arrivals: (time, order, phase plan) heap of "a user sends now".
+    user_heap: list[tuple[float, int, int]] = []
+    closed_by_index = {}
+    order = 0
+    for phase_no, phase_plan in enumerate(closed_phases):
+        closed_by_index[phase_no] = phase_plan
+        for _ in range(phase_plan.concurrency):
+            heapq.heappush(user_heap, (phase_plan.start_s, order, phase_no))
+            order += 1
+    user_of: dict[str, int] = {}  # request id -> closed phase number of its user
+
+    rows: list[dict] = []
+    decisions: list[Decision] = []
+    profile_name = profile.name
+    num_steps = 0
+    empty_in_a_row = 0
+    next_open = 0
+    num_open = len(open_specs)
+
+    def add(spec: RequestSpec, at: float) -> None:
+        seq = engine.add_request(
+            spec.request_id,
+            [PROMPT_TOKEN_ID] * spec.prompt_tokens,
+            SamplingParams(max_tokens=spec.max_tokens),
+            priority=spec.priority,
+            request_class=spec.class_name,
+            oracle_output_tokens=spec.output_tokens,
+            arrival_time=at,
+        )
+        if seq.is_finished:  # rejected at once
+            finish(seq)
+
+    def finish(seq: Sequence) -> None:
+        rows.append(sequence_record(seq, policy, profile_name))
+        phase_no = user_of.pop(seq.request_id, None)
+        if phase_no is not None:
+            end = closed_by_index[phase_no].end_s
+            t = seq.finished_time if seq.finished_time is not None else clock.now()
+            if t < end:
+                nonlocal order
+                heapq.heappush(user_heap, (t, order, phase_no))
+                order += 1
+
+    def next_arrival_time() -> float | None:
+        t_open = open_specs[next_open].scheduled_at if next_open < num_open else None
+        t_user = user_heap[0][0] if user_heap else None
+        if t_open is None:
+            return t_user
+        if t_user is None:
+            return t_open
+        return min(t_open, t_user)
+
+    while True:
+        now = clock.now()
+        # Admit everything that has arrived by now, in arrival order.
+        while True:
+            t_open = open_specs[next_open].scheduled_at if next_open < num_open else None
+            t_user = user_heap[0][0] if user_heap else None
+            if t_open is not None and t_open <= now and (t_user is None or t_open <= t_user):
+                add(open_specs[next_open], t_open)
+                next_open += 1
+            elif t_user is not None and t_user <= now:
+                t, _, phase_no = heapq.heappop(user_heap)
+                spec = closed_by_index[phase_no].next_request()
+                user_of[spec.request_id] = phase_no
+                add(spec, t)
+            else:
+                break
+        if engine.has_unfinished():
+            outcome: StepOutcome = engine.step()
+            num_steps += 1
+            if record_decisions:
+                decisions.extend(outcome.output.decisions)
+            for seq in outcome.finished:
+                finish(seq)
+            if outcome.output.is_empty:
+                empty_in_a_row += 1
+                if empty_in_a_row > MAX_EMPTY_STEPS_IN_A_ROW:
+                    raise SimulationError(f"engine made no progress for {empty_in_a_row} steps at t={now}")
+                targets = [t for t in (outcome.output.wake_at, next_arrival_time()) if t is not None]
+                if not targets:
+                    raise SimulationError(f"engine idle with unfinished requests at t={now}")
+                clock.advance_to(min(targets))
+            else:
+                empty_in_a_row = 0
+            continue
+        t_next = next_arrival_time()
+        if t_next is None:
+            break
+        clock.advance_to(t_next)
+    if record_decisions:
+        decisions.extend(engine.scheduler.drain_decisions())
+
+    threshold = stall_threshold(_median_itl(rows))
+    add_stalls(rows, threshold)
+    frame = requests_frame(rows).sort("scheduled_at", "request_id")
+    return SimulationResult(
+        policy=policy,
+        profile=profile_name,
+        requests=frame,
+        decisions=decisions,
+        duration_s=clock.now(),
+        num_steps=num_steps,
+        stall_threshold_s=threshold,
+        kv_plan_text=engine.kv_plan.describe(config.cache.block_size),
+    )
+
+
+def _median_itl(rows: list[dict]) -> float | None:
+    """The run's median inter-token latency, estimated as the median of per-request
+    mean gaps (tpot) weighted by each request's number of gaps. Exact when a
+    request's gaps are equal; the simulator does not keep every gap."""
+    tpots = [(r["tpot_s"], r["output_tokens"] - 1) for r in rows if r["tpot_s"] is not None]
+    if not tpots:
+        return None
+    values = np.array([t for t, _ in tpots])
+    weights = np.array([w for _, w in tpots], dtype=np.float64)
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
+
+
+def decisions_frame(decisions: list[Decision]) -> pl.DataFrame:
+    schema = {
+        "kind": pl.String, "time": pl.Float64, "step": pl.Int64, "request_id": pl.String,
+        "reason": pl.String, "mode": pl.String, "beneficiary": pl.String,
+        "num_blocks": pl.Int64, "num_tokens": pl.Int64, "request_ids": pl.List(pl.String),
+        "detail": pl.String,
+    }
+    return pl.DataFrame([d.as_dict() for d in decisions], schema=schema)
+
+
+def run_simulations(
+    profile: Profile,
+    configs: dict[str, EngineConfig],
+    cost_model: CostModel,
+    out_dir,
+    seed: int | None = None,
+    num_requests: int | None = None,
+    write_decisions: bool = True,
+) -> dict:
+    """Simulate each policy's config, write its records, return the combined summary.
+
+    One policy: ``out_dir/requests.parquet``; several: ``out_dir/<policy>/...``.
+    ``out_dir/summary.json`` always holds every policy under ``policies``.
+    """
+    import dataclasses
+    from pathlib import Path
+
+    from harness.records import write_parquet
+    from harness.summary import SUMMARY_SCHEMA_VERSION, policy_summary, write_summary
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    used_seed = profile.seed if seed is None else seed
+    requests = profile.sample_requests(num_requests, used_seed) if num_requests else None
+    combined = {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "mode": "simulate",
+        "profile": profile.name,
+        "seed": used_seed,
+        "cost_model": cost_model.to_dict(),
+        "policies": {},
+    }
+    for name, config in configs.items():
+        result = simulate(profile, config, cost_model, seed=used_seed, requests=requests,
+                          record_decisions=write_decisions)
+        target = out_dir if len(configs) == 1 else out_dir / name
+        target.mkdir(parents=True, exist_ok=True)
+        write_parquet(result.requests, target / "requests.parquet")
+        if write_decisions:
+            write_parquet(decisions_frame(result.decisions), target / "decisions.parquet")
+        summary = policy_summary(
+            result.requests, result.duration_s, profile,
+            extra={
+                "config": dataclasses.asdict(config),
+                "duration_s": result.duration_s,
+                "num_steps": result.num_steps,
+                "stall_threshold_s": result.stall_threshold_s,
+                "kv_cache": result.kv_plan_text,
+            },
+        )
+        combined["policies"][name] = summary
+        if len(configs) > 1:
+            write_summary(target / "summary.json", {**combined, "policies": {name: summary}})
+    write_summary(out_dir / "summary.json", combined)
+    return combined
