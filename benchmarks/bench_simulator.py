@@ -1,0 +1,48 @@
+"""Simulator speed: simulate N requests of the default profile (target: 100,000 in <= 60 s).
+
+Run: .venv/bin/python benchmarks/bench_simulator.py [--requests 100000] [--policy fcfs]
+Prints the measured figure beside the target; never fails on time (machines are shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from engine.config import EngineConfig, SchedulerConfig
+from engine.cost_model import CostModel
+from harness.profiles import resolve_profile
+from harness.simulate import simulate
+
+TARGET_S_PER_100K = 60.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--policy", default="fcfs")
+    parser.add_argument("--profile", default="default")
+    args = parser.parse_args()
+
+    profile = resolve_profile(args.profile)
+    t0 = time.perf_counter()
+    specs = profile.sample_requests(args.requests)
+    t_plan = time.perf_counter() - t0
+    config = EngineConfig(SchedulerConfig(scheduling_policy=args.policy))
+    t0 = time.perf_counter()
+    result = simulate(profile, config, CostModel(), requests=specs, record_decisions=True)
+    elapsed = time.perf_counter() - t0
+    frame = result.requests
+    tokens = int(frame["output_tokens"].sum())
+    scaled = elapsed * 100_000 / args.requests
+    print(f"profile={profile.name} policy={args.policy} requests={frame.height} "
+          f"output_tokens={tokens} steps={result.num_steps} virtual_s={result.duration_s:.0f}")
+    print(f"schedule generation: {t_plan:.2f} s")
+    print(f"simulation:          {elapsed:.2f} s  ({frame.height / elapsed:,.0f} requests/s, "
+          f"{tokens / elapsed:,.0f} tokens/s, {elapsed / max(result.num_steps, 1) * 1e6:.0f} us/step)")
+    print(f"per 100,000 requests: {scaled:.1f} s   target <= {TARGET_S_PER_100K:.0f} s   "
+          f"{'MET' if scaled <= TARGET_S_PER_100K else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
