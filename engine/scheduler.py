@@ -279,8 +279,12 @@ class Scheduler:
         """Put ``n`` of ``seq``'s uncomputed tokens into the step and count them."""
         seq.num_scheduled_tokens = n
         out.seqs.append(seq)
-        remaining = seq.num_tokens - seq.num_computed_tokens
-        if remaining == 1 and seq.num_pending_recompute_tokens == 0:
+        # A decode computes one generated token; a prompt (or a recompute) of any
+        # length, even one token, is prefill work.
+        if (
+            seq.num_tokens - seq.num_computed_tokens == 1
+            and seq.num_computed_tokens >= seq.num_prompt_tokens
+        ):
             out.num_decode_seqs += 1
             out.num_decode_context_tokens += seq.num_tokens
         else:
@@ -303,7 +307,8 @@ class Scheduler:
         for seq in running:
             if seq.num_scheduled_tokens:
                 continue  # admitted earlier in this step
-            if seq.num_tokens - seq.num_computed_tokens == 1:
+            computed = seq.num_computed_tokens
+            if seq.num_tokens - computed == 1 and computed >= seq.num_prompt_tokens:
                 decodes.append(seq)
             else:
                 prefills.append(seq)
