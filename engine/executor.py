@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,9 +33,12 @@ class SimulatedExecutor:
     #: The placeholder token; any id that is not EOS would do.
     FILLER_TOKEN_ID = 3
 
-    def __init__(self, cost_model: CostModel, eos_token_id: int = 2) -> None:
+    def __init__(self, cost_model: CostModel, eos_token_id: int = 2, sleep: bool = False) -> None:
         self.cost_model = cost_model
         self.eos_token_id = eos_token_id
+        # On the wall clock (the `sim` executor of a server) the step must take its
+        # predicted time for real.
+        self.sleep = sleep
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         eos, filler = self.eos_token_id, self.FILLER_TOKEN_ID
@@ -49,4 +53,9 @@ class SimulatedExecutor:
                 sampled.append(eos)
             else:
                 sampled.append(filler)
-        return StepResult(sampled, self.cost_model.predict_step(out))
+        duration = self.cost_model.predict_step(out)
+        if self.sleep and duration > 0:
+            started = time.perf_counter()
+            time.sleep(duration)
+            duration = time.perf_counter() - started
+        return StepResult(sampled, duration)

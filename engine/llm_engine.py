@@ -40,12 +40,17 @@ class LLMEngine:
         self.executor = executor
         self.clock = clock
         self.kv_plan = kv_plan
-        self.block_manager = BlockManager(
-            config.cache.block_size, kv_plan.num_device_blocks, kv_plan.num_host_blocks,
-            config.cache.watermark,
-        )
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, eos_token_id)
+        self.eos_token_id = eos_token_id
         self.step_listeners: list[Callable[[StepOutcome], None]] = []
+        self.reset_scheduler()
+
+    def reset_scheduler(self) -> None:
+        """Fresh, empty block pools and queues (after an unrecoverable step error)."""
+        plan, cache = self.kv_plan, self.config.cache
+        self.block_manager = BlockManager(
+            cache.block_size, plan.num_device_blocks, plan.num_host_blocks, cache.watermark
+        )
+        self.scheduler = Scheduler(self.config.scheduler, self.block_manager, self.eos_token_id)
 
     @classmethod
     def simulated(
@@ -55,11 +60,13 @@ class LLMEngine:
         clock: WallClock | VirtualClock | None = None,
         kv_plan: KvPlan | None = None,
     ) -> LLMEngine:
-        """An engine whose executor is the cost model (virtual clock by default)."""
+        """An engine whose executor is the cost model (virtual clock by default; on
+        the wall clock the executor sleeps each step's predicted duration)."""
         if kv_plan is None:
             kv_plan = default_kv_plan(config)
-        return cls(config, SimulatedExecutor(cost_model or CostModel()),
-                   clock or VirtualClock(), kv_plan)
+        clock = clock or VirtualClock()
+        executor = SimulatedExecutor(cost_model or CostModel(), sleep=not clock.is_virtual)
+        return cls(config, executor, clock, kv_plan)
 
     # -- requests --------------------------------------------------------------------
     def add_request(
