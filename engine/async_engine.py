@@ -150,8 +150,12 @@ class AsyncEngine:
         self._wakeup.set()
         try:
             seq = await accepted
-        except BaseException:
+        except BaseException as exc:
             self._streams.pop(request_id, None)
+            if isinstance(exc, asyncio.CancelledError):
+                # The caller went away before the loop applied the add: the add still
+                # happens, so take the request out again (commands apply in order).
+                self.abort(request_id)
             raise
         stream.sequence = seq
         return stream.queue
@@ -171,9 +175,9 @@ class AsyncEngine:
         try:
             while True:
                 output: RequestOutput = await out_queue.get()
+                finished = output.finished  # before yielding: closing after the end is no abort
                 yield output
-                if output.finished:
-                    finished = True
+                if finished:
                     return
         finally:
             if not finished:
@@ -199,6 +203,9 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._recover(f"{type(exc).__name__}: {exc}")
                 continue
+            if outcome.error:
+                self.stats.errors.append(outcome.error)
+                del self.stats.errors[:-20]  # keep the most recent ones
             self._publish(outcome)
             for listener in self.step_listeners:
                 try:

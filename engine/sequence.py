@@ -92,6 +92,7 @@ class Sequence:
         "total_swapped_s", "total_queue_s", "num_preemptions_swap", "num_preemptions_recompute",
         "num_recomputed_tokens", "num_pending_recompute_tokens", "num_idle_running_steps",
         "reject_reason", "error", "promoted", "max_itl_s", "long_gaps",
+        "generator",
     )
 
     def __init__(
@@ -144,6 +145,7 @@ class Sequence:
         # (start, length) of every gap of at least STALL_FLOOR_S: stall candidates. The
         # stall threshold is never below the floor, so these are all a report needs.
         self.long_gaps: list[tuple[float, float]] = []
+        self.generator = None  # the sampler's per-request RNG when params.seed is set
 
     # -- derived counts ------------------------------------------------------------
     @property

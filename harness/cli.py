@@ -121,6 +121,85 @@ def simulate(
     console.print(f"records: {out}")
 
 
+@app.command()
+@with_engine_knobs()
+def serve(
+    engine_config: EngineConfig,
+    knob_values: dict,
+    executor: str = typer.Option("torch", "--executor",
+                                 help="torch: the bundled model computes; sim: the cost model "
+                                      "predicts each step and it takes that long."),
+    cost_model: Path | None = typer.Option(
+        None, "--cost-model", help="Cost model JSON for --executor sim; default: built-in."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    port: int = typer.Option(8000, "--port", help="Port to bind; 0 picks a free one."),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="SCHEDSCOPE_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on /v1/* routes.",
+    ),
+    served_model_name: str | None = typer.Option(
+        None, "--served-model-name", help="The model name clients send; default: --model."
+    ),
+    max_body_bytes: int = typer.Option(1 << 20, "--max-body-bytes",
+                                       help="Larger request bodies get 413."),
+    shutdown_timeout_s: float = typer.Option(
+        10.0, "--shutdown-timeout-s",
+        help="On SIGINT/SIGTERM, in-flight requests may finish for this long; then aborted.",
+    ),
+) -> None:
+    """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
+    from harness.serve import serve as run_serve
+
+    raise typer.Exit(run_serve(
+        engine_config, executor, cost_model, host, port, api_key, served_model_name,
+        max_body_bytes, shutdown_timeout_s,
+    ))
+
+
+@app.command()
+def calibrate(
+    model: str = typer.Option("tiny", "--model", help="Model preset name or checkpoint directory."),
+    out: Path = typer.Option(Path("cost_model.json"), "--out", help="Where to write the fitted cost model."),
+    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    block_size: int = typer.Option(16, "--block-size", help="KV block size to profile with."),
+    repeats: int = typer.Option(5, "--repeats", min=1, help="Timed repetitions per step shape (median)."),
+    quick: bool = typer.Option(False, "--quick", help="A small grid (seconds, for smoke tests)."),
+) -> None:
+    """Profile the real model runner and fit the simulator's cost model.
+
+    Measures steps over a grid of prefill tokens, decode batch sizes, context lengths
+    and swapped blocks, fits the cost model, and reports its error on held-out mixed
+    batches. Use the file with `schedscope simulate --cost-model FILE`.
+    """
+    from engine.calibration import calibrate as run_calibration
+    from engine.calibration import holdout_mix, training_grid
+    from engine.model_runner import calibration_runner
+
+    try:
+        shapes = training_grid(quick) + holdout_mix(40, quick=quick)
+        runner, model_name = calibration_runner(model, block_size, shapes, device)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--model") from None
+    fitted = run_calibration(runner, model_name, quick=quick, repeats=repeats)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fitted.save(out)
+    table = Table(title=f"cost model for {model_name} on {fitted.device}")
+    table.add_column("parameter")
+    table.add_column("value", justify="right")
+    for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s", "decode_context_token_s",
+                 "prefill_attention_s", "swap_block_s"):
+        table.add_row(name, f"{getattr(fitted, name):.3e}")
+    console.print(table)
+    fit = fitted.fit
+    console.print(
+        f"held-out median relative error {fit['holdout_median_rel_error']:.1%} "
+        f"(p90 {fit['holdout_p90_rel_error']:.1%}) over {fit['holdout_points']} mixed batches; "
+        f"target <= 10% at the median"
+    )
+    console.print(f"written: {out}")
+
+
 def print_comparison(summary: dict) -> None:
     table = Table(title=f"schedscope simulate — profile {summary['profile']} (seed {summary['seed']})")
     for column in ("policy", "class", "ok", "rej", "ttft p50", "ttft p99", "tpot p50",

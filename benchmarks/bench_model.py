@@ -1,0 +1,99 @@
+"""The bundled model on this device: decode tokens/s by batch, prefill tokens/s, and the
+cost of paging (decode over the paged KV cache vs a dense contiguous cache).
+
+Targets: paged decode at batch 64 <= 1.3x the dense step. The throughput figures have
+no target: they show where the device saturates.
+
+Run: .venv/bin/python benchmarks/bench_model.py [--model tiny] [--context 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from engine.model import (
+    AttentionMetadata,
+    DenseKVCache,
+    allocate_kv_cache,
+    build_model,
+    dense_decode_forward,
+)
+from engine.model_config import ModelConfig
+
+BLOCK = 16
+PAGING_TARGET = 1.3
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def paged_decode(model, config, batch: int, context: int, shuffled: bool = True):
+    blocks_per_seq = -(-(context + 1) // BLOCK)
+    num_blocks = batch * blocks_per_seq
+    cache = allocate_kv_cache(config, num_blocks, BLOCK)
+    ids = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)) if shuffled \
+        else torch.arange(num_blocks)
+    tables = ids.view(batch, blocks_per_seq).tolist()
+    metadata, positions = AttentionMetadata.build([1] * batch, [context + 1] * batch, tables, BLOCK)
+    tokens = torch.randint(3, config.vocab_size, (batch,))
+    return lambda: model(tokens, positions, cache, metadata)
+
+
+def dense_decode(model, config, batch: int, context: int):
+    cache = DenseKVCache(config, batch, context + 1)
+    positions = torch.full((batch,), context, dtype=torch.long)
+    tokens = torch.randint(3, config.vocab_size, (batch,))
+    return lambda: dense_decode_forward(model, tokens, positions, cache)
+
+
+def prefill(model, config, num_tokens: int):
+    num_blocks = -(-num_tokens // BLOCK)
+    cache = allocate_kv_cache(config, num_blocks, BLOCK)
+    metadata, positions = AttentionMetadata.build([num_tokens], [num_tokens], [list(range(num_blocks))], BLOCK)
+    tokens = torch.randint(3, config.vocab_size, (num_tokens,))
+    return lambda: model(tokens, positions, cache, metadata)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = ModelConfig.preset(args.model)
+    model = build_model(config)
+    print(f"model {config.name}: {config.num_parameters / 1e6:.1f}M parameters, {torch.get_num_threads()} threads, "
+          f"context {args.context}")
+    with torch.inference_mode():
+        print(f"{'batch':>6} {'paged ms':>9} {'dense ms':>9} {'ratio':>6} {'decode tok/s':>13}")
+        ratio_64 = None
+        for batch in (1, 8, 32, 64):
+            paged = timed(paged_decode(model, config, batch, args.context), args.repeats)
+            dense = timed(dense_decode(model, config, batch, args.context), args.repeats)
+            ratio = paged / dense
+            if batch == 64:
+                ratio_64 = ratio
+            print(f"{batch:>6} {paged * 1e3:9.2f} {dense * 1e3:9.2f} {ratio:6.2f} {batch / paged:13,.0f}")
+        for tokens in (128, 512, 2048):
+            t = timed(prefill(model, config, tokens), max(5, args.repeats // 3))
+            print(f"prefill {tokens:>5} tokens: {t * 1e3:8.2f} ms  {tokens / t:10,.0f} tokens/s")
+    verdict = "MET" if ratio_64 <= PAGING_TARGET else "MISSED"
+    print(f"paging overhead at batch 64: {ratio_64:.2f}x   target <= {PAGING_TARGET}x   {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,477 @@
+"""The OpenAI-compatible HTTP server (aiohttp) in front of an :class:`AsyncEngine`.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``, ``GET /version``; more (``/metrics``) via ``create_app(extra_routes=)``.
+
+A request's id (``X-Request-Id`` or generated) is the engine's request id, the body's
+``id`` and the response's ``X-Request-Id`` header, so client and engine records join.
+A client that goes away aborts its request: the runner cancels the handler of a closed
+connection (``handler_cancellation=True``), and leaving the ``generate()`` iteration
+early aborts the request in the engine; a failed write to a closed stream does the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import math
+import re
+import signal
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from engine import decisions as d
+from engine.api.protocol import (
+    ApiError,
+    ChunkWriter,
+    GenerateRequest,
+    IncrementalDetokenizer,
+    ServingContext,
+    bad_request,
+    chat_response,
+    completion_response,
+    dumps,
+    parse_generate_request,
+    parse_json_object,
+)
+from engine.async_engine import AsyncEngine, EngineDeadError, RequestOutput, RequestRejected
+
+log = logging.getLogger("schedscope.server")
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_REQUEST_ID = re.compile(r"[\x20-\x7e]{1,128}")
+#: Bodies larger than this are validated (and their prompt tokenized) on a worker thread.
+OFFLOAD_PARSE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_name: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port
+    api_key: str | None = None  # required as "Authorization: Bearer KEY" on /v1/* when set
+    max_body_bytes: int = 1 << 20
+    shutdown_timeout_s: float = 10.0  # in-flight requests may finish for this long
+    retry_after_s: int = 1  # the Retry-After of a 429
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: object
+    settings: ServerSettings
+    context: ServingContext
+    draining: bool = False
+    in_flight: set[str] = field(default_factory=set)  # request ids being served
+    num_failed_requests: int = 0  # ended with an engine error
+
+
+STATE = web.AppKey("schedscope_state", ServerState)
+
+
+def create_app(
+    async_engine: AsyncEngine,
+    tokenizer,
+    settings: ServerSettings,
+    extra_routes: Iterable[web.AbstractRouteDef] = (),
+) -> web.Application:
+    """The aiohttp application. The engine is started on app startup (if it is not
+    already) and shut down on cleanup. ``extra_routes`` (e.g. ``web.get("/metrics",
+    handler)``) are added as they are; ``app[STATE]`` gives them the engine."""
+    config = async_engine.engine.config
+    context = ServingContext((settings.served_model_name,), config.scheduler.max_model_len,
+                             tokenizer)
+    app = web.Application(client_max_size=settings.max_body_bytes,
+                          middlewares=[_error_middleware, _guard_middleware])
+    app[STATE] = ServerState(async_engine, tokenizer, settings, context)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
+    app.router.add_routes(list(extra_routes))
+    app.on_startup.append(_start_engine)
+    app.on_cleanup.append(_stop_engine)
+    return app
+
+
+async def _start_engine(app: web.Application) -> None:
+    engine = app[STATE].engine
+    if engine.state == "created":
+        engine.start()
+
+
+async def _stop_engine(app: web.Application) -> None:
+    state = app[STATE]
+    state.draining = True
+    await state.engine.shutdown(state.settings.shutdown_timeout_s)
+
+
+# -- middlewares --------------------------------------------------------------------------
+def error_response(err: ApiError) -> web.Response:
+    return web.Response(status=err.status, text=dumps(err.body()), content_type="application/json",
+                        headers=err.headers)
+
+
+def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiError:
+    if exc.status == 404:
+        return ApiError(404, f"Invalid URL ({request.method} {request.path})",
+                        "invalid_request_error", None, "not_found")
+    if exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        return ApiError(405, f"Method {request.method} is not allowed for {request.path}"
+                        + (f"; allowed: {allowed}" if allowed else ""),
+                        "invalid_request_error", None, "method_not_allowed",
+                        {"Allow": allowed} if allowed else None)
+    if exc.status == 413:
+        return _too_large(request)
+    kind = "invalid_request_error" if exc.status < 500 else "server_error"
+    return ApiError(exc.status, exc.reason, kind)
+
+
+def _too_large(request: web.Request) -> ApiError:
+    limit = request.app[STATE].settings.max_body_bytes
+    return ApiError(413, f"request body is larger than the server's limit of {limit} bytes",
+                    "invalid_request_error", None, "request_too_large")
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Every error leaves as an OpenAI error body; nothing unexpected leaves as a bare 500."""
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return error_response(err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(_from_http_exception(request, exc))
+    except Exception:
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal server error", "server_error"))
+
+
+@web.middleware
+async def _guard_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """API key and draining, for the API routes only (/health, /version, /metrics stay
+    open so load balancers and scrapers keep working)."""
+    if request.path.startswith("/v1/"):
+        state = request.app[STATE]
+        key = state.settings.api_key
+        if key is not None:
+            auth = request.headers.get("Authorization", "")
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode("utf-8", "surrogateescape"), key.encode("utf-8")
+            ):
+                raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer "
+                               "<key>'", "authentication_error", None, "invalid_api_key")
+        if state.draining:
+            raise _unavailable("the server is shutting down")
+    return await handler(request)
+
+
+def _unavailable(message: str) -> ApiError:
+    return ApiError(503, message, "server_error", None, "service_unavailable")
+
+
+# -- generation ------------------------------------------------------------------------------
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+def _request_id(request: web.Request, kind: str) -> str:
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given is None:
+        return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+    if not _REQUEST_ID.fullmatch(given):
+        raise bad_request(f"{REQUEST_ID_HEADER} must be 1 to 128 printable ASCII characters",
+                          REQUEST_ID_HEADER)
+    return given
+
+
+async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
+    state = request.app[STATE]
+    request_id = _request_id(request, kind)
+    try:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _too_large(request) from None
+        body = parse_json_object(raw)
+        if len(raw) > OFFLOAD_PARSE_BYTES:  # tokenizing a long prompt must not stall the loop
+            req = await asyncio.to_thread(parse_generate_request, body, kind, state.context)
+        else:
+            req = parse_generate_request(body, kind, state.context)
+        if request_id in state.in_flight:
+            raise ApiError(409, f"request id {request_id!r} is already in flight",
+                           "invalid_request_error", REQUEST_ID_HEADER, "duplicate_request_id")
+    except ApiError as err:
+        err.headers[REQUEST_ID_HEADER] = request_id
+        raise
+    state.in_flight.add(request_id)
+    try:
+        outputs = state.engine.generate(request_id, req.prompt_token_ids, req.params,
+                                        req.priority)
+        # Closing the iterator (return, error, or this task cancelled by a disconnect)
+        # aborts the request in the engine unless it already finished.
+        async with contextlib.aclosing(outputs):
+            try:
+                first = await anext(outputs)
+            except RequestRejected as exc:
+                raise _rejected(state, exc, req) from None
+            except EngineDeadError:
+                raise _unavailable("the engine is not accepting requests (shutting down)") from None
+            except ValueError as exc:  # the engine still holds a request with this id
+                raise ApiError(409, str(exc), "invalid_request_error", REQUEST_ID_HEADER,
+                               "duplicate_request_id") from None
+            if first.finished and first.finish_reason not in ("stop", "length"):
+                raise _end_error(state, first)  # failed before any token: a real status
+            if req.stream:
+                return await _stream(request, state, request_id, req, first, outputs)
+            return await _complete(state, request_id, req, first, outputs)
+    except ApiError as err:
+        err.headers[REQUEST_ID_HEADER] = request_id
+        raise
+    finally:
+        state.in_flight.discard(request_id)
+
+
+def _rejected(state: ServerState, exc: RequestRejected, req: GenerateRequest) -> ApiError:
+    total = len(req.prompt_token_ids) + req.params.max_tokens
+    if exc.reason == d.REASON_QUEUE_FULL:
+        return ApiError(429, "the server is overloaded: its waiting queue is full; retry later",
+                        "rate_limit_error", None, "queue_full",
+                        {"Retry-After": str(state.settings.retry_after_s)})
+    if exc.reason == d.REASON_EXCEEDS_KV_POOL:
+        config = state.engine.engine.config
+        blocks = math.ceil(total / config.cache.block_size)
+        return bad_request(
+            f"the request can never fit the KV cache: prompt + max_tokens = {total} tokens need "
+            f"{blocks} blocks, the whole device pool has {state.engine.stats.num_device_blocks}; "
+            "lower max_tokens or shorten the prompt", "max_tokens", d.REASON_EXCEEDS_KV_POOL)
+    if exc.reason == d.REASON_EXCEEDS_MAX_MODEL_LEN:
+        return bad_request(
+            f"prompt + max_tokens = {total} tokens exceeds the maximum context length "
+            f"{state.context.max_model_len}", "max_tokens", "context_length_exceeded")
+    return _unavailable(f"the engine refused the request ({exc.reason})")
+
+
+def _end_error(state: ServerState, out: RequestOutput) -> ApiError:
+    """The error for a request that ended without stop/length."""
+    if out.finish_reason == "error":
+        state.num_failed_requests += 1
+        return ApiError(500, f"the engine failed while running this request: {out.error}",
+                        "server_error", None, "engine_error")
+    if state.draining or not state.engine.is_accepting:
+        return _unavailable("the request was aborted: the server is shutting down")
+    return _unavailable(f"the request ended early ({out.finish_reason})")
+
+
+def _text_ids(req: GenerateRequest, token_ids: list[int], num_generated: int) -> list[int]:
+    """The generated tokens whose text is returned: a final stop-string token is not
+    (OpenAI leaves stop sequences out of the text)."""
+    if (token_ids and token_ids[-1] in req.stop_string_token_ids
+            and num_generated >= req.params.min_tokens):
+        return token_ids[:-1]
+    return token_ids
+
+
+async def _complete(state: ServerState, request_id: str, req: GenerateRequest,
+                    first: RequestOutput, outputs) -> web.Response:
+    token_ids: list[int] = list(first.new_token_ids)
+    last = first
+    async for out in outputs:  # ends right away when ``first`` was the last output
+        token_ids.extend(out.new_token_ids)
+        last = out
+    if last.finish_reason not in ("stop", "length"):
+        raise _end_error(state, last)
+    text = state.tokenizer.decode(_text_ids(req, token_ids, len(token_ids)))
+    build = chat_response if req.kind == "chat" else completion_response
+    body = build(request_id, req.model, text, last.finish_reason, len(req.prompt_token_ids),
+                 len(token_ids))
+    return web.Response(text=dumps(body), content_type="application/json",
+                        headers={REQUEST_ID_HEADER: request_id})
+
+
+async def _stream(request: web.Request, state: ServerState, request_id: str,
+                  req: GenerateRequest, first: RequestOutput, outputs) -> web.StreamResponse:
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        REQUEST_ID_HEADER: request_id,
+    })
+    await response.prepare(request)
+    chunks = ChunkWriter(request_id, req.model, req.kind, req.include_usage)
+    detokenizer = IncrementalDetokenizer(state.tokenizer)
+    num_generated = 0
+    try:
+        if req.kind == "chat":
+            await response.write(chunks.role())
+        out = first
+        while True:
+            new = out.new_token_ids
+            if new:
+                num_generated += len(new)
+                delta = detokenizer.add(_text_ids(req, new, num_generated))
+                if delta:
+                    await response.write(chunks.text(delta))
+            if out.finished:
+                await anext(outputs, None)  # let the iterator end (no abort on close)
+                break
+            out = await anext(outputs)
+        if out.finish_reason in ("stop", "length"):
+            await response.write(chunks.finish(out.finish_reason))
+            if req.include_usage:
+                await response.write(chunks.usage(len(req.prompt_token_ids), num_generated))
+        else:
+            await response.write(ChunkWriter.error(_end_error(state, out)))
+        await response.write(ChunkWriter.DONE)
+        await response.write_eof()
+    except ConnectionError:
+        # The client went away mid-stream: leaving returns through aclosing(), which
+        # aborts the request.
+        pass
+    return response
+
+
+# -- info routes -------------------------------------------------------------------------------
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    name = state.settings.served_model_name
+    body = {"object": "list", "data": [{
+        "id": name, "object": "model", "created": 0, "owned_by": "schedscope", "root": name,
+        "max_model_len": state.context.max_model_len,
+    }]}
+    return web.Response(text=dumps(body), content_type="application/json")
+
+
+def health_body(state: ServerState) -> dict:
+    engine = state.engine
+    stats = engine.stats
+    return {
+        "status": "ok" if _healthy(state) else "unavailable",
+        "state": "draining" if state.draining and engine.state == "running" else engine.state,
+        "num_running": stats.num_running,
+        "num_waiting": stats.num_waiting,
+        "num_swapped": stats.num_swapped,
+        "num_unfinished": stats.num_running + stats.num_waiting + stats.num_swapped,
+        "num_in_flight": engine.num_in_flight,
+        "num_free_device_blocks": stats.num_free_device_blocks,
+        "num_device_blocks": stats.num_device_blocks,
+        "num_free_host_blocks": stats.num_free_host_blocks,
+        "num_host_blocks": stats.num_host_blocks,
+        "num_steps": stats.num_steps,
+        "num_failed_requests": state.num_failed_requests,
+        "num_engine_errors": len(stats.errors),
+        "last_engine_error": stats.errors[-1] if stats.errors else None,
+    }
+
+
+def _healthy(state: ServerState) -> bool:
+    return state.engine.state == "running" and not state.draining
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.Response(status=200 if _healthy(state) else 503, text=dumps(health_body(state)),
+                        content_type="application/json")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("schedscope")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.Response(text=dumps({"version": _version()}), content_type="application/json")
+
+
+# -- running --------------------------------------------------------------------------------------
+class ApiServer:
+    """The app on a TCP site, and the drain-then-stop sequence of a graceful shutdown."""
+
+    def __init__(self, async_engine: AsyncEngine, tokenizer, settings: ServerSettings,
+                 extra_routes: Iterable[web.AbstractRouteDef] = ()) -> None:
+        self.settings = settings
+        self.engine = async_engine
+        self.app = create_app(async_engine, tokenizer, settings, extra_routes)
+        # After the engine drained, handlers only have their last bytes to write.
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
+                                    shutdown_timeout=2.0)
+        self.url: str | None = None
+
+    @property
+    def state(self) -> ServerState:
+        return self.app[STATE]
+
+    async def start(self) -> str:
+        """Bind and serve; returns the bound URL (``--port 0`` picks a free port)."""
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.settings.host, self.settings.port)
+        await site.start()
+        host, port = self.runner.addresses[0][:2]
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Refuse new requests (503), let in-flight ones finish for up to
+        ``shutdown_timeout_s``, abort the rest, then close the listener."""
+        self.state.draining = True
+        await self.engine.shutdown(self.settings.shutdown_timeout_s)
+        await self.runner.cleanup()
+
+    def abort_all(self) -> None:
+        for request_id in list(self.state.in_flight):
+            self.engine.abort(request_id)
+
+
+def run_server(async_engine: AsyncEngine, tokenizer, settings: ServerSettings,
+               extra_routes: Iterable[web.AbstractRouteDef] = (),
+               announce: Callable[[str], None] | None = None) -> int:
+    """Serve until SIGINT/SIGTERM, then shut down gracefully; returns the exit code.
+    A second signal aborts every in-flight request at once."""
+    return asyncio.run(_serve(async_engine, tokenizer, settings, extra_routes, announce))
+
+
+async def _serve(async_engine, tokenizer, settings, extra_routes, announce) -> int:
+    server = ApiServer(async_engine, tokenizer, settings, extra_routes)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            log.warning("second signal: aborting %d in-flight requests", len(server.state.in_flight))
+            server.abort_all()
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        url = await server.start()
+    except BaseException:
+        await server.stop()  # the engine thread started with the app
+        raise
+    (announce or _print)(f"schedscope serving on {url}")
+    await stop.wait()
+    log.warning("shutting down: draining %d in-flight requests (up to %.1f s)",
+                len(server.state.in_flight), settings.shutdown_timeout_s)
+    await server.stop()
+    return 0
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)

@@ -1,0 +1,250 @@
+"""The torch executor: a SchedulerOutput in, sampled tokens and the step's time out.
+
+Per step: copy the blocks the scheduler swapped out (device -> host) and in (host ->
+device), in that order — a block freed by a swap-out may be refilled by a swap-in or a
+new prefill in the same step — then build the flat input of every scheduled
+sequence's new tokens (prefill chunks and decodes in one forward), run the model over
+the paged KV cache, and sample one token for each sequence that completed its
+scheduled tokens.
+
+Device-agnostic: CUDA when present (pinned host pool, non-blocking copies, a
+synchronisation before the step's time is read), CPU otherwise. Only the CPU path
+runs in this project's tests; see docs/execution.md for what has run where.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from engine.clock import VirtualClock, WallClock
+from engine.config import EngineConfig, GiB
+from engine.executor import StepResult
+from engine.llm_engine import LLMEngine
+from engine.memory import KvPlan, plan_kv_blocks
+from engine.model import AttentionMetadata, LlamaForCausalLM, allocate_kv_cache, build_model
+from engine.model_config import ModelConfig
+from engine.sampler import Sampler
+from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
+
+log = logging.getLogger("schedscope.engine")
+
+
+def _new_token_ids(seq: Sequence, start: int, end: int) -> list[int]:
+    """Token ids [start, end) of ``seq`` without concatenating prompt and output."""
+    num_prompt = seq.num_prompt_tokens
+    if start >= num_prompt:
+        return seq.output_token_ids[start - num_prompt:end - num_prompt]
+    if end <= num_prompt:
+        return seq.prompt_token_ids[start:end]
+    return seq.prompt_token_ids[start:] + seq.output_token_ids[:end - num_prompt]
+
+
+class ModelRunner:
+    """Owns the model, the device KV pool and the host (swap) KV pool."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        model_config: ModelConfig,
+        block_size: int,
+        num_device_blocks: int,
+        num_host_blocks: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.model_config = model_config
+        self.block_size = block_size
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        self.device_cache = allocate_kv_cache(model_config, num_device_blocks, block_size, device)
+        # Pinned host memory lets device<->host copies run asynchronously on CUDA.
+        self.host_cache = allocate_kv_cache(
+            model_config, max(num_host_blocks, 0), block_size, "cpu", pin_memory=self.is_cuda
+        )
+        self.sampler = Sampler(model_config.eos_token_id)
+        self.last_swap_s = 0.0  # time of the last step's block copies (for calibration)
+
+    # -- swap ------------------------------------------------------------------------
+    def copy_blocks(self, mapping: list[tuple[int, int]], to_host: bool) -> None:
+        """Copy KV blocks between pools for every layer: (source, destination) ids."""
+        if not mapping:
+            return
+        src = torch.tensor([s for s, _ in mapping], dtype=torch.long)
+        dst = torch.tensor([d for _, d in mapping], dtype=torch.long)
+        source_cache, target_cache = (
+            (self.device_cache, self.host_cache) if to_host else (self.host_cache, self.device_cache)
+        )
+        src = src.to(source_cache[0][0].device)
+        dst = dst.to(target_cache[0][0].device)
+        for (src_k, src_v), (dst_k, dst_v) in zip(source_cache, target_cache, strict=True):
+            for source, target in ((src_k, dst_k), (src_v, dst_v)):
+                blocks = source.index_select(0, src).to(target.device, non_blocking=self.is_cuda)
+                target.index_copy_(0, dst, blocks)
+
+    def _synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    # -- the step ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        started = time.perf_counter()
+        if out.blocks_to_swap_out or out.blocks_to_swap_in:
+            self.copy_blocks(out.blocks_to_swap_out, to_host=True)
+            self.copy_blocks(out.blocks_to_swap_in, to_host=False)
+            self._synchronize()
+        self.last_swap_s = time.perf_counter() - started
+        seqs = out.seqs
+        if not seqs:
+            return StepResult([], time.perf_counter() - started)
+
+        input_ids: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        samples: list[bool] = []
+        for seq in seqs:
+            start = seq.num_computed_tokens
+            end = start + seq.num_scheduled_tokens
+            input_ids.extend(_new_token_ids(seq, start, end))
+            query_lens.append(end - start)
+            seq_lens.append(end)
+            samples.append(end == seq.num_tokens)
+        sampled: list[int | None] = [None] * len(seqs)
+        # Logits only for sequences that sample (none for partial prefill chunks).
+        metadata, positions = AttentionMetadata.build(
+            query_lens, seq_lens, [seq.block_table for seq in seqs], self.block_size,
+            self.device, samples,
+        )
+        tokens = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=self.is_cuda)
+        logits = self.model(tokens, positions, self.device_cache, metadata)
+        if any(samples):
+            sampling_seqs = [seq for seq, s in zip(seqs, samples, strict=True) if s]
+            token_ids = self.sampler.sample(logits, sampling_seqs)
+            it = iter(token_ids)
+            for i, s in enumerate(samples):
+                if s:
+                    sampled[i] = next(it)
+        self._synchronize()
+        return StepResult(sampled, time.perf_counter() - started)
+
+
+# -- construction ------------------------------------------------------------------------
+
+
+def resolve_model_config(name_or_dir: str) -> tuple[ModelConfig, Path | None]:
+    """A preset name, or a directory holding a Hugging Face Llama checkpoint."""
+    path = Path(name_or_dir)
+    if path.is_dir():
+        from engine.weights import load_config
+
+        return load_config(path), path
+    return ModelConfig.preset(name_or_dir), None
+
+
+def activation_bytes_estimate(model_config: ModelConfig, max_tokens: int, max_seqs: int) -> int:
+    """Peak activation memory of one step, estimated: hidden-sized buffers and the MLP's
+    intermediate per token, plus float32 logits for every sampled sequence. (On CUDA the
+    peak is measured instead.)"""
+    per_token = (6 * model_config.hidden_size + 3 * model_config.intermediate_size) * model_config.dtype_size
+    return max_tokens * per_token + max_seqs * model_config.vocab_size * 4
+
+
+def build_torch_engine(
+    config: EngineConfig,
+    clock: WallClock | VirtualClock | None = None,
+    device: str | torch.device | None = None,
+    model: LlamaForCausalLM | None = None,
+) -> LLMEngine:
+    """The bundled model, its KV pools sized from the memory knobs, on ``device``
+    (default: CUDA when available)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if model is not None:  # a model built by the caller brings its own shapes
+        model_config, model_dir = model.config, None
+    else:
+        model_config, model_dir = resolve_model_config(config.model)
+    if model is None:
+        if model_dir is not None:
+            from engine.weights import load_checkpoint
+
+            model, model_config = load_checkpoint(model_dir, device)
+        else:
+            model = build_model(model_config, device)
+    weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    sched = config.scheduler
+    budget = sched.token_budget
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        activation = _profile_activation_peak(model, model_config, budget, sched.max_num_seqs, device)
+        device_memory = int(config.cache.device_memory * GiB) if config.cache.device_memory else total
+    else:
+        activation = activation_bytes_estimate(model_config, budget, sched.max_num_seqs)
+        device_memory = None  # plan_kv_blocks uses --device-memory or its CPU default
+    plan: KvPlan = plan_kv_blocks(
+        config.cache, model_config.kv_bytes_per_block(config.cache.block_size), weights_bytes,
+        activation, device_memory,
+    )
+    message = f"{plan.describe(config.cache.block_size)} on {device}"
+    log.info(message)
+    print(message, flush=True)
+    runner = ModelRunner(model, model_config, config.cache.block_size, plan.num_device_blocks,
+                         plan.num_host_blocks, device)
+    engine = LLMEngine(config, runner, clock or WallClock(), plan, model_config.eos_token_id)
+    engine.model_config = model_config
+    engine.model_dir = model_dir
+    return engine
+
+
+def _profile_activation_peak(
+    model: LlamaForCausalLM, model_config: ModelConfig, num_tokens: int, num_seqs: int,
+    device: torch.device,
+) -> int:  # pragma: no cover - CUDA only
+    """Run one forward of ``num_tokens`` prefill tokens on a scratch cache and return
+    the peak memory it allocated beyond what was allocated before (vLLM's method)."""
+    block_size = 16
+    num_blocks = -(-num_tokens // block_size)
+    cache = allocate_kv_cache(model_config, num_blocks, block_size, device)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    metadata, positions = AttentionMetadata.build(
+        [num_tokens], [num_tokens], [list(range(num_blocks))], block_size, device
+    )
+    tokens = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    model(tokens, positions, cache, metadata)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del cache
+    torch.cuda.empty_cache()
+    return int(peak) + num_seqs * model_config.vocab_size * 4
+
+
+def calibration_runner(
+    model_name: str, block_size: int, shapes, device: str | None = None
+) -> tuple[ModelRunner, str]:
+    """A runner with pools large enough for every shape in ``shapes`` (calibration)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    model_config, model_dir = resolve_model_config(model_name)
+    if model_dir is not None:
+        from engine.weights import load_checkpoint
+
+        model, model_config = load_checkpoint(model_dir, device)
+    else:
+        model = build_model(model_config, device)
+    num_blocks = max(
+        sum(-(-(before + n) // block_size) for n, before in s.prefills)
+        + sum(-(-ctx // block_size) for ctx in s.decodes)
+        for s in shapes
+    )
+    num_blocks = max(num_blocks, max(s.swap_blocks for s in shapes), 1)
+    runner = ModelRunner(model, model_config, block_size, num_blocks,
+                         max(s.swap_blocks for s in shapes), device)
+    return runner, model_config.name

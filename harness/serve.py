@@ -1,0 +1,91 @@
+"""``schedscope serve``: the engine behind the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import typer
+
+from engine.config import ConfigError, EngineConfig
+from engine.cost_model import CostModel, CostModelError
+from engine.factory import EXECUTORS, build_engine
+from engine.tokenizer import HashTokenizer, Tokenizer, load_tokenizer
+
+log = logging.getLogger("schedscope.serve")
+
+
+def tokenizer_for(model: str) -> Tokenizer:
+    """The hash tokenizer over a preset's vocabulary; for a checkpoint directory, its
+    ``tokenizer.json`` when it has one."""
+    from engine.model_config import PRESETS, ModelConfig
+
+    if model in PRESETS:
+        preset = PRESETS[model]
+        return HashTokenizer(preset.vocab_size, preset.eos_token_id)
+    path = Path(model)
+    if (path / "config.json").is_file():
+        config = ModelConfig.from_json(path / "config.json")
+        return load_tokenizer(path, config.vocab_size, config.eos_token_id)
+    raise ConfigError(f"model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor "
+                      "a directory with a config.json")
+
+
+def serve(
+    engine_config: EngineConfig,
+    executor: str = "torch",
+    cost_model: Path | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    max_body_bytes: int = 1 << 20,
+    shutdown_timeout_s: float = 10.0,
+) -> int:
+    """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
+    Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
+    from engine.api import ServerSettings, run_server
+    from engine.async_engine import AsyncEngine
+
+    if executor not in EXECUTORS:
+        raise typer.BadParameter(f"expected one of {', '.join(EXECUTORS)}, got {executor!r}",
+                                 param_hint="--executor")
+    if cost_model is not None and executor != "sim":
+        raise typer.BadParameter("only applies to --executor sim", param_hint="--cost-model")
+    if not 0 <= port <= 65535:
+        raise typer.BadParameter(f"must be in [0, 65535], got {port}", param_hint="--port")
+    if max_body_bytes < 1:
+        raise typer.BadParameter(f"must be >= 1, got {max_body_bytes}",
+                                 param_hint="--max-body-bytes")
+    if not shutdown_timeout_s >= 0:
+        raise typer.BadParameter(f"must be >= 0, got {shutdown_timeout_s}",
+                                 param_hint="--shutdown-timeout-s")
+    if api_key is not None and not api_key:
+        raise typer.BadParameter("must not be empty", param_hint="--api-key")
+    try:
+        model = CostModel.load(cost_model) if cost_model else None
+    except CostModelError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
+    try:
+        tokenizer = tokenizer_for(engine_config.model)
+    except (ConfigError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--model") from None
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        llm_engine = build_engine(engine_config, executor, cost_model=model)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    log.info("%s executor, model %s; %s", executor, engine_config.model,
+             llm_engine.kv_plan.describe(engine_config.cache.block_size))
+    settings = ServerSettings(
+        served_model_name=served_model_name or engine_config.model, host=host, port=port,
+        api_key=api_key, max_body_bytes=max_body_bytes, shutdown_timeout_s=shutdown_timeout_s,
+    )
+    try:
+        return run_server(AsyncEngine(llm_engine), tokenizer, settings)
+    except OSError as exc:  # the address is taken, or not ours to bind
+        log.error("cannot serve on %s:%d: %s", host, port, exc)
+        return 1

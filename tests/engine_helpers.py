@@ -1,0 +1,214 @@
+"""Helpers for driving the simulated engine in tests (no harness, virtual clock).
+
+``make_engine`` builds an ``LLMEngine.simulated`` with a :class:`CheckingExecutor`
+that inspects every step at execute time (when ``num_scheduled_tokens`` is still
+set); ``drive`` feeds arrivals and aborts at their times and steps the engine
+until everything has ended, failing (never hanging) after ``max_steps``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from engine import decisions as d
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.cost_model import CostModel
+from engine.decisions import Decision
+from engine.executor import SimulatedExecutor, StepResult
+from engine.llm_engine import LLMEngine, StepOutcome
+from engine.scheduler import SchedulerOutput
+from engine.sequence import SamplingParams, Sequence, SequenceStatus
+
+#: Every non-empty step takes exactly this long (a power of two: exact float sums).
+STEP_S = 1 / 64
+
+
+def constant_cost(step_s: float = STEP_S) -> CostModel:
+    """A cost model where every non-empty step lasts ``step_s``."""
+    return CostModel(
+        step_overhead_s=step_s, prefill_token_s=0.0, decode_seq_s=0.0,
+        decode_context_token_s=0.0, prefill_attention_s=0.0, swap_block_s=0.0,
+    )
+
+
+@dataclass(frozen=True)
+class Req:
+    id: str
+    arrival: float = 0.0
+    prompt_len: int = 4
+    max_tokens: int = 4
+    oracle: int | None = None  # true output length (EOS after it); None: run to max_tokens
+    priority: int = 0
+
+    @property
+    def expected_output(self) -> int:
+        return self.max_tokens if self.oracle is None else min(self.oracle, self.max_tokens)
+
+
+@dataclass
+class ExecRecord:
+    """What the executor saw in one step, read before ``update`` resets counts."""
+
+    step: int
+    seq_ids: list[str]
+    scheduled: dict[str, int]
+    total_scheduled: int
+
+
+class CheckingExecutor(SimulatedExecutor):
+    """The simulated executor plus checks of what a real model runner relies on."""
+
+    def __init__(self, cost_model: CostModel, block_size: int) -> None:
+        super().__init__(cost_model)
+        self.block_size = block_size
+        self.records: list[ExecRecord] = []
+        self.scheduled_per_seq: dict[str, int] = defaultdict(int)
+        self.block_manager = None  # set by make_engine
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        bm = self.block_manager
+        ids = [s.request_id for s in out.seqs]
+        assert len(ids) == len(set(ids)), f"a sequence scheduled twice in one step: {ids}"
+        scheduled: dict[str, int] = {}
+        for seq in out.seqs:
+            n = seq.num_scheduled_tokens
+            assert seq.status is SequenceStatus.RUNNING, f"{seq} scheduled but not running"
+            assert n >= 1, f"{seq} in the step with {n} scheduled tokens"
+            assert seq.num_computed_tokens + n <= seq.num_tokens, f"{seq} over-scheduled by {n}"
+            assert bm is None or not bm.is_on_host(seq), f"{seq} scheduled while on the host"
+            # Every token computed in this step needs a KV slot on the device.
+            assert len(seq.block_table) * self.block_size >= seq.num_computed_tokens + n, (
+                f"{seq}: {n} tokens scheduled without KV slots"
+            )
+            scheduled[seq.request_id] = n
+            self.scheduled_per_seq[seq.request_id] += n
+        total = sum(scheduled.values())
+        self.records.append(ExecRecord(out.step, ids, scheduled, total))
+        return super().execute(out)
+
+
+def make_engine(
+    *,
+    block_size: int = 4,
+    gpu_blocks: int = 64,
+    cpu_blocks: int = 64,
+    watermark: float = 0.0,
+    cost_model: CostModel | None = None,
+    **scheduler_knobs,
+) -> LLMEngine:
+    config = EngineConfig(
+        SchedulerConfig(**scheduler_knobs),
+        CacheConfig(
+            block_size=block_size, num_gpu_blocks_override=gpu_blocks,
+            num_cpu_blocks_override=cpu_blocks, watermark=watermark,
+        ),
+    )
+    engine = LLMEngine.simulated(config, cost_model=cost_model or constant_cost())
+    executor = CheckingExecutor(engine.executor.cost_model, block_size)
+    executor.block_manager = engine.block_manager
+    engine.executor = executor
+    return engine
+
+
+def add(engine: LLMEngine, req: Req) -> Sequence:
+    return engine.add_request(
+        req.id, list(range(10, 10 + req.prompt_len)), SamplingParams(max_tokens=req.max_tokens),
+        priority=req.priority, oracle_output_tokens=req.oracle, arrival_time=req.arrival,
+    )
+
+
+@dataclass
+class Trace:
+    engine: LLMEngine
+    seqs: dict[str, Sequence] = field(default_factory=dict)
+    steps: list[StepOutcome] = field(default_factory=list)
+    #: Every decision, in order, including ones taken after the last step.
+    decisions: list[Decision] = field(default_factory=list)
+
+    def of(self, kind: str, request_id: str | None = None) -> list[Decision]:
+        return [x for x in self.decisions
+                if x.kind == kind and (request_id is None or x.request_id == request_id)]
+
+    def admission_order(self) -> list[str]:
+        return [x.request_id for x in self.decisions if x.kind == d.ADMIT]
+
+    def step_of(self, decision: Decision) -> StepOutcome:
+        return next(s for s in self.steps if s.output.step == decision.step)
+
+
+class Stuck(AssertionError):
+    pass
+
+
+def drive(
+    engine: LLMEngine,
+    reqs: Iterable[Req],
+    aborts: Iterable[tuple[float, str]] = (),
+    *,
+    max_steps: int = 20_000,
+    max_stall_steps: int | None = None,
+    on_step: Callable[[StepOutcome, Trace], None] | None = None,
+    before_step: Callable[[Trace], None] | None = None,
+    trace: Trace | None = None,
+) -> Trace:
+    """Run ``reqs`` (arriving at their times) to completion; aborts at (time, id).
+
+    Raises :class:`Stuck` after ``max_steps`` steps, or after ``max_stall_steps``
+    consecutive steps in which no request produced a token or ended (a livelock).
+    """
+    clock = engine.clock
+    pending = sorted(reqs, key=lambda r: (r.arrival, r.id))
+    abort_list = sorted(aborts)
+    trace = trace or Trace(engine)
+    stalled = 0
+    for _ in range(max_steps):
+        now = clock.now()
+        while pending and pending[0].arrival <= now:
+            req = pending.pop(0)
+            trace.seqs[req.id] = add(engine, req)
+        while abort_list and abort_list[0][0] <= now:
+            _, rid = abort_list.pop(0)
+            engine.abort(rid)  # None when already finished or never added
+        upcoming = [pending[0].arrival] if pending else []
+        upcoming += [abort_list[0][0]] if abort_list else []
+        next_event = min(upcoming, default=None)
+        if not engine.has_unfinished():
+            if next_event is None:
+                trace.decisions.extend(engine.scheduler.drain_decisions())
+                return trace
+            clock.advance_to(next_event)
+            continue
+        if before_step is not None:
+            before_step(trace)
+        outcome = engine.step()
+        trace.steps.append(outcome)
+        trace.decisions.extend(outcome.output.decisions)
+        if on_step is not None:
+            on_step(outcome, trace)
+        progressed = outcome.finished or any(t is not None for t in outcome.result.sampled)
+        stalled = 0 if progressed else stalled + 1
+        if max_stall_steps is not None and stalled > max_stall_steps:
+            raise Stuck(
+                f"livelock: no token produced in {stalled} steps (step {outcome.output.step}, "
+                f"t={outcome.ended_at:.6f}): running={engine.scheduler.running} "
+                f"swapped={engine.scheduler.swapped} waiting={engine.scheduler.num_waiting}; "
+                f"last decisions: {[(x.kind, x.request_id, x.reason, x.mode) for x in trace.decisions[-6:]]}"
+            )
+        if outcome.ended_at == outcome.started_at and outcome.output.is_empty:
+            # Nothing ran and no time passed: move to the next thing that can change.
+            targets = [t for t in (outcome.output.wake_at, next_event) if t is not None]
+            if targets:
+                clock.advance_to(min(targets))
+    raise Stuck(
+        f"not done after {max_steps} steps: {engine.scheduler.num_unfinished} unfinished, "
+        f"running={len(engine.scheduler.running)} swapped={len(engine.scheduler.swapped)} "
+        f"waiting={engine.scheduler.num_waiting}"
+    )
+
+
+def run_one_step(engine: LLMEngine, at: float | None = None) -> StepOutcome:
+    if at is not None:
+        engine.clock.advance_to(at)
+    return engine.step()

@@ -1,0 +1,109 @@
+"""`schedscope serve` as a real subprocess: graceful shutdown on SIGTERM (in-flight
+requests finish within the bound, or are aborted at it; new requests get 503; exit 0),
+the API key from the environment, and flag mistakes exiting 2."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.api.testing import CliServer, HttpClient
+from harness.cli import app
+
+
+@pytest.fixture()
+def slow_cost_model(tmp_path) -> Path:
+    """10 ms per step: a 200-token request is in flight for about two seconds."""
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps({"step_overhead_s": 0.01, "prefill_token_s": 0.0,
+                                "decode_seq_s": 0.0, "decode_context_token_s": 0.0,
+                                "prefill_attention_s": 0.0, "swap_block_s": 0.0}))
+    return path
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def in_background(fn, *args) -> tuple[threading.Thread, list]:
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fn(*args)))
+    thread.start()
+    return thread, result
+
+
+def running(url: str) -> int:
+    return json.loads(HttpClient(url).request("GET", "/health")[2])["num_running"]
+
+
+def test_sigterm_lets_in_flight_requests_finish_and_refuses_new_ones(slow_cost_model):
+    with CliServer(["--executor", "sim", "--cost-model", str(slow_cost_model),
+                    "--shutdown-timeout-s", "10", "--served-model-name", "served"]) as server:
+        body = {"model": "served", "prompt": "a b", "max_tokens": 200, "ignore_eos": True}
+        thread, result = in_background(HttpClient(server.url).post_json, "/v1/completions", body)
+        wait_for(lambda: running(server.url) == 1)
+        server.terminate()
+        signalled = time.monotonic()
+        wait_for(lambda: "shutting down" in server.output())
+
+        http = HttpClient(server.url)
+        status, _, data = http.post_json("/v1/completions", {**body, "max_tokens": 1})
+        assert status == 503 and json.loads(data)["error"]["code"] == "service_unavailable"
+        status, _, data = http.request("GET", "/health")
+        assert status == 503 and json.loads(data)["state"] == "draining"
+
+        thread.join(15)
+        status, _, data = result[0]
+        assert status == 200, data
+        assert json.loads(data)["usage"]["completion_tokens"] == 200
+        assert server.wait(15) == 0
+        assert time.monotonic() - signalled < 10
+
+
+def test_sigterm_aborts_what_is_left_at_the_bound(slow_cost_model):
+    with CliServer(["--executor", "sim", "--cost-model", str(slow_cost_model),
+                    "--shutdown-timeout-s", "0.5"], env={"SCHEDSCOPE_API_KEY": "k"}) as server:
+        auth = {"Authorization": "Bearer k"}
+        assert HttpClient(server.url).post_json(
+            "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 1})[0] == 401
+        long = {"model": "tiny", "prompt": "a b", "max_tokens": 1000, "ignore_eos": True}
+        stream, streamed = in_background(HttpClient(server.url).post_json, "/v1/completions",
+                                         {**long, "stream": True}, auth)
+        plain, answered = in_background(HttpClient(server.url).post_json, "/v1/completions",
+                                        long, auth)
+        wait_for(lambda: running(server.url) == 2)
+        server.terminate()
+        signalled = time.monotonic()
+        stream.join(10)
+        plain.join(10)
+        status, _, data = answered[0]
+        assert status == 503 and "shutting down" in json.loads(data)["error"]["message"]
+        status, _, data = streamed[0]
+        assert status == 200
+        events = data.split(b"\n\n")
+        assert events[-2:] == [b"data: [DONE]", b""]
+        assert "shutting down" in json.loads(events[-3][6:])["error"]["message"]
+        assert server.wait(10) == 0
+        # 1,000 steps of 10 ms would be 10 s; the bound is 0.5 s (+ the loop's stop).
+        assert time.monotonic() - signalled < 5
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--max-num-seqs", "0"], "max_num_seqs"),
+    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
+    (["--executor", "tpu"], "--executor"),
+    (["--port", "70000"], "--port"),
+    (["--max-body-bytes", "0"], "--max-body-bytes"),
+])
+def test_bad_flags_exit_2_naming_the_flag(args, fragment):
+    result = CliRunner().invoke(app, ["serve", "--executor", "sim", *args])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output
