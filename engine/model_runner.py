@@ -146,6 +146,19 @@ def resolve_model_config(name_or_dir: str) -> tuple[ModelConfig, Path | None]:
     return ModelConfig.preset(name_or_dir), None
 
 
+def load_model(
+    name_or_dir: str, device: torch.device
+) -> tuple[LlamaForCausalLM, ModelConfig, Path | None]:
+    """The bundled preset with seeded random weights, or a local checkpoint's weights."""
+    model_config, model_dir = resolve_model_config(name_or_dir)
+    if model_dir is None:
+        return build_model(model_config, device), model_config, None
+    from engine.weights import load_checkpoint
+
+    model, model_config = load_checkpoint(model_dir, device)
+    return model, model_config, model_dir
+
+
 def activation_bytes_estimate(model_config: ModelConfig, max_tokens: int, max_seqs: int) -> int:
     """Peak activation memory of one step, estimated: hidden-sized buffers and the MLP's
     intermediate per token, plus float32 logits for every sampled sequence. (On CUDA the
@@ -168,14 +181,7 @@ def build_torch_engine(
     if model is not None:  # a model built by the caller brings its own shapes
         model_config, model_dir = model.config, None
     else:
-        model_config, model_dir = resolve_model_config(config.model)
-    if model is None:
-        if model_dir is not None:
-            from engine.weights import load_checkpoint
-
-            model, model_config = load_checkpoint(model_dir, device)
-        else:
-            model = build_model(model_config, device)
+        model, model_config, model_dir = load_model(config.model, device)
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     sched = config.scheduler
     budget = sched.token_budget
@@ -232,13 +238,7 @@ def calibration_runner(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    model_config, model_dir = resolve_model_config(model_name)
-    if model_dir is not None:
-        from engine.weights import load_checkpoint
-
-        model, model_config = load_checkpoint(model_dir, device)
-    else:
-        model = build_model(model_config, device)
+    model, model_config, _ = load_model(model_name, device)
     num_blocks = max(
         sum(-(-(before + n) // block_size) for n, before in s.prefills)
         + sum(-(-ctx // block_size) for ctx in s.decodes)
