@@ -115,9 +115,16 @@ class LLMEngine:
 
 def default_kv_plan(config: EngineConfig) -> KvPlan:
     """Pool sizes for the configured model preset from the memory knobs (no torch)."""
+    import json
+    from pathlib import Path
+
     from engine.model_config import ModelConfig
 
-    model = ModelConfig.preset(config.model)
+    directory = Path(config.model)
+    if directory.is_dir():  # a local checkpoint: its config.json has the shapes
+        model = ModelConfig.from_hf_config(json.loads((directory / "config.json").read_text()))
+    else:
+        model = ModelConfig.preset(config.model)
     return plan_kv_blocks(
         config.cache,
         model.kv_bytes_per_block(config.cache.block_size),

@@ -85,6 +85,10 @@ class ModelConfig:
                 f"eos_token_id ({self.eos_token_id}) must be in [0, vocab_size={self.vocab_size})"
             )
         if isinstance(self.rope_scaling, dict):  # from_json hands the nested dict over as-is
+            known = {f.name for f in dataclasses.fields(RopeScaling)}
+            unknown = sorted(set(self.rope_scaling) - known)
+            if unknown:
+                raise ValueError(f"unknown rope_scaling keys {unknown}; valid keys: {sorted(known)}")
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
 
     # ---- derived sizes -------------------------------------------------------------------
