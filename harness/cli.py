@@ -113,6 +113,12 @@ def simulate(
             raise typer.BadParameter(str(exc)) from None
     if num_requests is not None and num_requests < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--num-requests")
+    from engine.llm_engine import default_kv_plan
+
+    try:
+        default_kv_plan(next(iter(configs.values())))  # a bad model or memory knob, named
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc)) from None
     summary = run_simulations(
         prof, configs, model, out, seed=seed, num_requests=num_requests,
         write_decisions=write_decisions,

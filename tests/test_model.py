@@ -407,3 +407,6 @@ def test_config_from_json(tmp_path):
         ModelConfig.from_json(path)
     path.write_text(json.dumps({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}))
     assert ModelConfig.from_json(path).rope_scaling == RopeScaling("linear", 2.0)
+    path.write_text(json.dumps({"rope_scaling": {"rope_type": "linear", "fator": 2.0}}))
+    with pytest.raises(ValueError, match="unknown rope_scaling keys \\['fator'\\]"):
+        ModelConfig.from_json(path)

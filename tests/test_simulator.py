@@ -114,6 +114,8 @@ def test_single_policy_layout_and_columns(tmp_path):
         (["--preemption-mode", "drop"], "drop"),
         (["--profile", "no-such-profile"], "no-such-profile"),
         (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
+        (["--gpu-memory-utilization", "0.01", "--device-memory", "0.1"], "no room for the KV cache"),
+        (["--model", "nope"], "unknown model preset 'nope'"),
     ],
 )
 def test_bad_input_is_named(tmp_path, args, message):
