@@ -107,7 +107,8 @@ class _ShapeBuilder:
 
     def _sequence(self, num_tokens: int, params: SamplingParams, prompt: int | None = None) -> Sequence:
         prompt_len = num_tokens if prompt is None else prompt
-        prompt_ids = [3 + (i * 7919) % 1000 for i in range(prompt_len)]
+        vocab = self.runner.model_config.vocab_size
+        prompt_ids = [3 + (i * 7919) % (vocab - 3) for i in range(prompt_len)]
         seq = Sequence(f"cal-{self._next}", prompt_ids, params, 0.0, self._next)
         self._next += 1
         seq.output_token_ids = [5] * (num_tokens - prompt_len)

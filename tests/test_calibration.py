@@ -1,0 +1,79 @@
+"""Calibration: the fit recovers a known cost model; the command writes a usable file."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from engine.calibration import StepShape, fit, holdout_mix, relative_errors, training_grid
+from engine.cost_model import FEATURES, CostModel
+from engine.model import build_model
+from engine.model_config import ModelConfig
+from engine.weights import save_checkpoint
+from harness.cli import app
+
+
+def synthetic_seconds(model: CostModel, shapes: list[StepShape]) -> np.ndarray:
+    out = []
+    for shape in shapes:
+        f = shape.features()
+        out.append(model.predict(int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]) * 2))
+    return np.array(out)
+
+
+def test_fit_recovers_a_linear_cost_model_exactly():
+    truth = CostModel(step_overhead_s=3e-4, prefill_token_s=4e-5, decode_seq_s=9e-5,
+                      decode_context_token_s=2e-7, prefill_attention_s=1e-8, swap_block_s=6e-6)
+    grid = training_grid()
+    x = np.array([s.features() for s in grid])
+    x[:, 5] *= 2
+    coef = fit(x, synthetic_seconds(truth, grid))
+    for name, value in zip(FEATURES, coef, strict=True):
+        assert value == pytest.approx(getattr(truth, name), rel=1e-6), name
+    held = holdout_mix(30)
+    fitted = CostModel(**dict(zip(FEATURES, coef, strict=True)))
+    assert max(relative_errors(fitted, held, list(synthetic_seconds(truth, held)))) < 1e-6
+
+
+def test_fit_never_returns_negative_coefficients():
+    rng = np.random.default_rng(0)
+    grid = training_grid(quick=True)
+    x = np.array([s.features() for s in grid])
+    # Timings that a plain least-squares fit would explain with a negative term.
+    seconds = 1e-3 + 1e-6 * x[:, 1] - 1e-9 * x[:, 4] + rng.uniform(0, 1e-5, len(grid))
+    seconds = np.maximum(seconds, 1e-4)
+    coef = fit(x, seconds)
+    assert (coef >= 0).all()
+
+
+def test_calibrate_command_writes_a_cost_model_the_simulator_uses(tmp_path):
+    torch.manual_seed(0)
+    config = ModelConfig(name="calib", vocab_size=256, hidden_size=32, num_layers=1,
+                         num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model_dir = save_checkpoint(build_model(config), config, tmp_path / "ckpt")
+    out = tmp_path / "cost.json"
+    result = CliRunner().invoke(app, ["calibrate", "--model", str(model_dir), "--quick",
+                                      "--repeats", "1", "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["source"] == "calibrated"
+    assert data["device"].startswith("cpu")
+    assert data["model"] and data["fitted_at"][:4].isdigit()
+    assert data["fit"]["holdout_points"] > 0 and data["fit"]["train_points"] > 0
+    assert 0 <= data["fit"]["holdout_median_rel_error"]
+    fitted = CostModel.load(out)
+    assert all(getattr(fitted, name) >= 0 for name in FEATURES)
+    assert fitted.predict(0, 8, 8 * 100) > 0
+    sim = CliRunner().invoke(app, ["simulate", "--cost-model", str(out), "--num-requests", "50",
+                                   "--out", str(tmp_path / "sim")])
+    assert sim.exit_code == 0, sim.output
+
+
+def test_calibrate_names_a_bad_model(tmp_path):
+    result = CliRunner().invoke(app, ["calibrate", "--model", "gigantic", "--out", str(tmp_path / "c.json")])
+    assert result.exit_code == 2
+    assert "gigantic" in result.output
