@@ -32,6 +32,7 @@ REASON_OUT_OF_BLOCKS = "out_of_blocks"  # the device KV pool had no room
 REASON_PRIORITY = "priority"  # a waiting request with a better key needed the room
 REASON_MAX_NUM_SEQS = "max_num_seqs"  # the running set was full
 REASON_TOKEN_BUDGET = "token_budget"  # max_num_batched_tokens was used up
+REASON_PREFILL_PRIORITY = "prefill_priority"  # no chunked prefill: new prefills ran alone
 REASON_SWAP_SPACE_EXHAUSTED = "swap_space_exhausted"  # swap wanted, host pool full
 REASON_PREEMPTION_MODE = "preemption_mode"  # the configured mode chose it
 REASON_EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"

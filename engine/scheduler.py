@@ -6,6 +6,8 @@ One step, continuous batching (vLLM-style, over a paged KV cache):
    preempting running requests if they must (the hard bound);
 1. under a policy that lets waiting requests preempt (priority), the best waiting
    request takes the room of worse running ones when blocks or slots are short;
+   (with chunked prefill off, as vLLM v0: a step that can admit new prefills runs
+   only those, and the running requests sit it out);
 2. running decodes, then running prefill chunks, in policy order; when a decode
    needs a block and none is free, the worst running request is preempted (swap
    or recompute); decodes beyond the token budget are left out ("idle running");
@@ -42,6 +44,7 @@ SWAPPED = SequenceStatus.SWAPPED
 
 def _order(seq: Sequence) -> tuple[float, int]:
     return (seq.policy_key, seq.seq_no)
+
 
 
 @dataclass(slots=True)
@@ -253,6 +256,16 @@ class Scheduler:
         if not self.static and self.policy.preempts_for_waiting and self.num_waiting:
             self._preempt_for_waiting_head(now, out)
 
+        if not self.static and not self.chunked and self.num_waiting and not self.swapped:
+            # vLLM v0 without chunked prefill: a step that admits new prefills carries no
+            # decodes. This is how running sets outgrow the token budget (trap 1).
+            scheduled_before = len(out.seqs)
+            self._schedule_waiting(now, out, budget)
+            if len(out.seqs) > scheduled_before:
+                idle = [seq for seq in self.running if not seq.num_scheduled_tokens]
+                self._record_idle(out, now, idle, d.REASON_PREFILL_PRIORITY)
+                return self._finish_output(out)
+
         budget = self._schedule_running(now, out, budget)
         # After running decodes had to preempt for room, admitting more work into the
         # same step would only be preempted again (vLLM does the same).
@@ -338,14 +351,19 @@ class Scheduler:
                 continue
             self._schedule_one(seq, n, out)
             budget -= n
-        if idle:
-            for seq in idle:
-                seq.num_idle_running_steps += 1
-            out.decisions.append(Decision(
-                d.IDLE_RUNNING, now, self._step, reason=d.REASON_TOKEN_BUDGET,
-                request_ids=tuple(seq.request_id for seq in idle),
-            ))
+        self._record_idle(out, now, idle, d.REASON_TOKEN_BUDGET)
         return budget
+
+    def _record_idle(self, out: SchedulerOutput, now: float, idle: list[Sequence], reason: str) -> None:
+        """Running requests left out of this step: one record listing them all."""
+        if not idle:
+            return
+        for seq in idle:
+            seq.num_idle_running_steps += 1
+        out.decisions.append(Decision(
+            d.IDLE_RUNNING, now, self._step, reason=reason,
+            request_ids=tuple(seq.request_id for seq in idle),
+        ))
 
     def _make_room_for_decode(self, seq: Sequence, now: float, out: SchedulerOutput) -> bool:
         """Preempt the worst unscheduled running request until ``seq`` can grow.
@@ -389,6 +407,11 @@ class Scheduler:
             victim = self.running[i]
             if victim.num_scheduled_tokens:
                 continue
+            if victim.promoted:
+                # Itself admitted past its max wait, no token since: taking its place
+                # back would let it and the newcomer evict each other forever without
+                # either producing a token.
+                continue
             if only_worse and _order(victim) <= seq_order:
                 break  # sorted: everything further in is better than seq
             victims.append(victim)
@@ -412,6 +435,7 @@ class Scheduler:
             use_swap = False
             detail = d.REASON_SWAP_SPACE_EXHAUSTED
         num_blocks = len(seq.block_table)
+        thrown_away = 0 if use_swap else seq.num_computed_tokens
         if use_swap:
             out.blocks_to_swap_out.extend(bm.swap_out(seq))
             seq.status = SWAPPED
@@ -420,7 +444,9 @@ class Scheduler:
             bisect.insort(self.swapped, seq, key=_order)
         else:
             bm.free(seq)
-            seq.num_pending_recompute_tokens = seq.num_computed_tokens
+            # += : a request preempted again while re-prefilling still owes the tokens
+            # it had not yet redone.
+            seq.num_pending_recompute_tokens += seq.num_computed_tokens
             seq.num_computed_tokens = 0
             seq.num_preemptions_recompute += 1
             self._enqueue_waiting(seq, now)
@@ -428,7 +454,7 @@ class Scheduler:
         out.decisions.append(Decision(
             d.PREEMPT, now, self._step, seq.request_id, reason, mode=mode,
             beneficiary=beneficiary.request_id, num_blocks=num_blocks,
-            num_tokens=seq.num_pending_recompute_tokens, detail=detail,
+            num_tokens=thrown_away, detail=detail,
         ))
         if use_swap:
             out.decisions.append(Decision(
@@ -443,7 +469,7 @@ class Scheduler:
         self.num_waiting -= 1
         seq.queue_version += 1  # its heap entries go stale
         seq.status = RUNNING
-        seq.promoted = False
+        seq.promoted = reason == d.REASON_MAX_WAIT  # protected until its next token
         seq.total_queue_s += now - seq.waiting_since
         bisect.insort(self.running, seq, key=_order)
         if seq.first_scheduled_time is None:
@@ -486,7 +512,9 @@ class Scheduler:
         swapped = self.swapped
         while swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = swapped[0]
-            if self.policy.preempts_for_waiting and self.num_waiting:
+            # Static batching admits nobody while a batch (swapped members included)
+            # is unfinished, so there the swapped request must not yield.
+            if self.policy.preempts_for_waiting and self.num_waiting and not self.static:
                 head = self._peek_waiting()
                 if head is not None and _order(head) < _order(seq):
                     break  # a better waiting request goes first (it may have caused the swap)
@@ -598,6 +626,8 @@ class Scheduler:
             if token is None:
                 continue
             # Sequence.append_token, inlined: this runs once per generated token.
+            if seq.promoted:
+                seq.promoted = False  # a max-wait admission made progress: no longer protected
             seq.output_token_ids.append(token)
             seq.num_tokens += 1
             last = seq.last_token_time

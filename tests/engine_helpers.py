@@ -183,6 +183,9 @@ def drive(
         if before_step is not None:
             before_step(trace)
         outcome = engine.step()
+        # The engine turns an executor exception into FINISHED_ERROR requests; in
+        # simulation the only such exceptions are CheckingExecutor's assertions.
+        assert outcome.error is None, f"step {outcome.output.step} failed: {outcome.error}"
         trace.steps.append(outcome)
         trace.decisions.extend(outcome.output.decisions)
         if on_step is not None:

@@ -15,10 +15,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from engine import decisions as d
-from engine.config import SchedulerConfig
 from engine.cost_model import CostModel
 from engine.llm_engine import LLMEngine, StepOutcome
 from engine.sequence import SequenceStatus
+
+#: Deterministic runs (same examples every time); no per-example deadline.
+SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 FINISHED_OK = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH}
 ENDED = FINISHED_OK | {SequenceStatus.FINISHED_ABORTED, SequenceStatus.FINISHED_REJECTED}
@@ -38,24 +40,14 @@ class Case:
     reqs: list[Req]
     aborts: list[tuple[float, str]]
 
-    @property
-    def config(self) -> SchedulerConfig:
-        return SchedulerConfig(**self.knobs)
-
 
 @st.composite
-def cases(draw, *, max_requests: int = 14, recompute_heavy: bool = False) -> Case:
-    """Random knobs, pools, arrivals and aborts.
-
-    ``recompute_heavy``: continuous batching, small chunks, no swap space, so
-    requests are recompute-preempted, some of them again while re-prefilling.
-    """
+def cases(draw, *, max_requests: int = 14) -> Case:
+    """Random knobs, pools, arrivals and aborts."""
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     max_model_len = draw(st.integers(8, 48))
-    chunked = recompute_heavy or draw(st.booleans())
-    if recompute_heavy:
-        budget = draw(st.integers(1, 2)) * block_size
-    elif chunked:
+    chunked = draw(st.booleans())
+    if chunked:
         budget = draw(st.one_of(st.none(), st.integers(1, 8).map(lambda k: k * block_size)))
     else:
         budget = draw(st.one_of(st.none(), st.integers(max_model_len, max_model_len + 24)))
@@ -82,10 +74,6 @@ def cases(draw, *, max_requests: int = 14, recompute_heavy: bool = False) -> Cas
         gpu_blocks = draw(st.integers(fit, 3 * fit))
     cpu_blocks = draw(st.sampled_from([0, 1, 2, fit, 2 * fit, 64]))
     watermark = draw(st.sampled_from([0.0, 0.0, 0.01, 0.2]))
-    if recompute_heavy:
-        knobs.update(batching="continuous", max_waiting=None,
-                     preemption_mode=draw(st.sampled_from(["recompute", "auto"])))
-        cpu_blocks = 0
     n = draw(st.integers(1, max_requests))
     spread = draw(st.sampled_from([4, 16, 64]))  # arrival window, in 1/1024 s
     reqs = []
@@ -111,6 +99,34 @@ def cases(draw, *, max_requests: int = 14, recompute_heavy: bool = False) -> Cas
     return Case(knobs, block_size, gpu_blocks, cpu_blocks, watermark, reqs, aborts)
 
 
+@st.composite
+def recompute_cases(draw) -> Case:
+    """Recompute-heavy: no swap space, a tight pool, long outputs (decode growth
+    preempts) and chunks of one to three blocks, so re-prefills span steps and a
+    request is now and then preempted again while re-prefilling."""
+    block_size = draw(st.sampled_from([1, 2]))
+    max_model_len = draw(st.integers(16, 40))
+    fit = blocks_for(max_model_len, block_size)
+    knobs = dict(
+        max_model_len=max_model_len,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=draw(st.integers(1, 3)) * block_size,
+        max_num_seqs=draw(st.integers(2, 6)),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "sjf", "priority"])),
+        preemption_mode=draw(st.sampled_from(["recompute", "auto"])),
+        aging_rate=0.0,
+        batching="continuous",
+    )
+    gpu_blocks = draw(st.integers(fit, fit + fit // 2))
+    reqs = []
+    for i in range(draw(st.integers(3, 10))):
+        prompt_len = draw(st.integers(1, max_model_len // 3))
+        max_tokens = draw(st.integers((max_model_len - prompt_len) // 2, max_model_len - prompt_len))
+        reqs.append(Req(f"r{i}", draw(st.integers(0, 8)) / 1024, prompt_len, max_tokens,
+                        oracle=max_tokens, priority=draw(st.integers(0, 3))))
+    return Case(knobs, block_size, gpu_blocks, 0, 0.0, reqs, [])
+
+
 def build(case: Case, cost_model: CostModel | None = None) -> LLMEngine:
     return make_engine(
         block_size=case.block_size, gpu_blocks=case.gpu_blocks, cpu_blocks=case.cpu_blocks,
@@ -133,6 +149,8 @@ class StepChecker:
         sched = self.engine.scheduler
         self.busy_at_start = bool(sched.running or sched.swapped)
         self.waiting_at_start = sched.num_waiting
+        self.pending_at_start = {
+            s.request_id: s.num_pending_recompute_tokens for s in sched.running}
 
     def after(self, outcome: StepOutcome, trace: Trace) -> None:
         engine, config = self.engine, self.config
@@ -189,6 +207,11 @@ class StepChecker:
             assert 0 <= dev < bm.num_device_blocks and 0 <= host < bm.num_host_blocks
         for host, dev in out.blocks_to_swap_in:
             assert 0 <= dev < bm.num_device_blocks and 0 <= host < bm.num_host_blocks
+
+        for x in out.decisions:
+            if x.kind == d.PREEMPT and x.mode == "recompute" and self.pending_at_start.get(
+                    x.request_id):
+                event("recompute-preempted again while re-prefilling")
 
         admitted = [x for x in out.decisions if x.kind in (d.ADMIT, d.RECOMPUTE)]
         if config.batching == "static":
@@ -258,6 +281,11 @@ def check_end_state(engine: LLMEngine, trace: Trace, case: Case) -> None:
 
     aborted_ids = {rid for _, rid in case.aborts}
     assert set(trace.seqs) == {r.id for r in case.reqs}  # none lost, none invented
+    # each request finished by a step is reported finished exactly once
+    reported = [s.request_id for o in trace.steps for s in o.finished]
+    assert len(reported) == len(set(reported))
+    assert set(reported) == {
+        rid for rid, s in trace.seqs.items() if s.status in FINISHED_OK}
     by_request: dict[str, list[d.Decision]] = {}
     for x in trace.decisions:
         if x.request_id is not None:
@@ -305,15 +333,15 @@ def check_end_state(engine: LLMEngine, trace: Trace, case: Case) -> None:
         assert seq.first_token_time is not None and seq.finished_time >= seq.first_token_time
 
 
-@settings(max_examples=1000, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2000, **SETTINGS)
 @given(cases())
 def test_random_workloads_keep_invariants_and_finish_every_request(case: Case) -> None:
     engine, trace = run_case(case)
     check_end_state(engine, trace, case)
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(cases(recompute_heavy=True))
+@settings(max_examples=800, **SETTINGS)
+@given(recompute_cases())
 def test_recompute_cost_is_counted_exactly(case: Case) -> None:
     """Trap 2 accounting: the extra prefill work recompute causes is what
     ``num_recomputed_tokens`` reports.
@@ -377,8 +405,12 @@ def max_wait_cases(draw, *, arrivals: str = "bursty", swap_only: bool = True) ->
     else:
         times = [draw(st.integers(0, 24)) * STEP_S / 2 for _ in range(n)]
     reqs = []
+    budget = knobs["max_num_batched_tokens"]
     for i, arrival in enumerate(times):
-        prompt_len = draw(st.integers(1, max_model_len - 1))
+        # Swap-only cases: every prompt's prefill fits one step, so a max_wait admission
+        # samples its token in the step that admits it (its protection lapses at once).
+        longest = min(max_model_len - 1, budget) if swap_only else max_model_len - 1
+        prompt_len = draw(st.integers(1, longest))
         max_tokens = draw(st.integers(1, max_model_len - prompt_len))
         reqs.append(Req(f"r{i}", arrival, prompt_len, max_tokens,
                         oracle=draw(st.integers(1, max_tokens)), priority=draw(st.integers(0, 3))))
@@ -394,7 +426,7 @@ def _waiting(engine: LLMEngine):
     return [s for s in engine.scheduler.requests.values() if s.status is SequenceStatus.WAITING]
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, **SETTINGS)
 @given(max_wait_cases(arrivals="bursty"))
 def test_max_wait_admits_the_oldest_overdue_request_every_step(case: Case) -> None:
     """The progress guarantee ``_promote_overdue``/``_admit_promoted`` give.
@@ -402,15 +434,19 @@ def test_max_wait_admits_the_oldest_overdue_request_every_step(case: Case) -> No
     At the start of a step at time ``t``, every WAITING request whose current
     waiting interval began at or before ``t - max_wait_s`` is promoted; promoted
     requests are admitted first, oldest waiting interval first, each preempting
-    any running request not yet in the step. The oldest of them therefore always
-    finds the full token budget (so a chunk of at least one token), a free slot
-    and the whole device pool (every accepted request fits it): it is admitted,
-    with reason ``max_wait``, in that very step. Later ones may have to wait for
-    budget, slots or blocks, so overdue requests drain at least one per step.
+    any running request not yet in the step — except one that was itself admitted
+    past its max wait and has not produced a token since (evicting it could
+    livelock two overdue requests, see the recompute property below). The oldest
+    of them therefore finds the full token budget, a free slot and the whole
+    device pool (every accepted request fits it) whenever no such protected
+    request is running: it is admitted, with reason ``max_wait``, in that very
+    step. Later ones may have to wait for budget, slots or blocks, so overdue
+    requests drain at least one per step.
 
-    Checked with swap-only preemption: a victim is SWAPPED, not WAITING, so it
-    does not become overdue itself (see the recompute property below for why
-    that matters).
+    Checked with swap-only preemption (a victim is SWAPPED, not WAITING, so it
+    does not become overdue itself) and prompts whose prefill fits one step (a
+    max_wait admission samples its token in its admission step, so no protected
+    request is ever running at the start of a step).
     """
     engine = build(case, cost_model=constant_cost())
     max_wait = case.knobs["max_wait_s"]
@@ -436,17 +472,19 @@ def test_max_wait_admits_the_oldest_overdue_request_every_step(case: Case) -> No
 
     trace = drive(engine, case.reqs, max_steps=step_cap(case),
                   max_stall_steps=stall_cap(case), before_step=before, on_step=after)
+    note_coverage(case, trace)
     check_end_state(engine, trace, case)
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, **SETTINGS)
 @given(max_wait_cases(arrivals="spaced"))
 def test_max_wait_bounds_every_waiting_interval(case: Case) -> None:
     """The bound ``max_wait_s`` gives when requests become overdue one at a time.
 
     Setting: every non-empty step lasts ``STEP_S``; arrivals are at least one
-    step apart and preemption always swaps (the host pool can hold every request
-    at once), so waiting intervals only begin at arrivals. Then at most one request
+    step apart, every prompt's prefill fits one step, and preemption always swaps
+    (the host pool can hold every request at once), so waiting intervals only
+    begin at arrivals. Then at most one request
     becomes overdue per step, and by the guarantee above it is admitted in the
     first step that starts after its deadline. That step starts at most one step
     duration after the deadline, so: for every waiting interval (the first one is
@@ -471,13 +509,14 @@ def test_max_wait_bounds_every_waiting_interval(case: Case) -> None:
 
     trace = drive(engine, case.reqs, max_steps=step_cap(case),
                   max_stall_steps=stall_cap(case), on_step=after)
+    note_coverage(case, trace)
     check_end_state(engine, trace, case)
     for req in case.reqs:
         queue_s = trace.seqs[req.id].queue_s
         assert queue_s is not None and queue_s <= max_wait + STEP_S
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, **SETTINGS)
 @given(max_wait_cases(arrivals="bursty", swap_only=False))
 def test_max_wait_with_any_preemption_mode_finishes_every_request(case: Case) -> None:
     """With recompute (chosen, or swap falling back), a victim of a max_wait

@@ -257,6 +257,35 @@ def test_rejections_finish_at_once_with_their_reason_and_never_loop() -> None:
 # -- trap 1: max_num_seqs raised, token budget not -----------------------------------
 
 
+def test_continuous_batching_without_chunking_outgrows_the_token_budget() -> None:
+    """Trap 1 as vLLM v0 (no chunked prefill) walks into it: steps that admit new
+    prefills carry no decodes, so the running set grows to max_num_seqs (64) while a
+    decode step can run only max_num_batched_tokens (16) of them. The rest hold KV
+    blocks and sit idle, step after step, recorded with reason ``token_budget``."""
+    engine = make_engine(block_size=4, gpu_blocks=512, max_num_seqs=64, max_model_len=16,
+                         max_num_batched_tokens=16, enable_chunked_prefill=False)
+    reqs = [Req(f"r{i:02}", 0.0, prompt_len=4, max_tokens=12, oracle=12) for i in range(64)]
+    budget_idle = []
+    prefill_idle = []
+
+    def on_step(outcome, trace):
+        out = outcome.output
+        assert out.num_batched_tokens <= 16
+        for x in out.decisions:
+            if x.kind == d.IDLE_RUNNING:
+                (budget_idle if x.reason == d.REASON_TOKEN_BUDGET else prefill_idle).append(
+                    (out.num_running, len(x.request_ids)))
+                if x.reason == d.REASON_PREFILL_PRIORITY:
+                    assert out.num_decode_seqs == 0  # prefill steps carry no decodes
+
+    trace = drive(engine, reqs, on_step=on_step)
+    assert prefill_idle, "admission steps never left running requests out"
+    assert max(running for running, _ in budget_idle) == 64  # all admitted ...
+    assert max(idle for _, idle in budget_idle) == 48  # ... three quarters idle
+    assert_all_finished_ok(trace, reqs)
+    assert sum(trace.seqs[r.id].num_idle_running_steps for r in reqs) > 64
+
+
 def test_token_budget_leaves_admitted_requests_idle_running() -> None:
     """32 requests fit max_num_seqs (64) and the pool and are admitted as one
     (static) batch, but a 16-token budget runs only 16 tokens a step: the rest are
@@ -435,7 +464,12 @@ def test_without_chunking_a_prompt_is_scheduled_whole() -> None:
     assert records[0].scheduled == {"x": 40}  # y's 40 do not fit the 24 left
     wait = only(trace.of(d.WAIT, "y"))
     assert (wait.reason, wait.step) == (d.REASON_TOKEN_BUDGET, 1)
-    assert records[1].scheduled == {"x": 1, "y": 40}
+    # vLLM v0 without chunked prefill: a step that admits a prefill runs only prefills,
+    # and the running request sits it out (recorded as idle running).
+    assert records[1].scheduled == {"y": 40}
+    idle = only(trace.of(d.IDLE_RUNNING))
+    assert (idle.reason, idle.step, idle.request_ids) == (d.REASON_PREFILL_PRIORITY, 2, ("x",))
+    assert records[2].scheduled == {"x": 1, "y": 1}
     assert_all_finished_ok(trace, reqs)
 
 
