@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from engine.block_manager import BlockManager
-from engine.cost_model import FEATURES, CostModel
+from engine.cost_model import FEATURES, CostModel, step_features
 from engine.model_runner import ModelRunner
 from engine.scheduler import SchedulerOutput
 from engine.sequence import SamplingParams, Sequence
@@ -35,11 +35,18 @@ class StepShape:
     decodes: tuple[int, ...] = ()
     swap_blocks: int = 0
 
+    def num_blocks(self, block_size: int) -> int:
+        """Device blocks the step's sequences occupy."""
+        return (sum(-(-(before + n) // block_size) for n, before in self.prefills)
+                + sum(-(-ctx // block_size) for ctx in self.decodes))
+
     def features(self) -> list[float]:
-        prefill_tokens = sum(n for n, _ in self.prefills)
-        attention = sum(n * (before + n) for n, before in self.prefills)
-        return [1.0, float(prefill_tokens), float(len(self.decodes)), float(sum(self.decodes)),
-                float(attention), float(self.swap_blocks)]
+        """The cost model's features of this step (blocks move out and back in)."""
+        return step_features(
+            sum(n for n, _ in self.prefills), len(self.decodes), sum(self.decodes),
+            sum(n * (before + n) for n, before in self.prefills), 2 * self.swap_blocks,
+            len(self.prefills),
+        )
 
 
 def training_grid(quick: bool = False) -> list[StepShape]:
@@ -52,6 +59,9 @@ def training_grid(quick: bool = False) -> list[StepShape]:
     shapes += [StepShape(prefills=((n, ctx),)) for n in prefill_lens[:3] for ctx in contexts]
     shapes += [StepShape(decodes=(ctx,) * b) for b in batches for ctx in contexts]
     shapes += [StepShape(decodes=(64,), swap_blocks=s) for s in swaps]
+    # Mixed batches too (a different seed from the held-out ones): continuous batching
+    # mostly runs prefill chunks and decodes of many lengths together.
+    shapes += holdout_mix(12 if quick else 60, seed=99, quick=quick)
     return shapes
 
 
@@ -123,27 +133,25 @@ class _ShapeBuilder:
 
 def measure(runner: ModelRunner, shapes: list[StepShape], repeats: int = 5, warmup: int = 1,
             num_blocks: int | None = None) -> list[float]:
-    """Median seconds of ``runner.execute`` for each shape."""
-    needed = max(
-        sum(-(-(before + n) // runner.block_size) for n, before in s.prefills)
-        + sum(-(-ctx // runner.block_size) for ctx in s.decodes)
-        for s in shapes
-    )
+    """Median seconds of ``runner.execute`` for each shape.
+
+    Shapes are measured round-robin, one run of each per round, so that a slow spell
+    of a shared machine spreads over all shapes instead of skewing a few.
+    """
+    needed = max(shape.num_blocks(runner.block_size) for shape in shapes)
     builder = _ShapeBuilder(runner, num_blocks or needed, runner.block_size)
-    times = []
-    for shape in shapes:
-        out, seqs = builder.build(shape)
-        samples = []
-        for i in range(warmup + repeats):
+    samples: list[list[float]] = [[] for _ in shapes]
+    for round_no in range(warmup + repeats):
+        for i, shape in enumerate(shapes):
+            out, seqs = builder.build(shape)
             start = time.perf_counter()
             runner.execute(out)
             if runner.is_cuda:
                 torch.cuda.synchronize(runner.device)
-            if i >= warmup:
-                samples.append(time.perf_counter() - start)
-        times.append(statistics.median(samples))
-        builder.release(seqs)
-    return times
+            if round_no >= warmup:
+                samples[i].append(time.perf_counter() - start)
+            builder.release(seqs)
+    return [statistics.median(x) for x in samples]
 
 
 def fit(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
@@ -170,29 +178,23 @@ def fit(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
 
 
 def relative_errors(model: CostModel, shapes: list[StepShape], seconds: list[float]) -> list[float]:
-    errors = []
-    for shape, measured in zip(shapes, seconds, strict=True):
-        f = shape.features()
-        predicted = model.predict(int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]) * 2)
-        errors.append(abs(predicted - measured) / measured)
-    return errors
+    return [abs(model.predict_features(shape.features()) - measured) / measured
+            for shape, measured in zip(shapes, seconds, strict=True)]
 
 
 def calibrate(runner: ModelRunner, model_name: str, quick: bool = False, repeats: int = 5,
               holdout: int = 40) -> CostModel:
     grid = training_grid(quick)
-    train_s = measure(runner, grid, repeats=repeats)
+    held = holdout_mix(holdout if not quick else max(8, holdout // 4), quick=quick)
+    # One round-robin pass over both sets: drift of a shared machine hits them alike.
+    seconds = measure(runner, grid + held, repeats=repeats)
+    train_s, held_s = seconds[:len(grid)], seconds[len(grid):]
     x = np.array([s.features() for s in grid])
-    # The swap feature counts blocks moved in either direction: each shape moves
-    # swap_blocks out and the same number back in.
-    x[:, 5] *= 2
     coef = fit(x, np.array(train_s))
     params = dict(zip(FEATURES, (float(c) for c in coef), strict=True))
     fitted = CostModel(**params, device=describe_device(runner.device), model=model_name,
                        fitted_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                        source="calibrated")
-    held = holdout_mix(holdout if not quick else max(8, holdout // 4), quick=quick)
-    held_s = measure(runner, held, repeats=repeats)
     errors = relative_errors(fitted, held, held_s)
     train_errors = relative_errors(fitted, grid, train_s)
     stats = {

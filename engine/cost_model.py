@@ -9,6 +9,8 @@ computes while building the step)::
            + decode_context_token_s   * sum of decode context lengths
            + prefill_attention_s      * sum over prefill chunks of chunk_len * context_len
            + swap_block_s             * blocks swapped in or out
+           + prefill_seq_s            * prefill chunks (sequences prefilling)
+           + mixed_step_s             * (1 if the step mixes prefill and decode)
 
 Linear because each term is a kernel whose cost is linear in that quantity
 (weight GEMMs in tokens, attention in context, copies in blocks); the fit of
@@ -29,7 +31,27 @@ FEATURES = (
     "decode_context_token_s",
     "prefill_attention_s",
     "swap_block_s",
+    "prefill_seq_s",
+    "mixed_step_s",
 )
+
+
+def step_features(
+    num_prefill_tokens: int,
+    num_decode_seqs: int,
+    decode_context_tokens: int = 0,
+    prefill_attention_work: int = 0,
+    num_swap_blocks: int = 0,
+    num_prefill_seqs: int | None = None,
+) -> list[float]:
+    """The feature vector (in FEATURES order) of a step; all zeros for an empty step."""
+    if not (num_prefill_tokens or num_decode_seqs or num_swap_blocks):
+        return [0.0] * len(FEATURES)
+    if num_prefill_seqs is None:
+        num_prefill_seqs = 1 if num_prefill_tokens else 0
+    mixed = 1.0 if num_prefill_tokens and num_decode_seqs else 0.0
+    return [1.0, float(num_prefill_tokens), float(num_decode_seqs), float(decode_context_tokens),
+            float(prefill_attention_work), float(num_swap_blocks), float(num_prefill_seqs), mixed]
 
 
 class CostModelError(ValueError):
@@ -38,16 +60,17 @@ class CostModelError(ValueError):
 
 @dataclass(frozen=True)
 class CostModel:
-    # Defaults: rough figures for the bundled ``tiny`` model on 2 CPU cores (fp32):
-    # ~0.45 ms fixed per step, ~0.1 ms per decode sequence, ~20k prefill tokens/s,
-    # ~4 KB of K/V read per context token per step, a 64 KiB block copy ~10 us.
-    step_overhead_s: float = 4.5e-4
-    prefill_token_s: float = 5.0e-5
-    decode_seq_s: float = 1.0e-4
-    decode_context_token_s: float = 4.0e-7
-    prefill_attention_s: float = 5.0e-8
-    swap_block_s: float = 1.0e-5
-    device: str = "cpu (uncalibrated defaults)"
+    # Defaults: `schedscope calibrate` of the bundled ``tiny`` model on 2 CPU cores
+    # (fp32, torch 2.13, 2026-11-30), rounded; see docs/execution.md for the fit.
+    step_overhead_s: float = 5.1e-3
+    prefill_token_s: float = 4.4e-5
+    decode_seq_s: float = 1.2e-4
+    decode_context_token_s: float = 4.3e-7
+    prefill_attention_s: float = 1.2e-7
+    swap_block_s: float = 6.7e-6
+    prefill_seq_s: float = 1.1e-3
+    mixed_step_s: float = 2.4e-3
+    device: str = "cpu: x86_64, 2 threads (built-in defaults)"
     model: str = "tiny"
     fitted_at: str = ""
     source: str = "default"
@@ -59,6 +82,11 @@ class CostModel:
             if not isinstance(value, int | float) or value < 0:
                 raise CostModelError(f"cost model parameter {name} must be a number >= 0, got {value!r}")
 
+    @classmethod
+    def constant(cls, step_s: float) -> CostModel:
+        """Every non-empty step takes ``step_s`` (0: as fast as Python goes)."""
+        return cls(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": step_s}, source="constant")
+
     def predict(
         self,
         num_prefill_tokens: int,
@@ -66,28 +94,38 @@ class CostModel:
         decode_context_tokens: int = 0,
         prefill_attention_work: int = 0,
         num_swap_blocks: int = 0,
+        num_prefill_seqs: int | None = None,
     ) -> float:
         """Predicted seconds for a step with this content (0 for an empty step)."""
-        if not (num_prefill_tokens or num_decode_seqs or num_swap_blocks):
-            return 0.0
-        return (
-            self.step_overhead_s
-            + self.prefill_token_s * num_prefill_tokens
-            + self.decode_seq_s * num_decode_seqs
-            + self.decode_context_token_s * decode_context_tokens
-            + self.prefill_attention_s * prefill_attention_work
-            + self.swap_block_s * num_swap_blocks
-        )
+        return self.predict_features(step_features(
+            num_prefill_tokens, num_decode_seqs, decode_context_tokens, prefill_attention_work,
+            num_swap_blocks, num_prefill_seqs,
+        ))
+
+    def predict_features(self, features: list[float]) -> float:
+        return sum(getattr(self, name) * x for name, x in zip(FEATURES, features, strict=True))
 
     def predict_step(self, out) -> float:
         """Predicted seconds for a :class:`engine.scheduler.SchedulerOutput`."""
-        return self.predict(
-            out.num_prefill_tokens,
-            out.num_decode_seqs,
-            out.num_decode_context_tokens,
-            out.prefill_attention_work,
-            len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
+        num_decode = out.num_decode_seqs
+        num_prefill_tokens = out.num_prefill_tokens
+        num_swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
+        if not (num_prefill_tokens or num_decode or num_swap):
+            return 0.0
+        # Inlined (the simulator calls this once per step).
+        seconds = (
+            self.step_overhead_s
+            + self.prefill_token_s * num_prefill_tokens
+            + self.decode_seq_s * num_decode
+            + self.decode_context_token_s * out.num_decode_context_tokens
+            + self.prefill_attention_s * out.prefill_attention_work
+            + self.swap_block_s * num_swap
         )
+        if num_prefill_tokens:
+            seconds += self.prefill_seq_s * (len(out.seqs) - num_decode)
+            if num_decode:
+                seconds += self.mixed_step_s
+        return seconds
 
     # -- files -------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -239,12 +239,8 @@ def calibration_runner(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     model, model_config, _ = load_model(model_name, device)
-    num_blocks = max(
-        sum(-(-(before + n) // block_size) for n, before in s.prefills)
-        + sum(-(-ctx // block_size) for ctx in s.decodes)
-        for s in shapes
-    )
-    num_blocks = max(num_blocks, max(s.swap_blocks for s in shapes), 1)
+    num_blocks = max(max(s.num_blocks(block_size) for s in shapes),
+                     max(s.swap_blocks for s in shapes), 1)
     runner = ModelRunner(model, model_config, block_size, num_blocks,
                          max(s.swap_blocks for s in shapes), device)
     return runner, model_config.name

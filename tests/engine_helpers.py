@@ -27,10 +27,7 @@ STEP_S = 1 / 64
 
 def constant_cost(step_s: float = STEP_S) -> CostModel:
     """A cost model where every non-empty step lasts ``step_s``."""
-    return CostModel(
-        step_overhead_s=step_s, prefill_token_s=0.0, decode_seq_s=0.0,
-        decode_context_token_s=0.0, prefill_attention_s=0.0, swap_block_s=0.0,
-    )
+    return CostModel.constant(step_s)
 
 
 @dataclass(frozen=True)

@@ -18,19 +18,15 @@ from harness.cli import app
 
 
 def synthetic_seconds(model: CostModel, shapes: list[StepShape]) -> np.ndarray:
-    out = []
-    for shape in shapes:
-        f = shape.features()
-        out.append(model.predict(int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]) * 2))
-    return np.array(out)
+    return np.array([model.predict_features(shape.features()) for shape in shapes])
 
 
 def test_fit_recovers_a_linear_cost_model_exactly():
     truth = CostModel(step_overhead_s=3e-4, prefill_token_s=4e-5, decode_seq_s=9e-5,
-                      decode_context_token_s=2e-7, prefill_attention_s=1e-8, swap_block_s=6e-6)
+                      decode_context_token_s=2e-7, prefill_attention_s=1e-8, swap_block_s=6e-6,
+                      prefill_seq_s=2e-4, mixed_step_s=7e-4)
     grid = training_grid()
     x = np.array([s.features() for s in grid])
-    x[:, 5] *= 2
     coef = fit(x, synthetic_seconds(truth, grid))
     for name, value in zip(FEATURES, coef, strict=True):
         assert value == pytest.approx(getattr(truth, name), rel=1e-6), name

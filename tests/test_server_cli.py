@@ -22,7 +22,8 @@ def slow_cost_model(tmp_path) -> Path:
     path = tmp_path / "cost.json"
     path.write_text(json.dumps({"step_overhead_s": 0.01, "prefill_token_s": 0.0,
                                 "decode_seq_s": 0.0, "decode_context_token_s": 0.0,
-                                "prefill_attention_s": 0.0, "swap_block_s": 0.0}))
+                                "prefill_attention_s": 0.0, "swap_block_s": 0.0,
+                                "prefill_seq_s": 0.0, "mixed_step_s": 0.0}))
     return path
 
 

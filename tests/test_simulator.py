@@ -51,7 +51,8 @@ def test_fcfs_single_server_matches_pollaczek_khinchine(rate):
     expected = mean_s + rate * mean_s2 / (2 * (1 - rho))
 
     cost = CostModel(step_overhead_s=0, prefill_token_s=0, decode_seq_s=c,
-                     decode_context_token_s=0, prefill_attention_s=0, swap_block_s=0)
+                     decode_context_token_s=0, prefill_attention_s=0, swap_block_s=0,
+                     prefill_seq_s=0, mixed_step_s=0)
     config = EngineConfig(SchedulerConfig(max_num_seqs=1))
     # ~60,000 requests: the estimate's standard error is well under 1%.
     profile = single_server_profile(rate, m, 60_000 / rate, seed=7)

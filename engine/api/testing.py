@@ -38,8 +38,7 @@ from engine.llm_engine import LLMEngine
 
 def constant_step_cost(step_s: float) -> CostModel:
     """Every non-empty step takes ``step_s`` (0: as fast as Python goes)."""
-    return CostModel(step_overhead_s=step_s, prefill_token_s=0.0, decode_seq_s=0.0,
-                     decode_context_token_s=0.0, prefill_attention_s=0.0, swap_block_s=0.0)
+    return CostModel.constant(step_s)
 
 
 def sim_engine(step_s: float = 0.0, num_device_blocks: int = 4096, num_host_blocks: int = 256,
