@@ -178,6 +178,7 @@ def build_torch_engine(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
+    free_before_load = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     if model is not None:  # a model built by the caller brings its own shapes
         model_config, model_dir = model.config, None
     else:
@@ -185,10 +186,12 @@ def build_torch_engine(
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     sched = config.scheduler
     budget = sched.token_budget
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
+    if device.type == "cuda":  # pragma: no cover - CUDA only
+        # vLLM's meaning: the device's free memory (before our weights) x utilization,
+        # minus the weights and a measured activation peak.
         activation = _profile_activation_peak(model, model_config, budget, sched.max_num_seqs, device)
-        device_memory = int(config.cache.device_memory * GiB) if config.cache.device_memory else total
+        device_memory = (int(config.cache.device_memory * GiB) if config.cache.device_memory
+                         else free_before_load)
     else:
         activation = activation_bytes_estimate(model_config, budget, sched.max_num_seqs)
         device_memory = None  # plan_kv_blocks uses --device-memory or its CPU default
