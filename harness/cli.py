@@ -229,7 +229,9 @@ def print_comparison(summary: dict) -> None:
                 fmt(g["goodput_rps"], "n"),
             )
         table.add_section()
-    console.print(table)
+    # Piped output (make, CI logs) has no terminal width; do not squeeze the table to 80.
+    out = console if console.is_terminal else Console(width=max(console.width, 160))
+    out.print(table)
 
 
 def engine_config_dict(config: EngineConfig) -> dict:
