@@ -263,6 +263,9 @@ class AsyncEngine:
         self.stats.errors.append(error)
         self._refresh_stats()
         self._call_in_loop(self._deliver, [], failed)
+        # Requests that had already left the scheduler when it failed (finished in the
+        # step whose outcome was never published) still have a consumer: end them too.
+        self._call_in_loop(self._end_all_streams, error)
 
     def _publish(self, outcome: StepOutcome) -> None:
         tokens = [
@@ -308,6 +311,12 @@ class AsyncEngine:
                 future.set_result(value)
 
         self._call_in_loop(settle)
+
+    def _end_all_streams(self, error: str) -> None:
+        for request_id in list(self._streams):
+            stream = self._streams.pop(request_id)
+            stream.queue.put_nowait(RequestOutput(request_id, [], True, "error", error,
+                                                  stream.sequence))
 
     def _deliver(self, tokens: list[tuple[str, int]], ended: list[Sequence]) -> None:
         streams = self._streams

@@ -9,6 +9,7 @@ from engine.block_manager import BlockManager
 from engine.clock import VirtualClock, WallClock
 from engine.config import EngineConfig
 from engine.cost_model import CostModel
+from engine.decisions import SWAP_IN, SWAP_OUT
 from engine.executor import Executor, SimulatedExecutor, StepResult
 from engine.memory import KvPlan, plan_kv_blocks
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -101,6 +102,11 @@ class LLMEngine:
             ended = self.clock.now()
             error = f"{type(exc).__name__}: {exc}"
             failed = list(out.seqs)
+            # Requests swapped in or out in this step may not have had their blocks
+            # copied: their KV cannot be trusted either.
+            moved = {x.request_id for x in out.decisions if x.kind in (SWAP_OUT, SWAP_IN)}
+            failed += [seq for rid in moved
+                       if (seq := self.scheduler.requests.get(rid)) is not None and seq not in failed]
             self.scheduler.fail(failed, ended, error)
             outcome = StepOutcome(out, StepResult([], 0.0), failed, started, ended, error)
         else:

@@ -81,9 +81,13 @@ class ModelRunner:
         )
         src = src.to(source_cache[0][0].device)
         dst = dst.to(target_cache[0][0].device)
+        # Host -> device may be asynchronous (the device-side index_copy_ is ordered after
+        # it on the stream); device -> host must not be: the CPU-side index_copy_ reads
+        # the copied blocks at once.
+        non_blocking = self.is_cuda and not to_host
         for (src_k, src_v), (dst_k, dst_v) in zip(source_cache, target_cache, strict=True):
             for source, target in ((src_k, dst_k), (src_v, dst_v)):
-                blocks = source.index_select(0, src).to(target.device, non_blocking=self.is_cuda)
+                blocks = source.index_select(0, src).to(target.device, non_blocking=non_blocking)
                 target.index_copy_(0, dst, blocks)
 
     def _synchronize(self) -> None:

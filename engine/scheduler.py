@@ -169,9 +169,23 @@ class Scheduler:
 
     def abort(self, request_id: str, now: float) -> Sequence | None:
         """Finish a request as aborted and free its blocks. Call between steps."""
-        seq = self.requests.pop(request_id, None)
+        seq = self.requests.get(request_id)
         if seq is None:
             return None
+        self._remove(seq, now, SequenceStatus.FINISHED_ABORTED)
+        self._pending.append(Decision(d.ABORT, now, self._step, request_id, d.REASON_CLIENT))
+        return seq
+
+    def fail(self, seqs: list[Sequence], now: float, error: str) -> None:
+        """Finish requests whose step failed in the executor; free their blocks."""
+        for seq in seqs:
+            if self.requests.get(seq.request_id) is seq:
+                seq.error = error
+                self._remove(seq, now, SequenceStatus.FINISHED_ERROR)
+
+    def _remove(self, seq: Sequence, now: float, status: SequenceStatus) -> None:
+        """Take an unfinished request out of whichever queue holds it, free its blocks."""
+        del self.requests[seq.request_id]
         if seq.status is RUNNING:
             self.running.remove(seq)
         elif seq.status is SWAPPED:
@@ -183,23 +197,8 @@ class Scheduler:
             seq.total_queue_s += now - seq.waiting_since
         self.block_manager.free(seq)
         seq.num_scheduled_tokens = 0
-        seq.status = SequenceStatus.FINISHED_ABORTED
+        seq.status = status
         seq.finished_time = now
-        self._pending.append(Decision(d.ABORT, now, self._step, request_id, d.REASON_CLIENT))
-        return seq
-
-    def fail(self, seqs: list[Sequence], now: float, error: str) -> None:
-        """Finish requests whose step failed in the executor; free their blocks."""
-        for seq in seqs:
-            if self.requests.pop(seq.request_id, None) is None:
-                continue
-            if seq.status is RUNNING:
-                self.running.remove(seq)
-            self.block_manager.free(seq)
-            seq.num_scheduled_tokens = 0
-            seq.status = SequenceStatus.FINISHED_ERROR
-            seq.error = error
-            seq.finished_time = now
 
     def drain_decisions(self) -> list[Decision]:
         """Decisions taken outside a step (rejections, aborts) not yet reported."""
@@ -244,27 +243,27 @@ class Scheduler:
             out.decisions.extend(self._pending)
             self._pending = []
         budget = self.token_budget
-        if self.max_wait_s is not None:
-            self._promote_overdue(now)
-
         if self.static:
             budget = self._admit_static_batch(now, out, budget)
             if budget is None:
                 return self._finish_output(out)
-        elif self._promoted:
-            budget = self._admit_promoted(now, out, budget)
-        if not self.static and self.policy.preempts_for_waiting and self.num_waiting:
-            self._preempt_for_waiting_head(now, out)
-
-        if not self.static and not self.chunked and self.num_waiting and not self.swapped:
-            # vLLM v0 without chunked prefill: a step that admits new prefills carries no
-            # decodes. This is how running sets outgrow the token budget (trap 1).
-            scheduled_before = len(out.seqs)
-            self._schedule_waiting(now, out, budget)
-            if len(out.seqs) > scheduled_before:
-                idle = [seq for seq in self.running if not seq.num_scheduled_tokens]
-                self._record_idle(out, now, idle, d.REASON_PREFILL_PRIORITY)
-                return self._finish_output(out)
+        else:
+            if self.max_wait_s is not None:
+                self._promote_overdue(now)
+                if self._promoted:
+                    budget = self._admit_promoted(now, out, budget)
+            if self.policy.preempts_for_waiting and self.num_waiting:
+                budget = self._preempt_for_waiting_head(now, out, budget)
+            if not self.chunked:
+                # vLLM v0 without chunked prefill: a step that admits new prefills carries
+                # no decodes (and none are admitted while requests are swapped out). This is
+                # how running sets outgrow the token budget (trap 1).
+                if self.num_waiting and not self.swapped:
+                    self._schedule_waiting(now, out, budget)
+                if out.seqs:
+                    idle = [seq for seq in self.running if not seq.num_scheduled_tokens]
+                    self._record_idle(out, now, idle, d.REASON_PREFILL_PRIORITY)
+                    return self._finish_output(out)
 
         budget = self._schedule_running(now, out, budget)
         # After running decodes had to preempt for room, admitting more work into the
@@ -272,7 +271,7 @@ class Scheduler:
         preempted = self._decode_preempted
         if self.swapped and budget > 0 and not preempted:
             budget = self._schedule_swap_ins(now, out, budget)
-        if not self.static and self.num_waiting and budget > 0:
+        if self.chunked and not self.static and self.num_waiting and budget > 0:
             if preempted:
                 self._note_wait(out, now, d.REASON_OUT_OF_BLOCKS)
             else:
@@ -401,8 +400,10 @@ class Scheduler:
         slots = self.max_num_seqs - len(self.running)
         victims: list[Sequence] = []
         seq_order = _order(seq)
+        # The same room test as can_allocate: keep the watermark free while others run.
+        reserve = bm.watermark_blocks
         for i in range(len(self.running) - 1, -1, -1):
-            if free >= need_blocks and slots >= 1:
+            if free - need_blocks >= reserve and slots >= 1:
                 break
             victim = self.running[i]
             if victim.num_scheduled_tokens:
@@ -417,7 +418,8 @@ class Scheduler:
             victims.append(victim)
             free += len(victim.block_table)
             slots += 1
-        if free < need_blocks or slots < 1:
+        remaining = len(self.running) - len(victims)
+        if free - need_blocks < (reserve if remaining else 0) or slots < 1:
             return False
         for victim in victims:
             self._preempt(victim, now, out, reason, seq)
@@ -498,23 +500,33 @@ class Scheduler:
         self._promoted = still_waiting
         return budget
 
-    def _preempt_for_waiting_head(self, now: float, out: SchedulerOutput) -> None:
+    def _preempt_for_waiting_head(self, now: float, out: SchedulerOutput, budget: int) -> int:
+        """Priority scheduling: the best waiting request takes the place of worse running
+        ones when it lacks a slot or blocks, and is admitted in this very step (before
+        the decodes could spend the room it was given)."""
         head = self._peek_waiting()
-        if head is None:
-            return
+        if head is None or not budget:
+            return budget
         bm = self.block_manager
         if len(self.running) < self.max_num_seqs and bm.can_allocate(head, bool(self.running)):
-            return
-        self._make_room_for_admission(head, now, out, d.REASON_PRIORITY, True)
+            return budget  # it fits without anyone leaving
+        n = self._prefill_chunk(head, budget)
+        if n and self._make_room_for_admission(head, now, out, d.REASON_PRIORITY, True):
+            heapq.heappop(self._waiting)
+            self._admit(head, now, out, d.REASON_PRIORITY, n)
+            budget -= n
+        return budget
 
     def _schedule_swap_ins(self, now: float, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
         swapped = self.swapped
         while swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = swapped[0]
-            # Static batching admits nobody while a batch (swapped members included)
-            # is unfinished, so there the swapped request must not yield.
-            if self.policy.preempts_for_waiting and self.num_waiting and not self.static:
+            # Static batching admits nobody while a batch (swapped members included) is
+            # unfinished, and without chunked prefill nobody is admitted while requests
+            # are swapped out: there the swapped request must not yield.
+            if (self.policy.preempts_for_waiting and self.num_waiting and self.chunked
+                    and not self.static):
                 head = self._peek_waiting()
                 if head is not None and _order(head) < _order(seq):
                     break  # a better waiting request goes first (it may have caused the swap)

@@ -22,7 +22,7 @@ from engine.config import EngineConfig
 from engine.cost_model import CostModel
 from engine.decisions import Decision
 from engine.llm_engine import LLMEngine, StepOutcome
-from engine.sequence import SamplingParams, Sequence
+from engine.sequence import SamplingParams, Sequence, SequenceStatus
 from harness.profiles import Profile, RequestSpec
 from harness.records import add_stalls, requests_frame, sequence_record, stall_threshold
 
@@ -30,6 +30,9 @@ from harness.records import add_stalls, requests_frame, sequence_record, stall_t
 PROMPT_TOKEN_ID = 5
 #: Guard against a scheduler bug turning a simulation into an endless loop.
 MAX_EMPTY_STEPS_IN_A_ROW = 10_000
+#: A closed-loop user whose request was refused at once waits this long before its
+#: next one, as a client honouring the server's ``Retry-After: 1`` would.
+REJECTED_RETRY_AFTER_S = 1.0
 
 
 class SimulationError(RuntimeError):
@@ -42,7 +45,7 @@ class SimulationResult:
     profile: str
     requests: pl.DataFrame
     decisions: list[Decision]
-    duration_s: float  # virtual seconds from the first arrival to the last completion
+    duration_s: float  # virtual seconds from the start of the run (t=0) to the last completion
     num_steps: int
     stall_threshold_s: float
     kv_plan_text: str = ""
@@ -112,6 +115,9 @@ def simulate(
         if phase_no is not None:
             end = closed_by_index[phase_no].end_s
             t = seq.finished_time if seq.finished_time is not None else clock.now()
+            if seq.status is SequenceStatus.FINISHED_REJECTED:
+                # Re-sending at the same instant would spin without the clock moving.
+                t += REJECTED_RETRY_AFTER_S
             if t < end:
                 nonlocal order
                 heapq.heappush(user_heap, (t, order, phase_no))

@@ -1,0 +1,117 @@
+"""Reproductions of bugs found in review (each test fails on the code as reviewed)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from engine_helpers import Req, drive, make_engine
+
+from engine import decisions as d
+from engine.config import EngineConfig, SchedulerConfig
+from engine.cost_model import CostModel
+from harness.profiles import resolve_profile
+from harness.simulate import simulate
+
+
+def test_closed_loop_user_rejected_at_once_does_not_hang_the_simulator():
+    """harness/simulate.py: a closed-loop user whose request is rejected on arrival
+    (queue_full here) re-sends at the same virtual instant; the arrival loop never
+    lets the engine step or the clock move, so simulate() spins forever."""
+
+    def timeout(*_):
+        raise TimeoutError("simulate() did not return within 20 s")
+
+    old = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(20)
+    try:
+        # 8 closed-loop users, at most 4 may wait: users 5..8 are refused at t=0.
+        simulate(resolve_profile("default_py_example"), EngineConfig(SchedulerConfig(max_waiting=4)),
+                 CostModel(), record_decisions=False)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_priority_preemption_admits_its_beneficiary_in_the_same_step():
+    """engine/scheduler.py _make_room_for_admission: room is counted without the
+    watermark (and before this step's decodes take blocks), but the head is then
+    admitted through can_allocate(..., use_watermark=True). The victim is evicted
+    for nothing, low-priority requests keep decoding, and more victims follow."""
+    engine = make_engine(block_size=4, gpu_blocks=11, cpu_blocks=64, watermark=0.3,
+                         scheduling_policy="priority", max_num_seqs=8,
+                         enable_chunked_prefill=True, max_num_batched_tokens=2048)
+    reqs = [Req("L0", 0.0, 10, 11, priority=5), Req("L1", 0.0, 11, 13, priority=5),
+            Req("L2", 0.0, 2, 13, priority=5), Req("H", 0.02, 11, 4, priority=0)]
+    trace = drive(engine, reqs)
+    for_h = [x for x in trace.decisions if x.kind == d.PREEMPT and x.beneficiary == "H"]
+    admitted = next(x.step for x in trace.decisions if x.kind == d.ADMIT and x.request_id == "H")
+    assert for_h
+    assert all(x.step == admitted for x in for_h), (
+        f"victims evicted for H at steps {[(x.step, x.request_id) for x in for_h]}, "
+        f"H admitted only at step {admitted}"
+    )
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_no_chunked_prefill_steps_that_admit_prefills_carry_no_decodes(seed):
+    """engine/scheduler.py schedule(): the vLLM-v0 rule is applied only when nothing
+    is swapped; with a swapped request, new prefills are admitted after the
+    decodes (and swap-ins) of the same step."""
+    import random
+
+    rnd = random.Random(seed)
+    engine = make_engine(block_size=4, gpu_blocks=rnd.randint(6, 14), cpu_blocks=64,
+                         watermark=0.0, enable_chunked_prefill=False,
+                         max_num_batched_tokens=2048, preemption_mode="swap")
+    reqs = [Req(f"R{i}", rnd.choice([0.0, 0.05, 0.1, 0.2, 0.3]), rnd.randint(1, 10),
+                rnd.randint(2, 14)) for i in range(rnd.randint(3, 7))]
+    trace = drive(engine, reqs)
+    for step in trace.steps:
+        admitted = [x.request_id for x in step.output.decisions if x.kind == d.ADMIT]
+        assert not (admitted and step.output.num_decode_seqs), (
+            f"step {step.output.step} admits {admitted} and runs "
+            f"{step.output.num_decode_seqs} decodes"
+        )
+
+
+def test_failed_step_also_fails_requests_whose_blocks_it_was_moving():
+    """A step that swapped a request out and then failed in the executor: the copy may
+    not have happened, so that request's KV is garbage and it must fail too (not
+    resume later with it)."""
+    from engine.config import CacheConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sequence import SamplingParams, SequenceStatus
+
+    engine = LLMEngine.simulated(
+        EngineConfig(SchedulerConfig(max_num_seqs=4, preemption_mode="swap"),
+                     CacheConfig(block_size=4, num_gpu_blocks_override=6, num_cpu_blocks_override=16,
+                                 watermark=0.0)),
+        CostModel.constant(0.01),
+    )
+    real = engine.executor.execute
+
+    def execute(out):
+        if out.blocks_to_swap_out:
+            raise RuntimeError("copy engine fault")
+        return real(out)
+
+    engine.executor.execute = execute
+    seqs = [engine.add_request(f"r{i}", [5] * 8, SamplingParams(max_tokens=12, ignore_eos=True))
+            for i in range(3)]
+    failed_step = None
+    for _ in range(200):
+        if not engine.has_unfinished():
+            break
+        outcome = engine.step()
+        if outcome.error:
+            failed_step = outcome
+            break
+    assert failed_step is not None, "no step swapped anything out"
+    victims = {x.request_id for x in failed_step.output.decisions if x.kind == d.SWAP_OUT}
+    assert victims
+    for seq in seqs:
+        if seq.request_id in victims:
+            assert seq.status is SequenceStatus.FINISHED_ERROR
+    engine.scheduler.check_invariants()
+    assert not engine.scheduler.swapped
