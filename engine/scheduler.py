@@ -109,6 +109,8 @@ class Scheduler:
         self._step = 0
         self._pending: list[Decision] = []  # decisions taken between steps (reject, abort)
         self._batch_open_since: float | None = None  # static batching
+        self._decode_preempted = False  # a decode had to preempt in the step being built
+        self._last_wait: tuple[int, str] | None = None  # (seq_no, reason) of the last wait record
 
     # -- requests in and out ----------------------------------------------------------
     @property
@@ -284,8 +286,6 @@ class Scheduler:
         out.num_swapped = len(self.swapped)
         self._decode_preempted = False
         return out
-
-    _decode_preempted = False
 
     def _schedule_one(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
         """Put ``n`` of ``seq``'s uncomputed tokens into the step and count them."""
@@ -583,8 +583,6 @@ class Scheduler:
             num_blocks=self.block_manager.blocks_for(seq.num_tokens), num_tokens=seq.num_tokens,
         ))
 
-    _last_wait: tuple[int, str] | None = None
-
     def _admit_static_batch(self, now: float, out: SchedulerOutput, budget: int) -> int | None:
         """Static batching: form a batch when none runs; returns None if still forming."""
         if self.running or self.swapped:
@@ -637,7 +635,7 @@ class Scheduler:
                 seq.num_pending_recompute_tokens -= redone
             if token is None:
                 continue
-            # Sequence.append_token, inlined: this runs once per generated token.
+            # Append the token and track inter-token gaps (once per generated token).
             if seq.promoted:
                 seq.promoted = False  # a max-wait admission made progress: no longer protected
             seq.output_token_ids.append(token)

@@ -183,21 +183,6 @@ class Sequence:
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
-    def append_token(self, token_id: int, now: float) -> None:
-        """Append a sampled token at time ``now`` (the scheduler inlines this)."""
-        self.output_token_ids.append(token_id)
-        self.num_tokens += 1
-        last = self.last_token_time
-        if last is None:
-            self.first_token_time = now
-        else:
-            gap = now - last
-            if gap > self.max_itl_s:
-                self.max_itl_s = gap
-            if gap >= STALL_FLOOR_S:
-                self.long_gaps.append((last, gap))
-        self.last_token_time = now
-
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
