@@ -93,8 +93,9 @@ def test_sigterm_aborts_what_is_left_at_the_bound(slow_cost_model):
         assert events[-2:] == [b"data: [DONE]", b""]
         assert "shutting down" in json.loads(events[-3][6:])["error"]["message"]
         assert server.wait(10) == 0
-        # 1,000 steps of 10 ms would be 10 s; the bound is 0.5 s (+ the loop's stop).
-        assert time.monotonic() - signalled < 5
+        # 1,000 steps of 10 ms would be 10 s; the bound is 0.5 s (+ the loop's stop). A
+        # wide margin: this tells "aborted at the bound" from "ran to the end", no more.
+        assert time.monotonic() - signalled < 8
 
 
 @pytest.mark.parametrize("args,fragment", [
