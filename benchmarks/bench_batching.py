@@ -28,6 +28,7 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.model import build_model
 from engine.model_config import ModelConfig
 from engine.model_runner import build_torch_engine
+from engine.request import EngineRequest
 from engine.sequence import SamplingParams
 
 TARGET_RATIO = 3.0
@@ -48,7 +49,8 @@ def run(batching: str, requests, model, max_num_seqs: int) -> tuple[int, float]:
     )
     engine = build_torch_engine(config, WallClock(), model=model)
     start = time.perf_counter()
-    seqs = [engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=out, ignore_eos=True))
+    seqs = [engine.add_request(EngineRequest(
+                f"r{i}", prompt, SamplingParams(max_tokens=out, ignore_eos=True)))
             for i, (prompt, out) in enumerate(requests)]
     while engine.has_unfinished():
         engine.step()

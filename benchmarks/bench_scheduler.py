@@ -16,6 +16,7 @@ import time
 
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
+from engine.request import EngineRequest
 from engine.scheduler import Scheduler
 from engine.sequence import SamplingParams
 
@@ -33,7 +34,7 @@ def build(policy: str, running: int, waiting: int, max_wait_s: float | None) -> 
     params = SamplingParams(max_tokens=100_000)
     t = 0.0
     for i in range(running):
-        scheduler.add(f"r{i}", [5] * 32, params, t, priority=i % 4)
+        scheduler.add(EngineRequest(f"r{i}", [5] * 32, params, t, priority=i % 4), t)
         t += 1e-3
     # Admit and prefill them all, then queue the waiting ones behind a full running set.
     for _ in range(4):
@@ -41,7 +42,7 @@ def build(policy: str, running: int, waiting: int, max_wait_s: float | None) -> 
         scheduler.update(out, [3] * len(out.seqs), t)
     assert len(scheduler.running) == running, len(scheduler.running)
     for i in range(waiting):
-        scheduler.add(f"w{i}", [5] * 32, params, t, priority=i % 4)
+        scheduler.add(EngineRequest(f"w{i}", [5] * 32, params, t, priority=i % 4), t)
         t += 1e-6
     return scheduler
 

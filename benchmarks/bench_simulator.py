@@ -11,7 +11,7 @@ import time
 
 from engine.config import EngineConfig, SchedulerConfig
 from engine.cost_model import CostModel
-from harness.profiles import resolve_profile
+from harness.profiles import resolve_profile, sample_requests
 from harness.simulate import simulate
 
 TARGET_S_PER_100K = 60.0
@@ -26,7 +26,7 @@ def main() -> None:
 
     profile = resolve_profile(args.profile)
     t0 = time.perf_counter()
-    specs = profile.sample_requests(args.requests)
+    specs = sample_requests(profile, args.requests)
     t_plan = time.perf_counter() - t0
     config = EngineConfig(SchedulerConfig(scheduling_policy=args.policy))
     t0 = time.perf_counter()

@@ -3,11 +3,15 @@
 Why a thread: a step is blocking work (torch releases the GIL while it computes; the
 simulated executor sleeps), and the event loop must keep serving sockets meanwhile.
 The loop thread owns the :class:`LLMEngine`; every other thread talks to it through
-a command queue applied between steps, so the engine itself needs no locks. After
-each step the thread hands the step's new tokens to the event loop in one
-``call_soon_threadsafe`` call; each request's consumer reads its own
-``asyncio.Queue``, so a slow client only lets its own queue grow (bounded by its
-``max_tokens``) and never holds up a step.
+a command queue applied between steps, so the engine itself needs no locks. The
+streams are an observer of the engine's step records: after each step the thread
+hands the step's new tokens to the event loop in one ``call_soon_threadsafe`` call;
+each request's consumer reads its own ``asyncio.Queue``, so a slow client only lets
+its own queue grow (bounded by its ``max_tokens``) and never holds up a step.
+
+A stream belongs to one :class:`Sequence`, not to a request id: outputs and aborts
+are matched by identity, so a client that reuses the id of a request that just went
+away can never receive (or end) the old request's stream.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine.llm_engine import LLMEngine, StepOutcome
-from engine.sequence import SamplingParams, Sequence
+from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
+from engine.sequence import Sequence
+from engine.step_record import StepRecord
 
 log = logging.getLogger("schedscope.engine")
 
@@ -55,6 +61,21 @@ class RequestOutput:
 @dataclass
 class _Stream:
     queue: asyncio.Queue
+    sequence: Sequence | None = None  # set when the engine accepted the request
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    request: EngineRequest
+    stream: _Stream
+    accepted: asyncio.Future  # resolves to the Sequence, or to the refusal
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+    #: Abort only this sequence (None: whichever holds the id), so an abort sent on
+    #: behalf of one stream cannot end a newer request that reuses its id.
     sequence: Sequence | None = None
 
 
@@ -71,6 +92,8 @@ class EngineStats:
     num_host_blocks: int = 0
     num_steps: int = 0
     last_step_at: float = 0.0
+    clock_epoch_unix: float = 0.0  # Unix time of engine time 0
+    num_observer_errors: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -85,8 +108,8 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._idle_wait_s = idle_wait_s
         self.state = "created"  # created | running | draining | stopped | failed
-        self.stats = EngineStats()
-        self.step_listeners: list[Callable[[StepOutcome], None]] = []
+        self.stats = EngineStats(clock_epoch_unix=engine.clock_epoch_unix)
+        engine.observers.add(self._on_step)
         self._refresh_stats()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -127,50 +150,46 @@ class AsyncEngine:
         return len(self._streams)
 
     # -- requests (event-loop side) ----------------------------------------------------
-    async def add(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        priority: int = 0,
-        request_class: str = "",
-    ) -> asyncio.Queue:
-        """Submit a request; returns its output queue. Raises RequestRejected when
-        the scheduler refuses it, ValueError for a duplicate id, EngineDeadError
-        when the engine does not accept requests."""
+    def now(self) -> float:
+        """The engine clock's current time (thread-safe): stamp arrivals with it."""
+        return self.engine.clock.now()
+
+    async def add(self, request: EngineRequest) -> asyncio.Queue:
+        """Submit a request (stamped now if it carries no arrival time); returns its
+        output queue. Raises RequestRejected when the scheduler refuses it, ValueError
+        for an id already in flight, EngineDeadError when the engine does not accept
+        requests."""
+        return (await self._add(request)).queue
+
+    async def _add(self, request: EngineRequest) -> _Stream:
         if not self.is_accepting:
             raise EngineDeadError(f"engine is {self.state}")
+        request_id = request.request_id
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        request = request.stamped(self.now())
         stream = _Stream(asyncio.Queue())
         self._streams[request_id] = stream
         accepted: asyncio.Future = self._loop.create_future()
-        self._commands.put(("add", request_id, prompt_token_ids, params, priority, request_class,
-                            accepted))
+        self._commands.put(_Add(request, stream, accepted))
         self._wakeup.set()
         try:
-            seq = await accepted
+            await accepted
         except BaseException as exc:
-            self._streams.pop(request_id, None)
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
             if isinstance(exc, asyncio.CancelledError):
                 # The caller went away before the loop applied the add: the add still
                 # happens, so take the request out again (commands apply in order).
                 self.abort(request_id)
             raise
-        stream.sequence = seq
-        return stream.queue
+        return stream
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        priority: int = 0,
-        request_class: str = "",
-    ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. Leaving the iteration early (a disconnect, a
         cancelled task) aborts the request; its blocks are freed at the next step."""
-        out_queue = await self.add(request_id, prompt_token_ids, params, priority, request_class)
+        stream = await self._add(request)
+        out_queue, sequence = stream.queue, stream.sequence
         finished = False
         try:
             while True:
@@ -181,11 +200,12 @@ class AsyncEngine:
                     return
         finally:
             if not finished:
-                self.abort(request_id)
+                self.abort(request.request_id, sequence)
 
-    def abort(self, request_id: str) -> None:
-        """Thread-safe; takes effect between steps."""
-        self._commands.put(("abort", request_id))
+    def abort(self, request_id: str, sequence: Sequence | None = None) -> None:
+        """Thread-safe; takes effect between steps. With ``sequence``, only if that
+        sequence still holds the id."""
+        self._commands.put(_Abort(request_id, sequence))
         self._wakeup.set()
 
     # -- the loop thread -----------------------------------------------------------------
@@ -193,28 +213,19 @@ class AsyncEngine:
         engine = self.engine
         while not self._stop.is_set():
             self._apply_commands()
-            if not engine.has_unfinished():
+            if not engine.has_work():
                 self._wakeup.wait(self._idle_wait_s)
                 self._wakeup.clear()
                 continue
             try:
-                outcome = engine.step()
+                record = engine.step()
             except Exception as exc:  # a scheduler bug: fail what is in flight, keep serving
                 log.exception("engine step failed")
                 self._recover(f"{type(exc).__name__}: {exc}")
                 continue
-            if outcome.error:
-                self.stats.errors.append(outcome.error)
-                del self.stats.errors[:-20]  # keep the most recent ones
-            self._publish(outcome)
-            for listener in self.step_listeners:
-                try:
-                    listener(outcome)
-                except Exception:  # telemetry must never take the engine down
-                    log.exception("step listener failed")
-            if outcome.output.is_empty:
+            if record.is_empty and engine.has_unfinished():
                 # Nothing schedulable now (static batch forming): wait for a command.
-                wake_at = outcome.output.wake_at
+                wake_at = record.wake_at
                 delay = self._idle_wait_s if wake_at is None else max(0.0, wake_at - engine.clock.now())
                 self._wakeup.wait(min(delay, self._idle_wait_s))
                 self._wakeup.clear()
@@ -228,56 +239,58 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if command[0] == "add":
-                _, request_id, prompt, params, priority, request_class, accepted = command
+            if isinstance(command, _Add):
                 try:
-                    seq = engine.add_request(request_id, prompt, params, priority, request_class)
+                    seq = engine.add_request(command.request)
                 except Exception as exc:  # caller mistakes: reported to that caller only
-                    self._resolve(accepted, exc)
+                    self._resolve(command.accepted, exc)
                     continue
                 if seq.is_finished:
-                    self._resolve(accepted, RequestRejected(request_id, seq.reject_reason or "", seq))
+                    self._resolve(command.accepted, RequestRejected(
+                        seq.request_id, seq.reject_reason or "", seq))
                 else:
-                    self._resolve(accepted, seq)
+                    self._resolve(command.accepted, seq, command.stream)
             else:
-                seq = engine.abort(command[1])
+                held = engine.scheduler.requests.get(command.request_id)
+                if held is None or (command.sequence is not None and held is not command.sequence):
+                    continue  # already ended, or the id now belongs to a newer request
+                seq = engine.abort(command.request_id)
                 if seq is not None:
                     ended.append(seq)
         if ended:
+            # End the streams now rather than after the next step (which may be long);
+            # the next step record reports these ends again, and is ignored for them.
             self._refresh_stats()
             self._call_in_loop(self._deliver, [], ended)
 
     def _recover(self, error: str) -> None:
         """After an unexpected exception: fail every unfinished request and start the
         scheduler over with empty pools (the blocks of failed requests are gone)."""
-        scheduler = self.engine.scheduler
-        failed = list(scheduler.requests.values())
-        now = self.engine.clock.now()
-        for seq in failed:
-            seq.error = error
         try:
-            scheduler.fail(failed, now, error)
+            self.engine.recover(error)  # its record reaches _on_step: failed streams end
         except Exception:
             log.exception("could not fail requests cleanly")
-        self.engine.reset_scheduler()
+            self.engine.reset_scheduler()
         self.stats.errors.append(error)
         self._refresh_stats()
-        self._call_in_loop(self._deliver, [], failed)
         # Requests that had already left the scheduler when it failed (finished in the
-        # step whose outcome was never published) still have a consumer: end them too.
+        # step whose record was never published) still have a consumer: end them too.
         self._call_in_loop(self._end_all_streams, error)
 
-    def _publish(self, outcome: StepOutcome) -> None:
-        tokens = [
-            (seq.request_id, token)
-            for seq, token in zip(outcome.output.seqs, outcome.result.sampled, strict=False)
-            if token is not None
-        ]
-        ended = list(outcome.finished)
-        self.stats.num_steps += 1
+    def _on_step(self, record: StepRecord) -> None:
+        """Observer: stats, and the step's tokens and ends to the event loop."""
+        tokens = [(entry.seq, entry.token_id) for entry in record.scheduled
+                  if entry.token_id is not None]
+        ended = record.finished
+        stats = self.stats
+        stats.num_steps += 1
+        if record.error:
+            stats.errors.append(record.error)
+            del stats.errors[:-20]  # keep the most recent ones
+        stats.num_observer_errors = self.engine.observers.num_errors
         self._refresh_stats()
         if tokens or ended:
-            self._call_in_loop(self._deliver, tokens, ended)
+            self._call_in_loop(self._deliver, tokens, list(ended))
 
     def _refresh_stats(self) -> None:
         scheduler = self.engine.scheduler
@@ -301,8 +314,12 @@ class AsyncEngine:
             except RuntimeError:  # loop closed between the check and the call
                 pass
 
-    def _resolve(self, future: asyncio.Future, value) -> None:
+    def _resolve(self, future: asyncio.Future, value, stream: _Stream | None = None) -> None:
         def settle() -> None:
+            if stream is not None:
+                # Here, not where the caller resumes: this step's tokens are delivered
+                # before that, and are matched to the stream by its sequence.
+                stream.sequence = value
             if future.done():
                 return
             if isinstance(value, BaseException):
@@ -318,18 +335,24 @@ class AsyncEngine:
             stream.queue.put_nowait(RequestOutput(request_id, [], True, "error", error,
                                                   stream.sequence))
 
-    def _deliver(self, tokens: list[tuple[str, int]], ended: list[Sequence]) -> None:
+    def _deliver(self, tokens: list[tuple[Sequence, int]], ended: list[Sequence]) -> None:
         streams = self._streams
-        batched: dict[str, list[int]] = {}
-        for request_id, token in tokens:
-            batched.setdefault(request_id, []).append(token)
-        for request_id, new in batched.items():
-            stream = streams.get(request_id)
-            if stream is not None:
-                stream.queue.put_nowait(RequestOutput(request_id, new))
+        batched: dict[str, tuple[_Stream, list[int]]] = {}
+        for seq, token in tokens:
+            entry = batched.get(seq.request_id)
+            if entry is None:
+                stream = streams.get(seq.request_id)
+                if stream is None or stream.sequence is not seq:
+                    continue  # its consumer left, or the id belongs to a newer request
+                entry = batched[seq.request_id] = (stream, [])
+            entry[1].append(token)
+        for request_id, (stream, new) in batched.items():
+            stream.queue.put_nowait(RequestOutput(request_id, new))
         for seq in ended:
-            stream = streams.pop(seq.request_id, None)
-            if stream is not None:
-                stream.queue.put_nowait(RequestOutput(
-                    seq.request_id, [], True, seq.finish_reason, seq.error, seq,
-                ))
+            stream = streams.get(seq.request_id)
+            if stream is None or stream.sequence is not seq:
+                continue
+            del streams[seq.request_id]
+            stream.queue.put_nowait(RequestOutput(
+                seq.request_id, [], True, seq.finish_reason, seq.error, seq,
+            ))

@@ -22,7 +22,8 @@ import torch
 from engine.block_manager import BlockManager
 from engine.cost_model import FEATURES, CostModel, step_features
 from engine.model_runner import ModelRunner
-from engine.scheduler import SchedulerOutput
+from engine.request import EngineRequest
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SamplingParams, Sequence
 
 
@@ -97,18 +98,13 @@ class _ShapeBuilder:
         for chunk, before in shape.prefills:
             seq = self._sequence(before + chunk, params)
             seq.num_computed_tokens = before
-            seq.num_scheduled_tokens = chunk
-            out.num_prefill_tokens += chunk
-            out.prefill_attention_work += chunk * (before + chunk)
+            out.add(seq, chunk)
             seqs.append(seq)
         for context in shape.decodes:
             seq = self._sequence(context, params, prompt=context - 1)
             seq.num_computed_tokens = context - 1
-            seq.num_scheduled_tokens = 1
-            out.num_decode_seqs += 1
-            out.num_decode_context_tokens += context
+            out.add(seq, 1)
             seqs.append(seq)
-        out.seqs = seqs
         if shape.swap_blocks:
             device = list(range(shape.swap_blocks))
             out.blocks_to_swap_out = [(b, b) for b in device]
@@ -119,7 +115,7 @@ class _ShapeBuilder:
         prompt_len = num_tokens if prompt is None else prompt
         vocab = self.runner.model_config.vocab_size
         prompt_ids = [3 + (i * 7919) % (vocab - 3) for i in range(prompt_len)]
-        seq = Sequence(f"cal-{self._next}", prompt_ids, params, 0.0, self._next)
+        seq = Sequence(EngineRequest(f"cal-{self._next}", prompt_ids, params, 0.0), self._next)
         self._next += 1
         seq.output_token_ids = [5] * (num_tokens - prompt_len)
         seq.num_tokens = num_tokens

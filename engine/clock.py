@@ -3,6 +3,12 @@
 The engine reads ``now()`` when it schedules and after a step; it calls
 ``advance(duration)`` with the step's duration. The wall clock ignores that (the
 time really passed); the virtual clock is moved by it, which is all simulation is.
+
+Each clock has an *epoch*: ``epoch_unix`` is the wall-clock Unix time of engine
+time 0, so ``unix_time = epoch_unix + engine_time``. Records taken on the wall
+clock elsewhere (a load generator's send and receive times) join engine records and
+spans through it. The wall clock reads its epoch once, from ``time.time()`` taken
+beside the monotonic origin; engine times themselves stay monotonic.
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ class WallClock:
     is_virtual = False
 
     def __init__(self) -> None:
-        self._origin = time.perf_counter()
+        # Bracket time.time() between two monotonic reads and take the midpoint: the
+        # epoch is then exact to a few microseconds.
+        before = time.perf_counter()
+        unix = time.time()
+        after = time.perf_counter()
+        self._origin = (before + after) / 2
+        self.epoch_unix = unix
 
     def now(self) -> float:
         return time.perf_counter() - self._origin
@@ -35,8 +47,10 @@ class VirtualClock:
 
     is_virtual = True
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = 0.0, epoch_unix: float = 0.0) -> None:
         self._now = start
+        #: A simulation's time 0 maps to this Unix time (0: the run has no wall clock).
+        self.epoch_unix = epoch_unix
 
     def now(self) -> float:
         return self._now

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-PreemptionMode = Literal["auto", "swap", "recompute"]
-SchedulingPolicy = Literal["fcfs", "sjf", "priority"]
-Batching = Literal["continuous", "static"]
-SizeEstimator = Literal["request", "oracle"]
+from engine.policy import POLICY_NAMES
 
 PREEMPTION_MODES: tuple[str, ...] = ("auto", "swap", "recompute")
-SCHEDULING_POLICIES: tuple[str, ...] = ("fcfs", "sjf", "priority")
+SCHEDULING_POLICIES: tuple[str, ...] = POLICY_NAMES  # the policy registry's names
 BATCHING_MODES: tuple[str, ...] = ("continuous", "static")
 SIZE_ESTIMATORS: tuple[str, ...] = ("request", "oracle")
 
@@ -68,10 +65,10 @@ class SchedulerConfig:
     preemption_mode: str = field(
         default="auto",
         metadata=_help(
-            "How a request is preempted when KV blocks run out: swap (to the host pool), "
-            "recompute (drop KV, re-prefill later) or auto (swap while the host pool has "
-            "room, recompute otherwise). swap also falls back to recompute when the host "
-            "pool is full instead of failing.",
+            "How a request is preempted when KV blocks run out: swap (to the host pool; "
+            "falls back to recompute for a request when the host pool is full), recompute "
+            "(drop its KV, re-prefill later) or auto (per request, whichever the cost model "
+            "predicts is cheaper, swapping only while the host pool has room).",
             choices=PREEMPTION_MODES,
         ),
     )
@@ -245,7 +242,13 @@ class EngineConfig:
 
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
-    model: str = field(default="tiny", metadata=_help("Model preset name or directory."))
+    model: str = field(
+        default="tiny",
+        metadata=_help(
+            "Model preset (tiny, small) or a local Hugging Face Llama checkpoint directory "
+            "(config.json + *.safetensors; nothing is downloaded)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.scheduler.enable_chunked_prefill and self.scheduler.max_num_batched_tokens:

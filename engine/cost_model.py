@@ -81,11 +81,18 @@ class CostModel:
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
                 raise CostModelError(f"cost model parameter {name} must be a number >= 0, got {value!r}")
+        # Read once per step by the simulator: kept as a tuple (not a dataclass field).
+        object.__setattr__(self, "_coefficients", tuple(float(getattr(self, n)) for n in FEATURES))
 
     @classmethod
     def constant(cls, step_s: float) -> CostModel:
         """Every non-empty step takes ``step_s`` (0: as fast as Python goes)."""
         return cls(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": step_s}, source="constant")
+
+    @property
+    def coefficients(self) -> tuple[float, ...]:
+        """The parameters in FEATURES order."""
+        return self._coefficients
 
     def predict(
         self,
@@ -103,29 +110,32 @@ class CostModel:
         ))
 
     def predict_features(self, features: list[float]) -> float:
-        return sum(getattr(self, name) * x for name, x in zip(FEATURES, features, strict=True))
+        """The model itself — the one place its formula is evaluated."""
+        return sum(c * x for c, x in zip(self.coefficients, features, strict=True))
 
     def predict_step(self, out) -> float:
-        """Predicted seconds for a :class:`engine.scheduler.SchedulerOutput`."""
+        """Predicted seconds for a :class:`engine.scheduler_output.SchedulerOutput`."""
         num_decode = out.num_decode_seqs
-        num_prefill_tokens = out.num_prefill_tokens
-        num_swap = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
-        if not (num_prefill_tokens or num_decode or num_swap):
-            return 0.0
-        # Inlined (the simulator calls this once per step).
-        seconds = (
-            self.step_overhead_s
-            + self.prefill_token_s * num_prefill_tokens
-            + self.decode_seq_s * num_decode
-            + self.decode_context_token_s * out.num_decode_context_tokens
-            + self.prefill_attention_s * out.prefill_attention_work
-            + self.swap_block_s * num_swap
+        return self.predict(
+            out.num_prefill_tokens, num_decode, out.num_decode_context_tokens,
+            out.prefill_attention_work, len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
+            len(out.seqs) - num_decode,
         )
-        if num_prefill_tokens:
-            seconds += self.prefill_seq_s * (len(out.seqs) - num_decode)
-            if num_decode:
-                seconds += self.mixed_step_s
-        return seconds
+
+    def predict_swap_s(self, num_blocks: int) -> float:
+        """Seconds added to the steps that swap ``num_blocks`` blocks out and, later,
+        back in (twice the copy, no step overhead: the copies ride in other steps)."""
+        return self.predict(0, 0, num_swap_blocks=2 * num_blocks) - self.step_overhead_s
+
+    def predict_recompute_s(self, num_context_tokens: int) -> float:
+        """Seconds added by re-prefilling ``num_context_tokens`` as one prefill chunk
+        (no step overhead: the re-prefill rides in a step that runs anyway)."""
+        if num_context_tokens <= 0:
+            return 0.0
+        return self.predict(
+            num_context_tokens, 0, prefill_attention_work=num_context_tokens * num_context_tokens,
+            num_prefill_seqs=1,
+        ) - self.step_overhead_s
 
     # -- files -------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -22,8 +22,11 @@ REJECT = "reject"  # a request that can never run, or arrived to a full queue
 WAIT = "wait"  # the head of the queue could not be admitted (once per reason change)
 IDLE_RUNNING = "idle_running"  # running requests left out of a step by the token budget
 ABORT = "abort"  # the client went away or abort() was called
+FAIL = "fail"  # the executor failed while running it (``detail`` holds the error)
 
-DECISION_KINDS = (ADMIT, PREEMPT, SWAP_OUT, SWAP_IN, RECOMPUTE, REJECT, WAIT, IDLE_RUNNING, ABORT)
+DECISION_KINDS = (
+    ADMIT, PREEMPT, SWAP_OUT, SWAP_IN, RECOMPUTE, REJECT, WAIT, IDLE_RUNNING, ABORT, FAIL,
+)
 
 # Reasons -------------------------------------------------------------------------
 REASON_POLICY_ORDER = "policy_order"  # admitted in the active policy's order
@@ -34,12 +37,15 @@ REASON_MAX_NUM_SEQS = "max_num_seqs"  # the running set was full
 REASON_TOKEN_BUDGET = "token_budget"  # max_num_batched_tokens was used up
 REASON_PREFILL_PRIORITY = "prefill_priority"  # no chunked prefill: new prefills ran alone
 REASON_SWAP_SPACE_EXHAUSTED = "swap_space_exhausted"  # swap wanted, host pool full
-REASON_PREEMPTION_MODE = "preemption_mode"  # the configured mode chose it
+REASON_SWAP_CHEAPER = "swap_cheaper"  # auto: swapping out and in costs less than recomputing
+REASON_RECOMPUTE_CHEAPER = "recompute_cheaper"  # auto: re-prefilling costs less than swapping
 REASON_EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"
 REASON_EXCEEDS_KV_POOL = "exceeds_kv_pool"
 REASON_QUEUE_FULL = "queue_full"  # max_waiting reached (a server answers 429)
 REASON_STATIC_BATCH = "static_batch"  # static batching: the batch is closed to joins
 REASON_CLIENT = "client"  # abort requested from outside
+REASON_EXECUTOR_ERROR = "executor_error"  # the step's execution raised
+REASON_ENGINE_ERROR = "engine_error"  # the engine itself raised; every request failed
 
 
 @dataclass(slots=True)
@@ -64,6 +70,8 @@ class Decision:
     num_tokens: int = 0
     request_ids: tuple[str, ...] = field(default_factory=tuple)
     detail: str = ""  # e.g. why a swap preemption fell back to recompute
+    predicted_swap_s: float | None = None
+    predicted_recompute_s: float | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -78,4 +86,6 @@ class Decision:
             "num_tokens": self.num_tokens,
             "request_ids": list(self.request_ids),
             "detail": self.detail,
+            "predicted_swap_s": self.predicted_swap_s,
+            "predicted_recompute_s": self.predicted_recompute_s,
         }

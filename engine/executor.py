@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.cost_model import CostModel
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 
 
 @dataclass(slots=True)
@@ -19,6 +19,12 @@ class StepResult:
     sampled: list[int | None]
     #: Seconds the step took (measured) or would take (predicted, in simulation).
     duration_s: float
+    #: Parts of ``duration_s`` where the executor knows them (0: not measured): the
+    #: device->host and host->device block copies, the forward pass, sampling.
+    swap_out_s: float = 0.0
+    swap_in_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
 
 
 class Executor(Protocol):
@@ -54,8 +60,11 @@ class SimulatedExecutor:
             else:
                 sampled.append(filler)
         duration = self.cost_model.predict_step(out)
+        swap_block_s = self.cost_model.swap_block_s
+        swap_out_s = swap_block_s * len(out.blocks_to_swap_out)
+        swap_in_s = swap_block_s * len(out.blocks_to_swap_in)
         if self.sleep and duration > 0:
             started = time.perf_counter()
             time.sleep(duration)
             duration = time.perf_counter() - started
-        return StepResult(sampled, duration)
+        return StepResult(sampled, duration, swap_out_s, swap_in_s)

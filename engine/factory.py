@@ -19,11 +19,12 @@ def build_engine(
 ) -> LLMEngine:
     """``torch``: the bundled model really computes (CUDA when present, else CPU).
     ``sim``: the cost model predicts each step and the executor sleeps that long on the
-    wall clock — the whole pipeline at scale without compute."""
+    wall clock — the whole pipeline at scale without compute. With either, the cost
+    model also prices swap against recompute for ``--preemption-mode auto``."""
     if executor == "sim":
         return LLMEngine.simulated(config, cost_model, clock or WallClock(), default_kv_plan(config))
     if executor == "torch":
         from engine.model_runner import build_torch_engine
 
-        return build_torch_engine(config, clock or WallClock(), device=device)
+        return build_torch_engine(config, clock or WallClock(), device=device, cost_model=cost_model)
     raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")

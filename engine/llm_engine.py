@@ -1,29 +1,26 @@
-"""The engine: schedule -> execute -> postprocess, on a clock."""
+"""The engine: schedule -> execute -> postprocess, on a clock; one record per step.
+
+``step()`` schedules, runs the executor, applies the results, and hands one
+:class:`engine.step_record.StepRecord` to the observer list. Requests enter as
+:class:`engine.request.EngineRequest` objects through :meth:`LLMEngine.add_request`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
+from engine import decisions as d
 from engine.block_manager import BlockManager
 from engine.clock import VirtualClock, WallClock
 from engine.config import EngineConfig
 from engine.cost_model import CostModel
-from engine.decisions import SWAP_IN, SWAP_OUT
 from engine.executor import Executor, SimulatedExecutor, StepResult
 from engine.memory import KvPlan, plan_kv_blocks
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import SamplingParams, Sequence
-
-
-@dataclass(slots=True)
-class StepOutcome:
-    output: SchedulerOutput
-    result: StepResult
-    finished: list[Sequence]
-    started_at: float
-    ended_at: float
-    error: str | None = None
+from engine.observers import ObserverList
+from engine.request import EngineRequest
+from engine.scheduler import Scheduler
+from engine.scheduler_output import SchedulerOutput
+from engine.sequence import Sequence
+from engine.step_record import DECODE, PREFILL, RECOMPUTE, ScheduledSeq, StepRecord
+from engine.token_timing import record_token_times
 
 
 class LLMEngine:
@@ -36,22 +33,33 @@ class LLMEngine:
         clock: WallClock | VirtualClock,
         kv_plan: KvPlan,
         eos_token_id: int | None = 2,
+        cost_model: CostModel | None = None,
     ) -> None:
+        """``cost_model`` prices swap against recompute for ``--preemption-mode auto``
+        (default: the simulated executor's, else the built-in one)."""
         self.config = config
         self.executor = executor
         self.clock = clock
         self.kv_plan = kv_plan
         self.eos_token_id = eos_token_id
-        self.step_listeners: list[Callable[[StepOutcome], None]] = []
+        self.cost_model = cost_model or getattr(executor, "cost_model", None) or CostModel()
+        #: Who hears about every step. Token timing goes first, so later observers
+        #: read this step's token times.
+        self.observers = ObserverList()
+        self.observers.add(record_token_times)
+        self.scheduler: Scheduler | None = None
         self.reset_scheduler()
 
     def reset_scheduler(self) -> None:
-        """Fresh, empty block pools and queues (after an unrecoverable step error)."""
+        """Fresh, empty block pools and queues (after an unrecoverable step error).
+        Step numbers go on from where they were."""
         plan, cache = self.kv_plan, self.config.cache
+        first_step = self.scheduler.num_steps if self.scheduler is not None else 0
         self.block_manager = BlockManager(
             cache.block_size, plan.num_device_blocks, plan.num_host_blocks, cache.watermark
         )
-        self.scheduler = Scheduler(self.config.scheduler, self.block_manager, self.eos_token_id)
+        self.scheduler = Scheduler(self.config.scheduler, self.block_manager, self.eos_token_id,
+                                   self.cost_model, first_step=first_step)
 
     @classmethod
     def simulated(
@@ -66,25 +74,22 @@ class LLMEngine:
         if kv_plan is None:
             kv_plan = default_kv_plan(config)
         clock = clock or VirtualClock()
-        executor = SimulatedExecutor(cost_model or CostModel(), sleep=not clock.is_virtual)
-        return cls(config, executor, clock, kv_plan)
+        cost_model = cost_model or CostModel()
+        executor = SimulatedExecutor(cost_model, sleep=not clock.is_virtual)
+        return cls(config, executor, clock, kv_plan, cost_model=cost_model)
+
+    @property
+    def clock_epoch_unix(self) -> float:
+        """The wall-clock Unix time of engine time 0: ``unix = epoch + engine time``."""
+        return self.clock.epoch_unix
 
     # -- requests --------------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        priority: int = 0,
-        request_class: str = "",
-        oracle_output_tokens: int | None = None,
-        arrival_time: float | None = None,
-    ) -> Sequence:
-        now = self.clock.now() if arrival_time is None else arrival_time
-        return self.scheduler.add(
-            request_id, prompt_token_ids, params, now, priority, request_class,
-            oracle_output_tokens,
-        )
+    def add_request(self, request: EngineRequest) -> Sequence:
+        """Admit ``request`` to the scheduler (stamped with the current engine time if
+        it carries no arrival time). Returns its sequence: WAITING, or
+        FINISHED_REJECTED with a reason. ValueError for caller mistakes."""
+        now = self.clock.now()
+        return self.scheduler.add(request.stamped(now), now)
 
     def abort(self, request_id: str) -> Sequence | None:
         return self.scheduler.abort(request_id, self.clock.now())
@@ -92,31 +97,104 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def has_work(self) -> bool:
+        """Unfinished requests, or ends and decisions a step record has yet to report."""
+        return self.scheduler.has_unfinished() or self.scheduler.has_pending()
+
     # -- the loop body ---------------------------------------------------------------
-    def step(self) -> StepOutcome:
-        started = self.clock.now()
-        out = self.scheduler.schedule(started)
+    def step(self) -> StepRecord:
+        clock = self.clock
+        schedule_start = clock.now()
+        out = self.scheduler.schedule(schedule_start)
+        execute_start = clock.now()
         try:
             result = self.executor.execute(out)
         except Exception as exc:  # a failed step fails its requests, not the engine
-            ended = self.clock.now()
-            error = f"{type(exc).__name__}: {exc}"
-            failed = list(out.seqs)
-            # Requests swapped in or out in this step may not have had their blocks
-            # copied: their KV cannot be trusted either.
-            moved = {x.request_id for x in out.decisions if x.kind in (SWAP_OUT, SWAP_IN)}
-            failed += [seq for rid in moved
-                       if (seq := self.scheduler.requests.get(rid)) is not None and seq not in failed]
-            self.scheduler.fail(failed, ended, error)
-            outcome = StepOutcome(out, StepResult([], 0.0), failed, started, ended, error)
+            record = self._failed_step(out, schedule_start, execute_start,
+                                       f"{type(exc).__name__}: {exc}")
         else:
-            self.clock.advance(result.duration_s)
-            ended = self.clock.now()
-            finished = self.scheduler.update(out, result.sampled, ended)
-            outcome = StepOutcome(out, result, finished, started, ended)
-        for listener in self.step_listeners:
-            listener(outcome)
-        return outcome
+            clock.advance(result.duration_s)
+            ended = clock.now()
+            record = self._record(out, result, schedule_start, execute_start, ended)
+            record.finished.extend(self.scheduler.update(out, result.sampled, ended))
+        self.observers.notify(record)
+        return record
+
+    def recover(self, error: str) -> StepRecord:
+        """After an exception outside the executor (a scheduler bug): fail every
+        unfinished request, start over with empty pools, and report it all in one
+        record."""
+        scheduler = self.scheduler
+        now = self.clock.now()
+        failed = list(scheduler.requests.values())
+        decisions = scheduler.fail(failed, now, error, d.REASON_ENGINE_ERROR)
+        pending, ended = scheduler.drain_pending()
+        self.reset_scheduler()
+        record = StepRecord(scheduler.num_steps, now, now, now, now, error=error,
+                            decisions=pending + decisions, finished=ended + failed)
+        self._snapshot_pools(record)
+        self.observers.notify(record)
+        return record
+
+    def _failed_step(self, out: SchedulerOutput, schedule_start: float, execute_start: float,
+                     error: str) -> StepRecord:
+        ended = self.clock.now()
+        failed = list(out.seqs)
+        # Requests swapped in or out in this step may not have had their blocks copied:
+        # their KV cannot be trusted either.
+        moved = {x.request_id for x in out.decisions if x.kind in (d.SWAP_OUT, d.SWAP_IN)}
+        requests = self.scheduler.requests
+        failed += [seq for rid in moved
+                   if (seq := requests.get(rid)) is not None and seq not in failed]
+        record = self._record(out, StepResult([None] * len(out.seqs), 0.0), schedule_start,
+                              execute_start, ended)
+        record.error = error
+        record.decisions.extend(self.scheduler.fail(failed, ended, error,
+                                                    d.REASON_EXECUTOR_ERROR))
+        record.finished.extend(failed)
+        return record
+
+    def _record(self, out: SchedulerOutput, result: StepResult, schedule_start: float,
+                execute_start: float, ended: float) -> StepRecord:
+        """The step's record, read before ``update`` resets the scheduled counts."""
+        record = StepRecord(
+            out.step, schedule_start, execute_start, ended, ended,
+            num_prefill_tokens=out.num_prefill_tokens, num_decode_seqs=out.num_decode_seqs,
+            num_waiting=out.num_waiting, num_running=out.num_running,
+            num_swapped=out.num_swapped,
+            blocks_to_swap_out=out.blocks_to_swap_out, blocks_to_swap_in=out.blocks_to_swap_in,
+            swap_out_s=result.swap_out_s, swap_in_s=result.swap_in_s,
+            forward_s=result.forward_s, sample_s=result.sample_s,
+            decisions=out.decisions, finished=list(out.ended_between_steps),
+            wake_at=out.wake_at,
+        )
+        scheduled = record.scheduled
+        num_recompute = 0
+        for seq, token in zip(out.seqs, result.sampled, strict=True):
+            n = seq.num_scheduled_tokens
+            computed = seq.num_computed_tokens
+            pending = seq.num_pending_recompute_tokens
+            if pending:
+                kind = RECOMPUTE
+                num_recompute += min(n, pending)
+            elif n == 1 and seq.num_tokens - computed == 1 and computed >= seq.num_prompt_tokens:
+                kind = DECODE
+            else:
+                kind = PREFILL
+            scheduled.append(ScheduledSeq(seq, seq.request_id, kind, n, computed, token))
+        record.num_recompute_tokens = num_recompute
+        for x in out.decisions:
+            if x.kind == d.IDLE_RUNNING:
+                record.num_idle_running += len(x.request_ids)
+        self._snapshot_pools(record)
+        return record
+
+    def _snapshot_pools(self, record: StepRecord) -> None:
+        bm = self.block_manager
+        record.num_free_device_blocks = bm.num_free_device_blocks
+        record.num_device_blocks = bm.num_device_blocks
+        record.num_free_host_blocks = bm.num_free_host_blocks
+        record.num_host_blocks = bm.num_host_blocks
 
 
 def default_kv_plan(config: EngineConfig) -> KvPlan:

@@ -22,13 +22,14 @@ import torch
 
 from engine.clock import VirtualClock, WallClock
 from engine.config import EngineConfig, GiB
+from engine.cost_model import CostModel
 from engine.executor import StepResult
 from engine.llm_engine import LLMEngine
 from engine.memory import KvPlan, plan_kv_blocks
 from engine.model import AttentionMetadata, LlamaForCausalLM, allocate_kv_cache, build_model
 from engine.model_config import ModelConfig
 from engine.sampler import Sampler
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
 
 log = logging.getLogger("schedscope.engine")
@@ -98,14 +99,18 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
         started = time.perf_counter()
-        if out.blocks_to_swap_out or out.blocks_to_swap_in:
-            self.copy_blocks(out.blocks_to_swap_out, to_host=True)
+        swap_out_s = swap_in_s = 0.0
+        if out.blocks_to_swap_out:
+            self.copy_blocks(out.blocks_to_swap_out, to_host=True)  # blocking: nothing to sync
+            swap_out_s = time.perf_counter() - started
+        if out.blocks_to_swap_in:
             self.copy_blocks(out.blocks_to_swap_in, to_host=False)
             self._synchronize()
-        self.last_swap_s = time.perf_counter() - started
+            swap_in_s = time.perf_counter() - started - swap_out_s
+        self.last_swap_s = swap_out_s + swap_in_s
         seqs = out.seqs
         if not seqs:
-            return StepResult([], time.perf_counter() - started)
+            return StepResult([], time.perf_counter() - started, swap_out_s, swap_in_s)
 
         input_ids: list[int] = []
         query_lens: list[int] = []
@@ -126,6 +131,8 @@ class ModelRunner:
         )
         tokens = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=self.is_cuda)
         logits = self.model(tokens, positions, self.device_cache, metadata)
+        self._synchronize()
+        forward_done = time.perf_counter()
         if any(samples):
             sampling_seqs = [seq for seq, s in zip(seqs, samples, strict=True) if s]
             token_ids = self.sampler.sample(logits, sampling_seqs)
@@ -133,8 +140,10 @@ class ModelRunner:
             for i, s in enumerate(samples):
                 if s:
                     sampled[i] = next(it)
-        self._synchronize()
-        return StepResult(sampled, time.perf_counter() - started)
+        ended = time.perf_counter()
+        forward_s = forward_done - started - swap_out_s - swap_in_s
+        return StepResult(sampled, ended - started, swap_out_s, swap_in_s, forward_s,
+                          ended - forward_done)
 
 
 # -- construction ------------------------------------------------------------------------
@@ -176,9 +185,11 @@ def build_torch_engine(
     clock: WallClock | VirtualClock | None = None,
     device: str | torch.device | None = None,
     model: LlamaForCausalLM | None = None,
+    cost_model: CostModel | None = None,
 ) -> LLMEngine:
     """The bundled model, its KV pools sized from the memory knobs, on ``device``
-    (default: CUDA when available)."""
+    (default: CUDA when available). ``cost_model`` prices swap against recompute for
+    ``--preemption-mode auto`` (default: the built-in one)."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -208,7 +219,8 @@ def build_torch_engine(
     print(message, flush=True)
     runner = ModelRunner(model, model_config, config.cache.block_size, plan.num_device_blocks,
                          plan.num_host_blocks, device)
-    engine = LLMEngine(config, runner, clock or WallClock(), plan, model_config.eos_token_id)
+    engine = LLMEngine(config, runner, clock or WallClock(), plan, model_config.eos_token_id,
+                       cost_model=cost_model)
     engine.model_config = model_config
     engine.model_dir = model_dir
     return engine

@@ -14,8 +14,11 @@ scheduler handles it by watching the request that has waited longest.
 
 from __future__ import annotations
 
-from engine.config import SchedulerConfig
-from engine.sequence import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the config imports this registry: no import back at run time
+    from engine.config import SchedulerConfig
+    from engine.sequence import Sequence
 
 
 class Policy:
@@ -29,6 +32,10 @@ class Policy:
     def __init__(self, aging_rate: float = 0.0) -> None:
         self.aging_rate = aging_rate
 
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> Policy:
+        return cls(config.aging_rate)
+
     def base_key(self, seq: Sequence) -> float:
         raise NotImplementedError
 
@@ -37,6 +44,17 @@ class Policy:
         return self.base_key(seq) + self.aging_rate * seq.arrival_time
 
 
+#: The registry: every policy by name. Config validation, the CLI's choices and
+#: ``make_policy`` all read it, so a policy is added here and nowhere else.
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+@register
 class FcfsPolicy(Policy):
     """First come, first served: arrival time is the key (aging changes nothing)."""
 
@@ -49,6 +67,7 @@ class FcfsPolicy(Policy):
         return seq.arrival_time
 
 
+@register
 class SjfPolicy(Policy):
     """Shortest job first by an estimated job size in tokens.
 
@@ -62,12 +81,17 @@ class SjfPolicy(Policy):
         super().__init__(aging_rate)
         self.estimator = estimator
 
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> Policy:
+        return cls(config.aging_rate, config.sjf_size_estimator)
+
     def base_key(self, seq: Sequence) -> float:
         if self.estimator == "oracle" and seq.oracle_output_tokens is not None:
             return float(seq.num_prompt_tokens + seq.oracle_output_tokens)
         return float(seq.num_prompt_tokens + seq.params.max_tokens)
 
 
+@register
 class PriorityPolicy(Policy):
     """vLLM's priority scheduling: lower value is served earlier, arrival breaks ties."""
 
@@ -78,14 +102,9 @@ class PriorityPolicy(Policy):
         return float(seq.priority)
 
 
-POLICIES: dict[str, type[Policy]] = {
-    FcfsPolicy.name: FcfsPolicy,
-    SjfPolicy.name: SjfPolicy,
-    PriorityPolicy.name: PriorityPolicy,
-}
+#: Policy names in registration order (fcfs, sjf, priority).
+POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 
 
 def make_policy(config: SchedulerConfig) -> Policy:
-    if config.scheduling_policy == SjfPolicy.name:
-        return SjfPolicy(config.aging_rate, config.sjf_size_estimator)
-    return POLICIES[config.scheduling_policy](config.aging_rate)
+    return POLICIES[config.scheduling_policy].from_config(config)

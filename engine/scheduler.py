@@ -1,84 +1,48 @@
 """The scheduler: which tokens of which requests go into the next step, and why.
 
-One step, continuous batching (vLLM-style, over a paged KV cache):
+One step, continuous batching over a paged KV cache (vLLM-style), in this order:
 
-0. requests that waited past ``max_wait_s`` are promoted and admitted first,
-   preempting running requests if they must (the hard bound);
-1. under a policy that lets waiting requests preempt (priority), the best waiting
-   request takes the room of worse running ones when blocks or slots are short;
-   (with chunked prefill off, as vLLM v0: a step that can admit new prefills runs
-   only those, and the running requests sit it out);
+1. admissions ahead of the running requests, as the batching regime says
+   (``engine.batching``): requests past ``max_wait_s`` first, preempting if they
+   must; then, under a policy that preempts for waiting requests (priority), the
+   best waiting request takes the room of worse running ones;
 2. running decodes, then running prefill chunks, in policy order; when a decode
-   needs a block and none is free, the worst running request is preempted (swap
-   or recompute); decodes beyond the token budget are left out ("idle running");
+   needs a block and none is free, the worst running request is preempted
+   (``engine.preemption``); requests beyond the token budget are left out
+   ("idle running", trap 1);
 3. swap-ins, in policy order;
-4. new prefills from the waiting queue, in policy order, chunked under the token
-   budget when chunked prefill is on.
+4. new prefills from the waiting queue (``engine.waiting_queue``), in policy order,
+   chunked under the token budget.
 
 Both budgets (``max_num_seqs``, ``max_num_batched_tokens``) hold in every step.
 Every choice is appended to the step's decisions as a plain record. The scheduler
-handles sequences and block ids only: no tensors, no telemetry imports.
+handles sequences and block ids only: no tensors, no telemetry, no timing of
+tokens (that is an observer of step records: ``engine.token_timing``).
 
-Cost: a step is O(running + admitted + preempted); the waiting queue is a heap
-(and, with ``max_wait_s``, a second heap by waiting time) with lazy deletion, so
-no per-step work grows with the number of waiting requests.
+Cost: a step is O(running + admitted + preempted); the waiting queue is a heap with
+lazy deletion, so no per-step work grows with the number of waiting requests.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
-from dataclasses import dataclass, field
 
 from engine import decisions as d
-from engine.block_manager import BlockManager, BlockMapping
+from engine.batching import make_batching
+from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
+from engine.cost_model import CostModel
 from engine.decisions import Decision
 from engine.policy import Policy, make_policy
-from engine.sequence import STALL_FLOOR_S, Sequence, SequenceStatus
+from engine.preemption import Preemptor, policy_order
+from engine.request import EngineRequest
+from engine.scheduler_output import SchedulerOutput
+from engine.sequence import Sequence, SequenceStatus
+from engine.waiting_queue import WaitingQueue
 
 WAITING = SequenceStatus.WAITING
 RUNNING = SequenceStatus.RUNNING
 SWAPPED = SequenceStatus.SWAPPED
-
-
-def _order(seq: Sequence) -> tuple[float, int]:
-    return (seq.policy_key, seq.seq_no)
-
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """One step's work. Each scheduled sequence carries ``num_scheduled_tokens``.
-
-    A scheduled sequence samples a token at the end of the step exactly when
-    ``num_computed_tokens + num_scheduled_tokens == num_tokens``.
-    """
-
-    step: int
-    time: float
-    seqs: list[Sequence] = field(default_factory=list)
-    num_prefill_tokens: int = 0  # tokens of sequences still prefilling (or re-prefilling)
-    num_decode_seqs: int = 0
-    num_decode_context_tokens: int = 0  # sum of decode sequences' context lengths
-    prefill_attention_work: int = 0  # sum over prefill chunks of chunk_len * context_len
-    blocks_to_swap_out: BlockMapping = field(default_factory=list)
-    blocks_to_swap_in: BlockMapping = field(default_factory=list)
-    decisions: list[Decision] = field(default_factory=list)
-    num_running: int = 0
-    num_waiting: int = 0
-    num_swapped: int = 0
-    #: When nothing is scheduled but something will become schedulable at a known
-    #: time without any arrival (static batching's timeout), that time.
-    wake_at: float | None = None
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_seqs
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs and not self.blocks_to_swap_out and not self.blocks_to_swap_in
 
 
 class Scheduler:
@@ -87,7 +51,11 @@ class Scheduler:
         config: SchedulerConfig,
         block_manager: BlockManager,
         eos_token_id: int | None = None,
+        cost_model: CostModel | None = None,
+        first_step: int = 0,
     ) -> None:
+        """``cost_model`` prices swap against recompute for ``--preemption-mode auto``;
+        step numbers start after ``first_step``."""
         self.config = config
         self.block_manager = block_manager
         self.policy: Policy = make_policy(config)
@@ -95,21 +63,19 @@ class Scheduler:
         self.token_budget = config.token_budget
         self.max_num_seqs = config.max_num_seqs
         self.chunked = config.enable_chunked_prefill
-        self.static = config.batching == "static"
-        self.max_wait_s = config.max_wait_s
+        self.batching = make_batching(config, self.policy.preempts_for_waiting)
 
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
-        self.running: list[Sequence] = []  # sorted by (policy key, arrival)
-        self.swapped: list[Sequence] = []  # sorted by (policy key, arrival)
-        self._waiting: list[tuple[float, int, int, Sequence]] = []  # heap by policy key
-        self._by_wait: list[tuple[float, int, int, Sequence]] = []  # heap by waiting_since
-        self._promoted: list[Sequence] = []  # waited past max_wait_s, oldest first
-        self.num_waiting = 0
+        self.running: list[Sequence] = []  # sorted by policy_order; never rebound
+        self.swapped: list[Sequence] = []  # sorted by policy_order; never rebound
+        self.waiting = WaitingQueue(config.max_wait_s)
+        self.preemptor = Preemptor(config.preemption_mode, block_manager,
+                                   cost_model or CostModel(), self.running, self.swapped,
+                                   self.waiting)
         self._next_seq_no = 0
-        self._step = 0
+        self._step = first_step
         self._pending: list[Decision] = []  # decisions taken between steps (reject, abort)
-        self._batch_open_since: float | None = None  # static batching
-        self._decode_preempted = False  # a decode had to preempt in the step being built
+        self._ended: list[Sequence] = []  # requests that ended between steps
         self._last_wait: tuple[int, str] | None = None  # (seq_no, reason) of the last wait record
 
     # -- requests in and out ----------------------------------------------------------
@@ -117,32 +83,34 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.requests)
 
+    @property
+    def num_steps(self) -> int:
+        """The number of the last step scheduled."""
+        return self._step
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def add(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params,
-        now: float,
-        priority: int = 0,
-        request_class: str = "",
-        oracle_output_tokens: int | None = None,
-    ) -> Sequence:
-        """Accept a request; it is WAITING, or FINISHED_REJECTED with a reason.
+    def has_pending(self) -> bool:
+        """Whether decisions or ends taken between steps await the next step record."""
+        return bool(self._pending or self._ended)
 
-        Raises ValueError for caller mistakes (empty prompt, duplicate id): those
-        are not scheduling decisions.
+    def add(self, request: EngineRequest, now: float) -> Sequence:
+        """Accept a request that arrived at ``request.arrival_time`` (<= ``now``); it is
+        WAITING, or FINISHED_REJECTED with a reason.
+
+        Raises ValueError for caller mistakes (no arrival time, empty prompt, an id
+        already in flight): those are not scheduling decisions.
         """
-        if not prompt_token_ids:
-            raise ValueError(f"request {request_id!r} has an empty prompt")
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in flight")
-        seq = Sequence(
-            request_id, list(prompt_token_ids), params, now, self._next_seq_no, priority,
-            request_class, oracle_output_tokens,
-        )
+        if not request.prompt_token_ids:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
+        seq = Sequence(request, self._next_seq_no)
         self._next_seq_no += 1
         seq.policy_key = self.policy.key(seq)
         reason = self._reject_reason(seq)
@@ -151,13 +119,14 @@ class Scheduler:
             seq.reject_reason = reason
             seq.finished_time = now
             self._pending.append(Decision(
-                d.REJECT, now, self._step, request_id, reason,
+                d.REJECT, now, self._step, seq.request_id, reason,
                 num_blocks=self.block_manager.blocks_for(seq.max_total_tokens),
                 num_tokens=seq.max_total_tokens,
             ))
+            self._ended.append(seq)
             return seq
-        self.requests[request_id] = seq
-        self._enqueue_waiting(seq, now)
+        self.requests[seq.request_id] = seq
+        self.waiting.push(seq, seq.arrival_time)
         return seq
 
     def _reject_reason(self, seq: Sequence) -> str | None:
@@ -176,14 +145,20 @@ class Scheduler:
             return None
         self._remove(seq, now, SequenceStatus.FINISHED_ABORTED)
         self._pending.append(Decision(d.ABORT, now, self._step, request_id, d.REASON_CLIENT))
+        self._ended.append(seq)
         return seq
 
-    def fail(self, seqs: list[Sequence], now: float, error: str) -> None:
-        """Finish requests whose step failed in the executor; free their blocks."""
+    def fail(self, seqs: list[Sequence], now: float, error: str, reason: str) -> list[Decision]:
+        """Finish requests whose step failed; free their blocks. Returns the ``fail``
+        decisions (the caller puts them into the step's record)."""
+        failed = []
         for seq in seqs:
             if self.requests.get(seq.request_id) is seq:
                 seq.error = error
                 self._remove(seq, now, SequenceStatus.FINISHED_ERROR)
+                failed.append(Decision(d.FAIL, now, self._step, seq.request_id, reason,
+                                       detail=error))
+        return failed
 
     def _remove(self, seq: Sequence, now: float, status: SequenceStatus) -> None:
         """Take an unfinished request out of whichever queue holds it, free its blocks."""
@@ -193,115 +168,36 @@ class Scheduler:
         elif seq.status is SWAPPED:
             self.swapped.remove(seq)
             seq.total_swapped_s += now - (seq.swapped_out_time or now)
-        else:  # WAITING: its heap entries go stale
-            self.num_waiting -= 1
-            seq.queue_version += 1
-            seq.total_queue_s += now - seq.waiting_since
+        else:
+            self.waiting.remove(seq, now)
         self.block_manager.free(seq)
         seq.num_scheduled_tokens = 0
         seq.status = status
         seq.finished_time = now
 
-    def drain_decisions(self) -> list[Decision]:
-        """Decisions taken outside a step (rejections, aborts) not yet reported."""
-        pending, self._pending = self._pending, []
-        return pending
-
-    # -- queues ------------------------------------------------------------------------
-    def _enqueue_waiting(self, seq: Sequence, now: float) -> None:
-        seq.status = WAITING
-        seq.waiting_since = now
-        seq.queue_version += 1
-        seq.promoted = False
-        entry = (seq.policy_key, seq.seq_no, seq.queue_version, seq)
-        heapq.heappush(self._waiting, entry)
-        if self.max_wait_s is not None:
-            heapq.heappush(self._by_wait, (now, seq.seq_no, seq.queue_version, seq))
-        self.num_waiting += 1
-
-    def _peek_waiting(self) -> Sequence | None:
-        heap = self._waiting
-        while heap:
-            _, _, version, seq = heap[0]
-            if seq.status is WAITING and version == seq.queue_version:
-                return seq
-            heapq.heappop(heap)  # stale: admitted, aborted or re-queued since
-        return None
-
-    def _promote_overdue(self, now: float) -> None:
-        deadline = now - self.max_wait_s
-        heap = self._by_wait
-        while heap and heap[0][0] <= deadline:
-            _, _, version, seq = heapq.heappop(heap)
-            if seq.status is WAITING and version == seq.queue_version:
-                seq.promoted = True
-                self._promoted.append(seq)
+    def drain_pending(self) -> tuple[list[Decision], list[Sequence]]:
+        """Decisions and ends taken outside a step not yet reported (the next step's
+        output reports them otherwise)."""
+        pending, ended = self._pending, self._ended
+        self._pending, self._ended = [], []
+        return pending, ended
 
     # -- building a step -----------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         self._step += 1
         out = SchedulerOutput(self._step, now)
-        if self._pending:
-            out.decisions.extend(self._pending)
-            self._pending = []
-        budget = self.token_budget
-        if self.static:
-            budget = self._admit_static_batch(now, out, budget)
-            if budget is None:
-                return self._finish_output(out)
-        else:
-            if self.max_wait_s is not None:
-                self._promote_overdue(now)
-                if self._promoted:
-                    budget = self._admit_promoted(now, out, budget)
-            if self.policy.preempts_for_waiting and self.num_waiting:
-                budget = self._preempt_for_waiting_head(now, out, budget)
-            if not self.chunked:
-                # vLLM v0 without chunked prefill: a step that admits new prefills carries
-                # no decodes (and none are admitted while requests are swapped out). This is
-                # how running sets outgrow the token budget (trap 1).
-                if self.num_waiting and not self.swapped:
-                    self._schedule_waiting(now, out, budget)
-                if out.seqs:
-                    idle = [seq for seq in self.running if not seq.num_scheduled_tokens]
-                    self._record_idle(out, now, idle, d.REASON_PREFILL_PRIORITY)
-                    return self._finish_output(out)
-
-        budget = self._schedule_running(now, out, budget)
-        # After running decodes had to preempt for room, admitting more work into the
-        # same step would only be preempted again (vLLM does the same).
-        preempted = self._decode_preempted
-        if self.swapped and budget > 0 and not preempted:
-            budget = self._schedule_swap_ins(now, out, budget)
-        if self.chunked and not self.static and self.num_waiting and budget > 0:
-            if preempted:
-                self._note_wait(out, now, d.REASON_OUT_OF_BLOCKS)
-            else:
-                self._schedule_waiting(now, out, budget)
-        return self._finish_output(out)
-
-    def _finish_output(self, out: SchedulerOutput) -> SchedulerOutput:
+        out.decisions, out.ended_between_steps = self.drain_pending()
+        self.preemptor.decode_preempted = False
+        budget = self.batching.admit_before_running(self, out, now, self.token_budget)
+        if budget is not None:
+            budget = self._schedule_running(out, now, budget)
+            if self.swapped and budget > 0 and not self.preemptor.decode_preempted:
+                budget = self._schedule_swap_ins(out, now, budget)
+            self.batching.admit_after_running(self, out, now, budget)
         out.num_running = len(self.running)
         out.num_waiting = self.num_waiting
         out.num_swapped = len(self.swapped)
-        self._decode_preempted = False
         return out
-
-    def _schedule_one(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
-        """Put ``n`` of ``seq``'s uncomputed tokens into the step and count them."""
-        seq.num_scheduled_tokens = n
-        out.seqs.append(seq)
-        # A decode computes one generated token; a prompt (or a recompute) of any
-        # length, even one token, is prefill work.
-        if (
-            seq.num_tokens - seq.num_computed_tokens == 1
-            and seq.num_computed_tokens >= seq.num_prompt_tokens
-        ):
-            out.num_decode_seqs += 1
-            out.num_decode_context_tokens += seq.num_tokens
-        else:
-            out.num_prefill_tokens += n
-            out.prefill_attention_work += n * (seq.num_computed_tokens + n)
 
     def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
         """How many uncomputed tokens of ``seq`` fit ``budget`` (0: none this step)."""
@@ -310,13 +206,13 @@ class Scheduler:
             return remaining
         return budget if self.chunked else 0
 
-    def _schedule_running(self, now: float, out: SchedulerOutput, budget: int) -> int:
-        running = self.running
-        block_size = self.block_manager.block_size
-        free_device = self.block_manager._free_device  # read-only peek on the hot path
+    def _schedule_running(self, out: SchedulerOutput, now: float, budget: int) -> int:
+        bm = self.block_manager
+        block_size = bm.block_size
+        free_device = bm._free_device  # read-only peek on the hot path (a list)
         decodes: list[Sequence] = []
         prefills: list[Sequence] = []
-        for seq in running:
+        for seq in self.running:
             if seq.num_scheduled_tokens:
                 continue  # admitted earlier in this step
             computed = seq.num_computed_tokens
@@ -333,9 +229,10 @@ class Scheduler:
                 idle.append(seq)
                 continue
             if seq.num_tokens > len(seq.block_table) * block_size:
-                if not free_device and not self._make_room_for_decode(seq, now, out):
+                if not free_device and not self.preemptor.make_room_for_decode(seq, now, out):
                     continue  # seq itself was preempted
-                self.block_manager.append_slots(seq, 1)
+                bm.append_slots(seq, 1)
+            # out.add(seq, 1), inlined: the one per-sequence path of every step
             seq.num_scheduled_tokens = 1
             scheduled.append(seq)
             out.num_decode_seqs += 1
@@ -348,12 +245,12 @@ class Scheduler:
             if n == 0:
                 idle.append(seq)
                 continue
-            self._schedule_one(seq, n, out)
+            out.add(seq, n)
             budget -= n
-        self._record_idle(out, now, idle, d.REASON_TOKEN_BUDGET)
+        self.record_idle(out, now, idle, d.REASON_TOKEN_BUDGET)
         return budget
 
-    def _record_idle(self, out: SchedulerOutput, now: float, idle: list[Sequence], reason: str) -> None:
+    def record_idle(self, out: SchedulerOutput, now: float, idle: list[Sequence], reason: str) -> None:
         """Running requests left out of this step: one record listing them all."""
         if not idle:
             return
@@ -364,116 +261,42 @@ class Scheduler:
             request_ids=tuple(seq.request_id for seq in idle),
         ))
 
-    def _make_room_for_decode(self, seq: Sequence, now: float, out: SchedulerOutput) -> bool:
-        """Preempt the worst unscheduled running request until ``seq`` can grow.
-
-        Returns False when ``seq`` itself is the worst and was preempted.
-        """
-        self._decode_preempted = True
-        while not self.block_manager.can_append(seq, 1):
-            victim = self._worst_unscheduled()
-            if victim is None or victim is seq:
-                self._preempt(seq, now, out, d.REASON_OUT_OF_BLOCKS, seq)
-                return False
-            self._preempt(victim, now, out, d.REASON_OUT_OF_BLOCKS, seq)
-        return True
-
-    def _worst_unscheduled(self) -> Sequence | None:
-        running = self.running
-        for i in range(len(running) - 1, -1, -1):
-            if not running[i].num_scheduled_tokens:
-                return running[i]
-        return None
-
-    def _make_room_for_admission(
-        self, seq: Sequence, now: float, out: SchedulerOutput, reason: str, only_worse: bool
-    ) -> bool:
-        """Preempt running requests so ``seq`` gets a slot and its blocks.
-
-        Victims are taken from the worst end of the running set, skipping requests
-        already in this step; with ``only_worse`` only requests whose key is worse
-        than ``seq``'s. Nothing is preempted unless the room can be found in full.
-        """
+    def _schedule_swap_ins(self, out: SchedulerOutput, now: float, budget: int) -> int:
         bm = self.block_manager
-        need_blocks = bm.blocks_for(seq.num_tokens)
-        free = bm.num_free_device_blocks
-        slots = self.max_num_seqs - len(self.running)
-        victims: list[Sequence] = []
-        seq_order = _order(seq)
-        # The same room test as can_allocate: keep the watermark free while others run.
-        reserve = bm.watermark_blocks
-        for i in range(len(self.running) - 1, -1, -1):
-            if free - need_blocks >= reserve and slots >= 1:
+        swapped = self.swapped
+        while swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = swapped[0]
+            if self.batching.swap_ins_yield_to_waiting and len(self.waiting):
+                head = self.waiting.peek()
+                if head is not None and policy_order(head) < policy_order(seq):
+                    break  # a better waiting request goes first (it may have caused the swap)
+            if not bm.can_swap_in(seq, bool(self.running)):
                 break
-            victim = self.running[i]
-            if victim.num_scheduled_tokens:
-                continue
-            if victim.promoted:
-                # Itself admitted past its max wait, no token since: taking its place
-                # back would let it and the newcomer evict each other forever without
-                # either producing a token.
-                continue
-            if only_worse and _order(victim) <= seq_order:
-                break  # sorted: everything further in is better than seq
-            victims.append(victim)
-            free += len(victim.block_table)
-            slots += 1
-        remaining = len(self.running) - len(victims)
-        if free - need_blocks < (reserve if remaining else 0) or slots < 1:
-            return False
-        for victim in victims:
-            self._preempt(victim, now, out, reason, seq)
-        return True
-
-    def _preempt(
-        self, seq: Sequence, now: float, out: SchedulerOutput, reason: str, beneficiary: Sequence
-    ) -> None:
-        self.running.remove(seq)
-        bm = self.block_manager
-        detail = ""
-        use_swap = self.config.preemption_mode != "recompute"
-        if use_swap and not bm.can_swap_out(seq):
-            # vLLM 0.6 raised and died here; we fall back per request and say so.
-            use_swap = False
-            detail = d.REASON_SWAP_SPACE_EXHAUSTED
-        num_blocks = len(seq.block_table)
-        thrown_away = 0 if use_swap else seq.num_computed_tokens
-        if use_swap:
-            out.blocks_to_swap_out.extend(bm.swap_out(seq))
-            seq.status = SWAPPED
-            seq.swapped_out_time = now
-            seq.num_preemptions_swap += 1
-            bisect.insort(self.swapped, seq, key=_order)
-        else:
-            bm.free(seq)
-            # += : a request preempted again while re-prefilling still owes the tokens
-            # it had not yet redone.
-            seq.num_pending_recompute_tokens += seq.num_computed_tokens
-            seq.num_computed_tokens = 0
-            seq.num_preemptions_recompute += 1
-            self._enqueue_waiting(seq, now)
-        mode = "swap" if use_swap else "recompute"
-        out.decisions.append(Decision(
-            d.PREEMPT, now, self._step, seq.request_id, reason, mode=mode,
-            beneficiary=beneficiary.request_id, num_blocks=num_blocks,
-            num_tokens=thrown_away, detail=detail,
-        ))
-        if use_swap:
+            swapped.pop(0)
+            out.blocks_to_swap_in.extend(bm.swap_in(seq))
+            seq.status = RUNNING
+            seq.total_swapped_s += now - seq.swapped_out_time
+            seq.swapped_out_time = None
+            bisect.insort(self.running, seq, key=policy_order)
             out.decisions.append(Decision(
-                d.SWAP_OUT, now, self._step, seq.request_id, reason, num_blocks=num_blocks
+                d.SWAP_IN, now, self._step, seq.request_id, d.REASON_POLICY_ORDER,
+                num_blocks=len(seq.block_table),
             ))
+            n = self._prefill_chunk(seq, budget)
+            if n:
+                bm.append_slots(seq, n)
+                out.add(seq, n)
+                budget -= n
+        return budget
 
-    def _admit(
-        self, seq: Sequence, now: float, out: SchedulerOutput, reason: str, n: int
-    ) -> None:
+    # -- admissions (called by the batching regime) ----------------------------------
+    def admit(self, seq: Sequence, out: SchedulerOutput, now: float, reason: str, n: int) -> None:
         """Move a waiting request into the running set and (if ``n``) into this step."""
         self.block_manager.allocate(seq)
-        self.num_waiting -= 1
-        seq.queue_version += 1  # its heap entries go stale
+        self.waiting.remove(seq, now)
         seq.status = RUNNING
         seq.promoted = reason == d.REASON_MAX_WAIT  # protected until its next token
-        seq.total_queue_s += now - seq.waiting_since
-        bisect.insort(self.running, seq, key=_order)
+        bisect.insort(self.running, seq, key=policy_order)
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = now
             kind = d.ADMIT
@@ -484,97 +307,72 @@ class Scheduler:
             num_blocks=len(seq.block_table), num_tokens=seq.num_tokens,
         ))
         if n:
-            self._schedule_one(seq, n, out)
+            out.add(seq, n)
 
-    def _admit_promoted(self, now: float, out: SchedulerOutput, budget: int) -> int:
-        still_waiting: list[Sequence] = []
-        for seq in self._promoted:
-            if seq.status is not WAITING or not seq.promoted:
-                continue  # admitted, aborted or re-queued since promotion
-            n = self._prefill_chunk(seq, budget) if budget else 0
-            if n and self._make_room_for_admission(seq, now, out, d.REASON_MAX_WAIT, False):
-                self._admit(seq, now, out, d.REASON_MAX_WAIT, n)
-                budget -= n
-            else:
-                still_waiting.append(seq)
-        self._promoted = still_waiting
+    def admit_ahead_of_running(self, out: SchedulerOutput, now: float, budget: int) -> int:
+        """Max-wait promotions, then the best waiting request's claim under a policy
+        that preempts for waiting requests; returns the budget left."""
+        waiting = self.waiting
+        waiting.promote_overdue(now)
+        if waiting.promoted:
+            waiting.drop_stale_promotions()
+            for seq in list(waiting.promoted):
+                n = self._prefill_chunk(seq, budget) if budget else 0
+                if n and self.preemptor.make_room_for_admission(
+                        seq, self.max_num_seqs, now, out, d.REASON_MAX_WAIT, False):
+                    self.admit(seq, out, now, d.REASON_MAX_WAIT, n)
+                    budget -= n
+            waiting.drop_stale_promotions()
+        if self.policy.preempts_for_waiting and len(waiting) and budget:
+            head = waiting.peek()
+            if head is not None and not (len(self.running) < self.max_num_seqs
+                                         and self.block_manager.can_allocate(head, bool(self.running))):
+                # It lacks a slot or blocks: worse running requests make room, and it is
+                # admitted in this very step (before the decodes could spend that room).
+                n = self._prefill_chunk(head, budget)
+                if n and self.preemptor.make_room_for_admission(
+                        head, self.max_num_seqs, now, out, d.REASON_PRIORITY, True):
+                    self.admit(head, out, now, d.REASON_PRIORITY, n)
+                    budget -= n
         return budget
 
-    def _preempt_for_waiting_head(self, now: float, out: SchedulerOutput, budget: int) -> int:
-        """Priority scheduling: the best waiting request takes the place of worse running
-        ones when it lacks a slot or blocks, and is admitted in this very step (before
-        the decodes could spend the room it was given)."""
-        head = self._peek_waiting()
-        if head is None or not budget:
-            return budget
-        bm = self.block_manager
-        if len(self.running) < self.max_num_seqs and bm.can_allocate(head, bool(self.running)):
-            return budget  # it fits without anyone leaving
-        n = self._prefill_chunk(head, budget)
-        if n and self._make_room_for_admission(head, now, out, d.REASON_PRIORITY, True):
-            heapq.heappop(self._waiting)
-            self._admit(head, now, out, d.REASON_PRIORITY, n)
-            budget -= n
-        return budget
-
-    def _schedule_swap_ins(self, now: float, out: SchedulerOutput, budget: int) -> int:
-        bm = self.block_manager
-        swapped = self.swapped
-        while swapped and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = swapped[0]
-            # Static batching admits nobody while a batch (swapped members included) is
-            # unfinished, and without chunked prefill nobody is admitted while requests
-            # are swapped out: there the swapped request must not yield.
-            if (self.policy.preempts_for_waiting and self.num_waiting and self.chunked
-                    and not self.static):
-                head = self._peek_waiting()
-                if head is not None and _order(head) < _order(seq):
-                    break  # a better waiting request goes first (it may have caused the swap)
-            if not bm.can_swap_in(seq, bool(self.running)):
-                break
-            swapped.pop(0)
-            out.blocks_to_swap_in.extend(bm.swap_in(seq))
-            seq.status = RUNNING
-            seq.total_swapped_s += now - seq.swapped_out_time
-            seq.swapped_out_time = None
-            bisect.insort(self.running, seq, key=_order)
-            out.decisions.append(Decision(
-                d.SWAP_IN, now, self._step, seq.request_id, d.REASON_POLICY_ORDER,
-                num_blocks=len(seq.block_table),
-            ))
-            n = self._prefill_chunk(seq, budget)
-            if n:
-                bm.append_slots(seq, n)
-                self._schedule_one(seq, n, out)
-                budget -= n
-        return budget
-
-    def _schedule_waiting(self, now: float, out: SchedulerOutput, budget: int) -> int:
+    def admit_waiting(self, out: SchedulerOutput, now: float, budget: int) -> int:
+        """New prefills in policy order while a slot, the budget and blocks allow."""
         bm = self.block_manager
         while budget > 0:
-            seq = self._peek_waiting()
+            seq = self.waiting.peek()
             if seq is None:
                 break
             if len(self.running) >= self.max_num_seqs:
-                self._note_wait(out, now, d.REASON_MAX_NUM_SEQS, seq)
+                self.note_wait(out, now, d.REASON_MAX_NUM_SEQS, seq)
                 break
             n = self._prefill_chunk(seq, budget)
             if n == 0:
-                self._note_wait(out, now, d.REASON_TOKEN_BUDGET, seq)
+                self.note_wait(out, now, d.REASON_TOKEN_BUDGET, seq)
                 break
             if not bm.can_allocate(seq, bool(self.running)):
-                self._note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
+                self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
                 break
-            heapq.heappop(self._waiting)
-            self._admit(seq, now, out, d.REASON_POLICY_ORDER, n)
+            self.admit(seq, out, now, d.REASON_POLICY_ORDER, n)
             budget -= n
         return budget
 
-    def _note_wait(
+    def admit_batch(self, out: SchedulerOutput, now: float) -> None:
+        """Static batching: admit a whole batch in policy order (prefilled next step)."""
+        while len(self.running) < self.max_num_seqs:
+            seq = self.waiting.peek()
+            if seq is None:
+                break
+            if not self.block_manager.can_allocate(seq, bool(self.running)):
+                self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
+                break
+            self.admit(seq, out, now, d.REASON_STATIC_BATCH, 0)
+
+    def note_wait(
         self, out: SchedulerOutput, now: float, reason: str, seq: Sequence | None = None
     ) -> None:
         """Record why the head of the queue waits, once per change of reason."""
-        seq = seq or self._peek_waiting()
+        seq = seq or self.waiting.peek()
         if seq is None or self._last_wait == (seq.seq_no, reason):
             return
         self._last_wait = (seq.seq_no, reason)
@@ -582,34 +380,6 @@ class Scheduler:
             d.WAIT, now, self._step, seq.request_id, reason,
             num_blocks=self.block_manager.blocks_for(seq.num_tokens), num_tokens=seq.num_tokens,
         ))
-
-    def _admit_static_batch(self, now: float, out: SchedulerOutput, budget: int) -> int | None:
-        """Static batching: form a batch when none runs; returns None if still forming."""
-        if self.running or self.swapped:
-            if self.num_waiting:
-                self._note_wait(out, now, d.REASON_STATIC_BATCH)
-            return budget
-        if not self.num_waiting:
-            self._batch_open_since = None
-            return None
-        if self._batch_open_since is None:
-            self._batch_open_since = now
-        deadline = self._batch_open_since + self.config.static_batch_timeout_s
-        if self.num_waiting < self.max_num_seqs and now < deadline:
-            out.wake_at = deadline
-            return None
-        self._batch_open_since = None
-        bm = self.block_manager
-        while len(self.running) < self.max_num_seqs:
-            seq = self._peek_waiting()
-            if seq is None:
-                break
-            if not bm.can_allocate(seq, bool(self.running)):
-                self._note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
-                break
-            heapq.heappop(self._waiting)
-            self._admit(seq, now, out, d.REASON_STATIC_BATCH, 0)
-        return budget
 
     # -- after the step ------------------------------------------------------------
     def update(
@@ -635,21 +405,9 @@ class Scheduler:
                 seq.num_pending_recompute_tokens -= redone
             if token is None:
                 continue
-            # Append the token and track inter-token gaps (once per generated token).
-            if seq.promoted:
-                seq.promoted = False  # a max-wait admission made progress: no longer protected
+            seq.promoted = False  # a max-wait admission made progress: no longer protected
             seq.output_token_ids.append(token)
             seq.num_tokens += 1
-            last = seq.last_token_time
-            if last is None:
-                seq.first_token_time = now
-            else:
-                gap = now - last
-                if gap > seq.max_itl_s:
-                    seq.max_itl_s = gap
-                if gap >= STALL_FLOOR_S:
-                    seq.long_gaps.append((last, gap))
-            seq.last_token_time = now
             params = seq.params
             num_output = seq.num_tokens - seq.num_prompt_tokens
             if num_output >= params.min_tokens and (
@@ -677,7 +435,7 @@ class Scheduler:
         assert len(self.running) <= self.max_num_seqs, "max_num_seqs exceeded"
         assert all(s.status is RUNNING for s in self.running)
         assert all(s.status is SWAPPED for s in self.swapped)
-        assert self.running == sorted(self.running, key=_order), "running set out of order"
+        assert self.running == sorted(self.running, key=policy_order), "running set out of order"
         waiting = [s for s in live if s.status is WAITING]
         assert len(waiting) == self.num_waiting, "waiting count drifted"
         assert all(not s.block_table for s in waiting), "a waiting request holds blocks"

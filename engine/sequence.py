@@ -1,7 +1,8 @@
 """The request object: the one place that holds a request's state.
 
-The scheduler moves a :class:`Sequence` between its queues; the block manager
-fills its block table; the executor appends tokens. Nothing else owns request
+The scheduler moves a :class:`Sequence` between its queues and appends the tokens
+the executor sampled; the block manager fills its block table; the token-timing
+observer (``engine.token_timing``) stamps its token times. Nothing else owns request
 state, so a record of a request is always read from here.
 """
 
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-#: No inter-token gap shorter than this is ever a stall (METRICS.md: the threshold is
-#: the larger of 250 ms and 5x the run's median ITL).
-STALL_FLOOR_S = 0.25
+from engine.token_timing import TokenTiming
+
+if TYPE_CHECKING:
+    from engine.request import EngineRequest
 
 
 class SequenceStatus(enum.Enum):
@@ -84,51 +87,42 @@ class Sequence:
     """
 
     __slots__ = (
-        "request_id", "seq_no", "prompt_token_ids", "output_token_ids", "params", "priority",
-        "arrival_time", "request_class", "oracle_output_tokens", "status", "num_prompt_tokens",
-        "num_tokens", "num_computed_tokens", "num_scheduled_tokens", "block_table",
-        "policy_key", "queue_version", "waiting_since", "first_scheduled_time",
-        "first_token_time", "last_token_time", "finished_time", "swapped_out_time",
-        "total_swapped_s", "total_queue_s", "num_preemptions_swap", "num_preemptions_recompute",
-        "num_recomputed_tokens", "num_pending_recompute_tokens", "num_idle_running_steps",
-        "reject_reason", "error", "promoted", "max_itl_s", "long_gaps",
-        "generator",
+        "request", "request_id", "seq_no", "prompt_token_ids", "output_token_ids", "params",
+        "priority", "arrival_time", "request_class", "oracle_output_tokens", "status",
+        "num_prompt_tokens", "num_tokens", "num_computed_tokens", "num_scheduled_tokens",
+        "block_table", "policy_key", "queue_version", "waiting_since", "first_scheduled_time",
+        "finished_time", "swapped_out_time", "total_swapped_s", "total_queue_s",
+        "num_preemptions_swap", "num_preemptions_recompute", "num_recomputed_tokens",
+        "num_pending_recompute_tokens", "num_idle_running_steps", "reject_reason", "error",
+        "promoted", "timing", "generator",
     )
 
-    def __init__(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        arrival_time: float,
-        seq_no: int,
-        priority: int = 0,
-        request_class: str = "",
-        oracle_output_tokens: int | None = None,
-    ) -> None:
-        self.request_id = request_id
+    def __init__(self, request: EngineRequest, seq_no: int) -> None:
+        """``request`` must carry its arrival time (the engine stamps it)."""
+        if request.arrival_time is None:
+            raise ValueError(f"request {request.request_id!r} has no arrival time")
+        self.request = request  # what arrived, unchanged (trace context included)
+        self.request_id = request.request_id
         self.seq_no = seq_no  # arrival order inside this engine: the final tie-breaker
-        self.prompt_token_ids = prompt_token_ids
+        self.prompt_token_ids = list(request.prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.params = params
-        self.priority = priority
-        self.arrival_time = arrival_time
-        self.request_class = request_class
+        self.params = request.params
+        self.priority = request.priority
+        self.arrival_time: float = request.arrival_time
+        self.request_class = request.request_class
         # The true output length where one is known in advance (simulation): the
         # simulated executor emits EOS here; the sjf "oracle" estimator reads it.
-        self.oracle_output_tokens = oracle_output_tokens
+        self.oracle_output_tokens = request.oracle_output_tokens
         self.status = SequenceStatus.WAITING
-        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
         self.num_tokens = self.num_prompt_tokens
         self.num_computed_tokens = 0
         self.num_scheduled_tokens = 0  # tokens scheduled in the step being built
         self.block_table: list[int] = []
         self.policy_key: float = 0.0  # set by the policy when the request arrives
         self.queue_version = 0  # invalidates stale queue entries (lazy deletion)
-        self.waiting_since = arrival_time
+        self.waiting_since = self.arrival_time
         self.first_scheduled_time: float | None = None
-        self.first_token_time: float | None = None
-        self.last_token_time: float | None = None
         self.finished_time: float | None = None
         self.swapped_out_time: float | None = None
         self.total_swapped_s = 0.0
@@ -141,10 +135,7 @@ class Sequence:
         self.reject_reason: str | None = None
         self.error: str | None = None
         self.promoted = False  # waited past max_wait_s: served ahead of the policy order
-        self.max_itl_s = 0.0  # largest gap between consecutive tokens, at the engine
-        # (start, length) of every gap of at least STALL_FLOOR_S: stall candidates. The
-        # stall threshold is never below the floor, so these are all a report needs.
-        self.long_gaps: list[tuple[float, float]] = []
+        self.timing = TokenTiming()  # written by the token-timing observer only
         self.generator = None  # the sampler's per-request RNG when params.seed is set
 
     # -- derived counts ------------------------------------------------------------
@@ -175,6 +166,18 @@ class Sequence:
         if self.first_scheduled_time is None:
             return None
         return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.timing.first_token_time
+
+    @property
+    def last_token_time(self) -> float | None:
+        return self.timing.last_token_time
+
+    @property
+    def traceparent(self) -> str | None:
+        return self.request.traceparent
 
     @property
     def finish_reason(self) -> str | None:

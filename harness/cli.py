@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.config import ConfigError, EngineConfig
-from engine.cost_model import CostModel, CostModelError
+from engine.cost_model import FEATURES, CostModel, CostModelError
+from engine.policy import POLICY_NAMES
 from harness.knobs import build_engine_config, with_engine_knobs
 from harness.profiles import ProfileError, resolve_profile
 
@@ -23,7 +24,7 @@ app = typer.Typer(
 )
 console = Console()
 
-POLICY_CHOICES = ("fcfs", "sjf", "priority")
+POLICY_CHOICES = POLICY_NAMES  # the policy registry
 
 
 def _version(value: bool) -> None:
@@ -49,7 +50,7 @@ def _policies(value: str) -> list[str]:
     bad = [n for n in names if n not in POLICY_CHOICES]
     if not names or bad:
         raise typer.BadParameter(
-            f"unknown policy {', '.join(bad) or repr(value)}; expected fcfs, sjf, priority, "
+            f"unknown policy {', '.join(bad) or repr(value)}; expected {', '.join(POLICY_CHOICES)}, "
             "a comma-separated list of them, or all",
             param_hint="--policy",
         )
@@ -136,7 +137,9 @@ def serve(
                                  help="torch: the bundled model computes; sim: the cost model "
                                       "predicts each step and it takes that long."),
     cost_model: Path | None = typer.Option(
-        None, "--cost-model", help="Cost model JSON for --executor sim; default: built-in."
+        None, "--cost-model",
+        help="Cost model JSON: the step times of --executor sim, and the swap vs recompute "
+             "prices of --preemption-mode auto; default: built-in."
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", help="Port to bind; 0 picks a free one."),
@@ -193,8 +196,7 @@ def calibrate(
     table = Table(title=f"cost model for {model_name} on {fitted.device}")
     table.add_column("parameter")
     table.add_column("value", justify="right")
-    for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s", "decode_context_token_s",
-                 "prefill_attention_s", "swap_block_s"):
+    for name in FEATURES:
         table.add_row(name, f"{getattr(fitted, name):.3e}")
     console.print(table)
     fit = fitted.fit

@@ -46,10 +46,8 @@ def knob_parameters(exclude: frozenset[str] = frozenset()) -> list[inspect.Param
         for f in dataclasses.fields(cls):
             if f.name not in exclude:
                 params.append(_knob_parameter(f, hints[f.name]))
-    model_option = typer.Option("tiny", "--model", help="Model preset name (or directory).",
-                                rich_help_panel="Engine knobs")
-    params.append(inspect.Parameter("model", inspect.Parameter.KEYWORD_ONLY, default=model_option,
-                                    annotation=str))
+    model_field = next(f for f in dataclasses.fields(EngineConfig) if f.name == "model")
+    params.append(_knob_parameter(model_field, str))
     return params
 
 
@@ -59,7 +57,9 @@ def build_engine_config(values: dict[str, typing.Any]) -> EngineConfig:
     for section, cls in KNOB_SECTIONS:
         names = {f.name for f in dataclasses.fields(cls)}
         sections[section] = cls(**{k: v for k, v in values.items() if k in names})
-    return EngineConfig(sections["scheduler"], sections["cache"], model=values.get("model", "tiny"))
+    model_default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "model")
+    return EngineConfig(sections["scheduler"], sections["cache"],
+                        model=values.get("model", model_default))
 
 
 def with_engine_knobs(exclude: frozenset[str] = frozenset()):

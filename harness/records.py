@@ -3,6 +3,9 @@
 The simulator knows the server side exactly and the client side as if the network
 were instant: ``scheduled_at == sent_at == arrival at the engine`` and a token is
 "received" when its step ends.
+
+:class:`RequestRecorder` is an observer of step records: every request ends in
+exactly one record (``StepRecord.finished``), and becomes one row there.
 """
 
 from __future__ import annotations
@@ -12,6 +15,10 @@ from pathlib import Path
 import polars as pl
 
 from engine.sequence import Sequence, SequenceStatus
+from engine.step_record import StepRecord
+
+#: One stall: when the gap began (engine time) and how long it lasted.
+STALL_TYPE = pl.Struct({"start_s": pl.Float64, "duration_s": pl.Float64})
 
 #: requests.parquet columns, in order, with their Polars types.
 REQUEST_SCHEMA: dict[str, pl.DataType] = {
@@ -43,6 +50,7 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "idle_running_steps": pl.Int64,
     "stall_s": pl.Float64,
     "num_stalls": pl.Int64,
+    "stalls": pl.List(STALL_TYPE),
     "first_scheduled_at": pl.Float64,
     "first_token_at": pl.Float64,
     "finished_at": pl.Float64,
@@ -64,7 +72,8 @@ def record_status(seq: Sequence) -> str:
 def sequence_record(seq: Sequence, policy: str, profile: str) -> dict:
     """The row of a finished request (stall columns are filled in by :func:`add_stalls`)."""
     arrival = seq.arrival_time
-    first, last = seq.first_token_time, seq.last_token_time
+    timing = seq.timing
+    first, last = timing.first_token_time, timing.last_token_time
     num_output = seq.num_output_tokens
     ttft = None if first is None else first - arrival
     e2e = None if last is None else last - arrival
@@ -87,7 +96,7 @@ def sequence_record(seq: Sequence, policy: str, profile: str) -> dict:
         "ttft_from_sent_s": ttft,
         "tpot_s": tpot,
         "e2e_s": e2e,
-        "max_itl_s": seq.max_itl_s if num_output > 1 else None,
+        "max_itl_s": timing.max_itl_s if num_output > 1 else None,
         "queue_s": seq.queue_s,
         "total_queue_s": seq.total_queue_s,
         "preemptions": seq.num_preemptions,
@@ -98,11 +107,25 @@ def sequence_record(seq: Sequence, policy: str, profile: str) -> dict:
         "idle_running_steps": seq.num_idle_running_steps,
         "stall_s": 0.0,
         "num_stalls": 0,
+        "stalls": [],
         "first_scheduled_at": seq.first_scheduled_time,
         "first_token_at": first,
         "finished_at": seq.finished_time,
-        "_long_gaps": [gap for _, gap in seq.long_gaps],
+        "_long_gaps": timing.long_gaps,
     }
+
+
+class RequestRecorder:
+    """Observer: one row (``sequence_record``) per request, when it ends."""
+
+    def __init__(self, policy: str, profile: str) -> None:
+        self.policy = policy
+        self.profile = profile
+        self.rows: list[dict] = []
+
+    def __call__(self, record: StepRecord) -> None:
+        for seq in record.finished:
+            self.rows.append(sequence_record(seq, self.policy, self.profile))
 
 
 def stall_threshold(median_itl_s: float | None, floor_s: float = 0.25, factor: float = 5.0) -> float:
@@ -113,11 +136,13 @@ def stall_threshold(median_itl_s: float | None, floor_s: float = 0.25, factor: f
 
 
 def add_stalls(rows: list[dict], threshold_s: float) -> None:
-    """Fill ``stall_s``/``num_stalls`` from each row's long gaps, and drop the gaps."""
+    """Fill ``stall_s``/``num_stalls``/``stalls`` from each row's long gaps, and drop
+    the gaps."""
     for row in rows:
-        gaps = [g for g in row.pop("_long_gaps") if g > threshold_s]
-        row["stall_s"] = float(sum(gaps))
-        row["num_stalls"] = len(gaps)
+        stalls = [(start, gap) for start, gap in row.pop("_long_gaps") if gap > threshold_s]
+        row["stall_s"] = float(sum(gap for _, gap in stalls))
+        row["num_stalls"] = len(stalls)
+        row["stalls"] = [{"start_s": start, "duration_s": gap} for start, gap in stalls]
 
 
 def requests_frame(rows: list[dict]) -> pl.DataFrame:

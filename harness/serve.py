@@ -51,8 +51,6 @@ def serve(
     if executor not in EXECUTORS:
         raise typer.BadParameter(f"expected one of {', '.join(EXECUTORS)}, got {executor!r}",
                                  param_hint="--executor")
-    if cost_model is not None and executor != "sim":
-        raise typer.BadParameter("only applies to --executor sim", param_hint="--cost-model")
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"must be in [0, 65535], got {port}", param_hint="--port")
     if max_body_bytes < 1:

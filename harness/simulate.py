@@ -8,6 +8,11 @@ arrival. A request that arrives while a step runs joins at the step's end with i
 true arrival time, so queueing delay includes the wait for the step to finish —
 as it would on a real engine. Closed-loop phases keep ``concurrency`` users busy:
 each sends its next request the instant the previous one ends, until the phase ends.
+
+Everything the simulator keeps comes from the engine's step records, through the
+same observer list the server and telemetry use: request rows
+(``harness.records.RequestRecorder``), per-step composition (``harness.steps.StepLog``)
+and decisions.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ import polars as pl
 from engine.config import EngineConfig
 from engine.cost_model import CostModel
 from engine.decisions import Decision
-from engine.llm_engine import LLMEngine, StepOutcome
+from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
-from harness.profiles import Profile, RequestSpec
-from harness.records import add_stalls, requests_frame, sequence_record, stall_threshold
+from engine.step_record import StepRecord
+from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
+from harness.records import RequestRecorder, add_stalls, requests_frame, stall_threshold
+from harness.steps import StepLog
 
 #: The token every simulated prompt is made of; its value changes nothing.
 PROMPT_TOKEN_ID = 5
@@ -50,13 +58,14 @@ class SimulationResult:
     stall_threshold_s: float
     kv_plan_text: str = ""
     step_stats: dict = field(default_factory=dict)
+    steps: pl.DataFrame | None = None  # steps.parquet: one row per non-empty step
 
 
 def _pending_arrivals(profile: Profile, seed: int | None, requests: list[RequestSpec] | None):
     """Open-loop specs in time order plus the closed phases of the plan."""
     if requests is not None:
         return requests, []
-    plan = profile.plan(seed)
+    plan = build_plan(profile, seed)
     closed = [p for p in plan.phases if p.kind == "closed"]
     return plan.open_loop_requests(), closed
 
@@ -76,6 +85,11 @@ def simulate(
     clock = engine.clock
     policy = config.scheduler.scheduling_policy
     open_specs, closed_phases = _pending_arrivals(profile, seed, requests)
+    recorder = engine.observers.add(RequestRecorder(policy, profile.name))
+    step_log = engine.observers.add(StepLog())
+    decisions: list[Decision] = []
+    if record_decisions:
+        engine.observers.add(lambda record: decisions.extend(record.decisions))
 
     # Closed-loop arrivals: (time, order, phase plan) heap of "a user sends now".
     user_heap: list[tuple[float, int, int]] = []
@@ -88,40 +102,35 @@ def simulate(
             order += 1
     user_of: dict[str, int] = {}  # request id -> closed phase number of its user
 
-    rows: list[dict] = []
-    decisions: list[Decision] = []
-    profile_name = profile.name
-    num_steps = 0
     empty_in_a_row = 0
     next_open = 0
     num_open = len(open_specs)
 
     def add(spec: RequestSpec, at: float) -> None:
-        seq = engine.add_request(
+        engine.add_request(EngineRequest(
             spec.request_id,
             [PROMPT_TOKEN_ID] * spec.prompt_tokens,
             SamplingParams(max_tokens=spec.max_tokens),
+            arrival_time=at,
             priority=spec.priority,
             request_class=spec.class_name,
             oracle_output_tokens=spec.output_tokens,
-            arrival_time=at,
-        )
-        if seq.is_finished:  # rejected at once
-            finish(seq)
+        ))
 
-    def finish(seq: Sequence) -> None:
-        rows.append(sequence_record(seq, policy, profile_name))
+    def user_done(seq: Sequence) -> None:
+        """A closed-loop user's request ended: it sends its next one."""
         phase_no = user_of.pop(seq.request_id, None)
-        if phase_no is not None:
-            end = closed_by_index[phase_no].end_s
-            t = seq.finished_time if seq.finished_time is not None else clock.now()
-            if seq.status is SequenceStatus.FINISHED_REJECTED:
-                # Re-sending at the same instant would spin without the clock moving.
-                t += REJECTED_RETRY_AFTER_S
-            if t < end:
-                nonlocal order
-                heapq.heappush(user_heap, (t, order, phase_no))
-                order += 1
+        if phase_no is None:
+            return
+        end = closed_by_index[phase_no].end_s
+        t = seq.finished_time if seq.finished_time is not None else clock.now()
+        if seq.status is SequenceStatus.FINISHED_REJECTED:
+            # Re-sending at the same instant would spin without the clock moving.
+            t += REJECTED_RETRY_AFTER_S
+        if t < end:
+            nonlocal order
+            heapq.heappush(user_heap, (t, order, phase_no))
+            order += 1
 
     def next_arrival_time() -> float | None:
         t_open = open_specs[next_open].scheduled_at if next_open < num_open else None
@@ -148,43 +157,41 @@ def simulate(
                 add(spec, t)
             else:
                 break
-        if engine.has_unfinished():
-            outcome: StepOutcome = engine.step()
-            num_steps += 1
-            if record_decisions:
-                decisions.extend(outcome.output.decisions)
-            for seq in outcome.finished:
-                finish(seq)
-            if outcome.output.is_empty:
+        if engine.has_work():
+            record: StepRecord = engine.step()
+            for seq in record.finished:
+                user_done(seq)
+            if record.is_empty and engine.has_unfinished():
                 empty_in_a_row += 1
                 if empty_in_a_row > MAX_EMPTY_STEPS_IN_A_ROW:
                     raise SimulationError(f"engine made no progress for {empty_in_a_row} steps at t={now}")
-                targets = [t for t in (outcome.output.wake_at, next_arrival_time()) if t is not None]
+                targets = [t for t in (record.wake_at, next_arrival_time()) if t is not None]
                 if not targets:
                     raise SimulationError(f"engine idle with unfinished requests at t={now}")
                 clock.advance_to(min(targets))
-            else:
+            elif not record.is_empty:
                 empty_in_a_row = 0
             continue
         t_next = next_arrival_time()
         if t_next is None:
             break
         clock.advance_to(t_next)
-    if record_decisions:
-        decisions.extend(engine.scheduler.drain_decisions())
 
+    rows = recorder.rows
     threshold = stall_threshold(_median_itl(rows))
     add_stalls(rows, threshold)
     frame = requests_frame(rows).sort("scheduled_at", "request_id")
     return SimulationResult(
         policy=policy,
-        profile=profile_name,
+        profile=profile.name,
         requests=frame,
         decisions=decisions,
         duration_s=clock.now(),
-        num_steps=num_steps,
+        num_steps=step_log.num_steps,
         stall_threshold_s=threshold,
         kv_plan_text=engine.kv_plan.describe(config.cache.block_size),
+        step_stats=step_log.summary(),
+        steps=step_log.frame(),
     )
 
 
@@ -207,7 +214,7 @@ def decisions_frame(decisions: list[Decision]) -> pl.DataFrame:
         "kind": pl.String, "time": pl.Float64, "step": pl.Int64, "request_id": pl.String,
         "reason": pl.String, "mode": pl.String, "beneficiary": pl.String,
         "num_blocks": pl.Int64, "num_tokens": pl.Int64, "request_ids": pl.List(pl.String),
-        "detail": pl.String,
+        "detail": pl.String, "predicted_swap_s": pl.Float64, "predicted_recompute_s": pl.Float64,
     }
     return pl.DataFrame([d.as_dict() for d in decisions], schema=schema)
 
@@ -235,7 +242,7 @@ def run_simulations(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     used_seed = profile.seed if seed is None else seed
-    requests = profile.sample_requests(num_requests, used_seed) if num_requests else None
+    requests = sample_requests(profile, num_requests, used_seed) if num_requests else None
     combined = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "mode": "simulate",
@@ -252,12 +259,14 @@ def run_simulations(
         write_parquet(result.requests, target / "requests.parquet")
         if write_decisions:
             write_parquet(decisions_frame(result.decisions), target / "decisions.parquet")
+        write_parquet(result.steps, target / "steps.parquet")
         summary = policy_summary(
             result.requests, result.duration_s, profile,
             extra={
                 "config": dataclasses.asdict(config),
                 "duration_s": result.duration_s,
                 "num_steps": result.num_steps,
+                "step_stats": result.step_stats,
                 "stall_threshold_s": result.stall_threshold_s,
                 "kv_cache": result.kv_plan_text,
             },

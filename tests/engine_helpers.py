@@ -17,9 +17,11 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.cost_model import CostModel
 from engine.decisions import Decision
 from engine.executor import SimulatedExecutor, StepResult
-from engine.llm_engine import LLMEngine, StepOutcome
-from engine.scheduler import SchedulerOutput
+from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
+from engine.step_record import StepRecord
 
 #: Every non-empty step takes exactly this long (a power of two: exact float sums).
 STEP_S = 1 / 64
@@ -110,17 +112,17 @@ def make_engine(
 
 
 def add(engine: LLMEngine, req: Req) -> Sequence:
-    return engine.add_request(
+    return engine.add_request(EngineRequest(
         req.id, list(range(10, 10 + req.prompt_len)), SamplingParams(max_tokens=req.max_tokens),
-        priority=req.priority, oracle_output_tokens=req.oracle, arrival_time=req.arrival,
-    )
+        arrival_time=req.arrival, priority=req.priority, oracle_output_tokens=req.oracle,
+    ))
 
 
 @dataclass
 class Trace:
     engine: LLMEngine
     seqs: dict[str, Sequence] = field(default_factory=dict)
-    steps: list[StepOutcome] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     #: Every decision, in order, including ones taken after the last step.
     decisions: list[Decision] = field(default_factory=list)
 
@@ -131,8 +133,8 @@ class Trace:
     def admission_order(self) -> list[str]:
         return [x.request_id for x in self.decisions if x.kind == d.ADMIT]
 
-    def step_of(self, decision: Decision) -> StepOutcome:
-        return next(s for s in self.steps if s.output.step == decision.step)
+    def step_of(self, decision: Decision) -> StepRecord:
+        return next(s for s in self.steps if s.step == decision.step)
 
 
 class Stuck(AssertionError):
@@ -146,7 +148,7 @@ def drive(
     *,
     max_steps: int = 20_000,
     max_stall_steps: int | None = None,
-    on_step: Callable[[StepOutcome, Trace], None] | None = None,
+    on_step: Callable[[StepRecord, Trace], None] | None = None,
     before_step: Callable[[Trace], None] | None = None,
     trace: Trace | None = None,
 ) -> Trace:
@@ -171,34 +173,33 @@ def drive(
         upcoming = [pending[0].arrival] if pending else []
         upcoming += [abort_list[0][0]] if abort_list else []
         next_event = min(upcoming, default=None)
-        if not engine.has_unfinished():
+        if not engine.has_work():
             if next_event is None:
-                trace.decisions.extend(engine.scheduler.drain_decisions())
                 return trace
             clock.advance_to(next_event)
             continue
         if before_step is not None:
             before_step(trace)
-        outcome = engine.step()
+        record = engine.step()
         # The engine turns an executor exception into FINISHED_ERROR requests; in
         # simulation the only such exceptions are CheckingExecutor's assertions.
-        assert outcome.error is None, f"step {outcome.output.step} failed: {outcome.error}"
-        trace.steps.append(outcome)
-        trace.decisions.extend(outcome.output.decisions)
+        assert record.error is None, f"step {record.step} failed: {record.error}"
+        trace.steps.append(record)
+        trace.decisions.extend(record.decisions)
         if on_step is not None:
-            on_step(outcome, trace)
-        progressed = outcome.finished or any(t is not None for t in outcome.result.sampled)
+            on_step(record, trace)
+        progressed = record.finished or record.emitted()
         stalled = 0 if progressed else stalled + 1
         if max_stall_steps is not None and stalled > max_stall_steps:
             raise Stuck(
-                f"livelock: no token produced in {stalled} steps (step {outcome.output.step}, "
-                f"t={outcome.ended_at:.6f}): running={engine.scheduler.running} "
+                f"livelock: no token produced in {stalled} steps (step {record.step}, "
+                f"t={record.execute_end:.6f}): running={engine.scheduler.running} "
                 f"swapped={engine.scheduler.swapped} waiting={engine.scheduler.num_waiting}; "
                 f"last decisions: {[(x.kind, x.request_id, x.reason, x.mode) for x in trace.decisions[-6:]]}"
             )
-        if outcome.ended_at == outcome.started_at and outcome.output.is_empty:
+        if record.execute_end == record.schedule_start and record.is_empty:
             # Nothing ran and no time passed: move to the next thing that can change.
-            targets = [t for t in (outcome.output.wake_at, next_event) if t is not None]
+            targets = [t for t in (record.wake_at, next_event) if t is not None]
             if targets:
                 clock.advance_to(min(targets))
     raise Stuck(
@@ -208,7 +209,7 @@ def drive(
     )
 
 
-def run_one_step(engine: LLMEngine, at: float | None = None) -> StepOutcome:
+def run_one_step(engine: LLMEngine, at: float | None = None) -> StepRecord:
     if at is not None:
         engine.clock.advance_to(at)
     return engine.step()

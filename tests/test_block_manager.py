@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.block_manager import BlockManager
+from engine.request import EngineRequest
 from engine.sequence import SamplingParams, Sequence
 
 _seq_nos = itertools.count()
@@ -18,7 +19,8 @@ _seq_nos = itertools.count()
 
 def make_seq(num_tokens: int, name: str | None = None) -> Sequence:
     seq_no = next(_seq_nos)
-    return Sequence(name or f"s{seq_no}", list(range(num_tokens)), SamplingParams(), 0.0, seq_no)
+    return Sequence(EngineRequest(name or f"s{seq_no}", list(range(num_tokens)), SamplingParams(),
+                                  0.0), seq_no)
 
 
 def prefilled(bm: BlockManager, num_tokens: int) -> Sequence:

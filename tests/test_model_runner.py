@@ -10,6 +10,7 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.model import build_model
 from engine.model_config import ModelConfig
 from engine.model_runner import build_torch_engine
+from engine.request import EngineRequest
 from engine.sequence import SamplingParams, SequenceStatus
 
 # A model small enough for many steps on 2 cores, with GQA; random weights from a seed.
@@ -34,7 +35,7 @@ def prompts(n: int) -> list[list[int]]:
 
 
 def run(engine, params: SamplingParams, n: int = 6, max_steps: int = 5000):
-    seqs = [engine.add_request(f"r{i}", p, params) for i, p in enumerate(prompts(n))]
+    seqs = [engine.add_request(EngineRequest(f"r{i}", p, params)) for i, p in enumerate(prompts(n))]
     for _ in range(max_steps):
         if not engine.has_unfinished():
             break
@@ -111,7 +112,8 @@ def test_stop_tokens_and_min_tokens(model, reference):
     # The first greedy token is a stop token: the request stops right there...
     engine = make_engine(model, SchedulerConfig(), CacheConfig(num_gpu_blocks_override=200,
                                                                num_cpu_blocks_override=0))
-    seq = engine.add_request("s", prompts(1)[0], SamplingParams(max_tokens=40, stop_token_ids=(first,)))
+    seq = engine.add_request(EngineRequest(
+        "s", prompts(1)[0], SamplingParams(max_tokens=40, stop_token_ids=(first,))))
     while engine.has_unfinished():
         engine.step()
     assert seq.status is SequenceStatus.FINISHED_STOPPED
@@ -119,8 +121,8 @@ def test_stop_tokens_and_min_tokens(model, reference):
     # ...unless min_tokens masks it: then the request never samples it before 5 tokens.
     engine = make_engine(model, SchedulerConfig(), CacheConfig(num_gpu_blocks_override=200,
                                                                num_cpu_blocks_override=0))
-    seq = engine.add_request("m", prompts(1)[0], SamplingParams(
-        max_tokens=8, min_tokens=5, stop_token_ids=(first,)))
+    seq = engine.add_request(EngineRequest("m", prompts(1)[0], SamplingParams(
+        max_tokens=8, min_tokens=5, stop_token_ids=(first,))))
     while engine.has_unfinished():
         engine.step()
     assert first not in seq.output_token_ids[:5]
@@ -155,13 +157,14 @@ def test_failed_step_fails_its_requests_and_the_engine_goes_on(model):
         return real_execute(out)
 
     runner.execute = flaky
-    bad = engine.add_request("bad", prompts(1)[0], GREEDY)
+    bad = engine.add_request(EngineRequest("bad", prompts(1)[0], GREEDY))
     engine.step()
     outcome = engine.step()
     assert outcome.error and "device fell over" in outcome.error
     assert bad.status is SequenceStatus.FINISHED_ERROR
     assert engine.block_manager.num_free_device_blocks == 64
-    good = engine.add_request("good", prompts(1)[0], SamplingParams(max_tokens=3, ignore_eos=True))
+    good = engine.add_request(EngineRequest(
+        "good", prompts(1)[0], SamplingParams(max_tokens=3, ignore_eos=True)))
     while engine.has_unfinished():
         engine.step()
     assert good.status is SequenceStatus.FINISHED_LENGTH

@@ -17,13 +17,15 @@ from engine.config import (
     knob_fields,
 )
 from engine.policy import FcfsPolicy, PriorityPolicy, SjfPolicy, make_policy
+from engine.request import EngineRequest
 from engine.sequence import SamplingParams, Sequence
 
 
 def seq(arrival: float = 0.0, prompt: int = 4, max_tokens: int = 16, priority: int = 0,
         oracle: int | None = None, seq_no: int = 0) -> Sequence:
-    return Sequence(f"r{seq_no}", list(range(prompt)), SamplingParams(max_tokens=max_tokens),
-                    arrival, seq_no, priority=priority, oracle_output_tokens=oracle)
+    return Sequence(EngineRequest(f"r{seq_no}", list(range(prompt)),
+                                  SamplingParams(max_tokens=max_tokens), arrival, priority,
+                                  oracle_output_tokens=oracle), seq_no)
 
 
 # -- keys --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import itertools
 import json
@@ -9,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +24,12 @@ from harness.profiles import (
     ProfileError,
     RequestClass,
     Slo,
+    build_plan,
     load_profile,
     profile_from_dict,
+    profile_to_dict,
     resolve_profile,
+    sample_requests,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,23 +136,6 @@ def test_clipping_to_min_and_max():
     assert LengthDistribution.normal(1, 10).sample(rng(), N).min() == 1
 
 
-def test_sampling_100k_is_fast():
-    dists = [
-        LengthDistribution.fixed(3),
-        LengthDistribution.uniform(1, 9),
-        LengthDistribution.normal(50, 5),
-        LengthDistribution.lognormal(200, 0.6),
-        LengthDistribution.exponential(50),
-        LengthDistribution.geometric(50),
-        LengthDistribution.empirical(list(range(1, 1000))),
-    ]
-    g = rng()
-    start = time.perf_counter()
-    for d in dists:
-        d.sample(g, 100_000)
-    assert time.perf_counter() - start < 0.5
-
-
 @pytest.mark.parametrize(
     "kwargs, key",
     [
@@ -223,7 +209,7 @@ def test_poisson_count_and_burstiness():
             Phase(name="bursty", duration_s=duration, rate=rate, burstiness=0.25),
         ]
     )
-    plan = profile.plan()
+    plan = build_plan(profile)
     poisson, bursty = plan.phases
     expected = rate * duration
     # Count variance is about expected / burstiness; allow 5 sigma.
@@ -248,7 +234,7 @@ def test_open_phase_times_within_bounds_and_sorted():
             Phase(name="d", duration_s=4, rate=10),
         ]
     )
-    plan = profile.plan()
+    plan = build_plan(profile)
     assert [p.start_s for p in plan.phases] == pytest.approx([0, 7.3, 9.4, 14.4])
     assert [p.end_s for p in plan.phases] == pytest.approx([7.3, 9.4, 14.4, 18.4])
     # Contiguous by construction: no gap or overlap from float rounding.
@@ -280,9 +266,9 @@ def test_same_seed_same_schedule_and_different_seed_differs():
             Phase(name="b", duration_s=10, rate=30, burstiness=0.3),
         ]
     )
-    first = profile.plan().open_loop_requests()
-    assert _spec_tuples(first) == _spec_tuples(profile.plan(seed=1).open_loop_requests())
-    other = profile.plan(seed=2).open_loop_requests()
+    first = build_plan(profile).open_loop_requests()
+    assert _spec_tuples(first) == _spec_tuples(build_plan(profile, seed=1).open_loop_requests())
+    other = build_plan(profile, seed=2).open_loop_requests()
     assert [r.scheduled_at for r in other[:20]] != [r.scheduled_at for r in first[:20]]
     assert [r.prompt_tokens for r in other[:20]] != [r.prompt_tokens for r in first[:20]]
     assert other[0].request_id == "t-2-0000000" and first[0].request_id == "t-1-0000000"
@@ -290,9 +276,9 @@ def test_same_seed_same_schedule_and_different_seed_differs():
 
 _DIGEST_SCRIPT = """
 import hashlib, dataclasses
-from harness.profiles import resolve_profile
+from harness.profiles import build_plan, resolve_profile
 p = resolve_profile("default")
-h = hashlib.sha256(repr([dataclasses.astuple(s) for s in p.plan().open_loop_requests()]).encode())
+h = hashlib.sha256(repr([dataclasses.astuple(s) for s in build_plan(p).open_loop_requests()]).encode())
 print(h.hexdigest())
 """
 
@@ -323,7 +309,7 @@ def test_editing_one_phase_leaves_the_others_draws_alone():
             Phase(name="b", duration_s=30, rate=9, burstiness=0.5),
         ]
     )
-    pa, pb = a.plan(), b.plan()
+    pa, pb = build_plan(a), build_plan(b)
     assert _spec_tuples(pa.phases[0].requests) == _spec_tuples(pb.phases[0].requests)
     assert _spec_tuples(pa.phases[1].requests) != _spec_tuples(pb.phases[1].requests)
 
@@ -335,9 +321,9 @@ def test_closed_phase_kth_spec_is_stable():
             Phase(name="closed", duration_s=10, concurrency=4),
         ]
     )
-    sequential = profile.plan().phases[1]
+    sequential = build_plan(profile).phases[1]
     specs = [sequential.next_request() for _ in range(700)]
-    random_access = profile.plan().phases[1]
+    random_access = build_plan(profile).phases[1]
     for k in (650, 3, 256, 255, 699, 0):
         assert random_access.request_at(k) == specs[k]
     assert all(
@@ -345,7 +331,7 @@ def test_closed_phase_kth_spec_is_stable():
     )
     assert len({s.prompt_tokens for s in specs}) > 50  # not one chunk repeated
     with pytest.raises(ValueError):
-        profile.plan().phases[0].next_request()
+        build_plan(profile).phases[0].next_request()
 
 
 def test_ids_unique_across_open_and_closed_phases():
@@ -357,7 +343,7 @@ def test_ids_unique_across_open_and_closed_phases():
             Phase(name="d", duration_s=10, concurrency=2),
         ]
     )
-    plan = profile.plan()
+    plan = build_plan(profile)
     ids = [r.request_id for r in plan.open_loop_requests()]
     for phase in (plan.phases[1], plan.phases[3]):
         ids += [phase.next_request().request_id for _ in range(600)]
@@ -369,7 +355,7 @@ def test_ids_unique_across_open_and_closed_phases():
 
 def test_class_mix_follows_weights_and_lengths_follow_class():
     profile = make_profile([Phase(name="a", duration_s=2000, rate=20)])
-    specs = profile.sample_requests(40_000)
+    specs = sample_requests(profile, 40_000)
     names = np.array([s.class_name for s in specs])
     assert abs((names == "a").mean() - 0.8) < 0.01
     a = [s for s in specs if s.class_name == "a"]
@@ -390,7 +376,7 @@ def test_per_phase_weight_override():
             Phase(name="mostly_b", duration_s=500, rate=20, classes={"a": 1, "b": 3}),
         ]
     )
-    only_a, mostly_b = profile.plan().phases
+    only_a, mostly_b = build_plan(profile).phases
     assert {r.class_name for r in only_a.requests} == {"a"}
     frac_b = np.mean([r.class_name == "b" for r in mostly_b.requests])
     assert abs(frac_b - 0.75) < 0.03
@@ -403,37 +389,35 @@ def test_per_phase_weight_override():
 # -- sample_requests ---------------------------------------------------------------
 
 
-def test_sample_requests_100k_fast_sorted_unique():
+def test_sample_requests_100k_sorted_unique():
+    # Its speed is measured by benchmarks/bench_profiles.py, not bounded here.
     profile = resolve_profile("default")
-    start = time.perf_counter()
-    specs = profile.sample_requests(100_000)
-    elapsed = time.perf_counter() - start
+    specs = sample_requests(profile, 100_000)
     assert len(specs) == 100_000
     times = np.array([s.scheduled_at for s in specs])
     assert (np.diff(times) >= 0).all()
     assert len({s.request_id for s in specs}) == 100_000
     assert [s.index for s in specs[:5]] == [0, 1, 2, 3, 4]
-    assert elapsed < 2.0
     # Cycles of the phase pattern: the long-run rate is the profile's average rate.
-    plan = profile.plan()
+    plan = build_plan(profile)
     assert 100_000 / times[-1] == pytest.approx(
         sum(p.rate * p.duration_s for p in profile.phases) / profile.duration_s, rel=0.05
     )
     # The first cycle is the plan; shorter samples are prefixes.
     n = plan.num_open_requests
     assert _spec_tuples(specs[:n]) == _spec_tuples(plan.open_loop_requests())
-    assert _spec_tuples(profile.sample_requests(1234)) == _spec_tuples(specs[:1234])
+    assert _spec_tuples(sample_requests(profile, 1234)) == _spec_tuples(specs[:1234])
 
 
 def test_sample_requests_skips_closed_phases_and_needs_an_open_one():
     profile = make_profile(
         [Phase(name="c", duration_s=5, concurrency=2), Phase(name="o", duration_s=5, rate=10)]
     )
-    specs = profile.sample_requests(200)
+    specs = sample_requests(profile, 200)
     assert {s.phase for s in specs} == {1}
-    assert profile.sample_requests(0) == []
+    assert sample_requests(profile, 0) == []
     with pytest.raises(ProfileError, match="no open-loop"):
-        make_profile([Phase(name="c", duration_s=5, concurrency=2)]).sample_requests(10)
+        sample_requests(make_profile([Phase(name="c", duration_s=5, concurrency=2)]), 10)
 
 
 # -- model validation --------------------------------------------------------------
@@ -496,14 +480,14 @@ def test_default_profile_loads_and_fits_the_engine():
     )
     steady, burst, _ = profile.phases
     assert burst.rate > 2 * steady.rate and burst.burstiness < 1
-    assert profile_from_dict(profile.to_dict()) == profile
+    assert profile_from_dict(profile_to_dict(profile)) == profile
 
 
 def test_python_example_loads():
     profile = resolve_profile("default_py_example")
     assert profile.name == "default_py_example"
     assert {p.kind for p in profile.phases} == {"open", "closed"}
-    assert profile_from_dict(profile.to_dict()) == profile
+    assert profile_from_dict(profile_to_dict(profile)) == profile
 
 
 def test_python_profile_as_dict_leaves_no_trace(tmp_path):
@@ -676,3 +660,38 @@ def test_import_stays_light():
     )
     modules = set(json.loads(out.stdout))
     assert not {"torch", "asyncio", "polars"} & modules
+
+
+# Lower layers never import higher ones (not lazily, not under TYPE_CHECKING): the
+# model is data that sampling and serialization build on, never the other way round.
+_LAYERS = {
+    "errors": 0,
+    "distributions": 1,
+    "model": 2,
+    "schedule": 3,
+    "serialize": 3,
+    "loader": 4,
+    "__init__": 5,
+}
+
+
+def _package_imports(path: Path) -> set[str]:
+    """Modules of harness.profiles that `path` imports anywhere in its body."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found |= {n.split(".")[2] for n in names if n.startswith("harness.profiles.")}
+    return found & set(_LAYERS)
+
+
+def test_profile_modules_import_only_lower_layers():
+    package = REPO / "harness" / "profiles"
+    assert {p.stem for p in package.glob("*.py")} == set(_LAYERS)
+    for module, layer in _LAYERS.items():
+        for imported in _package_imports(package / f"{module}.py"):
+            assert _LAYERS[imported] < layer, f"{module} imports {imported}"

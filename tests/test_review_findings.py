@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import signal
 
+import polars as pl
 import pytest
 from engine_helpers import Req, drive, make_engine
 
 from engine import decisions as d
 from engine.config import EngineConfig, SchedulerConfig
 from engine.cost_model import CostModel
+from engine.request import EngineRequest
 from harness.profiles import resolve_profile
-from harness.simulate import simulate
+from harness.simulate import REJECTED_RETRY_AFTER_S, simulate
 
 
-def test_closed_loop_user_rejected_at_once_does_not_hang_the_simulator():
+@pytest.mark.parametrize("seed", [0, 1, 2, 7])
+def test_closed_loop_user_rejected_at_once_backs_off_and_retries(seed):
     """harness/simulate.py: a closed-loop user whose request is rejected on arrival
-    (queue_full here) re-sends at the same virtual instant; the arrival loop never
-    lets the engine step or the clock move, so simulate() spins forever."""
+    (queue_full here) re-sent at the same virtual instant; the arrival loop never let
+    the engine step or the clock move, so simulate() spun forever. Now the user waits
+    REJECTED_RETRY_AFTER_S (a client honouring Retry-After) and sends again."""
 
     def timeout(*_):
         raise TimeoutError("simulate() did not return within 20 s")
@@ -25,12 +29,34 @@ def test_closed_loop_user_rejected_at_once_does_not_hang_the_simulator():
     old = signal.signal(signal.SIGALRM, timeout)
     signal.alarm(20)
     try:
-        # 8 closed-loop users, at most 4 may wait: users 5..8 are refused at t=0.
-        simulate(resolve_profile("default_py_example"), EngineConfig(SchedulerConfig(max_waiting=4)),
-                 CostModel(), record_decisions=False)
+        # 8 closed-loop users for 30 s, at most 4 may wait: some are refused.
+        result = simulate(resolve_profile("default_py_example"),
+                          EngineConfig(SchedulerConfig(max_waiting=4)), CostModel(), seed=seed,
+                          record_decisions=False)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+    closed = result.requests.filter(pl.col("request_id").str.contains("-c0-"))
+    rejected = closed.filter(pl.col("status") == "rejected")
+    assert rejected.height >= 4  # users 5..8 at t=0, at least
+    assert set(rejected["error"]) == {d.REASON_QUEUE_FULL}
+    # each refused user sends its next request exactly Retry-After later (while the
+    # phase lasts)
+    sent_at = closed["scheduled_at"].to_list()
+    for t in rejected["finished_at"]:
+        retry = t + REJECTED_RETRY_AFTER_S
+        if retry < 30:
+            assert sent_at.count(retry) >= rejected["finished_at"].to_list().count(t), (t, retry)
+    # a user has one request in the system at a time: never more than 8 at once
+    events = sorted([(t, 1) for t in closed["scheduled_at"]]
+                    + [(t, -1) for t in closed["finished_at"]], key=lambda e: (e[0], e[1]))
+    in_system = peak = 0
+    for _, delta in events:
+        in_system += delta
+        peak = max(peak, in_system)
+    assert peak <= 8
+    # and the users kept working after being refused: requests completed in the phase
+    assert closed.filter(pl.col("status") == "ok").height > rejected.height
 
 
 def test_priority_preemption_admits_its_beneficiary_in_the_same_step():
@@ -68,10 +94,10 @@ def test_no_chunked_prefill_steps_that_admit_prefills_carry_no_decodes(seed):
                 rnd.randint(2, 14)) for i in range(rnd.randint(3, 7))]
     trace = drive(engine, reqs)
     for step in trace.steps:
-        admitted = [x.request_id for x in step.output.decisions if x.kind == d.ADMIT]
-        assert not (admitted and step.output.num_decode_seqs), (
-            f"step {step.output.step} admits {admitted} and runs "
-            f"{step.output.num_decode_seqs} decodes"
+        admitted = [x.request_id for x in step.decisions if x.kind == d.ADMIT]
+        assert not (admitted and step.num_decode_seqs), (
+            f"step {step.step} admits {admitted} and runs "
+            f"{step.num_decode_seqs} decodes"
         )
 
 
@@ -97,8 +123,8 @@ def test_failed_step_also_fails_requests_whose_blocks_it_was_moving():
         return real(out)
 
     engine.executor.execute = execute
-    seqs = [engine.add_request(f"r{i}", [5] * 8, SamplingParams(max_tokens=12, ignore_eos=True))
-            for i in range(3)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    seqs = [engine.add_request(EngineRequest(f"r{i}", [5] * 8, params)) for i in range(3)]
     failed_step = None
     for _ in range(200):
         if not engine.has_unfinished():
@@ -108,7 +134,7 @@ def test_failed_step_also_fails_requests_whose_blocks_it_was_moving():
             failed_step = outcome
             break
     assert failed_step is not None, "no step swapped anything out"
-    victims = {x.request_id for x in failed_step.output.decisions if x.kind == d.SWAP_OUT}
+    victims = {x.request_id for x in failed_step.decisions if x.kind == d.SWAP_OUT}
     assert victims
     for seq in seqs:
         if seq.request_id in victims:

@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 
 from engine import decisions as d
 from engine.cost_model import CostModel
-from engine.llm_engine import LLMEngine, StepOutcome
+from engine.llm_engine import LLMEngine
+from engine.preemption import policy_order
 from engine.sequence import SequenceStatus
+from engine.step_record import StepRecord
 
 #: Deterministic runs (same examples every time); no per-example deadline.
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -151,15 +153,17 @@ class StepChecker:
         self.waiting_at_start = sched.num_waiting
         self.pending_at_start = {
             s.request_id: s.num_pending_recompute_tokens for s in sched.running}
+        # max-wait admissions protected from preemption while this step is built
+        self.protected_at_start = {s.request_id for s in sched.running if s.promoted}
 
-    def after(self, outcome: StepOutcome, trace: Trace) -> None:
+    def after(self, outcome: StepRecord, trace: Trace) -> None:
         engine, config = self.engine, self.config
         sched, bm = engine.scheduler, engine.block_manager
-        out = outcome.output
+        out = outcome
         sched.check_invariants()  # blocks conserved in both pools, queues consistent
 
         # max_num_seqs
-        assert len(out.seqs) <= config.max_num_seqs
+        assert len(out.scheduled) <= config.max_num_seqs
         assert out.num_running <= config.max_num_seqs
         assert len(sched.running) <= config.max_num_seqs
 
@@ -188,12 +192,7 @@ class StepChecker:
             if x.kind == d.PREEMPT:
                 assert x.mode in ("swap", "recompute"), x
                 assert x.beneficiary is not None, x
-                if config.preemption_mode == "recompute":
-                    assert x.mode == "recompute" and x.detail == "", x
-                elif x.mode == "recompute":  # swap/auto only recompute when the host is full
-                    assert x.detail == d.REASON_SWAP_SPACE_EXHAUSTED, x
-                else:
-                    assert x.detail == "", x
+                check_preemption_mode(x, config.preemption_mode)
                 preempt_swaps += x.mode == "swap"
             elif x.kind == d.SWAP_OUT:
                 swap_outs += 1
@@ -213,6 +212,9 @@ class StepChecker:
                     x.request_id):
                 event("recompute-preempted again while re-prefilling")
 
+        check_victim_order(out, sched, self.protected_at_start)
+        check_admission_order(out, sched, trace)
+
         admitted = [x for x in out.decisions if x.kind in (d.ADMIT, d.RECOMPUTE)]
         if config.batching == "static":
             # no joins while a batch runs
@@ -221,7 +223,76 @@ class StepChecker:
         elif not self.busy_at_start and self.waiting_at_start:
             # continuous batching is work-conserving: an idle engine with waiting
             # requests admits one (every accepted request fits the whole pool)
-            assert admitted and out.seqs, f"idle engine admitted nothing: {out.decisions}"
+            assert admitted and out.scheduled, f"idle engine admitted nothing: {out.decisions}"
+
+
+def check_victim_order(record: StepRecord, sched, protected: set[str]) -> None:
+    """Victims are the worst under the policy: no request that kept its place in the
+    running set through this step — scheduled or not — is worse than one that was
+    preempted. (Decodes are scheduled best first, so anything worse than a victim was
+    still unscheduled when the victim was chosen, and should have gone first.)
+    Excepted: max-wait admissions that have not produced a token yet (protected) and
+    requests that joined the running set in this step. A priority preemption only
+    takes requests worse than the one it makes room for."""
+    victims = [x for x in record.decisions if x.kind == d.PREEMPT]
+    if not victims:
+        return
+    joined = {x.request_id for x in record.decisions
+              if x.kind in (d.ADMIT, d.RECOMPUTE, d.SWAP_IN)}
+    finished_in_step = {e.request_id for e in record.scheduled}
+    kept = [r for r in (*sched.running, *(s for s in record.finished
+                                           if s.request_id in finished_in_step))
+            if r.request_id not in joined and r.request_id not in protected]
+    seqs = {s.request_id: s for s in (*sched.running, *sched.swapped, *sched.requests.values(),
+                                      *record.finished)}
+    for x in victims:
+        victim = seqs[x.request_id]
+        worse = [r.request_id for r in kept if policy_order(r) > policy_order(victim)]
+        assert not worse, f"{x.request_id} preempted while worse {worse} kept running: {x}"
+        if x.reason == d.REASON_PRIORITY:
+            beneficiary = seqs.get(x.beneficiary)
+            assert beneficiary is None or policy_order(beneficiary) < policy_order(victim), x
+
+
+def check_admission_order(record: StepRecord, sched, trace: Trace) -> None:
+    """Admissions come max-wait first (oldest first), then in policy order; no request
+    left waiting is better than one admitted in policy order."""
+    admitted = [x for x in record.decisions if x.kind in (d.ADMIT, d.RECOMPUTE)]
+    reasons = [x.reason for x in admitted]
+    if d.REASON_MAX_WAIT in reasons:
+        last_max_wait = len(reasons) - 1 - reasons[::-1].index(d.REASON_MAX_WAIT)
+        assert all(r == d.REASON_MAX_WAIT for r in reasons[:last_max_wait + 1]), reasons
+    by_id = {s.request_id: s for s in trace.seqs.values()}
+    in_order = [by_id[x.request_id] for x in admitted
+                if x.reason in (d.REASON_POLICY_ORDER, d.REASON_STATIC_BATCH)]
+    keys = [policy_order(s) for s in in_order]
+    assert keys == sorted(keys), f"admitted out of policy order: {[s.request_id for s in in_order]}"
+    if in_order:
+        worst_admitted = max(keys)
+        waiting = [s for s in sched.requests.values() if s.status is SequenceStatus.WAITING]
+        better = [s.request_id for s in waiting if policy_order(s) < worst_admitted]
+        assert not better, f"{better} still waiting, better than admitted {in_order[-1].request_id}"
+
+
+def check_preemption_mode(x: d.Decision, mode: str) -> None:
+    """The mode a preemption took is the one its configured mode and the recorded
+    cost predictions call for."""
+    assert x.predicted_swap_s is not None and x.predicted_swap_s >= 0, x
+    assert x.predicted_recompute_s is not None and x.predicted_recompute_s >= 0, x
+    if mode == "recompute":
+        assert x.mode == "recompute" and x.detail == "", x
+    elif mode == "swap":  # swap only recomputes when the host is full
+        expected = d.REASON_SWAP_SPACE_EXHAUSTED if x.mode == "recompute" else ""
+        assert x.detail == expected, x
+    else:  # auto: the cheaper of the two, swapping only while the host has room
+        cheaper_recompute = x.predicted_recompute_s < x.predicted_swap_s
+        if cheaper_recompute:
+            assert (x.mode, x.detail) == ("recompute", d.REASON_RECOMPUTE_CHEAPER), x
+        elif x.mode == "recompute":
+            assert x.detail == d.REASON_SWAP_SPACE_EXHAUSTED, x
+        else:
+            tie = x.predicted_swap_s == x.predicted_recompute_s
+            assert x.detail == ("" if tie else d.REASON_SWAP_CHEAPER), x
 
 
 def run_case(case: Case, cost_model: CostModel | None = None) -> tuple[LLMEngine, Trace]:
@@ -281,11 +352,10 @@ def check_end_state(engine: LLMEngine, trace: Trace, case: Case) -> None:
 
     aborted_ids = {rid for _, rid in case.aborts}
     assert set(trace.seqs) == {r.id for r in case.reqs}  # none lost, none invented
-    # each request finished by a step is reported finished exactly once
+    # every request's end (finished, rejected, aborted) is in exactly one step record
     reported = [s.request_id for o in trace.steps for s in o.finished]
     assert len(reported) == len(set(reported))
-    assert set(reported) == {
-        rid for rid, s in trace.seqs.items() if s.status in FINISHED_OK}
+    assert set(reported) == set(trace.seqs)
     by_request: dict[str, list[d.Decision]] = {}
     for x in trace.decisions:
         if x.request_id is not None:
@@ -458,16 +528,16 @@ def test_max_wait_admits_the_oldest_overdue_request_every_step(case: Case) -> No
         oldest = min(overdue, key=lambda s: (s.waiting_since, s.seq_no), default=None)
         expected["oldest"] = oldest.request_id if oldest else None
 
-    def after(outcome: StepOutcome, trace: Trace) -> None:
+    def after(outcome: StepRecord, trace: Trace) -> None:
         engine.scheduler.check_invariants()
         oldest = expected["oldest"]
         if oldest is None:
             return
         admitted = [
-            x for x in outcome.output.decisions
+            x for x in outcome.decisions
             if x.kind in (d.ADMIT, d.RECOMPUTE) and x.request_id == oldest
         ]
-        assert admitted, f"{oldest} overdue at {outcome.started_at} but not admitted"
+        assert admitted, f"{oldest} overdue at {outcome.schedule_start} but not admitted"
         assert admitted[0].reason == d.REASON_MAX_WAIT
 
     trace = drive(engine, case.reqs, max_steps=step_cap(case),
@@ -495,9 +565,9 @@ def test_max_wait_bounds_every_waiting_interval(case: Case) -> None:
     engine = build(case, cost_model=constant_cost())
     max_wait = case.knobs["max_wait_s"]
 
-    def after(outcome: StepOutcome, trace: Trace) -> None:
-        t = outcome.started_at
-        for x in outcome.output.decisions:
+    def after(outcome: StepRecord, trace: Trace) -> None:
+        t = outcome.schedule_start
+        for x in outcome.decisions:
             if x.kind in (d.ADMIT, d.RECOMPUTE):
                 seq = trace.seqs[x.request_id]
                 assert x.time - seq.waiting_since <= max_wait + STEP_S, (

@@ -123,7 +123,7 @@ def test_memory_case_priority_preempts_the_worse_request_by_swap() -> None:
     swap_out = only(trace.of(d.SWAP_OUT, "x"))
     assert (swap_out.step, swap_out.num_blocks) == (2, 6)
     # y takes the room in the same step, after the preemption
-    step = trace.step_of(preempt).output
+    step = trace.step_of(preempt)
     kinds = [(x.kind, x.request_id) for x in step.decisions]
     assert kinds == [(d.PREEMPT, "x"), (d.SWAP_OUT, "x"), (d.ADMIT, "y")]
     # the mapping moves exactly x's device blocks, to the host blocks x now holds
@@ -147,7 +147,7 @@ def test_memory_case_priority_preempts_by_recompute_when_configured() -> None:
     assert preempt.detail == ""  # chosen by the mode, not a fallback
     assert preempt.num_tokens == 24  # x's computed prompt is thrown away
     assert not trace.of(d.SWAP_OUT) and not trace.of(d.SWAP_IN)
-    assert not trace.step_of(preempt).output.blocks_to_swap_out
+    assert not trace.step_of(preempt).blocks_to_swap_out
     recompute = only(trace.of(d.RECOMPUTE, "x"))
     assert recompute.time == trace.seqs["y"].finished_time
     assert recompute.num_tokens == 25  # prompt + the token sampled before preemption
@@ -175,17 +175,17 @@ def test_decode_growth_swaps_out_the_worst_running_request_then_swaps_it_in() ->
     assert (preempt.request_id, preempt.reason, preempt.mode, preempt.beneficiary) == (
         "b", d.REASON_OUT_OF_BLOCKS, "swap", "a")
     swap_out = only(trace.of(d.SWAP_OUT, "b"))
-    out = trace.step_of(preempt).output
+    out = trace.step_of(preempt)
     assert swap_out.step == preempt.step and swap_out.num_blocks == 2
     assert [dev for dev, _ in out.blocks_to_swap_out] == tables[preempt.step]
     host_blocks = [host for _, host in out.blocks_to_swap_out]
-    assert [s.request_id for s in out.seqs] == ["a"]  # b is out of this step
+    assert [e.request_id for e in out.scheduled] == ["a"]  # b is out of this step
     # no swap-in (or admission) in the step that had to preempt
     assert not out.blocks_to_swap_in and not any(x.kind == d.SWAP_IN for x in out.decisions)
 
     swap_in = only(trace.of(d.SWAP_IN, "b"))
     assert swap_in.time == trace.seqs["a"].finished_time
-    back = trace.step_of(swap_in).output
+    back = trace.step_of(swap_in)
     assert [host for host, _ in back.blocks_to_swap_in] == host_blocks
     b = trace.seqs["b"]
     assert b.num_preemptions_swap == 1 and b.num_recomputed_tokens == 0
@@ -193,21 +193,20 @@ def test_decode_growth_swaps_out_the_worst_running_request_then_swaps_it_in() ->
     assert_all_finished_ok(trace, [A, B])
 
 
-@pytest.mark.parametrize(
-    ("mode", "host_blocks"), [("swap", 0), ("auto", 0), ("swap", 1), ("auto", 1)]
-)
-def test_swap_space_exhaustion_falls_back_to_recompute(mode: str, host_blocks: int) -> None:
+@pytest.mark.parametrize("host_blocks", [0, 1])
+def test_swap_space_exhaustion_falls_back_to_recompute(host_blocks: int) -> None:
     """Trap 2: too little swap space: the preemption recomputes instead (b holds 2
-    blocks, the host pool has fewer), says so, and the engine keeps going."""
+    blocks, the host pool has fewer), says so, and the engine keeps going. (``auto``
+    with a full host pool: tests/test_preemption_modes.py.)"""
     engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=host_blocks,
-                         preemption_mode=mode)
+                         preemption_mode="swap")
     trace = drive(engine, [A, B])
     preempt = only(trace.of(d.PREEMPT))
     assert (preempt.request_id, preempt.reason, preempt.mode, preempt.beneficiary) == (
         "b", d.REASON_OUT_OF_BLOCKS, "recompute", "a")
     assert preempt.detail == d.REASON_SWAP_SPACE_EXHAUSTED
     assert preempt.num_tokens == 8  # b's 4 prompt + 4 decoded tokens had KV
-    assert not trace.of(d.SWAP_OUT) and not trace.step_of(preempt).output.blocks_to_swap_out
+    assert not trace.of(d.SWAP_OUT) and not trace.step_of(preempt).blocks_to_swap_out
     recompute = only(trace.of(d.RECOMPUTE, "b"))
     assert recompute.reason == d.REASON_POLICY_ORDER
     assert recompute.num_tokens == 9  # re-prefill prompt + output so far
@@ -237,7 +236,7 @@ def test_rejections_finish_at_once_with_their_reason_and_never_loop() -> None:
     assert engine.scheduler.num_waiting == 2
 
     trace = drive(engine, [], trace=Trace(engine, seqs={"ok1": ok1, "ok2": ok2}), max_steps=100)
-    rejects = trace.steps[0].output.decisions[:3]  # reported with the next step
+    rejects = trace.steps[0].decisions[:3]  # reported with the next step
     assert [(x.kind, x.request_id, x.reason) for x in rejects] == [
         (d.REJECT, "long", d.REASON_EXCEEDS_MAX_MODEL_LEN),
         (d.REJECT, "big", d.REASON_EXCEEDS_KV_POOL),
@@ -269,7 +268,7 @@ def test_continuous_batching_without_chunking_outgrows_the_token_budget() -> Non
     prefill_idle = []
 
     def on_step(outcome, trace):
-        out = outcome.output
+        out = outcome
         assert out.num_batched_tokens <= 16
         for x in out.decisions:
             if x.kind == d.IDLE_RUNNING:
@@ -298,10 +297,10 @@ def test_token_budget_leaves_admitted_requests_idle_running() -> None:
     steady = []
 
     def on_step(outcome, trace):
-        out = outcome.output
+        out = outcome
         assert out.num_batched_tokens <= 16
         idle = [x for x in out.decisions if x.kind == d.IDLE_RUNNING]
-        scheduled = {s.request_id for s in out.seqs}
+        scheduled = {e.request_id for e in out.scheduled}
         running = {s.request_id for s in engine.scheduler.running} | {
             s.request_id for s in outcome.finished}
         if not idle:
@@ -314,7 +313,7 @@ def test_token_budget_leaves_admitted_requests_idle_running() -> None:
         for rid in x.request_ids:
             listed[rid] = listed.get(rid, 0) + 1
         if out.num_decode_seqs == 16:
-            assert out.num_batched_tokens == 16 and len(out.seqs) == 16
+            assert out.num_batched_tokens == 16 and len(out.scheduled) == 16
             assert out.num_running == 32 and len(x.request_ids) == 16
             steady.append(out.step)
 
@@ -396,7 +395,7 @@ def test_static_batching_starts_a_partial_batch_after_the_timeout() -> None:
             first = outcome
     trace = drive(engine, reqs, on_step=on_step)
     # nothing runs while the batch is forming; the step says when to look again
-    assert first.output.is_empty and first.output.wake_at == 0.05
+    assert first.is_empty and first.wake_at == 0.05
     assert trace.seqs["d"].first_scheduled_time == trace.seqs["e"].first_scheduled_time == 0.05
     admits = trace.of(d.ADMIT)
     assert [x.request_id for x in admits] == ["d", "e"] and admits[0].step == admits[1].step
@@ -422,7 +421,7 @@ def test_abort_of_swapped_waiting_and_running_requests_frees_their_blocks() -> N
     assert b.status is SequenceStatus.FINISHED_ABORTED and b.block_table == []
     assert bm.num_free_host_blocks == bm.num_host_blocks == 4
     sched.check_invariants()
-    out = engine.step().output
+    out = engine.step()
     abort = only([x for x in out.decisions if x.kind == d.ABORT])
     assert (abort.request_id, abort.reason) == ("b", d.REASON_CLIENT)
 
@@ -436,7 +435,8 @@ def test_abort_of_swapped_waiting_and_running_requests_frees_their_blocks() -> N
     assert bm.num_free_device_blocks == bm.num_device_blocks
     assert not sched.running and not engine.has_unfinished()
     sched.check_invariants()
-    later = sched.drain_decisions()
+    later, ended = sched.drain_pending()
+    assert ended == [c, a]  # reported with the next step record
     assert [(x.kind, x.request_id, x.reason) for x in later] == [
         (d.ABORT, "c", d.REASON_CLIENT), (d.ABORT, "a", d.REASON_CLIENT)]
     assert engine.abort("a") is None and engine.abort("nope") is None
@@ -452,7 +452,7 @@ def test_chunked_prefill_splits_a_long_prompt_under_the_budget() -> None:
     assert chunks == [16, 16, 8, 1]  # three prefill chunks, then one decode
     x = trace.seqs["x"]
     assert x.first_token_time == 3 * STEP_S  # sampled when the last chunk ran
-    assert [o.output.num_prefill_tokens for o in trace.steps] == [16, 16, 8, 0]
+    assert [o.num_prefill_tokens for o in trace.steps] == [16, 16, 8, 0]
 
 
 def test_without_chunking_a_prompt_is_scheduled_whole() -> None:

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.cost_model import CostModel
 from harness.cli import app
-from harness.profiles import profile_from_dict, resolve_profile
+from harness.profiles import build_plan, profile_from_dict, resolve_profile
 from harness.simulate import decisions_frame, simulate
 
 runner = CliRunner()
@@ -78,7 +78,7 @@ def test_same_seed_same_bytes(tmp_path):
     a = _simulate_cli(tmp_path, "a", "--policy", "all", "--num-requests", "600")
     b = _simulate_cli(tmp_path, "b", "--policy", "all", "--num-requests", "600")
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    assert len(files) == 10  # 3 policies x 3 files + the combined summary
+    assert len(files) == 13  # 3 policies x 4 files + the combined summary
     for rel in files:
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
     c = _simulate_cli(tmp_path, "c", "--policy", "all", "--num-requests", "600", "--seed", "43")
@@ -95,7 +95,7 @@ def test_single_policy_layout_and_columns(tmp_path):
         assert column in frame.columns, column
     assert frame["policy"].unique().to_list() == ["sjf"]
     assert frame["request_id"].n_unique() == frame.height
-    plan = resolve_profile("default").plan()
+    plan = build_plan(resolve_profile("default"))
     assert frame.height == plan.num_open_requests  # nothing accepted is lost
     summary = json.loads((out / "summary.json").read_text())
     sjf = summary["policies"]["sjf"]

@@ -40,11 +40,16 @@ from engine.api.protocol import (
     parse_json_object,
 )
 from engine.async_engine import AsyncEngine, EngineDeadError, RequestOutput, RequestRejected
+from engine.request import EngineRequest, parse_traceparent
 
 log = logging.getLogger("schedscope.server")
 
 REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_CLASS_HEADER = "X-Request-Class"
+TRACEPARENT_HEADER = "traceparent"
 _REQUEST_ID = re.compile(r"[\x20-\x7e]{1,128}")
+#: A request class is a label in reports and metrics: short, no spaces or quotes.
+_REQUEST_CLASS = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
 #: Bodies larger than this are validated (and their prompt tokenized) on a worker thread.
 OFFLOAD_PARSE_BYTES = 64 * 1024
 
@@ -199,10 +204,21 @@ def _request_id(request: web.Request, kind: str) -> str:
     return given
 
 
+def _request_class(request: web.Request) -> str:
+    given = request.headers.get(REQUEST_CLASS_HEADER)
+    if given is None:
+        return ""
+    if not _REQUEST_CLASS.fullmatch(given):
+        raise bad_request(f"{REQUEST_CLASS_HEADER} must be 1 to 64 characters of letters, digits "
+                          f"and _ . : / -, got {given[:80]!r}", REQUEST_CLASS_HEADER)
+    return given
+
+
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     state = request.app[STATE]
     request_id = _request_id(request, kind)
     try:
+        request_class = _request_class(request)
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -212,6 +228,9 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             req = await asyncio.to_thread(parse_generate_request, body, kind, state.context)
         else:
             req = parse_generate_request(body, kind, state.context)
+        # Arrival at the engine is now, when the request is understood — not when the
+        # step loop next looks at its commands: the wait for a running step is queueing.
+        arrival_time = state.engine.now()
         if request_id in state.in_flight:
             raise ApiError(409, f"request id {request_id!r} is already in flight",
                            "invalid_request_error", REQUEST_ID_HEADER, "duplicate_request_id")
@@ -220,8 +239,10 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         raise
     state.in_flight.add(request_id)
     try:
-        outputs = state.engine.generate(request_id, req.prompt_token_ids, req.params,
-                                        req.priority)
+        outputs = state.engine.generate(EngineRequest(
+            request_id, req.prompt_token_ids, req.params, arrival_time, req.priority,
+            request_class, parse_traceparent(request.headers.get(TRACEPARENT_HEADER)),
+        ))
         # Closing the iterator (return, error, or this task cancelled by a disconnect)
         # aborts the request in the engine unless it already finished.
         async with contextlib.aclosing(outputs):
@@ -370,6 +391,9 @@ def health_body(state: ServerState) -> dict:
         "num_free_host_blocks": stats.num_free_host_blocks,
         "num_host_blocks": stats.num_host_blocks,
         "num_steps": stats.num_steps,
+        "clock_epoch_unix": stats.clock_epoch_unix,
+        "engine_time_s": engine.now(),
+        "num_observer_errors": stats.num_observer_errors,
         "num_failed_requests": state.num_failed_requests,
         "num_engine_errors": len(stats.errors),
         "last_engine_error": stats.errors[-1] if stats.errors else None,

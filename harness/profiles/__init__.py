@@ -1,21 +1,20 @@
 """Load profiles: the request mix and arrival process shared by the simulator and Locust.
 
-A `Profile` (request classes + phases) and a seed give one exact schedule, `Plan`.
-Light on purpose: numpy and the stdlib only, so Locust (gevent) can import it.
-Schema of the files: docs/profiles.md.
+A `Profile` (request classes + phases) and a seed give one exact schedule:
+`build_plan(profile, seed)` -> `Plan`, or `sample_requests(profile, n, seed)` for
+exactly n open-loop requests. Light on purpose: numpy and the stdlib only, so Locust
+(gevent) can import it. Schema of the files: docs/profiles.md.
+
+Modules, each importing only those before it: errors, distributions, model (pure
+data), schedule (sampling) and serialize (dicts), loader (files).
 """
 
 from harness.profiles.distributions import KIND_PARAMS, LengthDistribution
 from harness.profiles.errors import ProfileError
-from harness.profiles.loader import (
-    load_profile,
-    profile_from_dict,
-    profile_to_dict,
-    resolve_profile,
-    shipped_profile_names,
-)
+from harness.profiles.loader import load_profile, resolve_profile, shipped_profile_names
 from harness.profiles.model import Phase, Profile, RequestClass, Slo
-from harness.profiles.schedule import PhasePlan, Plan, RequestSpec
+from harness.profiles.schedule import PhasePlan, Plan, RequestSpec, build_plan, sample_requests
+from harness.profiles.serialize import profile_from_dict, profile_to_dict
 
 __all__ = [
     "KIND_PARAMS",
@@ -28,9 +27,11 @@ __all__ = [
     "RequestClass",
     "RequestSpec",
     "Slo",
+    "build_plan",
     "load_profile",
     "profile_from_dict",
     "profile_to_dict",
     "resolve_profile",
+    "sample_requests",
     "shipped_profile_names",
 ]

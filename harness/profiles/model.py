@@ -1,4 +1,9 @@
-"""The load-profile model: request classes, phases, and the profile that holds them."""
+"""The load-profile model: request classes, phases, and the profile that holds them.
+
+Pure data and its validation. Turning a profile into a schedule lives in `schedule`,
+reading and writing it in `serialize` and `loader`; this module imports neither, so
+that everything else can depend on the model without a cycle.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,12 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from harness.profiles.distributions import LengthDistribution
 from harness.profiles.errors import ProfileError, check_int, check_name, check_number
-
-if TYPE_CHECKING:
-    from harness.profiles.schedule import Plan, RequestSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +138,10 @@ class Phase:
 
 @dataclass(frozen=True, kw_only=True)
 class Profile:
-    """A named load profile. `plan(seed)` turns it into one exact request schedule."""
+    """A named load profile: request classes and the phases they arrive in.
+
+    `seed` is the default seed of its schedule (`schedule.build_plan(profile)`).
+    """
 
     name: str
     seed: int
@@ -199,23 +204,3 @@ class Profile:
             for p in self.phases
         )
         return dataclasses.replace(self, phases=phases)
-
-    def plan(self, seed: int | None = None) -> Plan:
-        """The schedule for `seed` (default: the profile's own)."""
-        from harness.profiles.schedule import build_plan
-
-        return build_plan(self, self.seed if seed is None else seed)
-
-    def sample_requests(self, n: int, seed: int | None = None) -> list[RequestSpec]:
-        """Exactly `n` open-loop requests in time order, cycling the open phases back to
-        back (closed phases skipped). For an all-open profile the first cycle equals
-        `plan(seed).open_loop_requests()`."""
-        from harness.profiles.schedule import sample_open_requests
-
-        return sample_open_requests(self, n, self.seed if seed is None else seed)
-
-    def to_dict(self) -> dict:
-        """The profile in the TOML shape; `profile_from_dict(p.to_dict()) == p`."""
-        from harness.profiles.loader import profile_to_dict
-
-        return profile_to_dict(self)

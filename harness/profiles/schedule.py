@@ -1,5 +1,9 @@
 """Turning a profile and a seed into one exact request schedule.
 
+`build_plan(profile, seed)` gives the whole run (`Plan`); `sample_requests(profile, n,
+seed)` gives exactly n open-loop requests. Both are free functions rather than methods
+so that the profile model stays data and does not depend on this module.
+
 Determinism: every random draw comes from its own numpy stream keyed by
 (seed; phase index, purpose, block, class index) through SeedSequence's spawn_key, so
 a schedule is identical across processes (for one numpy version) and editing one phase
@@ -11,14 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from harness.profiles.errors import ProfileError, check_int
-
-if TYPE_CHECKING:
-    from harness.profiles.model import Phase, Profile
+from harness.profiles.model import Phase, Profile
 
 # Stream purposes (part of the spawn key; never renumber, it would change every schedule).
 _ARRIVALS, _CLASSES, _PROMPT, _OUTPUT = 0, 1, 2, 3
@@ -236,7 +238,9 @@ def _phase_bounds(durations: list[float], base: float = 0.0) -> list[tuple[float
     return [(base + offsets[i], base + offsets[i + 1]) for i in range(len(durations))]
 
 
-def build_plan(profile: Profile, seed: int) -> Plan:
+def build_plan(profile: Profile, seed: int | None = None) -> Plan:
+    """The schedule of `profile` for `seed` (default: the profile's own seed)."""
+    seed = profile.seed if seed is None else seed
     check_int("seed", seed, minimum=0)
     bounds = _phase_bounds([p.duration_s for p in profile.phases])
     phases: list[PhasePlan] = []
@@ -260,7 +264,13 @@ def build_plan(profile: Profile, seed: int) -> Plan:
     return Plan(profile, seed, phases)
 
 
-def sample_open_requests(profile: Profile, n: int, seed: int) -> list[RequestSpec]:
+def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[RequestSpec]:
+    """Exactly `n` open-loop requests in time order, cycling the open phases back to
+    back (closed phases skipped); `seed` defaults to the profile's own. For an all-open
+    profile the first cycle equals `build_plan(profile, seed).open_loop_requests()`,
+    and a shorter sample is a prefix of a longer one. Raises ProfileError when the
+    profile has no open-loop phase."""
+    seed = profile.seed if seed is None else seed
     check_int("n", n, minimum=0)
     check_int("seed", seed, minimum=0)
     open_phases = [i for i, p in enumerate(profile.phases) if p.kind == "open"]

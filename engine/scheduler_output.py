@@ -1,0 +1,63 @@
+"""What the scheduler hands the executor for one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockMapping
+from engine.decisions import Decision
+from engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's work. Each scheduled sequence carries ``num_scheduled_tokens``.
+
+    A scheduled sequence samples a token at the end of the step exactly when
+    ``num_computed_tokens + num_scheduled_tokens == num_tokens``. Queue depths are
+    those after scheduling (what the step runs with).
+    """
+
+    step: int
+    time: float
+    seqs: list[Sequence] = field(default_factory=list)
+    num_prefill_tokens: int = 0  # tokens of sequences still prefilling (or re-prefilling)
+    num_decode_seqs: int = 0
+    num_decode_context_tokens: int = 0  # sum of decode sequences' context lengths
+    prefill_attention_work: int = 0  # sum over prefill chunks of chunk_len * context_len
+    blocks_to_swap_out: BlockMapping = field(default_factory=list)
+    blocks_to_swap_in: BlockMapping = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    #: Requests that ended outside any step (rejected on arrival, aborted) since the
+    #: previous step: reported with this one, so every end is in exactly one record.
+    ended_between_steps: list[Sequence] = field(default_factory=list)
+    #: When nothing is scheduled but something will become schedulable at a known
+    #: time without any arrival (static batching's timeout), that time.
+    wake_at: float | None = None
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_seqs
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs and not self.blocks_to_swap_out and not self.blocks_to_swap_in
+
+    def add(self, seq: Sequence, num_tokens: int) -> None:
+        """Put ``num_tokens`` of ``seq``'s uncomputed tokens into the step and count them."""
+        seq.num_scheduled_tokens = num_tokens
+        self.seqs.append(seq)
+        # A decode computes one generated token; a prompt (or a recompute) of any
+        # length, even one token, is prefill work.
+        if (
+            seq.num_tokens - seq.num_computed_tokens == 1
+            and seq.num_computed_tokens >= seq.num_prompt_tokens
+        ):
+            self.num_decode_seqs += 1
+            self.num_decode_context_tokens += seq.num_tokens
+        else:
+            self.num_prefill_tokens += num_tokens
+            self.prefill_attention_work += num_tokens * (seq.num_computed_tokens + num_tokens)
