@@ -50,7 +50,7 @@ class ContinuousBatching(BatchingRegime):
         self.swap_ins_yield_to_waiting = preempts_for_waiting
 
     def admit_before_running(self, sched, out, now, budget):
-        return sched.admit_ahead_of_running(out, now, budget)
+        return sched.admission.ahead_of_running(out, now, budget)
 
     def admit_after_running(self, sched, out, now, budget):
         if not len(sched.waiting) or budget <= 0:
@@ -58,16 +58,16 @@ class ContinuousBatching(BatchingRegime):
         if sched.preemptor.decode_preempted:
             # Running decodes had to preempt for room: admitting more into the same
             # step would only be preempted again (vLLM does the same).
-            sched.note_wait(out, now, d.REASON_OUT_OF_BLOCKS)
+            sched.admission.note_wait(out, now, d.REASON_OUT_OF_BLOCKS)
         else:
-            sched.admit_waiting(out, now, budget)
+            sched.admission.waiting_requests(out, now, budget)
 
 
 class PrefillFirstBatching(BatchingRegime):
     def admit_before_running(self, sched, out, now, budget):
-        budget = sched.admit_ahead_of_running(out, now, budget)
+        budget = sched.admission.ahead_of_running(out, now, budget)
         if len(sched.waiting) and not sched.swapped:
-            sched.admit_waiting(out, now, budget)
+            sched.admission.waiting_requests(out, now, budget)
         if not out.seqs:
             return budget
         idle = [seq for seq in sched.running if not seq.num_scheduled_tokens]
@@ -84,7 +84,7 @@ class StaticBatching(BatchingRegime):
     def admit_before_running(self, sched, out, now, budget):
         if sched.running or sched.swapped:
             if len(sched.waiting):
-                sched.note_wait(out, now, d.REASON_STATIC_BATCH)
+                sched.admission.note_wait(out, now, d.REASON_STATIC_BATCH)
             return budget
         num_waiting = len(sched.waiting)
         if not num_waiting:
@@ -97,7 +97,7 @@ class StaticBatching(BatchingRegime):
             out.wake_at = deadline
             return None
         self._open_since = None
-        sched.admit_batch(out, now)
+        sched.admission.batch(out, now)
         return budget
 
 

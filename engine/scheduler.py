@@ -2,10 +2,10 @@
 
 One step, continuous batching over a paged KV cache (vLLM-style), in this order:
 
-1. admissions ahead of the running requests, as the batching regime says
-   (``engine.batching``): requests past ``max_wait_s`` first, preempting if they
-   must; then, under a policy that preempts for waiting requests (priority), the
-   best waiting request takes the room of worse running ones;
+1. admissions ahead of the running requests (``engine.admission``), as the batching
+   regime says (``engine.batching``): requests past ``max_wait_s`` first, preempting
+   if they must; then, under a policy that preempts for waiting requests (priority),
+   the best waiting request takes the room of worse running ones;
 2. running decodes, then running prefill chunks, in policy order; when a decode
    needs a block and none is free, the worst running request is preempted
    (``engine.preemption``); requests beyond the token budget are left out
@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 
 from engine import decisions as d
+from engine.admission import Admission, prefill_chunk
 from engine.batching import make_batching
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
@@ -72,11 +73,12 @@ class Scheduler:
         self.preemptor = Preemptor(config.preemption_mode, block_manager,
                                    cost_model or CostModel(), self.running, self.swapped,
                                    self.waiting)
+        self.admission = Admission(config, self.policy, block_manager, self.running,
+                                   self.waiting, self.preemptor)
         self._next_seq_no = 0
         self._step = first_step
         self._pending: list[Decision] = []  # decisions taken between steps (reject, abort)
         self._ended: list[Sequence] = []  # requests that ended between steps
-        self._last_wait: tuple[int, str] | None = None  # (seq_no, reason) of the last wait record
 
     # -- requests in and out ----------------------------------------------------------
     @property
@@ -199,13 +201,6 @@ class Scheduler:
         out.num_swapped = len(self.swapped)
         return out
 
-    def _prefill_chunk(self, seq: Sequence, budget: int) -> int:
-        """How many uncomputed tokens of ``seq`` fit ``budget`` (0: none this step)."""
-        remaining = seq.num_tokens - seq.num_computed_tokens
-        if remaining <= budget:
-            return remaining
-        return budget if self.chunked else 0
-
     def _schedule_running(self, out: SchedulerOutput, now: float, budget: int) -> int:
         bm = self.block_manager
         block_size = bm.block_size
@@ -241,7 +236,7 @@ class Scheduler:
         for seq in prefills:
             if seq.status is not RUNNING:
                 continue
-            n = self._prefill_chunk(seq, budget) if budget else 0
+            n = prefill_chunk(seq, budget, self.chunked) if budget else 0
             if n == 0:
                 idle.append(seq)
                 continue
@@ -282,104 +277,12 @@ class Scheduler:
                 d.SWAP_IN, now, self._step, seq.request_id, d.REASON_POLICY_ORDER,
                 num_blocks=len(seq.block_table),
             ))
-            n = self._prefill_chunk(seq, budget)
+            n = prefill_chunk(seq, budget, self.chunked)
             if n:
                 bm.append_slots(seq, n)
                 out.add(seq, n)
                 budget -= n
         return budget
-
-    # -- admissions (called by the batching regime) ----------------------------------
-    def admit(self, seq: Sequence, out: SchedulerOutput, now: float, reason: str, n: int) -> None:
-        """Move a waiting request into the running set and (if ``n``) into this step."""
-        self.block_manager.allocate(seq)
-        self.waiting.remove(seq, now)
-        seq.status = RUNNING
-        seq.promoted = reason == d.REASON_MAX_WAIT  # protected until its next token
-        bisect.insort(self.running, seq, key=policy_order)
-        if seq.first_scheduled_time is None:
-            seq.first_scheduled_time = now
-            kind = d.ADMIT
-        else:
-            kind = d.RECOMPUTE
-        out.decisions.append(Decision(
-            kind, now, self._step, seq.request_id, reason,
-            num_blocks=len(seq.block_table), num_tokens=seq.num_tokens,
-        ))
-        if n:
-            out.add(seq, n)
-
-    def admit_ahead_of_running(self, out: SchedulerOutput, now: float, budget: int) -> int:
-        """Max-wait promotions, then the best waiting request's claim under a policy
-        that preempts for waiting requests; returns the budget left."""
-        waiting = self.waiting
-        waiting.promote_overdue(now)
-        if waiting.promoted:
-            waiting.drop_stale_promotions()
-            for seq in list(waiting.promoted):
-                n = self._prefill_chunk(seq, budget) if budget else 0
-                if n and self.preemptor.make_room_for_admission(
-                        seq, self.max_num_seqs, now, out, d.REASON_MAX_WAIT, False):
-                    self.admit(seq, out, now, d.REASON_MAX_WAIT, n)
-                    budget -= n
-            waiting.drop_stale_promotions()
-        if self.policy.preempts_for_waiting and len(waiting) and budget:
-            head = waiting.peek()
-            if head is not None and not (len(self.running) < self.max_num_seqs
-                                         and self.block_manager.can_allocate(head, bool(self.running))):
-                # It lacks a slot or blocks: worse running requests make room, and it is
-                # admitted in this very step (before the decodes could spend that room).
-                n = self._prefill_chunk(head, budget)
-                if n and self.preemptor.make_room_for_admission(
-                        head, self.max_num_seqs, now, out, d.REASON_PRIORITY, True):
-                    self.admit(head, out, now, d.REASON_PRIORITY, n)
-                    budget -= n
-        return budget
-
-    def admit_waiting(self, out: SchedulerOutput, now: float, budget: int) -> int:
-        """New prefills in policy order while a slot, the budget and blocks allow."""
-        bm = self.block_manager
-        while budget > 0:
-            seq = self.waiting.peek()
-            if seq is None:
-                break
-            if len(self.running) >= self.max_num_seqs:
-                self.note_wait(out, now, d.REASON_MAX_NUM_SEQS, seq)
-                break
-            n = self._prefill_chunk(seq, budget)
-            if n == 0:
-                self.note_wait(out, now, d.REASON_TOKEN_BUDGET, seq)
-                break
-            if not bm.can_allocate(seq, bool(self.running)):
-                self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
-                break
-            self.admit(seq, out, now, d.REASON_POLICY_ORDER, n)
-            budget -= n
-        return budget
-
-    def admit_batch(self, out: SchedulerOutput, now: float) -> None:
-        """Static batching: admit a whole batch in policy order (prefilled next step)."""
-        while len(self.running) < self.max_num_seqs:
-            seq = self.waiting.peek()
-            if seq is None:
-                break
-            if not self.block_manager.can_allocate(seq, bool(self.running)):
-                self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
-                break
-            self.admit(seq, out, now, d.REASON_STATIC_BATCH, 0)
-
-    def note_wait(
-        self, out: SchedulerOutput, now: float, reason: str, seq: Sequence | None = None
-    ) -> None:
-        """Record why the head of the queue waits, once per change of reason."""
-        seq = seq or self.waiting.peek()
-        if seq is None or self._last_wait == (seq.seq_no, reason):
-            return
-        self._last_wait = (seq.seq_no, reason)
-        out.decisions.append(Decision(
-            d.WAIT, now, self._step, seq.request_id, reason,
-            num_blocks=self.block_manager.blocks_for(seq.num_tokens), num_tokens=seq.num_tokens,
-        ))
 
     # -- after the step ------------------------------------------------------------
     def update(

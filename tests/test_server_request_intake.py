@@ -1,0 +1,156 @@
+"""What the server tells the engine about each request: when it arrived (stamped once
+parsed, not when the step loop picked it up), its class (``X-Request-Class``), the
+client's trace context (``traceparent``), and the engine's clock epoch so client-side
+wall-clock records join engine records. Real HTTP on 127.0.0.1; the simulated
+executor sleeps a fixed step time on the wall clock."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+from engine.api.testing import BackgroundServer, HttpClient, sim_engine
+from engine.step_record import StepRecord
+from engine.tokenizer import HashTokenizer
+
+TOKENIZER = HashTokenizer(4096)
+STEP_S = 0.2
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def body(**fields) -> dict:
+    return {"model": "tiny", "prompt": "hello world", "max_tokens": 2, "ignore_eos": True,
+            **fields}
+
+
+def recording_engine(step_s: float):
+    engine = sim_engine(step_s=step_s)
+    records: list[StepRecord] = []
+    engine.observers.add(records.append)  # runs on the engine thread; list.append is atomic
+    return engine, records
+
+
+def ended(records: list[StepRecord], request_id: str):
+    return next(s for r in records for s in r.finished if s.request_id == request_id)
+
+
+def test_a_request_sent_mid_step_queues_for_the_rest_of_that_step():
+    engine, records = recording_engine(STEP_S)
+    with BackgroundServer(engine, TOKENIZER) as server:
+        busy = threading.Thread(target=lambda: HttpClient(server.url).post_json(
+            "/v1/completions", body(max_tokens=6), {"X-Request-Id": "busy"}))
+        busy.start()  # six 0.2 s steps
+        deadline = time.monotonic() + 10
+        while server.health()["num_steps"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(STEP_S / 2)  # now in the middle of the second step
+        sent_unix = time.time()
+        status, headers, _ = HttpClient(server.url).post_json(
+            "/v1/completions", body(), {"X-Request-Id": "late", "X-Request-Class": "chat",
+                                        "traceparent": TRACEPARENT})
+        busy.join(30)
+        health = server.health()
+    assert status == 200 and headers["x-request-id"] == "late"
+    late = ended(records, "late")
+    during = [r for r in records if r.schedule_start <= late.arrival_time < r.execute_end]
+    assert during, "arrival was stamped when the step loop picked the request up, not on arrival"
+    step = during[0]
+    assert late.first_scheduled_time >= step.execute_end
+    assert late.queue_s >= step.execute_end - late.arrival_time > STEP_S / 10
+    # the engine's epoch maps its clock to the client's wall clock
+    assert abs(health["clock_epoch_unix"] + late.arrival_time - sent_unix) < 0.05
+    assert late.request_class == "chat" and late.traceparent == TRACEPARENT
+    assert ended(records, "busy").request_class == ""
+
+
+def test_health_publishes_the_clock_epoch():
+    engine, _ = recording_engine(0.0)
+    with BackgroundServer(engine, TOKENIZER) as server:
+        status, _, raw = HttpClient(server.url).request("GET", "/health")
+        now = time.time()
+    health = json.loads(raw)
+    assert status == 200
+    assert health["clock_epoch_unix"] == engine.clock_epoch_unix
+    assert abs(health["clock_epoch_unix"] + health["engine_time_s"] - now) < 0.5
+
+
+def test_a_bad_request_class_is_a_400_naming_the_header():
+    engine, records = recording_engine(0.0)
+    with BackgroundServer(engine, TOKENIZER) as server:
+        client = HttpClient(server.url)
+        for bad in ("has space", "x" * 65, "quote\"d", ""):
+            status, _, raw = client.post_json("/v1/completions", body(),
+                                              {"X-Request-Class": bad})
+            error = json.loads(raw)["error"]
+            assert status == 400, (bad, raw)
+            assert error["param"] == "X-Request-Class" and "X-Request-Class" in error["message"]
+        status, _, _ = client.post_json("/v1/completions", body(),
+                                        {"X-Request-Id": "ok", "X-Request-Class": "batch/long-1"})
+    assert status == 200 and ended(records, "ok").request_class == "batch/long-1"
+
+
+def test_an_invalid_traceparent_is_ignored_not_refused():
+    engine, records = recording_engine(0.0)
+    with BackgroundServer(engine, TOKENIZER) as server:
+        client = HttpClient(server.url)
+        for i, bad in enumerate(["junk", "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
+                                 TRACEPARENT.upper(), "ff" + TRACEPARENT[2:]]):
+            status, _, _ = client.post_json("/v1/completions", body(),
+                                            {"X-Request-Id": f"t{i}", "traceparent": bad})
+            assert status == 200
+    assert all(ended(records, f"t{i}").traceparent is None for i in range(4))
+
+
+def test_a_failing_observer_never_fails_a_request_or_resets_the_engine():
+    engine, _ = recording_engine(0.0)
+
+    def broken(record: StepRecord) -> None:
+        raise ValueError("observer bug")
+
+    engine.observers.add(broken)
+    with BackgroundServer(engine, TOKENIZER) as server:
+        client = HttpClient(server.url)
+        results = [client.post_json("/v1/completions", body(max_tokens=4)) for _ in range(5)]
+        health = server.health()
+    assert [status for status, _, _ in results] == [200] * 5
+    assert all(json.loads(raw)["usage"]["completion_tokens"] == 4 for _, _, raw in results)
+    assert health["num_observer_errors"] >= 5
+    assert health["num_engine_errors"] == 0 and health["num_failed_requests"] == 0
+
+
+def test_reusing_the_id_of_a_client_that_just_left_never_ends_the_new_request():
+    """Client A streams id X and disconnects during a long step; client B sends id X
+    right after. B is either refused cleanly (409, while A's request is still being
+    aborted) or served in full — and it never receives A's abort."""
+    engine, _ = recording_engine(STEP_S)
+    with BackgroundServer(engine, TOKENIZER) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        raw = json.dumps(body(max_tokens=50, stream=True)).encode()
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nX-Request-Id: X\r\nContent-Length: " + str(len(raw)).encode()
+                     + b"\r\n\r\n" + raw)
+        assert b"200" in sock.recv(4096).split(b"\r\n")[0]
+        time.sleep(STEP_S * 1.5)  # mid-step, with tokens flowing
+        sock.close()
+        client = HttpClient(server.url)
+        outcomes = []
+        for _ in range(40):
+            time.sleep(0.005)
+            status, _, data = client.post_json("/v1/completions", body(max_tokens=3),
+                                               {"X-Request-Id": "X"})
+            outcomes.append(status)
+            if status != 409:
+                break
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            health = server.health()
+            if health["num_unfinished"] == 0 and health["num_in_flight"] == 0:
+                break
+            time.sleep(0.02)
+    assert set(outcomes[:-1]) <= {409}
+    assert outcomes[-1] == 200, outcomes
+    assert json.loads(data)["usage"]["completion_tokens"] == 3
+    assert health["num_unfinished"] == 0 and health["num_in_flight"] == 0
