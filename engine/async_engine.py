@@ -109,6 +109,10 @@ class AsyncEngine:
         self._idle_wait_s = idle_wait_s
         self.state = "created"  # created | running | draining | stopped | failed
         self.stats = EngineStats(clock_epoch_unix=engine.clock_epoch_unix)
+        #: Step-loop iterations and hand-offs to the event loop (the served path's own
+        #: work: one hand-off per step at most, no spinning while idle).
+        self.num_loop_iterations = 0
+        self.num_handoffs = 0
         engine.observers.add(self._on_step)
         self._refresh_stats()
 
@@ -211,25 +215,34 @@ class AsyncEngine:
     # -- the loop thread -----------------------------------------------------------------
     def _run(self) -> None:
         engine = self.engine
+        clock = engine.clock
+        idle = 0.0  # seconds waited with nothing to do since the last step
         while not self._stop.is_set():
+            self.num_loop_iterations += 1
             self._apply_commands()
             if not engine.has_work():
-                self._wakeup.wait(self._idle_wait_s)
-                self._wakeup.clear()
+                idle += self._wait(self._idle_wait_s, clock)
                 continue
             try:
-                record = engine.step()
+                record = engine.step(idle_before_s=idle)
             except Exception as exc:  # a scheduler bug: fail what is in flight, keep serving
                 log.exception("engine step failed")
                 self._recover(f"{type(exc).__name__}: {exc}")
                 continue
+            idle = 0.0
             if record.is_empty and engine.has_unfinished():
                 # Nothing schedulable now (static batch forming): wait for a command.
                 wake_at = record.wake_at
-                delay = self._idle_wait_s if wake_at is None else max(0.0, wake_at - engine.clock.now())
-                self._wakeup.wait(min(delay, self._idle_wait_s))
-                self._wakeup.clear()
+                delay = self._idle_wait_s if wake_at is None else max(0.0, wake_at - clock.now())
+                idle += self._wait(min(delay, self._idle_wait_s), clock)
         self._apply_commands()
+
+    def _wait(self, timeout_s: float, clock) -> float:
+        """Sleep until a command arrives or ``timeout_s`` passes; returns the time slept."""
+        started = clock.now()
+        self._wakeup.wait(timeout_s)
+        self._wakeup.clear()
+        return clock.now() - started
 
     def _apply_commands(self) -> None:
         engine = self.engine
@@ -307,6 +320,7 @@ class AsyncEngine:
 
     # -- delivery (event-loop side) ------------------------------------------------------
     def _call_in_loop(self, fn, *args) -> None:
+        self.num_handoffs += 1
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from engine.block_manager import BlockManager
+from engine.cost_fit import fit
 from engine.cost_model import FEATURES, CostModel, step_features
 from engine.model_runner import ModelRunner
 from engine.request import EngineRequest
@@ -148,29 +149,6 @@ def measure(runner: ModelRunner, shapes: list[StepShape], repeats: int = 5, warm
                 samples[i].append(time.perf_counter() - start)
             builder.release(seqs)
     return [statistics.median(x) for x in samples]
-
-
-def fit(features: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising squared *relative* error.
-
-    Relative because steps span three orders of magnitude and the target is a
-    relative fidelity; non-negative by a small active set: a feature whose
-    coefficient comes out negative is dropped and the rest refitted.
-    """
-    weights = 1.0 / np.maximum(seconds, 1e-9)
-    active = np.ones(features.shape[1], dtype=bool)
-    # Drop features that never vary in the data (no information to fit them).
-    active &= features.any(axis=0)
-    while True:
-        a = features[:, active] * weights[:, None]
-        b = seconds * weights
-        coef_active, *_ = np.linalg.lstsq(a, b, rcond=None)
-        coef = np.zeros(features.shape[1])
-        coef[active] = coef_active
-        negative = coef < 0
-        if not negative.any():
-            return coef
-        active &= ~negative
 
 
 def relative_errors(model: CostModel, shapes: list[StepShape], seconds: list[float]) -> list[float]:

@@ -102,7 +102,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or self.scheduler.has_pending()
 
     # -- the loop body ---------------------------------------------------------------
-    def step(self) -> StepRecord:
+    def step(self, idle_before_s: float = 0.0) -> StepRecord:
+        """One step. ``idle_before_s``: how long the caller waited idle since the
+        previous step (recorded, so that step cycles can be measured)."""
         clock = self.clock
         schedule_start = clock.now()
         out = self.scheduler.schedule(schedule_start)
@@ -117,6 +119,7 @@ class LLMEngine:
             ended = clock.now()
             record = self._record(out, result, schedule_start, execute_start, ended)
             record.finished.extend(self.scheduler.update(out, result.sampled, ended))
+        record.idle_before_s = idle_before_s
         self.observers.notify(record)
         return record
 
@@ -160,6 +163,8 @@ class LLMEngine:
         record = StepRecord(
             out.step, schedule_start, execute_start, ended, ended,
             num_prefill_tokens=out.num_prefill_tokens, num_decode_seqs=out.num_decode_seqs,
+            num_decode_context_tokens=out.num_decode_context_tokens,
+            prefill_attention_work=out.prefill_attention_work,
             num_waiting=out.num_waiting, num_running=out.num_running,
             num_swapped=out.num_swapped,
             blocks_to_swap_out=out.blocks_to_swap_out, blocks_to_swap_in=out.blocks_to_swap_in,

@@ -47,6 +47,9 @@ class StepRecord:
     num_prefill_tokens: int = 0
     num_recompute_tokens: int = 0  # of num_prefill_tokens, those re-prefilled
     num_decode_seqs: int = 0
+    # the cost model's other features (engine.cost_model.step_features)
+    num_decode_context_tokens: int = 0  # sum of the decoding sequences' context lengths
+    prefill_attention_work: int = 0  # sum over prefill chunks of chunk_len * context_len
     num_idle_running: int = 0  # running sequences left out of this step
     # queue depths after scheduling (what the step ran with)
     num_waiting: int = 0
@@ -75,6 +78,11 @@ class StepRecord:
     #: When nothing was scheduled but something becomes schedulable at a known time
     #: without an arrival (static batching's timeout), that time.
     wake_at: float | None = None
+    #: How long the driver (the served step loop, the simulator) waited with nothing to
+    #: do between the previous step and this one. A step's full cycle — schedule,
+    #: execute, observers, hand-off, commands — is then
+    #: ``next.schedule_start - schedule_start - next.idle_before_s``.
+    idle_before_s: float = 0.0
 
     @property
     def num_blocks_swapped_out(self) -> int:
@@ -88,6 +96,10 @@ class StepRecord:
     def is_empty(self) -> bool:
         """Nothing was computed or copied."""
         return not self.scheduled and not self.blocks_to_swap_out and not self.blocks_to_swap_in
+
+    @property
+    def num_prefill_seqs(self) -> int:
+        return len(self.scheduled) - self.num_decode_seqs
 
     @property
     def num_batched_tokens(self) -> int:

@@ -156,13 +156,23 @@ def serve(
         10.0, "--shutdown-timeout-s",
         help="On SIGINT/SIGTERM, in-flight requests may finish for this long; then aborted.",
     ),
+    record_steps: Path | None = typer.Option(
+        None, "--record-steps",
+        help="Write every step's record (steps.parquet columns, docs/records.md) to this "
+             "file at shutdown: for `schedscope calibrate --from-steps`.",
+    ),
+    torch_threads: int = typer.Option(
+        0, "--torch-threads",
+        help="torch intra-op threads for --executor torch; 0: one fewer than the cores, so "
+             "the event loop and a co-located load generator do not stall every step.",
+    ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
     from harness.serve import serve as run_serve
 
     raise typer.Exit(run_serve(
         engine_config, executor, cost_model, host, port, api_key, served_model_name,
-        max_body_bytes, shutdown_timeout_s,
+        max_body_bytes, shutdown_timeout_s, record_steps, torch_threads,
     ))
 
 
@@ -174,13 +184,44 @@ def calibrate(
     block_size: int = typer.Option(16, "--block-size", help="KV block size to profile with."),
     repeats: int = typer.Option(5, "--repeats", min=1, help="Timed repetitions per step shape (median)."),
     quick: bool = typer.Option(False, "--quick", help="A small grid (seconds, for smoke tests)."),
+    from_steps: list[Path] = typer.Option(
+        [], "--from-steps",
+        help="Fit from the step records of real runs instead (steps.parquet from "
+             "`schedscope serve --record-steps` or a run directory; repeatable): each "
+             "step's full cycle, serving overhead included, so simulations predict served "
+             "runs. No profiling.",
+    ),
 ) -> None:
-    """Profile the real model runner and fit the simulator's cost model.
+    """Fit the simulator's cost model: by profiling the real model runner, or from the
+    step records of served runs (--from-steps).
 
-    Measures steps over a grid of prefill tokens, decode batch sizes, context lengths
-    and swapped blocks, fits the cost model, and reports its error on held-out mixed
-    batches. Use the file with `schedscope simulate --cost-model FILE`.
+    Profiling measures steps over a grid of prefill tokens, decode batch sizes, context
+    lengths and swapped blocks, fits the cost model, and reports its error on held-out
+    mixed batches. Use the file with `schedscope simulate --cost-model FILE`.
     """
+    if from_steps:
+        fitted = _calibrate_from_steps(from_steps, model)
+    else:
+        fitted = _calibrate_by_profiling(model, device, block_size, repeats, quick)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fitted.save(out)
+    table = Table(title=f"cost model for {fitted.model} on {fitted.device}")
+    table.add_column("parameter")
+    table.add_column("value", justify="right")
+    for name in FEATURES:
+        table.add_row(name, f"{getattr(fitted, name):.3e}")
+    console.print(table)
+    fit = fitted.fit
+    console.print(
+        f"held-out median relative error {fit['holdout_median_rel_error']:.1%} "
+        f"(p90 {fit['holdout_p90_rel_error']:.1%}) over {fit['holdout_points']} "
+        f"{'held-out steps' if from_steps else 'mixed batches'}; target <= 10% at the median"
+    )
+    console.print(f"written: {out}")
+
+
+def _calibrate_by_profiling(model: str, device: str | None, block_size: int, repeats: int,
+                            quick: bool) -> CostModel:
     from engine.calibration import calibrate as run_calibration
     from engine.calibration import holdout_mix, training_grid
     from engine.model_runner import calibration_runner
@@ -190,22 +231,26 @@ def calibrate(
         runner, model_name = calibration_runner(model, block_size, shapes, device)
     except (ValueError, FileNotFoundError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--model") from None
-    fitted = run_calibration(runner, model_name, quick=quick, repeats=repeats)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fitted.save(out)
-    table = Table(title=f"cost model for {model_name} on {fitted.device}")
-    table.add_column("parameter")
-    table.add_column("value", justify="right")
-    for name in FEATURES:
-        table.add_row(name, f"{getattr(fitted, name):.3e}")
-    console.print(table)
-    fit = fitted.fit
-    console.print(
-        f"held-out median relative error {fit['holdout_median_rel_error']:.1%} "
-        f"(p90 {fit['holdout_p90_rel_error']:.1%}) over {fit['holdout_points']} mixed batches; "
-        f"target <= 10% at the median"
-    )
-    console.print(f"written: {out}")
+    return run_calibration(runner, model_name, quick=quick, repeats=repeats)
+
+
+def _calibrate_from_steps(paths: list[Path], model: str) -> CostModel:
+    import polars as pl
+
+    from engine.cost_fit import CalibrationError, fit_from_steps
+
+    frames = []
+    for path in paths:
+        file = path / "steps.parquet" if path.is_dir() else path
+        try:
+            frames.append(pl.read_parquet(file))
+        except (FileNotFoundError, OSError, pl.exceptions.PolarsError) as exc:
+            raise typer.BadParameter(f"{file}: cannot read step records ({exc})",
+                                     param_hint="--from-steps") from None
+    try:
+        return fit_from_steps(frames, model=model, source=", ".join(map(str, paths)))
+    except CalibrationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--from-steps") from None
 
 
 def print_comparison(summary: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,18 @@ def tokenizer_for(model: str) -> Tokenizer:
                       "a directory with a config.json")
 
 
+def serving_torch_threads() -> int:
+    """torch's intra-op threads when serving: one core fewer than the machine has.
+
+    torch's CPU threads (OpenMP) wait for each other at the end of every parallel
+    region; when the event loop, the tokenizer or a co-located load generator takes one
+    of their cores, the whole region waits for the descheduled thread. Measured on 2
+    cores (tiny model, one stream): a decode step takes 5.3 ms served with 2 threads,
+    2.3 ms with 1, and 1.6 ms offline with 2 (benchmarks/bench_serving.py).
+    """
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 def serve(
     engine_config: EngineConfig,
     executor: str = "torch",
@@ -42,6 +55,8 @@ def serve(
     served_model_name: str | None = None,
     max_body_bytes: int = 1 << 20,
     shutdown_timeout_s: float = 10.0,
+    record_steps: Path | None = None,
+    torch_threads: int = 0,
 ) -> int:
     """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
     Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
@@ -72,6 +87,14 @@ def serve(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    if torch_threads < 0:
+        raise typer.BadParameter(f"must be >= 0, got {torch_threads}", param_hint="--torch-threads")
+    if executor == "torch":
+        import torch
+
+        threads = torch_threads or serving_torch_threads()
+        torch.set_num_threads(threads)  # global: the engine thread's forward passes use it
+        log.info("torch intra-op threads: %d of %d cores", threads, os.cpu_count() or 1)
     try:
         llm_engine = build_engine(engine_config, executor, cost_model=model)
     except ConfigError as exc:
@@ -82,8 +105,18 @@ def serve(
         served_model_name=served_model_name or engine_config.model, host=host, port=port,
         api_key=api_key, max_body_bytes=max_body_bytes, shutdown_timeout_s=shutdown_timeout_s,
     )
+    step_log = None
+    if record_steps is not None:
+        from harness.steps import StepLog
+
+        step_log = llm_engine.observers.add(StepLog())
     try:
         return run_server(AsyncEngine(llm_engine), tokenizer, settings)
     except OSError as exc:  # the address is taken, or not ours to bind
         log.error("cannot serve on %s:%d: %s", host, port, exc)
         return 1
+    finally:
+        if step_log is not None:
+            record_steps.parent.mkdir(parents=True, exist_ok=True)
+            step_log.write(record_steps)
+            log.info("step records: %s (%d steps)", record_steps, step_log.num_steps)

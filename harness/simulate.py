@@ -103,6 +103,7 @@ def simulate(
     user_of: dict[str, int] = {}  # request id -> closed phase number of its user
 
     empty_in_a_row = 0
+    idle = 0.0  # virtual seconds with nothing to do since the last step
     next_open = 0
     num_open = len(open_specs)
 
@@ -158,7 +159,8 @@ def simulate(
             else:
                 break
         if engine.has_work():
-            record: StepRecord = engine.step()
+            record: StepRecord = engine.step(idle_before_s=idle)
+            idle = 0.0
             for seq in record.finished:
                 user_done(seq)
             if record.is_empty and engine.has_unfinished():
@@ -168,14 +170,18 @@ def simulate(
                 targets = [t for t in (record.wake_at, next_arrival_time()) if t is not None]
                 if not targets:
                     raise SimulationError(f"engine idle with unfinished requests at t={now}")
+                before = clock.now()
                 clock.advance_to(min(targets))
+                idle += clock.now() - before
             elif not record.is_empty:
                 empty_in_a_row = 0
             continue
         t_next = next_arrival_time()
         if t_next is None:
             break
+        before = clock.now()
         clock.advance_to(t_next)
+        idle += clock.now() - before
 
     rows = recorder.rows
     threshold = stall_threshold(_median_itl(rows))

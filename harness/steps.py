@@ -35,6 +35,11 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "swap_out_s": pl.Float64,
     "swap_in_s": pl.Float64,
     "num_decisions": pl.Int64,
+    "num_decode_context_tokens": pl.Int64,
+    "prefill_attention_work": pl.Int64,
+    "forward_s": pl.Float64,
+    "sample_s": pl.Float64,
+    "idle_before_s": pl.Float64,
 }
 
 
@@ -43,10 +48,21 @@ class StepLog:
 
     def __init__(self) -> None:
         self.columns: dict[str, list] = {name: [] for name in STEP_SCHEMA}
+        self._idle_carry = 0.0
+
+    def write(self, path) -> None:
+        from harness.records import write_parquet
+
+        write_parquet(self.frame(), path)
 
     def __call__(self, record: StepRecord) -> None:
         if record.is_empty:
-            return  # a step that only reported between-step ends, or a forming batch
+            # A step that only reported between-step ends, or a forming batch: its
+            # idle wait belongs to the next step that runs.
+            self._idle_carry += record.idle_before_s + (record.token_time - record.schedule_start)
+            return
+        record_idle = record.idle_before_s + self._idle_carry
+        self._idle_carry = 0.0
         c = self.columns
         c["step"].append(record.step)
         c["schedule_start"].append(record.schedule_start)
@@ -68,6 +84,11 @@ class StepLog:
         c["swap_out_s"].append(record.swap_out_s)
         c["swap_in_s"].append(record.swap_in_s)
         c["num_decisions"].append(len(record.decisions))
+        c["num_decode_context_tokens"].append(record.num_decode_context_tokens)
+        c["prefill_attention_work"].append(record.prefill_attention_work)
+        c["forward_s"].append(record.forward_s)
+        c["sample_s"].append(record.sample_s)
+        c["idle_before_s"].append(record_idle)
 
     @property
     def num_steps(self) -> int:

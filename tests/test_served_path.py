@@ -1,0 +1,124 @@
+"""The served path's own work, and calibrating the simulator from a run's step records.
+
+Not timing assertions: counts. The step loop hands a step's tokens to the event loop
+once per step (not once per token or per stream) and does not spin while idle; a cost
+model fitted from step records recovers the model that produced them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from engine.api.testing import BackgroundServer, HttpClient, sim_engine
+from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.cost_fit import CalibrationError, fit_from_steps
+from engine.cost_model import FEATURES, CostModel
+from engine.tokenizer import HashTokenizer
+from harness.cli import app
+from harness.profiles import resolve_profile
+from harness.simulate import run_simulations, simulate
+
+#: Every parameter non-zero and different, so a fit that drops or swaps one shows.
+KNOWN = CostModel(step_overhead_s=2e-3, prefill_token_s=3e-5, decode_seq_s=2e-4,
+                  decode_context_token_s=5e-7, prefill_attention_s=4e-8, swap_block_s=3e-5,
+                  prefill_seq_s=7e-4, mixed_step_s=1.1e-3, source="synthetic")
+
+
+def test_one_hand_off_per_step_and_no_spinning_while_idle():
+    engine = sim_engine(step_s=0.002)
+    with BackgroundServer(engine, HashTokenizer(4096)) as server:
+        async_engine = server.async_engine
+        url = server.url
+
+        def client(i: int) -> None:
+            status, _, raw = HttpClient(url).post_json("/v1/completions", {
+                "model": "tiny", "prompt": f"stream {i}", "max_tokens": 20, "ignore_eos": True,
+                "stream": True})
+            assert status == 200 and raw.count(b"data: ") >= 20
+
+        handoffs_before = async_engine.num_handoffs
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        steps = async_engine.stats.num_steps
+        handoffs = async_engine.num_handoffs - handoffs_before
+        # 8 streams x 20 tokens = 160 tokens; per step one hand-off, plus one per accepted
+        # request (its admission), never one per token
+        assert handoffs <= steps + 8, (handoffs, steps)
+        assert handoffs < 160
+        # idle: the loop sleeps until a command or its idle timeout (0.05 s)
+        time.sleep(0.05)
+        iterations = async_engine.num_loop_iterations
+        time.sleep(0.5)
+        idle_iterations = async_engine.num_loop_iterations - iterations
+        assert idle_iterations <= 0.5 / 0.05 + 3, idle_iterations
+        assert async_engine.stats.num_steps == steps  # no steps while idle
+
+
+def _simulated_steps(tmp_path):
+    """A simulated run (virtual clock) of the default profile under the known model, on
+    a pool small enough to swap: its steps.parquet."""
+    config = EngineConfig(SchedulerConfig(max_num_seqs=32),
+                          CacheConfig(num_gpu_blocks_override=400, num_cpu_blocks_override=400))
+    run_simulations(resolve_profile("default").with_rate_scale(2.0), {"fcfs": config}, KNOWN,
+                    tmp_path, num_requests=300)
+    return pl.read_parquet(tmp_path / "steps.parquet")
+
+
+def test_fitting_step_records_recovers_the_cost_model_that_made_them(tmp_path):
+    steps = _simulated_steps(tmp_path)
+    assert steps["num_blocks_swapped_out"].sum() > 0  # every feature is exercised
+    assert ((steps["num_prefill_tokens"] > 0) & (steps["num_decode_seqs"] > 0)).any()
+    assert steps["idle_before_s"].sum() > 0  # and the run had idle gaps to leave out
+    fitted = fit_from_steps(steps)
+    for name in FEATURES:
+        assert getattr(fitted, name) == pytest.approx(getattr(KNOWN, name), rel=1e-6), name
+    assert fitted.fit["holdout_median_rel_error"] < 1e-9
+    # the simulator with the fitted model reproduces the run
+    profile = resolve_profile("default").with_rate_scale(2.0)
+    a = simulate(profile, EngineConfig(), KNOWN, requests=None, record_decisions=False)
+    b = simulate(profile, EngineConfig(), fitted, requests=None, record_decisions=False)
+    assert a.requests["e2e_s"].to_list() == pytest.approx(b.requests["e2e_s"].to_list(), rel=1e-6)
+
+
+def test_calibrate_from_steps_on_the_command_line(tmp_path):
+    _simulated_steps(tmp_path)
+    out = tmp_path / "fitted.json"
+    result = CliRunner().invoke(app, ["calibrate", "--from-steps", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["source"] == "steps" and data["fit"]["holdout_points"] > 0
+    assert data["decode_seq_s"] == pytest.approx(KNOWN.decode_seq_s, rel=1e-6)
+    bad = CliRunner().invoke(app, ["calibrate", "--from-steps", str(tmp_path / "nope.parquet")])
+    assert bad.exit_code == 2 and "--from-steps" in bad.output
+
+
+def test_too_few_steps_or_missing_columns_are_named(tmp_path):
+    steps = _simulated_steps(tmp_path)
+    with pytest.raises(CalibrationError, match="too few"):
+        fit_from_steps(steps.head(5))
+    with pytest.raises(CalibrationError, match="idle_before_s"):
+        fit_from_steps(steps.drop("idle_before_s"))
+
+
+def test_serve_records_its_steps_at_shutdown(tmp_path):
+    from engine.api.testing import CliServer
+
+    path = tmp_path / "served" / "steps.parquet"
+    with CliServer(["--executor", "sim", "--record-steps", str(path)]) as server:
+        status, _, _ = HttpClient(server.url).post_json("/v1/completions", {
+            "model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True})
+        assert status == 200
+        server.terminate()
+        assert server.wait(30) == 0
+    steps = pl.read_parquet(path)
+    assert steps.height >= 5 and steps["num_decode_seqs"].sum() == 4  # 1 prefill + 4 decodes
+    assert (steps["execute_end"] >= steps["execute_start"]).all()
