@@ -66,8 +66,12 @@ def engine_config(args) -> EngineConfig:
 
 
 # -- offline ----------------------------------------------------------------------------
-def run_offline(specs: list[RequestSpec], config: EngineConfig) -> pl.DataFrame:
+def run_offline(specs: list[RequestSpec], config: EngineConfig, threads: int) -> pl.DataFrame:
+    import torch
+
     from engine.model_runner import build_torch_engine
+
+    torch.set_num_threads(threads)  # as the server runs it
 
     engine = build_torch_engine(config, WallClock(), device="cpu")
     vocab = engine.model_config.vocab_size
@@ -114,7 +118,7 @@ async def replay(url: str, specs: list[RequestSpec], vocab: int) -> tuple[list[d
             scheduled = start + spec.scheduled_at
             await asyncio.sleep(max(0.0, scheduled - loop.time()))
             lags.append(loop.time() - scheduled)
-            body = {"model": "tiny", "prompt": prompt_ids(spec, vocab),
+            body = {"model": "tiny", "prompt": prompt_ids(spec, vocab), "temperature": 0.0,
                     "max_tokens": spec.max_tokens, "ignore_eos": True, "stream": True,
                     "priority": spec.priority,
                     "stream_options": {"include_usage": True}}
@@ -228,8 +232,12 @@ def main() -> None:
 
     if not args.skip_offline:
         started = time.perf_counter()
-        offline = run_offline(specs, config)
-        print(f"offline: {time.perf_counter() - started:.1f} s wall")
+        from harness.serve import serving_torch_threads
+
+        threads = serving_torch_threads()
+        offline = run_offline(specs, config, threads)
+        print(f"offline: {time.perf_counter() - started:.1f} s wall ({threads} torch threads, "
+              "as served)")
         off_p = percentiles(offline)
         print("served vs offline (E2E; the bar the server must clear):")
         compare("served/offline", {k: v for k, v in served_p.items() if k[1] == "e2e_s"},

@@ -98,6 +98,10 @@ class EngineStats:
 
 
 class AsyncEngine:
+    """The engine behind an event loop: streams, adds and aborts on the loop's side; the
+    step loop on a thread of this process. (``engine.process_engine.ProcessEngine``
+    keeps the same streams and runs the step loop in a process of its own.)"""
+
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -116,22 +120,31 @@ class AsyncEngine:
         engine.observers.add(self._on_step)
         self._refresh_stats()
 
+    @property
+    def config(self):
+        """The engine's :class:`engine.config.EngineConfig`."""
+        return self.engine.config
+
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is not None:
+        if self.state != "created":
             return
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="schedscope-engine", daemon=True)
         self.state = "running"
+        self._start_backend()
+
+    def _start_backend(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="schedscope-engine", daemon=True)
         self._thread.start()
 
     async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
         """Stop accepting, let in-flight requests finish for up to ``drain_timeout_s``,
-        abort the rest, stop the loop thread."""
-        if self._thread is None:
+        abort the rest, stop the step loop."""
+        if self.state in ("created", "stopped"):
             self.state = "stopped"
             return
-        self.state = "draining"
+        if self.state != "failed":
+            self.state = "draining"
         deadline = time.monotonic() + drain_timeout_s
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -139,11 +152,20 @@ class AsyncEngine:
             self.abort(request_id)
         while self._streams and time.monotonic() < deadline + 2.0:
             await asyncio.sleep(0.01)
+        await self._stop_backend()
+        self.state = "stopped"
+
+    async def _stop_backend(self) -> None:
         self._stop.set()
         self._wakeup.set()
-        await asyncio.to_thread(self._thread.join, 5.0)
-        self._thread = None
-        self.state = "stopped"
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 5.0)
+            self._thread = None
+
+    def _submit(self, command: _Add | _Abort) -> None:
+        """Hand a command to the step loop (applied between steps, in order)."""
+        self._commands.put(command)
+        self._wakeup.set()
 
     @property
     def is_accepting(self) -> bool:
@@ -175,8 +197,7 @@ class AsyncEngine:
         stream = _Stream(asyncio.Queue())
         self._streams[request_id] = stream
         accepted: asyncio.Future = self._loop.create_future()
-        self._commands.put(_Add(request, stream, accepted))
-        self._wakeup.set()
+        self._submit(_Add(request, stream, accepted))
         try:
             await accepted
         except BaseException as exc:
@@ -209,8 +230,7 @@ class AsyncEngine:
     def abort(self, request_id: str, sequence: Sequence | None = None) -> None:
         """Thread-safe; takes effect between steps. With ``sequence``, only if that
         sequence still holds the id."""
-        self._commands.put(_Abort(request_id, sequence))
-        self._wakeup.set()
+        self._submit(_Abort(request_id, sequence))
 
     # -- the loop thread -----------------------------------------------------------------
     def _run(self) -> None:

@@ -30,6 +30,12 @@ class WallClock:
         self._origin = (before + after) / 2
         self.epoch_unix = unix
 
+    @property
+    def origin(self) -> float:
+        """The ``time.perf_counter()`` reading of engine time 0 (CLOCK_MONOTONIC: the
+        same in every process of this machine)."""
+        return self._origin
+
     def now(self) -> float:
         return time.perf_counter() - self._origin
 

@@ -166,13 +166,19 @@ def serve(
         help="torch intra-op threads for --executor torch; 0: one fewer than the cores, so "
              "the event loop and a co-located load generator do not stall every step.",
     ),
+    engine_core: str = typer.Option(
+        "process", "--engine-core",
+        help="process: the step loop runs in a process of its own, so the HTTP server's "
+             "per-token work never holds the GIL a step needs (as vLLM V1's EngineCore); "
+             "thread: in a thread of the server's process.",
+    ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
     from harness.serve import serve as run_serve
 
     raise typer.Exit(run_serve(
         engine_config, executor, cost_model, host, port, api_key, served_model_name,
-        max_body_bytes, shutdown_timeout_s, record_steps, torch_threads,
+        max_body_bytes, shutdown_timeout_s, record_steps, torch_threads, engine_core,
     ))
 
 

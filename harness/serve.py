@@ -16,6 +16,10 @@ from engine.tokenizer import HashTokenizer, Tokenizer, load_tokenizer
 
 log = logging.getLogger("schedscope.serve")
 
+#: Where the step loop runs: a process of its own (no GIL shared with the HTTP server),
+#: or a thread of the server's process.
+ENGINE_CORES = ("process", "thread")
+
 
 def tokenizer_for(model: str) -> Tokenizer:
     """The hash tokenizer over a preset's vocabulary; for a checkpoint directory, its
@@ -57,11 +61,11 @@ def serve(
     shutdown_timeout_s: float = 10.0,
     record_steps: Path | None = None,
     torch_threads: int = 0,
+    engine_core: str = "process",
 ) -> int:
     """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
     Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
-    from engine.api import ServerSettings, run_server
-    from engine.async_engine import AsyncEngine
+    from engine.api import ServerSettings
 
     if executor not in EXECUTORS:
         raise typer.BadParameter(f"expected one of {', '.join(EXECUTORS)}, got {executor!r}",
@@ -85,26 +89,66 @@ def serve(
     except (ConfigError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--model") from None
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
     if torch_threads < 0:
         raise typer.BadParameter(f"must be >= 0, got {torch_threads}", param_hint="--torch-threads")
-    if executor == "torch":
+    if engine_core not in ENGINE_CORES:
+        raise typer.BadParameter(f"expected one of {', '.join(ENGINE_CORES)}, got {engine_core!r}",
+                                 param_hint="--engine-core")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    threads = (torch_threads or serving_torch_threads()) if executor == "torch" else 0
+    if threads:
+        log.info("torch intra-op threads: %d of %d cores", threads, os.cpu_count() or 1)
+    settings = ServerSettings(
+        served_model_name=served_model_name or engine_config.model, host=host, port=port,
+        api_key=api_key, max_body_bytes=max_body_bytes, shutdown_timeout_s=shutdown_timeout_s,
+    )
+    if engine_core == "process":
+        return _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
+                                          tokenizer, settings)
+    return _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
+                                     tokenizer, settings)
+
+
+def _serve_with_engine_process(engine_config, executor, model, threads, record_steps, tokenizer,
+                               settings) -> int:
+    from engine.api import run_server
+    from engine.engine_core import EngineCoreSpec
+    from engine.process_engine import EngineProcessError, ProcessEngine
+
+    spec = EngineCoreSpec(engine_config, executor, model.to_dict() if model else None, threads,
+                          record_steps)
+    engine = ProcessEngine(spec)
+    try:
+        engine.launch()
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    except EngineProcessError as exc:
+        log.error("%s", exc)
+        return 1
+    log.info("%s executor, model %s, in the engine process", executor, engine_config.model)
+    try:
+        return run_server(engine, tokenizer, settings)
+    except OSError as exc:  # the address is taken, or not ours to bind
+        log.error("cannot serve on %s:%d: %s", settings.host, settings.port, exc)
+        return 1
+
+
+def _serve_with_engine_thread(engine_config, executor, model, threads, record_steps, tokenizer,
+                              settings) -> int:
+    from engine.api import run_server
+    from engine.async_engine import AsyncEngine
+
+    if threads:
         import torch
 
-        threads = torch_threads or serving_torch_threads()
         torch.set_num_threads(threads)  # global: the engine thread's forward passes use it
-        log.info("torch intra-op threads: %d of %d cores", threads, os.cpu_count() or 1)
     try:
         llm_engine = build_engine(engine_config, executor, cost_model=model)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     log.info("%s executor, model %s; %s", executor, engine_config.model,
              llm_engine.kv_plan.describe(engine_config.cache.block_size))
-    settings = ServerSettings(
-        served_model_name=served_model_name or engine_config.model, host=host, port=port,
-        api_key=api_key, max_body_bytes=max_body_bytes, shutdown_timeout_s=shutdown_timeout_s,
-    )
     step_log = None
     if record_steps is not None:
         from harness.steps import StepLog
@@ -113,7 +157,7 @@ def serve(
     try:
         return run_server(AsyncEngine(llm_engine), tokenizer, settings)
     except OSError as exc:  # the address is taken, or not ours to bind
-        log.error("cannot serve on %s:%d: %s", host, port, exc)
+        log.error("cannot serve on %s:%d: %s", settings.host, settings.port, exc)
         return 1
     finally:
         if step_log is not None:

@@ -88,7 +88,7 @@ def create_app(
     """The aiohttp application. The engine is started on app startup (if it is not
     already) and shut down on cleanup. ``extra_routes`` (e.g. ``web.get("/metrics",
     handler)``) are added as they are; ``app[STATE]`` gives them the engine."""
-    config = async_engine.engine.config
+    config = async_engine.config
     context = ServingContext((settings.served_model_name,), config.scheduler.max_model_len,
                              tokenizer)
     app = web.Application(client_max_size=settings.max_body_bytes,
@@ -274,7 +274,7 @@ def _rejected(state: ServerState, exc: RequestRejected, req: GenerateRequest) ->
                         "rate_limit_error", None, "queue_full",
                         {"Retry-After": str(state.settings.retry_after_s)})
     if exc.reason == d.REASON_EXCEEDS_KV_POOL:
-        config = state.engine.engine.config
+        config = state.engine.config
         blocks = math.ceil(total / config.cache.block_size)
         return bad_request(
             f"the request can never fit the KV cache: prompt + max_tokens = {total} tokens need "

@@ -1,0 +1,208 @@
+"""The engine core: the step loop in a process of its own (the child side).
+
+Why a process: a served step's Python work (scheduling, building the batch, the
+model's op dispatch, sampling) and the event loop's per-token work (queues, SSE
+encoding, socket writes) need the same GIL; in one process every token the event
+loop handles stalls a step. vLLM V1 split its EngineCore from the API server for the
+same reason. The API process keeps the HTTP server, the tokenizer and the streams
+(``engine.process_engine``); this process owns the :class:`LLMEngine` and talks to
+it over two pipes:
+
+- commands in: ``("add", add_id, EngineRequest)``, ``("abort", request_id, seq_no)``,
+  ``("stop",)``;
+- messages out: ``("ready", info)`` once built (or ``("failed", message)``),
+  ``("added", add_id, seq_no, reject_reason)`` / ``("add_error", add_id, message)``,
+  ``("outputs", tokens, ended, stats)`` — once per step and once per batch of aborts,
+  where ``tokens`` is ``[(seq_no, token_id)]`` and ``ended`` is
+  ``[(seq_no, finish_reason, error)]`` — and ``("stopped",)``.
+
+Sequences are named by their engine-assigned ``seq_no``: unique for the life of the
+engine, so an abort or an output can never reach a newer request that reuses an id.
+The step record observers (token timing, ``--record-steps``, telemetry) run here.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.step_record import StepRecord
+
+log = logging.getLogger("schedscope.engine")
+
+
+@dataclass(frozen=True)
+class EngineCoreSpec:
+    """What the child needs to build its engine (picklable)."""
+
+    config: EngineConfig
+    executor: str = "torch"
+    cost_model: dict | None = None  # CostModel.to_dict()
+    torch_threads: int = 0  # 0: torch's default
+    record_steps: Path | None = None
+    idle_wait_s: float = 0.05
+    log_level: int = logging.INFO
+    extra: dict = field(default_factory=dict)
+
+
+def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
+    """The child's main: build the engine, then serve commands until ``stop`` or until
+    the API process goes away."""
+    # The API process owns shutdown: a Ctrl-C sent to the process group must not kill
+    # the engine under requests that are still draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=spec.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
+    try:
+        engine, step_log = _build(spec)
+    except Exception as exc:  # reported to the API process, which names it
+        outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    core = _Core(engine, commands, outputs, spec.idle_wait_s)
+    clock = engine.clock
+    outputs.send(("ready", {"clock_origin": clock.origin, "clock_epoch_unix": clock.epoch_unix,
+                            "num_device_blocks": engine.block_manager.num_device_blocks,
+                            "num_host_blocks": engine.block_manager.num_host_blocks}))
+    try:
+        core.run()
+    finally:
+        if step_log is not None:
+            spec.record_steps.parent.mkdir(parents=True, exist_ok=True)
+            step_log.write(spec.record_steps)
+            log.info("step records: %s (%d steps)", spec.record_steps, step_log.num_steps)
+        try:
+            outputs.send(("stopped",))
+        except (BrokenPipeError, OSError):
+            pass
+
+
+def _build(spec: EngineCoreSpec):
+    from engine.cost_model import CostModel
+    from engine.factory import build_engine
+
+    if spec.executor == "torch" and spec.torch_threads:
+        import torch
+
+        torch.set_num_threads(spec.torch_threads)
+    cost_model = CostModel.from_dict(spec.cost_model) if spec.cost_model else None
+    engine = build_engine(spec.config, spec.executor, cost_model=cost_model)
+    step_log = None
+    if spec.record_steps is not None:
+        from harness.steps import StepLog
+
+        step_log = engine.observers.add(StepLog())
+    return engine, step_log
+
+
+class _Core:
+    def __init__(self, engine, commands, outputs, idle_wait_s: float) -> None:
+        self.engine = engine
+        self.commands = commands
+        self.outputs = outputs
+        self.idle_wait_s = idle_wait_s
+        self.running = True
+        engine.observers.add(self._on_step)
+
+    def run(self) -> None:
+        engine = self.engine
+        clock = engine.clock
+        idle = 0.0
+        while self.running:
+            if not self._apply_commands(0.0):
+                return
+            if not engine.has_work():
+                started = clock.now()
+                if not self._apply_commands(self.idle_wait_s):
+                    return
+                idle += clock.now() - started
+                continue
+            try:
+                record = engine.step(idle_before_s=idle)
+            except Exception as exc:  # a scheduler bug: fail what is in flight, keep serving
+                log.exception("engine step failed")
+                error = f"{type(exc).__name__}: {exc}"
+                try:
+                    engine.recover(error)  # its record reaches _on_step: streams end
+                except Exception:
+                    log.exception("could not fail requests cleanly")
+                    engine.reset_scheduler()
+                continue
+            idle = 0.0
+            if record.is_empty and engine.has_unfinished():
+                wake_at = record.wake_at
+                delay = self.idle_wait_s if wake_at is None else max(0.0, wake_at - clock.now())
+                started = clock.now()
+                if not self._apply_commands(min(delay, self.idle_wait_s)):
+                    return
+                idle += clock.now() - started
+
+    def _apply_commands(self, timeout_s: float) -> bool:
+        """Apply every waiting command (waiting up to ``timeout_s`` for the first);
+        False when the API process is gone or asked to stop."""
+        engine = self.engine
+        ended = []
+        try:
+            ready = self.commands.poll(timeout_s)
+            while ready:
+                command = self.commands.recv()
+                kind = command[0]
+                if kind == "add":
+                    _, add_id, request = command
+                    try:
+                        seq = engine.add_request(request)
+                    except Exception as exc:  # caller mistakes: reported to that caller only
+                        self._send(("add_error", add_id, str(exc)))
+                    else:
+                        self._send(("added", add_id, seq.seq_no, seq.reject_reason
+                                    if seq.is_finished else None))
+                elif kind == "abort":
+                    _, request_id, seq_no = command
+                    held = engine.scheduler.requests.get(request_id)
+                    if held is not None and (seq_no is None or held.seq_no == seq_no):
+                        ended.append(engine.abort(request_id))
+                elif kind == "stop":
+                    self.running = False
+                    break
+                ready = self.commands.poll(0)
+        except (EOFError, OSError):
+            return False  # the API process is gone: stop
+        if ended:
+            # End the streams now rather than after the next step (which may be long);
+            # the next step record reports these ends again, and is ignored for them.
+            self._send(("outputs", [], [(s.seq_no, s.finish_reason, s.error) for s in ended],
+                        self._stats()))
+        return self.running
+
+    def _on_step(self, record: StepRecord) -> None:
+        tokens = [(e.seq.seq_no, e.token_id) for e in record.scheduled if e.token_id is not None]
+        ended = [(s.seq_no, s.finish_reason, s.error) for s in record.finished]
+        self._send(("outputs", tokens, ended, self._stats(record)))
+
+    def _stats(self, record: StepRecord | None = None) -> dict:
+        engine = self.engine
+        scheduler, blocks = engine.scheduler, engine.block_manager
+        stats = {
+            "num_running": len(scheduler.running), "num_waiting": scheduler.num_waiting,
+            "num_swapped": len(scheduler.swapped),
+            "num_free_device_blocks": blocks.num_free_device_blocks,
+            "num_device_blocks": blocks.num_device_blocks,
+            "num_free_host_blocks": blocks.num_free_host_blocks,
+            "num_host_blocks": blocks.num_host_blocks,
+            "num_observer_errors": engine.observers.num_errors,
+            "last_step_at": time.time(),
+        }
+        if record is not None:
+            stats["step"] = record.step
+            if record.error:
+                stats["error"] = record.error
+        return stats
+
+    def _send(self, message) -> None:
+        try:
+            self.outputs.send(message)
+        except (BrokenPipeError, OSError):
+            self.running = False
