@@ -66,18 +66,23 @@ def engine_config(args) -> EngineConfig:
 
 
 # -- offline ----------------------------------------------------------------------------
-def run_offline(specs: list[RequestSpec], config: EngineConfig, threads: int) -> pl.DataFrame:
+def run_offline(specs: list[RequestSpec], config: EngineConfig, threads: int,
+                steps_file: Path) -> pl.DataFrame:
     import torch
 
     from engine.model_runner import build_torch_engine
 
     torch.set_num_threads(threads)  # as the server runs it
 
+    from harness.steps import StepLog
+
     engine = build_torch_engine(config, WallClock(), device="cpu")
+    step_log = engine.observers.add(StepLog())
     vocab = engine.model_config.vocab_size
     clock = engine.clock
     seqs = {}
     pending = list(specs)
+    idle = 0.0
     start = clock.now()
     while pending or engine.has_work():
         now = clock.now() - start
@@ -89,9 +94,13 @@ def run_offline(specs: list[RequestSpec], config: EngineConfig, threads: int) ->
                 arrival_time=start + spec.scheduled_at, priority=spec.priority,
                 request_class=spec.class_name)))
         if engine.has_work():
-            engine.step()
+            engine.step(idle_before_s=idle)
+            idle = 0.0
         elif pending:
+            before = clock.now()
             time.sleep(max(0.0, pending[0].scheduled_at - (clock.now() - start)))
+            idle += clock.now() - before
+    step_log.write(steps_file)
     rows = []
     for spec, seq in seqs.values():
         t = seq.timing
@@ -184,10 +193,10 @@ def compare(name: str, got: dict, ref: dict, target: float) -> None:
                   f"error {err:6.1%}  target <= {target:.0%}: {verdict}")
 
 
-def step_cycle(steps_file: Path) -> None:
-    """Where the served engine's time went, from its step records."""
+def step_cycle(steps_file: Path, name: str = "served") -> None:
+    """Where the engine's time went, from its step records."""
     if not steps_file.exists():
-        print("  (no served step records)")
+        print(f"  (no {name} step records)")
         return
     f = pl.read_parquet(steps_file).sort("step")
     schedule_s = (f["execute_start"] - f["schedule_start"]).sum()
@@ -197,7 +206,7 @@ def step_cycle(steps_file: Path) -> None:
     post_s = post.drop_nulls().sum()
     idle_s = f["idle_before_s"].sum()
     n = f.height
-    print(f"  served steps: {n}, mean cycle {cycle.drop_nulls().mean() * 1e3:.2f} ms; per step: "
+    print(f"  {name} steps: {n}, mean batch {f['num_seqs'].mean():.1f} seqs, mean cycle {cycle.drop_nulls().mean() * 1e3:.2f} ms; per step: "
           f"schedule {schedule_s / n * 1e3:.3f} ms, execute {execute_s / n * 1e3:.3f} ms "
           f"(forward {f['forward_s'].mean() * 1e3:.3f}, sample {f['sample_s'].mean() * 1e3:.3f}), "
           f"post-step (records, observers, hand-off, commands) {post_s / n * 1e3:.3f} ms; "
@@ -235,9 +244,10 @@ def main() -> None:
         from harness.serve import serving_torch_threads
 
         threads = serving_torch_threads()
-        offline = run_offline(specs, config, threads)
+        offline = run_offline(specs, config, threads, tmp / "offline_steps.parquet")
         print(f"offline: {time.perf_counter() - started:.1f} s wall ({threads} torch threads, "
               "as served)")
+        step_cycle(tmp / "offline_steps.parquet", "offline")
         off_p = percentiles(offline)
         print("served vs offline (E2E; the bar the server must clear):")
         compare("served/offline", {k: v for k, v in served_p.items() if k[1] == "e2e_s"},

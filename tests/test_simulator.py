@@ -170,7 +170,7 @@ def test_default_profile_shows_the_policy_tradeoff():
     fcfs_short, fcfs_long = run(scheduling_policy="fcfs")
     sjf_short, sjf_long = run(scheduling_policy="sjf")
     prio_short, prio_long = run(scheduling_policy="priority")
-    bounded_short, bounded_long = run(scheduling_policy="sjf", max_wait_s=3.0)
+    bounded_short, bounded_long = run(scheduling_policy="sjf", max_wait_s=0.5)
 
     q = "queue_s"
     assert sjf_short["ttft_s"].quantile(0.99) < fcfs_short["ttft_s"].quantile(0.99)

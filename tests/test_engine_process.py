@@ -1,0 +1,127 @@
+"""`schedscope serve` runs its step loop in an engine process of its own (the
+default, ``--engine-core process``): what that must not change for a user — and what
+happens when that process fails. Real subprocesses on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from engine.api.testing import CliServer, HttpClient
+from harness.cli import app
+
+BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True}
+
+
+def health(url: str) -> tuple[int, dict]:
+    status, _, raw = HttpClient(url).request("GET", "/health")
+    return status, json.loads(raw)
+
+
+def engine_process(server: CliServer) -> psutil.Process:
+    children = psutil.Process(server.process.pid).children()
+    # multiprocessing's spawn start method also starts a resource tracker
+    cores = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+    assert len(cores) == 1, [c.cmdline() for c in children]
+    return cores[0]
+
+
+def test_serves_with_the_engine_in_its_own_process_and_leaves_none_behind():
+    with CliServer(["--executor", "sim"]) as server:
+        core = engine_process(server)
+        status, _, raw = HttpClient(server.url).post_json("/v1/completions", BODY)
+        assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 5
+        code, body = health(server.url)
+        assert code == 200 and body["num_steps"] >= 5
+        assert body["num_free_device_blocks"] == body["num_device_blocks"] > 0
+        # one clock for both processes: engine time maps to Unix time
+        assert abs(body["clock_epoch_unix"] + body["engine_time_s"] - time.time()) < 0.5
+        server.terminate()
+        assert server.wait(30) == 0
+    assert not core.is_running() or core.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_ctrl_c_to_the_process_group_drains_instead_of_killing_the_engine(tmp_path):
+    """SIGINT reaches the whole process group from a terminal: the engine process must
+    ignore it, so the server can let in-flight requests finish."""
+    slow = tmp_path / "cost.json"
+    slow.write_text(json.dumps({"step_overhead_s": 0.01}))
+    with CliServer(["--executor", "sim", "--cost-model", str(slow)]) as server:
+        core = engine_process(server)
+        result: list = []
+        request = threading.Thread(target=lambda: result.append(HttpClient(server.url).post_json(
+            "/v1/completions", {**BODY, "max_tokens": 100})))
+        request.start()
+        deadline = time.monotonic() + 10
+        while health(server.url)[1]["num_running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        core.send_signal(signal.SIGINT)
+        server.process.send_signal(signal.SIGINT)
+        request.join(30)
+        assert server.wait(30) == 0
+    status, _, raw = result[0]
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 100
+
+
+def test_a_dead_engine_process_fails_in_flight_requests_and_health_says_so(tmp_path):
+    slow = tmp_path / "cost.json"
+    slow.write_text(json.dumps({"step_overhead_s": 0.01}))
+    with CliServer(["--executor", "sim", "--cost-model", str(slow)]) as server:
+        core = engine_process(server)
+        host, port = server.url.removeprefix("http://").split(":")
+        raw = json.dumps({**BODY, "max_tokens": 500, "stream": True}).encode()
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: " + str(len(raw)).encode()
+                     + b"\r\n\r\n" + raw)
+        received = sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200")
+        core.kill()
+        while b"data: [DONE]" not in received:
+            chunk = sock.recv(65536)
+            assert chunk, "the stream was cut instead of ended with an error event"
+            received += chunk
+        sock.close()
+        assert b'"error"' in received and b"engine process exited" in received
+        code, body = health(server.url)
+        assert code == 503 and body["state"] == "failed"
+        status, _, raw = HttpClient(server.url).post_json("/v1/completions", BODY)
+        assert status == 503
+        server.terminate()
+        assert server.wait(30) == 0
+
+
+def test_a_configuration_the_engine_process_refuses_exits_2_naming_it():
+    result = CliRunner().invoke(app, ["serve", "--executor", "sim",
+                                      "--gpu-memory-utilization", "0.001"])
+    assert result.exit_code == 2, result.output
+    assert "gpu_memory_utilization" in result.output
+
+
+@pytest.mark.parametrize("core", ["process", "thread"])
+def test_both_engine_cores_serve_the_same_tokens(core):
+    with CliServer(["--executor", "torch", "--engine-core", core]) as server:
+        status, _, raw = HttpClient(server.url).post_json(
+            "/v1/completions", {**BODY, "temperature": 0.0, "max_tokens": 8})
+    assert status == 200
+    text = json.loads(raw)["choices"][0]["text"]
+    assert text  # greedy, seeded weights: the same text from both (compared below)
+    test_both_engine_cores_serve_the_same_tokens.texts[core] = text
+    if len(test_both_engine_cores_serve_the_same_tokens.texts) == 2:
+        assert len(set(test_both_engine_cores_serve_the_same_tokens.texts.values())) == 1
+
+
+test_both_engine_cores_serve_the_same_tokens.texts = {}
+
+
+def test_an_unknown_engine_core_exits_2():
+    result = CliRunner().invoke(app, ["serve", "--executor", "sim", "--engine-core", "gpu"])
+    assert result.exit_code == 2 and "--engine-core" in result.output
