@@ -213,6 +213,36 @@ def step_cycle(steps_file: Path, name: str = "served") -> None:
           f"idle {idle_s:.1f} s in all")
 
 
+def rank_policies(args, specs: list[RequestSpec]) -> None:
+    """Served and simulated runs of each policy: does the simulator rank them as the
+    served engine does, per class, by p95 TTFT and p95 E2E?"""
+    profile = resolve_profile("default")
+    served_p, sim_p = {}, {}
+    for policy in args.rank_policies.split(","):
+        args.policy = policy
+        tmp = Path(tempfile.mkdtemp(prefix=f"schedscope-rank-{policy}-"))
+        served, _ = run_served(specs, args, tmp / "steps.parquet")
+        served_p[policy] = percentiles(served)
+        model = CostModel.load(args.cost_model) if args.cost_model else CostModel()
+        result = simulate(profile, engine_config(args), model, requests=specs,
+                          record_decisions=False)
+        sim_p[policy] = percentiles(result.requests.select("request_id", "class",
+                                                           "output_tokens", "ttft_s", "e2e_s"))
+    keys = sorted(k for k in next(iter(served_p.values())) if k[0] != "all")
+    same = total = 0
+    for key in keys:
+        served_rank = sorted(served_p, key=lambda p: served_p[p][key]["p95"])
+        sim_rank = sorted(sim_p, key=lambda p: sim_p[p][key]["p95"])
+        total += 1
+        same += served_rank == sim_rank
+        values = "  ".join(f"{p} {served_p[p][key]['p95']:.3f}/{sim_p[p][key]['p95']:.3f}"
+                           for p in served_rank)
+        print(f"  {key[0]:16} {key[1]:7} p95 served/sim: {values}   served order "
+              f"{'>'.join(served_rank)}, simulated {'>'.join(sim_rank)}: "
+              f"{'SAME' if served_rank == sim_rank else 'DIFFERENT'}")
+    print(f"  same policy ranking in {same} of {total} (class, metric) pairs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -222,6 +252,9 @@ def main() -> None:
     parser.add_argument("--policy", default="fcfs")
     parser.add_argument("--cost-model", type=Path, default=None)
     parser.add_argument("--skip-offline", action="store_true")
+    parser.add_argument("--rank-policies", default=None,
+                        help="e.g. fcfs,sjf,priority: served and simulated runs of each, "
+                             "and whether the simulator ranks them as served runs do")
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
                         help="extra `schedscope serve` flags (last)")
     args = parser.parse_args()
@@ -229,6 +262,9 @@ def main() -> None:
     config = engine_config(args)
     print(f"schedule: {len(specs)} requests over {args.duration_s:.0f} s at "
           f"{args.rate_scale}x the default profile's rate, policy {args.policy}")
+    if args.rank_policies:
+        rank_policies(args, specs)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="schedscope-bench-serving-"))
     steps_file = tmp / "steps.parquet"
 

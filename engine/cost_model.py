@@ -60,18 +60,20 @@ class CostModelError(ValueError):
 
 @dataclass(frozen=True)
 class CostModel:
-    # Defaults: `schedscope calibrate --from-steps` of three served runs of the default
-    # profile (0.3x and 1x its rate; `schedscope serve --executor torch`, the engine
-    # process with 1 torch thread of 2 CPU cores, tiny, fp32, torch 2.13, 2026-12-01),
-    # rounded: a step's full served cycle. Those runs never swapped: swap_block_s is
-    # the profiling calibration's. See docs/execution.md.
+    # Defaults: `schedscope calibrate --from-steps` of six served runs of the default
+    # profile (the old 7 req/s base at 0.3x and 1x, and the current one at 1x with its
+    # 28 req/s burst under fcfs, sjf and priority; `schedscope serve --executor torch`,
+    # the engine process with 1 torch thread of 2 CPU cores, tiny, fp32, torch 2.13,
+    # 2026-12-01), rounded: a step's full served cycle. Held-out median error 4.2%,
+    # total time 93% accounted for. Those runs never swapped: swap_block_s is the
+    # profiling calibration's. See docs/execution.md.
     step_overhead_s: float = 1.8e-3
-    prefill_token_s: float = 2.8e-5
-    decode_seq_s: float = 2.2e-4
-    decode_context_token_s: float = 3.4e-7
-    prefill_attention_s: float = 1.05e-7
+    prefill_token_s: float = 0.0
+    decode_seq_s: float = 2.0e-4
+    decode_context_token_s: float = 3.7e-7
+    prefill_attention_s: float = 2.1e-7
     swap_block_s: float = 6.7e-6
-    prefill_seq_s: float = 2.0e-3
+    prefill_seq_s: float = 7.6e-3
     mixed_step_s: float = 0.0
     device: str = "cpu: x86_64, 2 cores, served with 1 torch thread (built-in defaults)"
     model: str = "tiny"
