@@ -135,7 +135,9 @@ async def replay(url: str, specs: list[RequestSpec], vocab: int) -> tuple[list[d
                     "priority": spec.priority,
                     "stream_options": {"include_usage": True}}
             first = last = None
+            first_unix = None
             tokens = 0
+            sent_unix = time.time()
             async with session.post(url + "/v1/completions", json=body,
                                     headers={"X-Request-Id": spec.request_id,
                                              "X-Request-Class": spec.class_name}) as response:
@@ -149,22 +151,50 @@ async def replay(url: str, specs: list[RequestSpec], vocab: int) -> tuple[list[d
                     if event.get("choices") and event["choices"][0].get("text"):
                         last = loop.time()
                         if first is None:
-                            first = last
+                            first, first_unix = last, time.time()
             rows.append({"request_id": spec.request_id, "class": spec.class_name,
                          "output_tokens": tokens, "ttft_s": first - scheduled,
-                         "e2e_s": last - scheduled})
+                         "e2e_s": last - scheduled, "sent_unix": sent_unix,
+                         "first_unix": first_unix})
 
         await asyncio.gather(*(one(s) for s in specs))
     return rows, float(np.percentile(lags, 99)) if lags else 0.0
 
 
 def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.DataFrame, float]:
+    """Client rows; the server's step and request records land beside ``steps_file``."""
+    from engine.api.testing import HttpClient
+
     vocab = ModelConfig.preset("tiny").vocab_size
     server_args = ["--executor", "torch", "--scheduling-policy", args.policy,
-                   "--record-steps", str(steps_file), *args.serve_args]
+                   "--record-steps", str(steps_file),
+                   "--record-requests", str(steps_file.with_name("requests.parquet")),
+                   *args.serve_args]
     with CliServer(server_args, start_timeout_s=120) as server:
         rows, lag_p99 = asyncio.run(replay(server.url, specs, vocab))
+        epoch = json.loads(HttpClient(server.url).request("GET", "/health")[2])["clock_epoch_unix"]
+    steps_file.with_name("epoch.json").write_text(json.dumps({"clock_epoch_unix": epoch}))
     return pl.DataFrame(rows), lag_p99
+
+
+def client_latency(served: pl.DataFrame, steps_file: Path) -> dict | None:
+    """Median time a request and its tokens spend outside the engine: from the client's
+    send to the engine's arrival stamp (intake), and from the engine's first token to
+    the client's (delivery), joined by request id through the engine's clock epoch."""
+    requests_file = steps_file.with_name("requests.parquet")
+    if not requests_file.exists():
+        return None
+    epoch = json.loads(steps_file.with_name("epoch.json").read_text())["clock_epoch_unix"]
+    engine = pl.read_parquet(requests_file).select(
+        "request_id", (pl.col("scheduled_at") + epoch).alias("arrival_unix"),
+        (pl.col("first_token_at") + epoch).alias("engine_first_unix"))
+    joined = served.join(engine, on="request_id").select(
+        (pl.col("arrival_unix") - pl.col("sent_unix")).alias("intake_s"),
+        (pl.col("first_unix") - pl.col("engine_first_unix")).alias("delivery_s"))
+    return {"intake_s": float(joined["intake_s"].median()),
+            "delivery_s": float(joined["delivery_s"].median()),
+            "client_latency_s": float((joined["intake_s"] + joined["delivery_s"]).median()),
+            "joined": joined.height}
 
 
 # -- report -----------------------------------------------------------------------------
@@ -308,7 +338,15 @@ def main() -> None:
     if steps_file.exists():
         from engine.cost_fit import fit_from_steps
 
-        models["fitted from served steps"] = fit_from_steps(pl.read_parquet(steps_file))
+        fitted = fit_from_steps(pl.read_parquet(steps_file))
+        models["fitted from served steps"] = fitted
+        latency = client_latency(served, steps_file)
+        if latency:
+            print(f"outside the engine (median of {latency['joined']} requests): intake "
+                  f"{latency['intake_s'] * 1e3:.2f} ms, delivery {latency['delivery_s'] * 1e3:.2f} ms,"
+                  f" together {latency['client_latency_s'] * 1e3:.2f} ms")
+            models["fitted from served steps + client latency"] = dataclasses.replace(
+                fitted, client_latency_s=latency["client_latency_s"])
     profile = resolve_profile("default")
     for name, model in models.items():
         result = simulate(profile, config, model, requests=specs, record_decisions=False)

@@ -166,7 +166,8 @@ def calibrate(runner: ModelRunner, model_name: str, quick: bool = False, repeats
     x = np.array([s.features() for s in grid])
     coef = fit(x, np.array(train_s))
     params = dict(zip(FEATURES, (float(c) for c in coef), strict=True))
-    fitted = CostModel(**params, device=describe_device(runner.device), model=model_name,
+    fitted = CostModel(**params, client_latency_s=0.0,  # the runner alone: no network
+                       device=describe_device(runner.device), model=model_name,
                        fitted_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                        source="calibrated")
     errors = relative_errors(fitted, held, held_s)

@@ -100,6 +100,7 @@ def fit_from_steps(frames, model: str = "", source: str = "") -> CostModel:
     fitted = CostModel(
         **dict(zip(FEATURES, (float(c) for c in coef), strict=True)),
         device="fitted from step records", model=model, source="steps",
+        client_latency_s=0.0,  # not in step records: benchmarks/bench_serving.py measures it
         fitted_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
     predicted = x @ np.array(fitted.coefficients)

@@ -75,6 +75,12 @@ class CostModel:
     swap_block_s: float = 6.7e-6
     prefill_seq_s: float = 7.6e-3
     mixed_step_s: float = 0.0
+    #: Not a step cost: the time a request and its tokens spend outside the engine on
+    #: the way from the client and back (HTTP, the pipe to the engine process and back,
+    #: SSE), added to simulated client-side TTFT and E2E. Measured by
+    #: benchmarks/bench_serving.py from a served run's client and engine records
+    #: (median; 2 cores, 2026-12-01). 0 makes the network instant.
+    client_latency_s: float = 1.7e-3
     device: str = "cpu: x86_64, 2 cores, served with 1 torch thread (built-in defaults)"
     model: str = "tiny"
     fitted_at: str = ""
@@ -86,13 +92,18 @@ class CostModel:
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
                 raise CostModelError(f"cost model parameter {name} must be a number >= 0, got {value!r}")
+        if not isinstance(self.client_latency_s, int | float) or self.client_latency_s < 0:
+            raise CostModelError(
+                f"cost model parameter client_latency_s must be a number >= 0, got "
+                f"{self.client_latency_s!r}")
         # Read once per step by the simulator: kept as a tuple (not a dataclass field).
         object.__setattr__(self, "_coefficients", tuple(float(getattr(self, n)) for n in FEATURES))
 
     @classmethod
     def constant(cls, step_s: float) -> CostModel:
         """Every non-empty step takes ``step_s`` (0: as fast as Python goes)."""
-        return cls(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": step_s}, source="constant")
+        return cls(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": step_s},
+                   client_latency_s=0.0, source="constant")
 
     @property
     def coefficients(self) -> tuple[float, ...]:

@@ -18,7 +18,8 @@ it over two pipes:
 
 Sequences are named by their engine-assigned ``seq_no``: unique for the life of the
 engine, so an abort or an output can never reach a newer request that reuses an id.
-The step record observers (token timing, ``--record-steps``, telemetry) run here.
+The step record observers (token timing, ``--record-steps``, ``--record-requests``,
+telemetry) run here.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class EngineCoreSpec:
     cost_model: dict | None = None  # CostModel.to_dict()
     torch_threads: int = 0  # 0: torch's default
     record_steps: Path | None = None
+    record_requests: Path | None = None
     idle_wait_s: float = 0.05
     log_level: int = logging.INFO
     extra: dict = field(default_factory=dict)
@@ -58,7 +60,7 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
     logging.basicConfig(level=spec.log_level,
                         format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
     try:
-        engine, step_log = _build(spec)
+        engine, step_log, request_log = _build(spec)
     except Exception as exc:  # reported to the API process, which names it
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -74,6 +76,10 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
             spec.record_steps.parent.mkdir(parents=True, exist_ok=True)
             step_log.write(spec.record_steps)
             log.info("step records: %s (%d steps)", spec.record_steps, step_log.num_steps)
+        if request_log is not None:
+            request_log.write(spec.record_requests)
+            log.info("request records: %s (%d requests)", spec.record_requests,
+                     len(request_log.rows))
         try:
             outputs.send(("stopped",))
         except (BrokenPipeError, OSError):
@@ -90,12 +96,17 @@ def _build(spec: EngineCoreSpec):
         torch.set_num_threads(spec.torch_threads)
     cost_model = CostModel.from_dict(spec.cost_model) if spec.cost_model else None
     engine = build_engine(spec.config, spec.executor, cost_model=cost_model)
-    step_log = None
+    step_log = request_log = None
     if spec.record_steps is not None:
         from harness.steps import StepLog
 
         step_log = engine.observers.add(StepLog())
-    return engine, step_log
+    if spec.record_requests is not None:
+        from harness.records import RequestRecorder
+
+        request_log = engine.observers.add(
+            RequestRecorder(spec.config.scheduler.scheduling_policy, "served"))
+    return engine, step_log, request_log
 
 
 class _Core:

@@ -166,6 +166,11 @@ def serve(
         help="torch intra-op threads for --executor torch; 0: one fewer than the cores, so "
              "the event loop and a co-located load generator do not stall every step.",
     ),
+    record_requests: Path | None = typer.Option(
+        None, "--record-requests",
+        help="Write the engine's record of every request (requests.parquet columns, engine "
+             "times; docs/records.md) to this file at shutdown.",
+    ),
     engine_core: str = typer.Option(
         "process", "--engine-core",
         help="process: the step loop runs in a process of its own, so the HTTP server's "
@@ -179,6 +184,7 @@ def serve(
     raise typer.Exit(run_serve(
         engine_config, executor, cost_model, host, port, api_key, served_model_name,
         max_body_bytes, shutdown_timeout_s, record_steps, torch_threads, engine_core,
+        record_requests,
     ))
 
 

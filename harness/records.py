@@ -127,6 +127,14 @@ class RequestRecorder:
         for seq in record.finished:
             self.rows.append(sequence_record(seq, self.policy, self.profile))
 
+    def write(self, path: Path) -> None:
+        """requests.parquet of everything recorded so far (stalls at the floor
+        threshold: a served run has no median ITL of its own to scale it by)."""
+        rows = [dict(row) for row in self.rows]
+        add_stalls(rows, stall_threshold(None))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_parquet(requests_frame(rows), path)
+
 
 def stall_threshold(median_itl_s: float | None, floor_s: float = 0.25, factor: float = 5.0) -> float:
     """METRICS.md: the larger of 250 ms and 5x the run's median ITL."""

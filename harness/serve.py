@@ -62,6 +62,7 @@ def serve(
     record_steps: Path | None = None,
     torch_threads: int = 0,
     engine_core: str = "process",
+    record_requests: Path | None = None,
 ) -> int:
     """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
     Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
@@ -105,19 +106,19 @@ def serve(
     )
     if engine_core == "process":
         return _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
-                                          tokenizer, settings)
+                                          record_requests, tokenizer, settings)
     return _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
-                                     tokenizer, settings)
+                                     record_requests, tokenizer, settings)
 
 
-def _serve_with_engine_process(engine_config, executor, model, threads, record_steps, tokenizer,
-                               settings) -> int:
+def _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
+                               record_requests, tokenizer, settings) -> int:
     from engine.api import run_server
     from engine.engine_core import EngineCoreSpec
     from engine.process_engine import EngineProcessError, ProcessEngine
 
     spec = EngineCoreSpec(engine_config, executor, model.to_dict() if model else None, threads,
-                          record_steps)
+                          record_steps, record_requests)
     engine = ProcessEngine(spec)
     try:
         engine.launch()
@@ -134,8 +135,8 @@ def _serve_with_engine_process(engine_config, executor, model, threads, record_s
         return 1
 
 
-def _serve_with_engine_thread(engine_config, executor, model, threads, record_steps, tokenizer,
-                              settings) -> int:
+def _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
+                              record_requests, tokenizer, settings) -> int:
     from engine.api import run_server
     from engine.async_engine import AsyncEngine
 
@@ -154,6 +155,12 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
         from harness.steps import StepLog
 
         step_log = llm_engine.observers.add(StepLog())
+    request_log = None
+    if record_requests is not None:
+        from harness.records import RequestRecorder
+
+        request_log = llm_engine.observers.add(
+            RequestRecorder(engine_config.scheduler.scheduling_policy, "served"))
     try:
         return run_server(AsyncEngine(llm_engine), tokenizer, settings)
     except OSError as exc:  # the address is taken, or not ours to bind
@@ -164,3 +171,5 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
             record_steps.parent.mkdir(parents=True, exist_ok=True)
             step_log.write(record_steps)
             log.info("step records: %s (%d steps)", record_steps, step_log.num_steps)
+        if request_log is not None:
+            request_log.write(record_requests)

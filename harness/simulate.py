@@ -184,6 +184,14 @@ def simulate(
         idle += clock.now() - before
 
     rows = recorder.rows
+    latency = (cost_model or CostModel()).client_latency_s
+    if latency:
+        # The client sees its first and last token this much later than the engine
+        # emits them (request in, tokens out); the engine's own times are unchanged.
+        for row in rows:
+            for name in ("ttft_s", "ttft_from_sent_s", "e2e_s"):
+                if row[name] is not None:
+                    row[name] += latency
     threshold = stall_threshold(_median_itl(rows))
     add_stalls(rows, threshold)
     frame = requests_frame(rows).sort("scheduled_at", "request_id")

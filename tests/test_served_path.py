@@ -27,7 +27,8 @@ from harness.simulate import run_simulations, simulate
 #: Every parameter non-zero and different, so a fit that drops or swaps one shows.
 KNOWN = CostModel(step_overhead_s=2e-3, prefill_token_s=3e-5, decode_seq_s=2e-4,
                   decode_context_token_s=5e-7, prefill_attention_s=4e-8, swap_block_s=3e-5,
-                  prefill_seq_s=7e-4, mixed_step_s=1.1e-3, source="synthetic")
+                  prefill_seq_s=7e-4, mixed_step_s=1.1e-3, client_latency_s=0.0,
+                  source="synthetic")
 
 
 def test_one_hand_off_per_step_and_no_spinning_while_idle():
@@ -122,3 +123,41 @@ def test_serve_records_its_steps_at_shutdown(tmp_path):
     steps = pl.read_parquet(path)
     assert steps.height >= 5 and steps["num_decode_seqs"].sum() == 4  # 1 prefill + 4 decodes
     assert (steps["execute_end"] >= steps["execute_start"]).all()
+
+
+def test_client_latency_is_added_to_client_side_times_only():
+    import dataclasses
+
+    profile = resolve_profile("default")
+    instant = dataclasses.replace(CostModel(), client_latency_s=0.0)
+    base = simulate(profile, EngineConfig(), instant, record_decisions=False).requests
+    slow = simulate(profile, EngineConfig(), dataclasses.replace(instant, client_latency_s=0.01),
+                    record_decisions=False).requests
+    for name in ("ttft_s", "ttft_from_sent_s", "e2e_s"):
+        assert (slow[name] - base[name]).to_list() == pytest.approx([0.01] * base.height)
+    for name in ("tpot_s", "queue_s", "finished_at"):  # the engine ran exactly the same
+        assert slow[name].to_list() == base[name].to_list()
+    with pytest.raises(ValueError, match="client_latency_s"):
+        CostModel(client_latency_s=-1.0)
+
+
+@pytest.mark.parametrize("core", ["process", "thread"])
+def test_serve_records_its_requests_at_shutdown(tmp_path, core):
+    from engine.api.testing import CliServer
+
+    path = tmp_path / "requests.parquet"
+    with CliServer(["--executor", "sim", "--engine-core", core,
+                    "--record-requests", str(path)]) as server:
+        client = HttpClient(server.url)
+        for i, cls in enumerate(["chat", "batch"]):
+            status, _, _ = client.post_json("/v1/completions", {
+                "model": "tiny", "prompt": "a b c", "max_tokens": 3 + i, "ignore_eos": True},
+                {"X-Request-Id": f"r{i}", "X-Request-Class": cls})
+            assert status == 200
+        server.terminate()
+        assert server.wait(30) == 0
+    rows = pl.read_parquet(path).sort("request_id")
+    assert rows["request_id"].to_list() == ["r0", "r1"]
+    assert rows["class"].to_list() == ["chat", "batch"]
+    assert rows["output_tokens"].to_list() == [3, 4] and set(rows["status"]) == {"ok"}
+    assert (rows["first_token_at"] >= rows["scheduled_at"]).all()
