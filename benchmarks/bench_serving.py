@@ -255,6 +255,8 @@ def rank_policies(args, specs: list[RequestSpec]) -> None:
         args.policy = policy
         tmp = Path(tempfile.mkdtemp(prefix=f"schedscope-rank-{policy}-"))
         served, _ = run_served(specs, args, tmp / "steps.parquet")
+        served.write_parquet(tmp / "client.parquet")
+        print(f"  {policy}: served records in {tmp}")
         served_p[policy] = percentiles(served)
         model = CostModel.load(args.cost_model) if args.cost_model else CostModel()
         result = simulate(profile, engine_config(args), model, requests=specs,

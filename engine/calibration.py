@@ -44,10 +44,12 @@ class StepShape:
 
     def features(self) -> list[float]:
         """The cost model's features of this step (blocks move out and back in)."""
+        padded = (len(self.prefills) * max(n for n, _ in self.prefills)
+                  * max(before + n for n, before in self.prefills)) if self.prefills else 0
         return step_features(
             sum(n for n, _ in self.prefills), len(self.decodes), sum(self.decodes),
             sum(n * (before + n) for n, before in self.prefills), 2 * self.swap_blocks,
-            len(self.prefills),
+            len(self.prefills), padded,
         )
 
 

@@ -70,6 +70,7 @@ def step_cycles(frame) -> tuple[np.ndarray, np.ndarray]:
         r["num_prefill_tokens"], r["num_decode_seqs"], r["num_decode_context_tokens"],
         r["prefill_attention_work"], r["num_blocks_swapped_out"] + r["num_blocks_swapped_in"],
         r["num_seqs"] - r["num_decode_seqs"],
+        r.get("prefill_padded_attention_work") or 0,  # absent from older records
     ) for r in rows]
     return np.array(x, dtype=np.float64).reshape(-1, len(FEATURES)), cycles
 

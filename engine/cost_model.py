@@ -11,6 +11,7 @@ computes while building the step)::
            + swap_block_s             * blocks swapped in or out
            + prefill_seq_s            * prefill chunks (sequences prefilling)
            + mixed_step_s             * (1 if the step mixes prefill and decode)
+           + prefill_padded_attention_s * prefill chunks * longest chunk * longest context
 
 Linear because each term is a kernel whose cost is linear in that quantity
 (weight GEMMs in tokens, attention in context, copies in blocks); the fit of
@@ -33,6 +34,7 @@ FEATURES = (
     "swap_block_s",
     "prefill_seq_s",
     "mixed_step_s",
+    "prefill_padded_attention_s",
 )
 
 
@@ -43,6 +45,7 @@ def step_features(
     prefill_attention_work: int = 0,
     num_swap_blocks: int = 0,
     num_prefill_seqs: int | None = None,
+    prefill_padded_attention_work: int = 0,
 ) -> list[float]:
     """The feature vector (in FEATURES order) of a step; all zeros for an empty step."""
     if not (num_prefill_tokens or num_decode_seqs or num_swap_blocks):
@@ -51,7 +54,8 @@ def step_features(
         num_prefill_seqs = 1 if num_prefill_tokens else 0
     mixed = 1.0 if num_prefill_tokens and num_decode_seqs else 0.0
     return [1.0, float(num_prefill_tokens), float(num_decode_seqs), float(decode_context_tokens),
-            float(prefill_attention_work), float(num_swap_blocks), float(num_prefill_seqs), mixed]
+            float(prefill_attention_work), float(num_swap_blocks), float(num_prefill_seqs), mixed,
+            float(prefill_padded_attention_work)]
 
 
 class CostModelError(ValueError):
@@ -60,21 +64,21 @@ class CostModelError(ValueError):
 
 @dataclass(frozen=True)
 class CostModel:
-    # Defaults: `schedscope calibrate --from-steps` of six served runs of the default
-    # profile (the old 7 req/s base at 0.3x and 1x, and the current one at 1x with its
-    # 28 req/s burst under fcfs, sjf and priority; `schedscope serve --executor torch`,
-    # the engine process with 1 torch thread of 2 CPU cores, tiny, fp32, torch 2.13,
-    # 2026-12-01), rounded: a step's full served cycle. Held-out median error 4.2%,
-    # total time 93% accounted for. Those runs never swapped: swap_block_s is the
-    # profiling calibration's. See docs/execution.md.
-    step_overhead_s: float = 1.8e-3
+    # Defaults: `schedscope calibrate --from-steps` of three served runs of the default
+    # profile at 1x, its 28 req/s burst included, under fcfs, sjf and priority
+    # (`schedscope serve --executor torch`, the engine process with 1 torch thread of 2
+    # CPU cores, tiny, fp32, torch 2.13, 2026-12-01), rounded: a step's full served
+    # cycle. Held-out median error 4.2%, 98% of held-out total time. Those runs never
+    # swapped: swap_block_s is the profiling calibration's. See docs/execution.md.
+    step_overhead_s: float = 1.9e-3
     prefill_token_s: float = 0.0
-    decode_seq_s: float = 2.0e-4
-    decode_context_token_s: float = 3.7e-7
-    prefill_attention_s: float = 2.1e-7
+    decode_seq_s: float = 1.0e-4
+    decode_context_token_s: float = 5.2e-7
+    prefill_attention_s: float = 0.0
     swap_block_s: float = 6.7e-6
-    prefill_seq_s: float = 7.6e-3
+    prefill_seq_s: float = 3.6e-3
     mixed_step_s: float = 0.0
+    prefill_padded_attention_s: float = 1.95e-7
     #: Not a step cost: the time a request and its tokens spend outside the engine on
     #: the way from the client and back (HTTP, the pipe to the engine process and back,
     #: SSE), added to simulated client-side TTFT and E2E. Measured by
@@ -118,11 +122,12 @@ class CostModel:
         prefill_attention_work: int = 0,
         num_swap_blocks: int = 0,
         num_prefill_seqs: int | None = None,
+        prefill_padded_attention_work: int = 0,
     ) -> float:
         """Predicted seconds for a step with this content (0 for an empty step)."""
         return self.predict_features(step_features(
             num_prefill_tokens, num_decode_seqs, decode_context_tokens, prefill_attention_work,
-            num_swap_blocks, num_prefill_seqs,
+            num_swap_blocks, num_prefill_seqs, prefill_padded_attention_work,
         ))
 
     def predict_features(self, features: list[float]) -> float:
@@ -135,7 +140,7 @@ class CostModel:
         return self.predict(
             out.num_prefill_tokens, num_decode, out.num_decode_context_tokens,
             out.prefill_attention_work, len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
-            len(out.seqs) - num_decode,
+            len(out.seqs) - num_decode, out.prefill_padded_attention_work,
         )
 
     def predict_swap_s(self, num_blocks: int) -> float:
@@ -148,10 +153,9 @@ class CostModel:
         (no step overhead: the re-prefill rides in a step that runs anyway)."""
         if num_context_tokens <= 0:
             return 0.0
-        return self.predict(
-            num_context_tokens, 0, prefill_attention_work=num_context_tokens * num_context_tokens,
-            num_prefill_seqs=1,
-        ) - self.step_overhead_s
+        n = num_context_tokens
+        return self.predict(n, 0, prefill_attention_work=n * n, num_prefill_seqs=1,
+                            prefill_padded_attention_work=n * n) - self.step_overhead_s
 
     # -- files -------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -165,6 +165,7 @@ class LLMEngine:
             num_prefill_tokens=out.num_prefill_tokens, num_decode_seqs=out.num_decode_seqs,
             num_decode_context_tokens=out.num_decode_context_tokens,
             prefill_attention_work=out.prefill_attention_work,
+            prefill_padded_attention_work=out.prefill_padded_attention_work,
             num_waiting=out.num_waiting, num_running=out.num_running,
             num_swapped=out.num_swapped,
             blocks_to_swap_out=out.blocks_to_swap_out, blocks_to_swap_in=out.blocks_to_swap_in,

@@ -25,6 +25,9 @@ class SchedulerOutput:
     num_decode_seqs: int = 0
     num_decode_context_tokens: int = 0  # sum of decode sequences' context lengths
     prefill_attention_work: int = 0  # sum over prefill chunks of chunk_len * context_len
+    num_prefill_seqs: int = 0  # prefill chunks in the step
+    max_prefill_chunk: int = 0  # the longest chunk
+    max_prefill_context: int = 0  # the longest context a chunk attends to (itself included)
     blocks_to_swap_out: BlockMapping = field(default_factory=list)
     blocks_to_swap_in: BlockMapping = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
@@ -43,6 +46,13 @@ class SchedulerOutput:
         return self.num_prefill_tokens + self.num_decode_seqs
 
     @property
+    def prefill_padded_attention_work(self) -> int:
+        """The runner's padded prefill attention: every chunk is padded to the longest
+        chunk and the longest context (``engine.model``), so its work is this product,
+        which a few long chunks among short ones make far larger than the sum."""
+        return self.num_prefill_seqs * self.max_prefill_chunk * self.max_prefill_context
+
+    @property
     def is_empty(self) -> bool:
         return not self.seqs and not self.blocks_to_swap_out and not self.blocks_to_swap_in
 
@@ -59,5 +69,11 @@ class SchedulerOutput:
             self.num_decode_seqs += 1
             self.num_decode_context_tokens += seq.num_tokens
         else:
+            context = seq.num_computed_tokens + num_tokens
             self.num_prefill_tokens += num_tokens
-            self.prefill_attention_work += num_tokens * (seq.num_computed_tokens + num_tokens)
+            self.prefill_attention_work += num_tokens * context
+            self.num_prefill_seqs += 1
+            if num_tokens > self.max_prefill_chunk:
+                self.max_prefill_chunk = num_tokens
+            if context > self.max_prefill_context:
+                self.max_prefill_context = context

@@ -50,6 +50,8 @@ class StepRecord:
     # the cost model's other features (engine.cost_model.step_features)
     num_decode_context_tokens: int = 0  # sum of the decoding sequences' context lengths
     prefill_attention_work: int = 0  # sum over prefill chunks of chunk_len * context_len
+    #: prefill chunks x longest chunk x longest context (the runner pads to them)
+    prefill_padded_attention_work: int = 0
     num_idle_running: int = 0  # running sequences left out of this step
     # queue depths after scheduling (what the step ran with)
     num_waiting: int = 0

@@ -37,6 +37,7 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "num_decisions": pl.Int64,
     "num_decode_context_tokens": pl.Int64,
     "prefill_attention_work": pl.Int64,
+    "prefill_padded_attention_work": pl.Int64,
     "forward_s": pl.Float64,
     "sample_s": pl.Float64,
     "idle_before_s": pl.Float64,
@@ -86,6 +87,7 @@ class StepLog:
         c["num_decisions"].append(len(record.decisions))
         c["num_decode_context_tokens"].append(record.num_decode_context_tokens)
         c["prefill_attention_work"].append(record.prefill_attention_work)
+        c["prefill_padded_attention_work"].append(record.prefill_padded_attention_work)
         c["forward_s"].append(record.forward_s)
         c["sample_s"].append(record.sample_s)
         c["idle_before_s"].append(record_idle)

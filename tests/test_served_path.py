@@ -27,7 +27,8 @@ from harness.simulate import run_simulations, simulate
 #: Every parameter non-zero and different, so a fit that drops or swaps one shows.
 KNOWN = CostModel(step_overhead_s=2e-3, prefill_token_s=3e-5, decode_seq_s=2e-4,
                   decode_context_token_s=5e-7, prefill_attention_s=4e-8, swap_block_s=3e-5,
-                  prefill_seq_s=7e-4, mixed_step_s=1.1e-3, client_latency_s=0.0,
+                  prefill_seq_s=7e-4, mixed_step_s=1.1e-3, prefill_padded_attention_s=2e-8,
+                  client_latency_s=0.0,
                   source="synthetic")
 
 
