@@ -44,12 +44,19 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
+#: Columns computed here rather than read off the record.
+_DERIVED = frozenset({"num_seqs", "num_decisions", "idle_before_s"})
+
+
 class StepLog:
     """Observer: the composition of every non-empty step, column by column."""
 
     def __init__(self) -> None:
         self.columns: dict[str, list] = {name: [] for name in STEP_SCHEMA}
         self._idle_carry = 0.0
+        # Columns that are a StepRecord attribute of the same name.
+        self._same_named = [(name, self.columns[name]) for name in STEP_SCHEMA
+                            if name not in _DERIVED]
 
     def write(self, path) -> None:
         from harness.records import write_parquet
@@ -64,32 +71,11 @@ class StepLog:
             return
         record_idle = record.idle_before_s + self._idle_carry
         self._idle_carry = 0.0
+        for name, column in self._same_named:
+            column.append(getattr(record, name))
         c = self.columns
-        c["step"].append(record.step)
-        c["schedule_start"].append(record.schedule_start)
-        c["execute_start"].append(record.execute_start)
-        c["execute_end"].append(record.execute_end)
         c["num_seqs"].append(len(record.scheduled))
-        c["num_prefill_tokens"].append(record.num_prefill_tokens)
-        c["num_recompute_tokens"].append(record.num_recompute_tokens)
-        c["num_decode_seqs"].append(record.num_decode_seqs)
-        c["num_idle_running"].append(record.num_idle_running)
-        c["num_waiting"].append(record.num_waiting)
-        c["num_running"].append(record.num_running)
-        c["num_swapped"].append(record.num_swapped)
-        c["num_free_device_blocks"].append(record.num_free_device_blocks)
-        c["num_device_blocks"].append(record.num_device_blocks)
-        c["num_free_host_blocks"].append(record.num_free_host_blocks)
-        c["num_blocks_swapped_out"].append(record.num_blocks_swapped_out)
-        c["num_blocks_swapped_in"].append(record.num_blocks_swapped_in)
-        c["swap_out_s"].append(record.swap_out_s)
-        c["swap_in_s"].append(record.swap_in_s)
         c["num_decisions"].append(len(record.decisions))
-        c["num_decode_context_tokens"].append(record.num_decode_context_tokens)
-        c["prefill_attention_work"].append(record.prefill_attention_work)
-        c["prefill_padded_attention_work"].append(record.prefill_padded_attention_work)
-        c["forward_s"].append(record.forward_s)
-        c["sample_s"].append(record.sample_s)
         c["idle_before_s"].append(record_idle)
 
     @property
