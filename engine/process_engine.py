@@ -20,7 +20,14 @@ import queue
 import threading
 import time
 
-from engine.async_engine import AsyncEngine, EngineStats, RequestRejected, _Abort, _Add
+from engine.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    EngineStats,
+    RequestRejected,
+    _Abort,
+    _Add,
+)
 from engine.config import ConfigError, EngineConfig
 from engine.engine_core import EngineCoreSpec, run_engine_core
 
@@ -30,8 +37,9 @@ log = logging.getLogger("schedscope.engine")
 START_TIMEOUT_S = 300.0
 
 
-class EngineProcessError(RuntimeError):
-    """The engine process could not start, or died."""
+class EngineProcessError(EngineDeadError):
+    """The engine process could not start, or died (a request it strands is refused as
+    the engine being unavailable: the server's 503)."""
 
 
 class SequenceView:

@@ -92,6 +92,9 @@ def serve(
 
     if torch_threads < 0:
         raise typer.BadParameter(f"must be >= 0, got {torch_threads}", param_hint="--torch-threads")
+    for path, flag in ((record_steps, "--record-steps"), (record_requests, "--record-requests")):
+        if path is not None:
+            _check_writable(path, flag)
     if engine_core not in ENGINE_CORES:
         raise typer.BadParameter(f"expected one of {', '.join(ENGINE_CORES)}, got {engine_core!r}",
                                  param_hint="--engine-core")
@@ -109,6 +112,19 @@ def serve(
                                           record_requests, tokenizer, settings)
     return _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
                                      record_requests, tokenizer, settings)
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    """Records are written at shutdown: a path that cannot take them is refused now,
+    not found out after the whole run."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot create {path.parent}: {exc.strerror}",
+                                 param_hint=flag) from None
+    if path.is_dir() or not os.access(path.parent, os.W_OK) or (
+            path.exists() and not os.access(path, os.W_OK)):
+        raise typer.BadParameter(f"cannot write {path}", param_hint=flag)
 
 
 def _serve_with_engine_process(engine_config, executor, model, threads, record_steps,

@@ -125,3 +125,44 @@ test_both_engine_cores_serve_the_same_tokens.texts = {}
 def test_an_unknown_engine_core_exits_2():
     result = CliRunner().invoke(app, ["serve", "--executor", "sim", "--engine-core", "gpu"])
     assert result.exit_code == 2 and "--engine-core" in result.output
+
+
+def test_an_add_pending_when_the_engine_process_dies_is_refused_as_unavailable():
+    """The API process's reader sees the engine's pipe close while an add awaits its
+    answer: that caller gets EngineDeadError (the server's 503), not a bare 500."""
+    import asyncio
+    import multiprocessing
+
+    from engine.async_engine import EngineDeadError, _Add, _Stream
+    from engine.config import EngineConfig
+    from engine.engine_core import EngineCoreSpec
+    from engine.process_engine import ProcessEngine
+    from engine.request import EngineRequest
+
+    async def scenario():
+        engine = ProcessEngine(EngineCoreSpec(EngineConfig(), "sim"))
+        engine._loop = asyncio.get_running_loop()
+        engine.state = "running"
+        receive, send = multiprocessing.Pipe(duplex=False)
+        send.close()  # the engine process is gone
+        engine._outputs = receive
+        engine._process = type("Dead", (), {"exitcode": -9})()
+        accepted = engine._loop.create_future()
+        engine._pending_adds[0] = _Add(EngineRequest("x", [1, 2]), _Stream(asyncio.Queue()),
+                                       accepted)
+        await asyncio.to_thread(engine._read)
+        with pytest.raises(EngineDeadError, match="engine process exited"):
+            await asyncio.wait_for(accepted, 5)
+        assert engine.state == "failed"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("flag", ["--record-steps", "--record-requests"])
+def test_an_unwritable_record_path_is_refused_before_serving(tmp_path, flag):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = CliRunner().invoke(app, ["serve", "--executor", "sim", flag,
+                                      str(blocker / "steps.parquet")])
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
