@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -355,8 +354,8 @@ def main() -> None:
         sim = result.requests.select("request_id", "class", "output_tokens", "ttft_s", "e2e_s")
         print(f"simulated ({name}) vs served:")
         compare("sim/served", percentiles(sim), served_p, TARGET_SIM_VS_SERVED)
-    print(f"(files: {tmp}; medians of a shared machine: rerun before believing a 5% change;"
-          f" {statistics.__name__} of one run each)")
+    print(f"(files: {tmp}; one run each on a shared machine: rerun before believing a 5% "
+          "change)")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,26 @@ class EngineStats:
     num_observer_errors: int = 0
     errors: list[str] = field(default_factory=list)
 
+    def update(self, snapshot: dict) -> None:
+        for name, value in snapshot.items():
+            setattr(self, name, value)
+
+
+def engine_snapshot(engine: LLMEngine) -> dict:
+    """The queue depths and pool usage behind /health, as EngineStats field names (sent
+    as they are from an engine process)."""
+    scheduler, blocks = engine.scheduler, engine.block_manager
+    return {
+        "num_running": len(scheduler.running), "num_waiting": scheduler.num_waiting,
+        "num_swapped": len(scheduler.swapped),
+        "num_free_device_blocks": blocks.num_free_device_blocks,
+        "num_device_blocks": blocks.num_device_blocks,
+        "num_free_host_blocks": blocks.num_free_host_blocks,
+        "num_host_blocks": blocks.num_host_blocks,
+        "num_observer_errors": engine.observers.num_errors,
+        "last_step_at": time.time(),
+    }
+
 
 class AsyncEngine:
     """The engine behind an event loop: streams, adds and aborts on the loop's side; the
@@ -103,22 +123,26 @@ class AsyncEngine:
     keeps the same streams and runs the step loop in a process of its own.)"""
 
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.05) -> None:
+        self._init_streams(idle_wait_s, engine.clock_epoch_unix)
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
-        self._streams: dict[str, _Stream] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        engine.observers.add(self._on_step)
+        self._refresh_stats()
+
+    def _init_streams(self, idle_wait_s: float, clock_epoch_unix: float) -> None:
+        """The event-loop side's state, whichever transport carries the commands."""
+        self._streams: dict[str, _Stream] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._idle_wait_s = idle_wait_s
         self.state = "created"  # created | running | draining | stopped | failed
-        self.stats = EngineStats(clock_epoch_unix=engine.clock_epoch_unix)
+        self.stats = EngineStats(clock_epoch_unix=clock_epoch_unix)
         #: Step-loop iterations and hand-offs to the event loop (the served path's own
         #: work: one hand-off per step at most, no spinning while idle).
         self.num_loop_iterations = 0
         self.num_handoffs = 0
-        engine.observers.add(self._on_step)
-        self._refresh_stats()
 
     @property
     def config(self):
@@ -320,23 +344,12 @@ class AsyncEngine:
         if record.error:
             stats.errors.append(record.error)
             del stats.errors[:-20]  # keep the most recent ones
-        stats.num_observer_errors = self.engine.observers.num_errors
         self._refresh_stats()
         if tokens or ended:
             self._call_in_loop(self._deliver, tokens, list(ended))
 
     def _refresh_stats(self) -> None:
-        scheduler = self.engine.scheduler
-        blocks = self.engine.block_manager
-        stats = self.stats
-        stats.num_running = len(scheduler.running)
-        stats.num_waiting = scheduler.num_waiting
-        stats.num_swapped = len(scheduler.swapped)
-        stats.num_free_device_blocks = blocks.num_free_device_blocks
-        stats.num_device_blocks = blocks.num_device_blocks
-        stats.num_free_host_blocks = blocks.num_free_host_blocks
-        stats.num_host_blocks = blocks.num_host_blocks
-        stats.last_step_at = time.time()
+        self.stats.update(engine_snapshot(self.engine))
 
     # -- delivery (event-loop side) ------------------------------------------------------
     def _call_in_loop(self, fn, *args) -> None:

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from engine.async_engine import engine_snapshot
 from engine.config import EngineConfig
 from engine.step_record import StepRecord
 
@@ -48,7 +48,6 @@ class EngineCoreSpec:
     record_requests: Path | None = None
     idle_wait_s: float = 0.05
     log_level: int = logging.INFO
-    extra: dict = field(default_factory=dict)
 
 
 def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
@@ -194,18 +193,7 @@ class _Core:
         self._send(("outputs", tokens, ended, self._stats(record)))
 
     def _stats(self, record: StepRecord | None = None) -> dict:
-        engine = self.engine
-        scheduler, blocks = engine.scheduler, engine.block_manager
-        stats = {
-            "num_running": len(scheduler.running), "num_waiting": scheduler.num_waiting,
-            "num_swapped": len(scheduler.swapped),
-            "num_free_device_blocks": blocks.num_free_device_blocks,
-            "num_device_blocks": blocks.num_device_blocks,
-            "num_free_host_blocks": blocks.num_free_host_blocks,
-            "num_host_blocks": blocks.num_host_blocks,
-            "num_observer_errors": engine.observers.num_errors,
-            "last_step_at": time.time(),
-        }
+        stats = engine_snapshot(self.engine)
         if record is not None:
             stats["step"] = record.step
             if record.error:

@@ -23,7 +23,6 @@ import time
 from engine.async_engine import (
     AsyncEngine,
     EngineDeadError,
-    EngineStats,
     RequestRejected,
     _Abort,
     _Add,
@@ -62,16 +61,11 @@ class SequenceView:
 
 class ProcessEngine(AsyncEngine):
     def __init__(self, spec: EngineCoreSpec) -> None:
-        # No LLMEngine here: the base class's stream bookkeeping only.
+        # No LLMEngine here: the base class's stream bookkeeping only (the epoch comes
+        # with the engine process's "ready").
+        self._init_streams(spec.idle_wait_s, 0.0)
         self.spec = spec
         self._config: EngineConfig = spec.config
-        self._streams = {}
-        self._loop = None
-        self._idle_wait_s = spec.idle_wait_s
-        self.state = "created"
-        self.stats = EngineStats()
-        self.num_loop_iterations = 0
-        self.num_handoffs = 0
         self._clock_origin = time.perf_counter()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending_adds: dict[int, _Add] = {}
@@ -226,14 +220,12 @@ class ProcessEngine(AsyncEngine):
 
     def _apply_stats(self, stats: dict) -> None:
         s = self.stats
-        for name in ("num_running", "num_waiting", "num_swapped", "num_free_device_blocks",
-                     "num_device_blocks", "num_free_host_blocks", "num_host_blocks",
-                     "num_observer_errors", "last_step_at"):
-            setattr(s, name, stats[name])
-        if "step" in stats:
-            s.num_steps = stats["step"]
-        if "error" in stats:
-            s.errors.append(stats["error"])
+        step, error = stats.pop("step", None), stats.pop("error", None)
+        s.update(stats)
+        if step is not None:
+            s.num_steps = step
+        if error is not None:
+            s.errors.append(error)
             del s.errors[:-20]
 
     def _refresh_stats(self) -> None:  # stats arrive with every message
