@@ -22,7 +22,7 @@ REJECT = "reject"  # a request that can never run, or arrived to a full queue
 WAIT = "wait"  # the head of the queue could not be admitted (once per reason change)
 IDLE_RUNNING = "idle_running"  # running requests left out of a step by the token budget
 ABORT = "abort"  # the client went away or abort() was called
-FAIL = "fail"  # the executor failed while running it (``detail`` holds the error)
+FAIL = "fail"  # the step failed, or this request's token could not be sampled (``detail``)
 
 DECISION_KINDS = (
     ADMIT, PREEMPT, SWAP_OUT, SWAP_IN, RECOMPUTE, REJECT, WAIT, IDLE_RUNNING, ABORT, FAIL,
@@ -45,6 +45,7 @@ REASON_QUEUE_FULL = "queue_full"  # max_waiting reached (a server answers 429)
 REASON_STATIC_BATCH = "static_batch"  # static batching: the batch is closed to joins
 REASON_CLIENT = "client"  # abort requested from outside
 REASON_EXECUTOR_ERROR = "executor_error"  # the step's execution raised
+REASON_SAMPLING_ERROR = "sampling_error"  # this request's token could not be sampled
 REASON_ENGINE_ERROR = "engine_error"  # the engine itself raised; every request failed
 
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.cost_model import CostModel
@@ -25,6 +25,10 @@ class StepResult:
     swap_in_s: float = 0.0
     forward_s: float = 0.0
     sample_s: float = 0.0
+    #: Sequences whose sampling failed, by index into ``SchedulerOutput.seqs``, with
+    #: the reason. Their ``sampled`` entry is None; the engine fails them alone (the
+    #: rest of the step stands). An exception from ``execute`` fails the whole step.
+    sample_errors: dict[int, str] = field(default_factory=dict)
 
 
 class Executor(Protocol):

@@ -117,7 +117,11 @@ class LLMEngine:
         else:
             clock.advance(result.duration_s)
             ended = clock.now()
+            for i in result.sample_errors:
+                result.sampled[i] = None  # a failed row emits no token, whatever it held
             record = self._record(out, result, schedule_start, execute_start, ended)
+            if result.sample_errors:
+                self._fail_samples(out, result.sample_errors, record, ended)
             record.finished.extend(self.scheduler.update(out, result.sampled, ended))
         record.idle_before_s = idle_before_s
         self.observers.notify(record)
@@ -156,6 +160,18 @@ class LLMEngine:
                                                     d.REASON_EXECUTOR_ERROR))
         record.finished.extend(failed)
         return record
+
+    def _fail_samples(self, out: SchedulerOutput, errors: dict[int, str], record: StepRecord,
+                      now: float) -> None:
+        """Fail, each alone, the sequences whose token could not be sampled; the rest
+        of the step stands. Before ``update``, which then skips them (no longer
+        running); after ``_record``, which reads their scheduled counts."""
+        for i, error in errors.items():
+            seq = out.seqs[i]
+            failed = self.scheduler.fail([seq], now, error, d.REASON_SAMPLING_ERROR)
+            if failed:  # not when it had already left the scheduler
+                record.decisions.extend(failed)
+                record.finished.append(seq)
 
     def _record(self, out: SchedulerOutput, result: StepResult, schedule_start: float,
                 execute_start: float, ended: float) -> StepRecord:

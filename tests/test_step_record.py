@@ -152,6 +152,46 @@ def test_a_failed_step_is_one_record_with_fail_decisions():
     assert engine.scheduler.num_steps == record.step == 2
 
 
+def test_a_failed_sample_fails_its_request_alone_and_the_step_stands():
+    """An executor that could not sample one sequence's token (StepResult.sample_errors)
+    fails that sequence alone, with a sampling_error decision in the step's record; the
+    others get their tokens from the same step and go on."""
+    engine = make_engine()
+    records: list[StepRecord] = []
+    engine.observers.add(records.append)
+    real = engine.executor.execute
+
+    def execute(out):
+        result = real(out)
+        if out.step == 2:  # b's first decode; its placeholder token must not be emitted
+            i = next(i for i, seq in enumerate(out.seqs) if seq.request_id == "b")
+            result.sample_errors[i] = "sampling failed: probability tensor contains inf/nan"
+        return result
+
+    engine.executor.execute = execute
+    a, b, c = (add(engine, Req(rid, 0.0, 4, 4)) for rid in "abc")
+    engine.step()
+    record = engine.step()
+    assert record.error is None  # the step itself did not fail
+    fails = [x for x in record.decisions if x.kind == d.FAIL]
+    assert [(x.request_id, x.reason, x.detail) for x in fails] == [
+        ("b", d.REASON_SAMPLING_ERROR, "sampling failed: probability tensor contains inf/nan")]
+    assert record.finished == [b] and b.status is SequenceStatus.FINISHED_ERROR
+    assert b.finish_reason == "error" and b.error == fails[0].detail
+    assert not b.block_table and len(b.output_token_ids) == 1
+    assert {e.request_id: e.token_id is not None for e in record.scheduled} == {
+        "a": True, "b": False, "c": True}
+    engine.scheduler.check_invariants()
+    while engine.has_work():
+        engine.step()
+        engine.scheduler.check_invariants()
+    assert [len(s.output_token_ids) for s in (a, c)] == [4, 4]
+    assert a.status is c.status is SequenceStatus.FINISHED_LENGTH
+    ended = [s.request_id for r in records for s in r.finished]
+    assert sorted(ended) == ["a", "b", "c"]  # each request ends in exactly one record
+    assert engine.block_manager.num_free_device_blocks == engine.block_manager.num_device_blocks
+
+
 def test_recover_fails_everything_in_one_record_and_steps_go_on():
     engine = make_engine()
     records: list[StepRecord] = []
