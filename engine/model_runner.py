@@ -5,7 +5,8 @@ device), in that order — a block freed by a swap-out may be refilled by a swap
 new prefill in the same step — then build the flat input of every scheduled
 sequence's new tokens (prefill chunks and decodes in one forward), run the model over
 the paged KV cache, and sample one token for each sequence that completed its
-scheduled tokens.
+scheduled tokens. A row that cannot be sampled fails its own request only
+(``StepResult.sample_errors``); an exception here fails the whole step.
 
 Device-agnostic: CUDA when present (pinned host pool, non-blocking copies, a
 synchronisation before the step's time is read), CPU otherwise. Only the CPU path
@@ -133,17 +134,17 @@ class ModelRunner:
         logits = self.model(tokens, positions, self.device_cache, metadata)
         self._synchronize()
         forward_done = time.perf_counter()
+        sample_errors: dict[int, str] = {}
         if any(samples):
-            sampling_seqs = [seq for seq, s in zip(seqs, samples, strict=True) if s]
-            token_ids = self.sampler.sample(logits, sampling_seqs)
-            it = iter(token_ids)
-            for i, s in enumerate(samples):
-                if s:
-                    sampled[i] = next(it)
+            rows = [i for i, s in enumerate(samples) if s]  # logits row -> index in seqs
+            sample = self.sampler.sample(logits, [seqs[i] for i in rows])
+            for i, token in zip(rows, sample.token_ids, strict=True):
+                sampled[i] = token
+            sample_errors = {rows[row]: error for row, error in sample.errors.items()}
         ended = time.perf_counter()
         forward_s = forward_done - started - swap_out_s - swap_in_s
         return StepResult(sampled, ended - started, swap_out_s, swap_in_s, forward_s,
-                          ended - forward_done)
+                          ended - forward_done, sample_errors)
 
 
 # -- construction ------------------------------------------------------------------------

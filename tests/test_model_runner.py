@@ -168,3 +168,61 @@ def test_failed_step_fails_its_requests_and_the_engine_goes_on(model):
     while engine.has_unfinished():
         engine.step()
     assert good.status is SequenceStatus.FINISHED_LENGTH
+
+
+#: Sampling values that break down in float32 (the server refuses them with a 400; the
+#: engine must not rely on it): top_p rounds to 0 and keeps no token; temperature
+#: rounds to inf, and the tokens min_tokens bans give -inf / inf = nan.
+POISONS = {
+    "top_p_underflow": SamplingParams(max_tokens=10, temperature=1.0, top_p=1e-46, seed=7),
+    "temperature_overflow": SamplingParams(max_tokens=10, min_tokens=3, temperature=1e39),
+}
+
+
+def isolation_batch(poison: SamplingParams | None) -> list[tuple[str, list[int], SamplingParams]]:
+    """Nine requests (one poisoned), or the same eight good ones (same prompts) alone."""
+    good = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in range(4)]
+    good += [SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=s,
+                            ignore_eos=True) for s in range(4)]
+    batch = [(f"g{i}", p) for i, p in enumerate(good)]
+    batch.insert(4, ("poisoned", poison))
+    return [(rid, prompt, params) for (rid, params), prompt in zip(batch, prompts(9), strict=True)
+            if params is not None]
+
+
+@pytest.mark.parametrize("poison", POISONS.values(), ids=POISONS.keys())
+def test_a_poisoned_request_fails_alone_and_its_batch_goes_on(model, poison):
+    from engine import decisions as d
+
+    def run_batch(poison):
+        engine = make_engine(model, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024),
+                             CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0))
+        records = []
+        engine.observers.add(records.append)
+        seqs = {rid: engine.add_request(EngineRequest(rid, prompt, params))
+                for rid, prompt, params in isolation_batch(poison)}
+        while engine.has_work():
+            engine.step()
+            engine.scheduler.check_invariants()  # blocks conserved, queues consistent
+        bm = engine.block_manager
+        assert bm.num_free_device_blocks == bm.num_device_blocks  # nothing leaked
+        return seqs, records
+
+    seqs, records = run_batch(poison)
+    assert len(records[0].scheduled) == 9  # all nine in one batch
+    assert all(r.error is None for r in records)  # no step failed as a whole
+    bad = seqs.pop("poisoned")
+    assert bad.finish_reason == "error" and bad.output_token_ids == []
+    assert bad.error.startswith("sampling failed: ")
+    fails = [(r.step, x) for r in records for x in r.decisions if x.kind == d.FAIL]
+    assert [(step, x.request_id, x.reason, x.detail) for step, x in fails] == [
+        (1, "poisoned", d.REASON_SAMPLING_ERROR, bad.error)]
+    assert bad in records[0].finished
+    ended = [s.request_id for r in records for s in r.finished]
+    assert sorted(ended) == sorted([*seqs, "poisoned"])  # each ends in exactly one record
+    assert all(s.finish_reason == "length" and len(s.output_token_ids) == 10
+               for s in seqs.values())
+    # ...and with exactly the tokens they get in a batch without the poisoned request.
+    alone, _ = run_batch(None)
+    assert {rid: s.output_token_ids for rid, s in seqs.items()} == {
+        rid: s.output_token_ids for rid, s in alone.items()}
