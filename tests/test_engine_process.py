@@ -162,3 +162,49 @@ def test_an_unwritable_record_path_is_refused_before_serving(tmp_path, flag):
                                       str(blocker / "steps.parquet")])
     assert result.exit_code == 2, result.output
     assert flag in result.output
+
+
+def test_a_request_that_cannot_be_sampled_fails_alone_across_the_engine_process():
+    """The served path (the torch engine in its own process): a request whose values
+    cannot be sampled ends with finish_reason "error" and the sampler's message (the
+    server's 500 engine_error); the requests sharing its steps finish normally. Its
+    values bypass the API's validation here, as a bug or a future field could."""
+    import asyncio
+
+    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from engine.engine_core import EngineCoreSpec
+    from engine.process_engine import ProcessEngine
+    from engine.request import EngineRequest
+    from engine.sequence import SamplingParams
+
+    good = SamplingParams(max_tokens=6, ignore_eos=True)
+    poisoned = SamplingParams(max_tokens=6, min_tokens=3, temperature=1e39)
+    config = EngineConfig(SchedulerConfig(max_num_seqs=16),
+                          CacheConfig(num_gpu_blocks_override=128, num_cpu_blocks_override=0))
+
+    async def scenario():
+        engine = ProcessEngine(EngineCoreSpec(config, "torch", torch_threads=1))
+        engine.start()
+        try:
+            async def run(request_id, params):
+                tokens, last = [], None
+                request = EngineRequest(request_id, list(range(5, 25)), params)
+                async for out in engine.generate(request):
+                    tokens += out.new_token_ids
+                    last = out
+                return tokens, last
+
+            results = await asyncio.wait_for(asyncio.gather(
+                *(run(f"g{i}", good) for i in range(4)), run("poisoned", poisoned),
+                *(run(f"g{i}", good) for i in range(4, 8))), 120)
+            return results, engine.stats
+        finally:
+            await engine.shutdown()
+
+    results, stats = asyncio.run(scenario())
+    for tokens, last in results[:4] + results[5:]:
+        assert last.finish_reason == "length" and len(tokens) == 6
+    bad_tokens, bad = results[4]
+    assert bad_tokens == [] and bad.finish_reason == "error"
+    assert bad.error.startswith("sampling failed: probability tensor contains inf/nan")
+    assert stats.num_free_device_blocks == stats.num_device_blocks == 128
