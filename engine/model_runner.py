@@ -217,7 +217,7 @@ def build_torch_engine(
     )
     message = f"{plan.describe(config.cache.block_size)} on {device}"
     log.info(message)
-    print(message, flush=True)
+    print(message, file=sys.stderr, flush=True)  # stdout is for the serving line
     runner = ModelRunner(model, model_config, config.cache.block_size, plan.num_device_blocks,
                          plan.num_host_blocks, device)
     engine = LLMEngine(config, runner, clock or WallClock(), plan, model_config.eos_token_id,

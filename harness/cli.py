@@ -177,6 +177,19 @@ def serve(
              "per-token work never holds the GIL a step needs (as vLLM V1's EngineCore); "
              "thread: in a thread of the server's process.",
     ),
+    header_timeout_s: float = typer.Option(
+        10.0, "--header-timeout",
+        help="Seconds a request's headers may take to arrive (from its first byte); then "
+             "408 and the connection is closed (slow-client protection).",
+    ),
+    body_timeout_s: float = typer.Option(
+        30.0, "--body-timeout", help="Seconds a request's body may take to arrive; then 408.",
+    ),
+    max_connections: int = typer.Option(
+        1024, "--max-connections",
+        help="Open connections at most; more get a 503 with Retry-After. Lowered to fit the "
+             "open-file limit.",
+    ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
     from harness.serve import serve as run_serve
@@ -184,7 +197,8 @@ def serve(
     raise typer.Exit(run_serve(
         engine_config, executor, cost_model, host, port, api_key, served_model_name,
         max_body_bytes, shutdown_timeout_s, record_steps, torch_threads, engine_core,
-        record_requests,
+        record_requests, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+        max_connections=max_connections,
     ))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -63,6 +64,10 @@ def serve(
     torch_threads: int = 0,
     engine_core: str = "process",
     record_requests: Path | None = None,
+    *,
+    header_timeout_s: float = 10.0,
+    body_timeout_s: float = 30.0,
+    max_connections: int = 1024,
 ) -> int:
     """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
     Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
@@ -81,6 +86,13 @@ def serve(
                                  param_hint="--shutdown-timeout-s")
     if api_key is not None and not api_key:
         raise typer.BadParameter("must not be empty", param_hint="--api-key")
+    for value, flag in ((header_timeout_s, "--header-timeout"), (body_timeout_s, "--body-timeout")):
+        if not (value > 0 and math.isfinite(value)):
+            raise typer.BadParameter(f"must be a number of seconds > 0, got {value}",
+                                     param_hint=flag)
+    if max_connections < 1:
+        raise typer.BadParameter(f"must be >= 1, got {max_connections}",
+                                 param_hint="--max-connections")
     try:
         model = CostModel.load(cost_model) if cost_model else None
     except CostModelError as exc:
@@ -106,12 +118,29 @@ def serve(
     settings = ServerSettings(
         served_model_name=served_model_name or engine_config.model, host=host, port=port,
         api_key=api_key, max_body_bytes=max_body_bytes, shutdown_timeout_s=shutdown_timeout_s,
+        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+        max_connections=max_connections,
     )
+    raise_open_file_limit()
     if engine_core == "process":
         return _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
                                           record_requests, tokenizer, settings)
     return _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
                                      record_requests, tokenizer, settings)
+
+
+def raise_open_file_limit(target: int = 65536) -> None:
+    """Raise the soft open-file limit toward the hard one (as vLLM's server does): each
+    connection holds a descriptor, and the server caps connections below the limit."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = target if hard == resource.RLIM_INFINITY else min(target, hard)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ImportError, OSError, ValueError) as exc:  # pragma: no cover - not POSIX
+        log.warning("could not raise the open-file limit: %s", exc)
 
 
 def _check_writable(path: Path, flag: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,14 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 1024
 MAX_MESSAGES = 4096
+#: At most this many prompts in one batched completion request.
+MAX_BATCH_PROMPTS = 128
+#: JSON nested deeper than this is refused (naming the field) before any field is read:
+#: nothing this API accepts nests more than a few levels, and deep values cost
+#: recursion wherever they are echoed.
+MAX_JSON_DEPTH = 32
+#: The largest float32: sampling runs in float32, so a temperature above it is infinite.
+FLOAT32_MAX = 3.4028234663852886e38
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 #: Fields of the OpenAI API this server does not implement, with the values that mean
@@ -101,7 +110,29 @@ def parse_json_object(raw: bytes) -> dict:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request(f"request body must be a JSON object, got {_json_type(body)}")
+    for name, value in body.items():
+        if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 1:
+            shown = name if isinstance(name, str) and len(name) <= 64 else "a field"
+            raise bad_request(f"{shown} is nested more than {MAX_JSON_DEPTH - 1} levels deep",
+                              shown if shown != "a field" else None)
     return body
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deeply ``value`` nests (a scalar is 0, ``[1]`` is 1), counting no further
+    than ``limit``; iterative, so no value can exhaust the recursion limit."""
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, list | dict):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest >= limit:
+                    return deepest
+            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def dumps(obj: Any) -> str:
@@ -126,7 +157,13 @@ def _json_type(value: Any) -> str:
 
 
 def _show(value: Any, limit: int = 40) -> str:
-    text = dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    """A short rendering of a client's value for an error message; never fails (a
+    value nested too deeply to render is described, not rendered)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if json_depth(value, 8) >= 8:
+        return f"(an {_json_type(value)} nested 8 or more levels deep)"
+    text = dumps(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -153,6 +190,10 @@ def _number(body: dict, name: str, default: float) -> float:
     if not math.isfinite(value):
         raise bad_request(f"{name} must be a finite number", name)
     return value
+
+
+def _as_float32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def _bool(body: dict, name: str, default: bool) -> bool:
@@ -184,19 +225,46 @@ class ServingContext:
 
 
 @dataclass
+class PromptChoice:
+    """One prompt of a request and its sampling parameters (a batched completion
+    request has one per prompt; its ``choices`` carry the same indices)."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
 class GenerateRequest:
     """A validated completion or chat request, ready for the engine."""
 
     kind: str  # "completion" | "chat"
     model: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
+    choices: list[PromptChoice]
     priority: int = 0
     stream: bool = False
     include_usage: bool = False
+    #: vLLM's ``stream_options.continuous_usage_stats``: usage on every chunk.
+    continuous_usage: bool = False
     #: Token ids that came from ``stop`` strings: like OpenAI's stop sequences, their
     #: text is left out of the output.
     stop_string_token_ids: frozenset[int] = field(default_factory=frozenset)
+    #: ``prompt`` was a list of prompts (even of one): the response is a batch.
+    is_batch: bool = False
+    #: The client set max_tokens (else it is whatever context each prompt leaves).
+    max_tokens_given: bool = True
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """The first (for most requests, the only) prompt."""
+        return self.choices[0].prompt_token_ids
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.choices[0].params
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(c.prompt_token_ids) for c in self.choices)
 
 
 def _check_model(body: dict, ctx: ServingContext) -> str:
@@ -264,37 +332,78 @@ def _stop_tokens(body: dict, ctx: ServingContext) -> tuple[frozenset[int], tuple
     return frozenset(from_strings), merged
 
 
-def _prompt_ids(body: dict, ctx: ServingContext) -> list[int]:
+def _token_ids(prompt: list, ctx: ServingContext, where: str) -> list[int]:
+    # The length bound first: a client's megabyte of ids is refused without walking it.
+    if len(prompt) >= ctx.max_model_len:
+        raise _no_room(ctx.max_model_len, len(prompt), "prompt", where)
+    vocab = ctx.tokenizer.vocab_size
+    for token in prompt:
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+            raise bad_request(f"{where} must be a string or an array of token ids (integers "
+                              f"in [0, {vocab})); found {_show(token)}", "prompt")
+    return list(prompt)
+
+
+def _text_ids(text: str, ctx: ServingContext, field_name: str, where: str) -> list[int]:
+    check_text(text, field_name)
+    # A cheap lower bound on the count first, so an over-long text is refused without
+    # being tokenized (tokenizing a megabyte of one-letter words costs half a second).
+    bound = getattr(ctx.tokenizer, "num_tokens_lower_bound", None)
+    if bound is not None and (at_least := bound(text)) >= ctx.max_model_len:
+        raise _no_room(ctx.max_model_len, at_least, field_name, where, at_least=True)
+    return ctx.tokenizer.encode(text)
+
+
+def _no_room(max_len: int, num_prompt: int, param: str, where: str,
+             at_least: bool = False) -> ApiError:
+    return bad_request(
+        f"This model's maximum context length is {max_len} tokens; {where} has "
+        f"{'at least ' if at_least else ''}{num_prompt} tokens, which leaves no room for output",
+        param, "context_length_exceeded")
+
+
+def _prompts(body: dict, ctx: ServingContext) -> tuple[list[list[int]], bool]:
+    """The prompts of a completion request as token ids, and whether ``prompt`` was a
+    batch (a list of strings or of token-id lists, as in OpenAI and vLLM)."""
     if "prompt" not in body or body["prompt"] is None:
         raise bad_request("missing required field: prompt", "prompt")
     prompt = body["prompt"]
     if isinstance(prompt, str):
-        ids = ctx.tokenizer.encode(check_text(prompt, "prompt"))
+        prompts, batch = [_text_ids(prompt, ctx, "prompt", "the prompt")], False
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) > MAX_BATCH_PROMPTS:
+            raise bad_request(f"prompt may hold at most {MAX_BATCH_PROMPTS} prompts, got "
+                              f"{len(prompt)}", "prompt")
+        prompts, batch = [], True
+        for i, p in enumerate(prompt):
+            where = f"prompt[{i}]"
+            prompts.append(_text_ids(p, ctx, "prompt", where) if isinstance(p, str)
+                           else _token_ids(p, ctx, where))
     elif isinstance(prompt, list):
-        if prompt and all(isinstance(p, str) for p in prompt):
-            raise bad_request("prompt as a list of strings (batched prompts) is not supported; "
-                              "send one request per prompt", "prompt")
-        if prompt and all(isinstance(p, list) for p in prompt):
-            raise bad_request("prompt as a list of token-id lists (batched prompts) is not "
-                              "supported; send one request per prompt", "prompt")
-        vocab = ctx.tokenizer.vocab_size
-        for token in prompt:
-            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-                raise bad_request("prompt must be a string or an array of token ids (integers "
-                                  f"in [0, {vocab})); found {_show(token)}", "prompt")
-        ids = list(prompt)
+        prompts, batch = [_token_ids(prompt, ctx, "prompt")], False
     else:
-        raise bad_request(f"prompt must be a string or an array of token ids, got "
-                          f"{_json_type(prompt)}", "prompt")
-    if not ids:
-        raise bad_request("prompt is empty (zero tokens)", "prompt")
-    return ids
+        raise bad_request(f"prompt must be a string, an array of token ids, or an array of "
+                          f"those (a batch), got {_json_type(prompt)}", "prompt")
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise bad_request(f"{f'prompt[{i}]' if batch else 'prompt'} is empty (zero tokens)",
+                              "prompt")
+    return prompts, batch
+
+
+#: The opening of a role marker. In message content it is escaped (as ``<\|``), so no
+#: content can produce the tokens of a marker — a user message cannot pose as a system
+#: message, whatever it contains.
+ROLE_MARKER_OPEN = "<|"
+ESCAPED_MARKER_OPEN = "<\\|"
 
 
 def render_chat(messages: list[tuple[str, str]]) -> str:
     """The chat template: one ``<|role|> content`` line per message, then the assistant
-    cue ``<|assistant|>`` on its own line."""
-    lines = [f"<|{role}|> {content}" for role, content in messages]
+    cue ``<|assistant|>`` on its own line. ``<|`` inside content becomes ``<\\|``
+    (a backslash between the two characters)."""
+    lines = [f"<|{role}|> {content.replace(ROLE_MARKER_OPEN, ESCAPED_MARKER_OPEN)}"
+             for role, content in messages]
     lines.append("<|assistant|>")
     return "\n".join(lines)
 
@@ -345,41 +454,48 @@ def parse_generate_request(body: dict, kind: str, ctx: ServingContext) -> Genera
     model = _check_model(body, ctx)
     _check_unsupported(body)
     if kind == "chat":
-        prompt_ids = ctx.tokenizer.encode(render_chat(_chat_messages(body)))
+        text = render_chat(_chat_messages(body))
+        prompts, batch = [_text_ids(text, ctx, "messages", "the prompt")], False
     else:
-        prompt_ids = _prompt_ids(body, ctx)
+        prompts, batch = _prompts(body, ctx)
 
     max_len = ctx.max_model_len
-    num_prompt = len(prompt_ids)
-    if num_prompt >= max_len:
-        raise bad_request(
-            f"This model's maximum context length is {max_len} tokens; the prompt has "
-            f"{num_prompt} tokens, which leaves no room for output", "prompt" if kind ==
-            "completion" else "messages", "context_length_exceeded")
+    param = "prompt" if kind == "completion" else "messages"
+    for i, ids in enumerate(prompts):
+        if len(ids) >= max_len:
+            raise _no_room(max_len, len(ids), param, f"prompt[{i}]" if batch else "the prompt")
     max_tokens_field = "max_tokens"
     if kind == "chat" and body.get("max_completion_tokens") is not None:
         max_tokens_field = "max_completion_tokens"
     max_tokens = _int(body, max_tokens_field, None, 1, INT64_MAX)
-    if max_tokens is None:
-        max_tokens = max_len - num_prompt  # vLLM's default: whatever context is left
-    elif num_prompt + max_tokens > max_len:
-        raise bad_request(
-            f"This model's maximum context length is {max_len} tokens; you requested "
-            f"{num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} for "
-            f"the completion). Lower {max_tokens_field} or shorten the prompt.",
-            max_tokens_field, "context_length_exceeded")
+    if max_tokens is not None:
+        for i, ids in enumerate(prompts):
+            if len(ids) + max_tokens > max_len:
+                where = f" prompt[{i}]" if batch else ""
+                raise bad_request(
+                    f"This model's maximum context length is {max_len} tokens; you requested "
+                    f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt{where}, "
+                    f"{max_tokens} for the completion). Lower {max_tokens_field} or shorten the "
+                    "prompt.", max_tokens_field, "context_length_exceeded")
     min_tokens = _int(body, "min_tokens", 0, 0, INT64_MAX)
-    if min_tokens > max_tokens:
-        raise bad_request(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})",
+    shortest = max_tokens if max_tokens is not None else max_len - max(map(len, prompts))
+    if min_tokens > shortest:
+        raise bad_request(f"min_tokens ({min_tokens}) must not exceed max_tokens ({shortest})",
                           "min_tokens")
     temperature = _number(body, "temperature", 1.0)
     if temperature < 0:
         raise bad_request(f"temperature must be >= 0, got {temperature}", "temperature")
+    if temperature > FLOAT32_MAX:
+        raise bad_request(f"temperature must be at most {FLOAT32_MAX:.7g} (sampling runs in "
+                          f"float32), got {temperature:g}", "temperature")
     if temperature < GREEDY_TEMPERATURE:
         temperature = 0.0
     top_p = _number(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise bad_request(f"top_p must be in (0, 1], got {top_p}", "top_p")
+    if _as_float32(top_p) == 0.0:
+        raise bad_request(f"top_p {top_p:g} rounds to 0 in float32, in which sampling runs; "
+                          "use at least 1e-38", "top_p")
     top_k = _int(body, "top_k", -1, -1, INT32_MAX)
     if top_k == 0:
         top_k = -1  # 0 and -1 both mean "no top-k" (vLLM)
@@ -388,7 +504,7 @@ def parse_generate_request(body: dict, kind: str, ctx: ServingContext) -> Genera
     ignore_eos = _bool(body, "ignore_eos", False)
     priority = _int(body, "priority", 0, INT32_MIN, INT32_MAX)
     stream = _bool(body, "stream", False)
-    include_usage = False
+    include_usage = continuous_usage = False
     options = body.get("stream_options")
     if options is not None:
         if not stream:
@@ -397,12 +513,15 @@ def parse_generate_request(body: dict, kind: str, ctx: ServingContext) -> Genera
         if not isinstance(options, dict):
             raise bad_request("stream_options must be an object", "stream_options")
         include_usage = _bool(options, "include_usage", False)
-    params = SamplingParams(
-        max_tokens=max_tokens, min_tokens=min_tokens, temperature=temperature, top_p=top_p,
-        top_k=top_k, seed=seed, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids,
-    )
-    return GenerateRequest(kind, model, prompt_ids, params, priority, stream, include_usage,
-                           stop_string_ids)
+        continuous_usage = _bool(options, "continuous_usage_stats", False)
+    choices = [PromptChoice(ids, SamplingParams(
+        # vLLM's default max_tokens: whatever context each prompt leaves.
+        max_tokens=max_tokens if max_tokens is not None else max_len - len(ids),
+        min_tokens=min_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        ignore_eos=ignore_eos, stop_token_ids=stop_token_ids,
+    )) for ids in prompts]
+    return GenerateRequest(kind, model, choices, priority, stream, include_usage,
+                           continuous_usage, stop_string_ids, batch, max_tokens is not None)
 
 
 # -- responses ---------------------------------------------------------------------------
@@ -411,63 +530,92 @@ def usage(num_prompt: int, num_completion: int) -> dict:
             "total_tokens": num_prompt + num_completion}
 
 
-def completion_response(request_id: str, model: str, text: str, finish_reason: str,
-                        num_prompt: int, num_completion: int) -> dict:
+@dataclass
+class ChoiceResult:
+    """What one choice of a non-streamed response says."""
+
+    text: str
+    finish_reason: str
+    num_prompt_tokens: int
+    num_completion_tokens: int
+
+
+def _usage_of(results: list[ChoiceResult]) -> dict:
+    return usage(sum(r.num_prompt_tokens for r in results),
+                 sum(r.num_completion_tokens for r in results))
+
+
+def completion_response(request_id: str, model: str, results: list[ChoiceResult]) -> dict:
+    """A text_completion with one choice per result (index = position); usage sums them."""
     return {
         "id": request_id, "object": "text_completion", "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage(num_prompt, num_completion),
+        "choices": [{"index": i, "text": r.text, "logprobs": None,
+                     "finish_reason": r.finish_reason} for i, r in enumerate(results)],
+        "usage": _usage_of(results),
     }
 
 
-def chat_response(request_id: str, model: str, text: str, finish_reason: str,
-                  num_prompt: int, num_completion: int) -> dict:
+def chat_response(request_id: str, model: str, results: list[ChoiceResult]) -> dict:
     return {
         "id": request_id, "object": "chat.completion", "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage(num_prompt, num_completion),
+        "choices": [{"index": i, "message": {"role": "assistant", "content": r.text},
+                     "logprobs": None, "finish_reason": r.finish_reason}
+                    for i, r in enumerate(results)],
+        "usage": _usage_of(results),
     }
 
 
 class ChunkWriter:
     """Builds the server-sent events of one streamed request (OpenAI's byte format:
-    ``data: {json}\\n\\n`` per chunk, ``data: [DONE]\\n\\n`` at the end)."""
+    ``data: {json}\\n\\n`` per chunk, ``data: [DONE]\\n\\n`` at the end).
+
+    ``index`` is the choice a chunk belongs to (a batched completion request streams
+    its prompts interleaved). With ``continuous_usage`` (vLLM's
+    ``stream_options.continuous_usage_stats``, honoured with ``include_usage``) every
+    chunk carries its choice's usage so far; otherwise ``usage`` is null until the
+    final usage-only chunk."""
 
     DONE = b"data: [DONE]\n\n"
 
-    def __init__(self, request_id: str, model: str, kind: str, include_usage: bool) -> None:
+    def __init__(self, request_id: str, model: str, kind: str, include_usage: bool,
+                 continuous_usage: bool = False) -> None:
         self.kind = kind
         self.include_usage = include_usage
+        self.continuous_usage = include_usage and continuous_usage
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         # Every chunk shares these leading fields; precomputed once per request.
         self._head = (f'{{"id":{dumps(request_id)},"object":"{obj}","created":'
                       f'{int(time.time())},"model":{dumps(model)},')
         self._tail = ',"usage":null}' if include_usage else "}"
 
-    def _event(self, choice: str) -> bytes:
-        return f'data: {self._head}"choices":[{choice}]{self._tail}\n\n'.encode()
+    def _event(self, choice: str, counts: tuple[int, int] | None) -> bytes:
+        tail = self._tail
+        if self.continuous_usage and counts is not None:
+            tail = f',"usage":{dumps(usage(*counts))}}}'
+        return f'data: {self._head}"choices":[{choice}]{tail}\n\n'.encode()
 
-    def role(self) -> bytes:
+    def role(self, index: int = 0, counts: tuple[int, int] | None = None) -> bytes:
         """The first chat chunk: the assistant role, no content yet."""
-        return self._event('{"index":0,"delta":{"role":"assistant","content":""},'
-                           '"logprobs":null,"finish_reason":null}')
+        return self._event(f'{{"index":{index},"delta":{{"role":"assistant","content":""}},'
+                           '"logprobs":null,"finish_reason":null}', counts)
 
-    def text(self, delta: str) -> bytes:
+    def text(self, delta: str, index: int = 0, counts: tuple[int, int] | None = None) -> bytes:
+        """A text delta; ``counts`` is (prompt tokens, completion tokens so far)."""
         if self.kind == "chat":
-            return self._event(f'{{"index":0,"delta":{{"content":{dumps(delta)}}},'
-                               '"logprobs":null,"finish_reason":null}')
-        return self._event(f'{{"index":0,"text":{dumps(delta)},"logprobs":null,'
-                           '"finish_reason":null}')
+            return self._event(f'{{"index":{index},"delta":{{"content":{dumps(delta)}}},'
+                               '"logprobs":null,"finish_reason":null}', counts)
+        return self._event(f'{{"index":{index},"text":{dumps(delta)},"logprobs":null,'
+                           '"finish_reason":null}', counts)
 
-    def finish(self, finish_reason: str) -> bytes:
+    def finish(self, finish_reason: str, index: int = 0,
+               counts: tuple[int, int] | None = None) -> bytes:
         if self.kind == "chat":
-            return self._event(f'{{"index":0,"delta":{{}},"logprobs":null,'
-                               f'"finish_reason":"{finish_reason}"}}')
-        return self._event(f'{{"index":0,"text":"","logprobs":null,'
-                           f'"finish_reason":"{finish_reason}"}}')
+            return self._event(f'{{"index":{index},"delta":{{}},"logprobs":null,'
+                               f'"finish_reason":"{finish_reason}"}}', counts)
+        return self._event(f'{{"index":{index},"text":"","logprobs":null,'
+                           f'"finish_reason":"{finish_reason}"}}', counts)
 
     def usage(self, num_prompt: int, num_completion: int) -> bytes:
         return (f'data: {self._head}"choices":[],"usage":'

@@ -26,8 +26,11 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from engine import decisions as d
+from engine.api.body import read_json_body, too_large
+from engine.api.connections import ConnectionGuard, ConnectionLimits, GuardedTCPSite
 from engine.api.protocol import (
     ApiError,
+    ChoiceResult,
     ChunkWriter,
     GenerateRequest,
     IncrementalDetokenizer,
@@ -60,9 +63,13 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000  # 0: any free port
     api_key: str | None = None  # required as "Authorization: Bearer KEY" on /v1/* when set
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = 1 << 20  # compressed or inflated: a larger body is a 413
     shutdown_timeout_s: float = 10.0  # in-flight requests may finish for this long
     retry_after_s: int = 1  # the Retry-After of a 429
+    header_timeout_s: float = 10.0  # a request's headers must arrive within this
+    body_timeout_s: float = 30.0  # and its body within this, once its headers are in
+    max_connections: int = 1024  # open connections; more are refused with a 503
+    keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
 
 
 @dataclass
@@ -71,6 +78,7 @@ class ServerState:
     tokenizer: object
     settings: ServerSettings
     context: ServingContext
+    connections: ConnectionGuard
     draining: bool = False
     in_flight: set[str] = field(default_factory=set)  # request ids being served
     num_failed_requests: int = 0  # ended with an engine error
@@ -93,7 +101,9 @@ def create_app(
                              tokenizer)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_error_middleware, _guard_middleware])
-    app[STATE] = ServerState(async_engine, tokenizer, settings, context)
+    limits = ConnectionLimits(settings.header_timeout_s, connection_cap(settings.max_connections),
+                              settings.keepalive_timeout_s, settings.retry_after_s)
+    app[STATE] = ServerState(async_engine, tokenizer, settings, context, ConnectionGuard(limits))
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
@@ -105,10 +115,45 @@ def create_app(
     return app
 
 
+#: File descriptors kept free of connections: the engine's pipes, record files, logs.
+RESERVED_FDS = 64
+
+
+def connection_cap(max_connections: int) -> int:
+    """``max_connections``, lowered to what the process's descriptor limit allows (a
+    server that runs out of descriptors cannot even refuse connections cleanly)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return max_connections
+    if soft == resource.RLIM_INFINITY or soft - RESERVED_FDS >= max_connections:
+        return max_connections
+    cap = max(1, soft - RESERVED_FDS)
+    log.warning("--max-connections %d lowered to %d: the open-file limit is %d (ulimit -n)",
+                max_connections, cap, soft)
+    return cap
+
+
 async def _start_engine(app: web.Application) -> None:
     engine = app[STATE].engine
     if engine.state == "created":
         engine.start()
+    _warn_if_pool_is_small(app[STATE])
+
+
+def _warn_if_pool_is_small(state: ServerState) -> None:
+    """A pool that cannot hold one request at the default max_tokens (the rest of the
+    context) refuses every request that does not set max_tokens: say so at start-up."""
+    config = state.engine.config
+    pool_tokens = state.engine.stats.num_device_blocks * config.cache.block_size
+    if 0 < pool_tokens < config.scheduler.max_model_len:
+        log.warning(
+            "the KV pool holds %d tokens, fewer than max_model_len %d: a request without "
+            "max_tokens (which defaults to the rest of the context) is refused unless its "
+            "prompt + max_tokens fits the pool; lower --max-model-len to %d or give the cache "
+            "more memory", pool_tokens, config.scheduler.max_model_len, pool_tokens)
 
 
 async def _stop_engine(app: web.Application) -> None:
@@ -140,9 +185,11 @@ def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiErr
 
 
 def _too_large(request: web.Request) -> ApiError:
-    limit = request.app[STATE].settings.max_body_bytes
-    return ApiError(413, f"request body is larger than the server's limit of {limit} bytes",
-                    "invalid_request_error", None, "request_too_large")
+    return too_large(request.app[STATE].settings.max_body_bytes)
+
+
+#: After these the connection is closed: what is left of the body is not worth reading.
+_CLOSING_STATUSES = frozenset({408, 413, 415})
 
 
 @web.middleware
@@ -151,14 +198,21 @@ async def _error_middleware(request: web.Request, handler) -> web.StreamResponse
     try:
         return await handler(request)
     except ApiError as err:
-        return error_response(err)
+        response = error_response(err)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(_from_http_exception(request, exc))
+        response = error_response(_from_http_exception(request, exc))
     except Exception:
         log.exception("unhandled error serving %s %s", request.method, request.path)
-        return error_response(ApiError(500, "internal server error", "server_error"))
+        response = error_response(ApiError(500, "internal server error", "server_error"))
+    finally:
+        done = getattr(request.protocol, "request_done", None)
+        if done is not None:  # a guarded connection: its next request gets a header deadline
+            done()
+    if response.status in _CLOSING_STATUSES:
+        response.force_close()
+    return response
 
 
 @web.middleware
@@ -214,71 +268,122 @@ def _request_class(request: web.Request) -> str:
     return given
 
 
+def _parse_body(raw: bytes, kind: str, context: ServingContext) -> GenerateRequest:
+    return parse_generate_request(parse_json_object(raw), kind, context)
+
+
+def _engine_request_ids(request_id: str, req: GenerateRequest) -> list[str]:
+    """One engine request per choice: the request's own id, or ``<id>-<index>`` for
+    each prompt of a batch (vLLM's convention), so records still join by prefix."""
+    if not req.is_batch:
+        return [request_id]
+    return [f"{request_id}-{i}" for i in range(len(req.choices))]
+
+
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     state = request.app[STATE]
+    settings = state.settings
     request_id = _request_id(request, kind)
     try:
         request_class = _request_class(request)
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise _too_large(request) from None
-        body = parse_json_object(raw)
-        if len(raw) > OFFLOAD_PARSE_BYTES:  # tokenizing a long prompt must not stall the loop
-            req = await asyncio.to_thread(parse_generate_request, body, kind, state.context)
+        raw = await read_json_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        if len(raw) > OFFLOAD_PARSE_BYTES:  # parsing and tokenizing must not stall the loop
+            req = await asyncio.to_thread(_parse_body, raw, kind, state.context)
         else:
-            req = parse_generate_request(body, kind, state.context)
+            req = _parse_body(raw, kind, state.context)
         # Arrival at the engine is now, when the request is understood — not when the
         # step loop next looks at its commands: the wait for a running step is queueing.
         arrival_time = state.engine.now()
-        if request_id in state.in_flight:
-            raise ApiError(409, f"request id {request_id!r} is already in flight",
-                           "invalid_request_error", REQUEST_ID_HEADER, "duplicate_request_id")
+        engine_ids = _engine_request_ids(request_id, req)
+        for engine_id in engine_ids:
+            if engine_id in state.in_flight:
+                raise ApiError(409, f"request id {engine_id!r} is already in flight",
+                               "invalid_request_error", REQUEST_ID_HEADER,
+                               "duplicate_request_id")
     except ApiError as err:
         err.headers[REQUEST_ID_HEADER] = request_id
         raise
-    state.in_flight.add(request_id)
+    state.in_flight.update(engine_ids)
+    traceparent = parse_traceparent(request.headers.get(TRACEPARENT_HEADER))
+    streams = [state.engine.generate(EngineRequest(
+        engine_id, choice.prompt_token_ids, choice.params, arrival_time, req.priority,
+        request_class, traceparent,
+    )) for engine_id, choice in zip(engine_ids, req.choices, strict=True)]
     try:
-        outputs = state.engine.generate(EngineRequest(
-            request_id, req.prompt_token_ids, req.params, arrival_time, req.priority,
-            request_class, parse_traceparent(request.headers.get(TRACEPARENT_HEADER)),
-        ))
-        # Closing the iterator (return, error, or this task cancelled by a disconnect)
-        # aborts the request in the engine unless it already finished.
-        async with contextlib.aclosing(outputs):
-            try:
-                first = await anext(outputs)
-            except RequestRejected as exc:
-                raise _rejected(state, exc, req) from None
-            except EngineDeadError:
-                raise _unavailable("the engine is not accepting requests (shutting down)") from None
-            except ValueError as exc:  # the engine still holds a request with this id
-                raise ApiError(409, str(exc), "invalid_request_error", REQUEST_ID_HEADER,
-                               "duplicate_request_id") from None
-            if first.finished and first.finish_reason not in ("stop", "length"):
-                raise _end_error(state, first)  # failed before any token: a real status
+        # Closing an iterator (return, error, or this task cancelled by a disconnect)
+        # aborts its request in the engine unless it already finished.
+        async with contextlib.AsyncExitStack() as stack:
+            for outputs in streams:
+                await stack.enter_async_context(contextlib.aclosing(outputs))
+            firsts = await _first_outputs(state, req, streams)
+            if req.is_batch:
+                if req.stream:
+                    return await _stream_batch(request, state, request_id, req, firsts, streams)
+                return await _complete_batch(state, request_id, req, firsts, streams)
             if req.stream:
-                return await _stream(request, state, request_id, req, first, outputs)
-            return await _complete(state, request_id, req, first, outputs)
+                return await _stream(request, state, request_id, req, firsts[0], streams[0])
+            return await _complete(state, request_id, req, firsts[0], streams[0])
     except ApiError as err:
         err.headers[REQUEST_ID_HEADER] = request_id
         raise
     finally:
-        state.in_flight.discard(request_id)
+        state.in_flight.difference_update(engine_ids)
+
+
+async def _first_output(state: ServerState, req: GenerateRequest, outputs) -> RequestOutput:
+    """A choice's first output, or the error status for a request that never started:
+    a real HTTP status is only possible before the first byte of the response."""
+    try:
+        first = await anext(outputs)
+    except RequestRejected as exc:
+        raise _rejected(state, exc, req) from None
+    except EngineDeadError:
+        raise _unavailable("the engine is not accepting requests (shutting down)") from None
+    except ValueError as exc:  # the engine still holds a request with this id
+        raise ApiError(409, str(exc), "invalid_request_error", REQUEST_ID_HEADER,
+                       "duplicate_request_id") from None
+    if first.finished and first.finish_reason not in ("stop", "length"):
+        raise _end_error(state, first)  # failed before any token: a real status
+    return first
+
+
+async def _first_outputs(state: ServerState, req: GenerateRequest,
+                         streams: list) -> list[RequestOutput]:
+    if len(streams) == 1:
+        return [await _first_output(state, req, streams[0])]
+    # Every prompt of a batch is submitted at once; the first refusal decides the status
+    # (the other prompts are aborted when their iterators close).
+    results = await asyncio.gather(*(_first_output(state, req, s) for s in streams),
+                                   return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
 
 
 def _rejected(state: ServerState, exc: RequestRejected, req: GenerateRequest) -> ApiError:
-    total = len(req.prompt_token_ids) + req.params.max_tokens
+    total = max(len(c.prompt_token_ids) + c.params.max_tokens for c in req.choices)
     if exc.reason == d.REASON_QUEUE_FULL:
         return ApiError(429, "the server is overloaded: its waiting queue is full; retry later",
                         "rate_limit_error", None, "queue_full",
                         {"Retry-After": str(state.settings.retry_after_s)})
     if exc.reason == d.REASON_EXCEEDS_KV_POOL:
         config = state.engine.config
-        blocks = math.ceil(total / config.cache.block_size)
+        block_size = config.cache.block_size
+        blocks = math.ceil(total / block_size)
+        num_blocks = state.engine.stats.num_device_blocks
+        if not req.max_tokens_given:
+            # The client never sent max_tokens: "lower max_tokens" would not make sense.
+            return bad_request(
+                f"max_tokens was not set, so it defaults to the rest of the context "
+                f"({req.params.max_tokens} tokens), and prompt + that = {total} tokens need "
+                f"{blocks} blocks; the server's whole KV pool has {num_blocks} "
+                f"({num_blocks * block_size} tokens). Set max_tokens to at most "
+                f"{max(1, num_blocks * block_size - len(req.prompt_token_ids))}.",
+                "max_tokens", d.REASON_EXCEEDS_KV_POOL)
         return bad_request(
             f"the request can never fit the KV cache: prompt + max_tokens = {total} tokens need "
-            f"{blocks} blocks, the whole device pool has {state.engine.stats.num_device_blocks}; "
+            f"{blocks} blocks, the whole device pool has {num_blocks}; "
             "lower max_tokens or shorten the prompt", "max_tokens", d.REASON_EXCEEDS_KV_POOL)
     if exc.reason == d.REASON_EXCEEDS_MAX_MODEL_LEN:
         return bad_request(
@@ -307,8 +412,8 @@ def _text_ids(req: GenerateRequest, token_ids: list[int], num_generated: int) ->
     return token_ids
 
 
-async def _complete(state: ServerState, request_id: str, req: GenerateRequest,
-                    first: RequestOutput, outputs) -> web.Response:
+async def _collect(state: ServerState, req: GenerateRequest, index: int,
+                   first: RequestOutput, outputs) -> ChoiceResult:
     token_ids: list[int] = list(first.new_token_ids)
     last = first
     async for out in outputs:  # ends right away when ``first`` was the last output
@@ -317,50 +422,145 @@ async def _complete(state: ServerState, request_id: str, req: GenerateRequest,
     if last.finish_reason not in ("stop", "length"):
         raise _end_error(state, last)
     text = state.tokenizer.decode(_text_ids(req, token_ids, len(token_ids)))
+    return ChoiceResult(text, last.finish_reason, len(req.choices[index].prompt_token_ids),
+                        len(token_ids))
+
+
+def _json_response(request_id: str, req: GenerateRequest, results: list[ChoiceResult]
+                   ) -> web.Response:
     build = chat_response if req.kind == "chat" else completion_response
-    body = build(request_id, req.model, text, last.finish_reason, len(req.prompt_token_ids),
-                 len(token_ids))
-    return web.Response(text=dumps(body), content_type="application/json",
-                        headers={REQUEST_ID_HEADER: request_id})
+    return web.Response(text=dumps(build(request_id, req.model, results)),
+                        content_type="application/json", headers={REQUEST_ID_HEADER: request_id})
+
+
+async def _complete(state: ServerState, request_id: str, req: GenerateRequest,
+                    first: RequestOutput, outputs) -> web.Response:
+    return _json_response(request_id, req, [await _collect(state, req, 0, first, outputs)])
+
+
+async def _complete_batch(state: ServerState, request_id: str, req: GenerateRequest,
+                          firsts: list[RequestOutput], streams: list) -> web.Response:
+    # A failed prompt fails the response (there is no per-choice error in OpenAI's
+    # format); the TaskGroup cancels the others, which aborts them.
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_collect(state, req, i, first, outputs))
+                     for i, (first, outputs) in enumerate(zip(firsts, streams, strict=True))]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return _json_response(request_id, req, [t.result() for t in tasks])
+
+
+class _ChoiceText:
+    """One choice of a stream: its detokenizer and its count of generated tokens."""
+
+    __slots__ = ("req", "index", "num_prompt", "num_generated", "detokenizer")
+
+    def __init__(self, state: ServerState, req: GenerateRequest, index: int) -> None:
+        self.req = req
+        self.index = index
+        self.num_prompt = len(req.choices[index].prompt_token_ids)
+        self.num_generated = 0
+        self.detokenizer = IncrementalDetokenizer(state.tokenizer)
+
+    def delta(self, new_token_ids: list[int]) -> str:
+        self.num_generated += len(new_token_ids)
+        return self.detokenizer.add(_text_ids(self.req, new_token_ids, self.num_generated))
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        return self.num_prompt, self.num_generated
+
+
+def _stream_response(request_id: str) -> web.StreamResponse:
+    return web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        REQUEST_ID_HEADER: request_id,
+    })
+
+
+def _end_chunks(state: ServerState, chunks: ChunkWriter, choice: _ChoiceText,
+                out: RequestOutput) -> bytes:
+    if out.finish_reason in ("stop", "length"):
+        return chunks.finish(out.finish_reason, choice.index, choice.counts)
+    return ChunkWriter.error(_end_error(state, out))
 
 
 async def _stream(request: web.Request, state: ServerState, request_id: str,
                   req: GenerateRequest, first: RequestOutput, outputs) -> web.StreamResponse:
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        REQUEST_ID_HEADER: request_id,
-    })
+    response = _stream_response(request_id)
     await response.prepare(request)
-    chunks = ChunkWriter(request_id, req.model, req.kind, req.include_usage)
-    detokenizer = IncrementalDetokenizer(state.tokenizer)
-    num_generated = 0
+    chunks = ChunkWriter(request_id, req.model, req.kind, req.include_usage,
+                         req.continuous_usage)
+    choice = _ChoiceText(state, req, 0)
     try:
         if req.kind == "chat":
-            await response.write(chunks.role())
+            await response.write(chunks.role(0, choice.counts))
         out = first
         while True:
-            new = out.new_token_ids
-            if new:
-                num_generated += len(new)
-                delta = detokenizer.add(_text_ids(req, new, num_generated))
+            if out.new_token_ids:
+                delta = choice.delta(out.new_token_ids)
                 if delta:
-                    await response.write(chunks.text(delta))
+                    await response.write(chunks.text(delta, 0, choice.counts))
             if out.finished:
                 await anext(outputs, None)  # let the iterator end (no abort on close)
                 break
             out = await anext(outputs)
-        if out.finish_reason in ("stop", "length"):
-            await response.write(chunks.finish(out.finish_reason))
-            if req.include_usage:
-                await response.write(chunks.usage(len(req.prompt_token_ids), num_generated))
-        else:
-            await response.write(ChunkWriter.error(_end_error(state, out)))
+        await response.write(_end_chunks(state, chunks, choice, out))
+        if req.include_usage and out.finish_reason in ("stop", "length"):
+            await response.write(chunks.usage(*choice.counts))
         await response.write(ChunkWriter.DONE)
         await response.write_eof()
     except ConnectionError:
         # The client went away mid-stream: leaving returns through aclosing(), which
         # aborts the request.
         pass
+    return response
+
+
+async def _stream_batch(request: web.Request, state: ServerState, request_id: str,
+                        req: GenerateRequest, firsts: list[RequestOutput], streams: list
+                        ) -> web.StreamResponse:
+    """The prompts of a batch, interleaved by ``index`` in the order their tokens come."""
+    response = _stream_response(request_id)
+    await response.prepare(request)
+    chunks = ChunkWriter(request_id, req.model, req.kind, req.include_usage,
+                         req.continuous_usage)
+    choices = [_ChoiceText(state, req, i) for i in range(len(streams))]
+    merged: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+
+    async def pump(index: int) -> None:
+        merged.put_nowait((index, firsts[index]))
+        if not firsts[index].finished:
+            async for out in streams[index]:
+                merged.put_nowait((index, out))
+
+    pumps = [asyncio.create_task(pump(i)) for i in range(len(streams))]
+    all_ok = True
+    try:
+        num_open = len(streams)
+        while num_open:
+            index, out = await merged.get()
+            choice = choices[index]
+            if out.new_token_ids:
+                delta = choice.delta(out.new_token_ids)
+                if delta:
+                    await response.write(chunks.text(delta, index, choice.counts))
+            if out.finished:
+                num_open -= 1
+                all_ok = all_ok and out.finish_reason in ("stop", "length")
+                await response.write(_end_chunks(state, chunks, choice, out))
+        if req.include_usage and all_ok:
+            await response.write(chunks.usage(sum(c.num_prompt for c in choices),
+                                              sum(c.num_generated for c in choices)))
+        await response.write(ChunkWriter.DONE)
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the client went away: the pumps are cancelled below, which aborts the rest
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
     return response
 
 
@@ -395,6 +595,9 @@ def health_body(state: ServerState) -> dict:
         "engine_time_s": engine.now(),
         "num_observer_errors": stats.num_observer_errors,
         "num_failed_requests": state.num_failed_requests,
+        "num_open_connections": state.connections.num_open,
+        "num_refused_connections": state.connections.num_refused,
+        "num_header_timeouts": state.connections.num_header_timeouts,
         "num_engine_errors": len(stats.errors),
         "last_engine_error": stats.errors[-1] if stats.errors else None,
     }
@@ -444,8 +647,16 @@ class ApiServer:
 
     async def start(self) -> str:
         """Bind and serve; returns the bound URL (``--port 0`` picks a free port)."""
+        guard = self.state.connections
+        asyncio.get_running_loop().set_exception_handler(guard.loop_exception_handler)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.settings.host, self.settings.port)
+        site = GuardedTCPSite(
+            self.runner, self.settings.host, self.settings.port, guard, access_log=None,
+            # Bodies are inflated by engine.api.body, bounded, after authentication.
+            auto_decompress=False, keepalive_timeout=self.settings.keepalive_timeout_s,
+            # A body left unread after an early error is drained for at most this long.
+            lingering_time=2.0,
+        )
         await site.start()
         host, port = self.runner.addresses[0][:2]
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
