@@ -199,7 +199,7 @@ class GenerateRequest:
     stop_string_token_ids: frozenset[int] = field(default_factory=frozenset)
 
 
-def _check_model(body: dict, ctx: ServingContext) -> str:
+def check_model(body: dict, ctx: ServingContext) -> str:
     if "model" not in body or body["model"] is None:
         raise bad_request("missing required field: model", "model")
     model = body["model"]
@@ -291,15 +291,16 @@ def _prompt_ids(body: dict, ctx: ServingContext) -> list[int]:
     return ids
 
 
-def render_chat(messages: list[tuple[str, str]]) -> str:
+def render_chat(messages: list[tuple[str, str]], add_generation_prompt: bool = True) -> str:
     """The chat template: one ``<|role|> content`` line per message, then the assistant
-    cue ``<|assistant|>`` on its own line."""
+    cue ``<|assistant|>`` on its own line (unless ``add_generation_prompt`` is false)."""
     lines = [f"<|{role}|> {content}" for role, content in messages]
-    lines.append("<|assistant|>")
+    if add_generation_prompt:
+        lines.append("<|assistant|>")
     return "\n".join(lines)
 
 
-def _chat_messages(body: dict) -> list[tuple[str, str]]:
+def chat_messages(body: dict) -> list[tuple[str, str]]:
     if "messages" not in body or body["messages"] is None:
         raise bad_request("missing required field: messages", "messages")
     messages = body["messages"]
@@ -342,10 +343,10 @@ def _chat_messages(body: dict) -> list[tuple[str, str]]:
 def parse_generate_request(body: dict, kind: str, ctx: ServingContext) -> GenerateRequest:
     """Validate a /v1/completions (``kind="completion"``) or /v1/chat/completions
     (``kind="chat"``) body."""
-    model = _check_model(body, ctx)
+    model = check_model(body, ctx)
     _check_unsupported(body)
     if kind == "chat":
-        prompt_ids = ctx.tokenizer.encode(render_chat(_chat_messages(body)))
+        prompt_ids = ctx.tokenizer.encode(render_chat(chat_messages(body)))
     else:
         prompt_ids = _prompt_ids(body, ctx)
 
