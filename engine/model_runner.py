@@ -16,6 +16,7 @@ runs in this project's tests; see docs/execution.md for what has run where.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 

@@ -267,7 +267,7 @@ class GenerateRequest:
         return sum(len(c.prompt_token_ids) for c in self.choices)
 
 
-def _check_model(body: dict, ctx: ServingContext) -> str:
+def check_model(body: dict, ctx: ServingContext) -> str:
     if "model" not in body or body["model"] is None:
         raise bad_request("missing required field: model", "model")
     model = body["model"]
@@ -398,17 +398,18 @@ ROLE_MARKER_OPEN = "<|"
 ESCAPED_MARKER_OPEN = "<\\|"
 
 
-def render_chat(messages: list[tuple[str, str]]) -> str:
+def render_chat(messages: list[tuple[str, str]], add_generation_prompt: bool = True) -> str:
     """The chat template: one ``<|role|> content`` line per message, then the assistant
-    cue ``<|assistant|>`` on its own line. ``<|`` inside content becomes ``<\\|``
-    (a backslash between the two characters)."""
+    cue ``<|assistant|>`` on its own line (unless ``add_generation_prompt`` is false).
+    ``<|`` inside content becomes ``<\\|`` (a backslash between the two characters)."""
     lines = [f"<|{role}|> {content.replace(ROLE_MARKER_OPEN, ESCAPED_MARKER_OPEN)}"
              for role, content in messages]
-    lines.append("<|assistant|>")
+    if add_generation_prompt:
+        lines.append("<|assistant|>")
     return "\n".join(lines)
 
 
-def _chat_messages(body: dict) -> list[tuple[str, str]]:
+def chat_messages(body: dict) -> list[tuple[str, str]]:
     if "messages" not in body or body["messages"] is None:
         raise bad_request("missing required field: messages", "messages")
     messages = body["messages"]
@@ -451,10 +452,10 @@ def _chat_messages(body: dict) -> list[tuple[str, str]]:
 def parse_generate_request(body: dict, kind: str, ctx: ServingContext) -> GenerateRequest:
     """Validate a /v1/completions (``kind="completion"``) or /v1/chat/completions
     (``kind="chat"``) body."""
-    model = _check_model(body, ctx)
+    model = check_model(body, ctx)
     _check_unsupported(body)
     if kind == "chat":
-        text = render_chat(_chat_messages(body))
+        text = render_chat(chat_messages(body))
         prompts, batch = [_text_ids(text, ctx, "messages", "the prompt")], False
     else:
         prompts, batch = _prompts(body, ctx)

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP server (aiohttp) in front of an :class:`AsyncEngine`.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /version``; more (``/metrics``) via ``create_app(extra_routes=)``.
+``POST /tokenize``, ``POST /detokenize`` (engine/api/tokenize_routes.py), ``GET /health``,
+``GET|POST /ping``, ``GET /load``, ``GET /version``; more (``/metrics``) via
+``create_app(extra_routes=)``.
 
 A request's id (``X-Request-Id`` or generated) is the engine's request id, the body's
 ``id`` and the response's ``X-Request-Id`` header, so client and engine records join.
@@ -19,6 +21,7 @@ import logging
 import math
 import re
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -42,6 +45,7 @@ from engine.api.protocol import (
     parse_generate_request,
     parse_json_object,
 )
+from engine.api.tokenize_routes import add_tokenize_routes
 from engine.async_engine import AsyncEngine, EngineDeadError, RequestOutput, RequestRejected
 from engine.request import EngineRequest, parse_traceparent
 
@@ -55,6 +59,8 @@ _REQUEST_ID = re.compile(r"[\x20-\x7e]{1,128}")
 _REQUEST_CLASS = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
 #: Bodies larger than this are validated (and their prompt tokenized) on a worker thread.
 OFFLOAD_PARSE_BYTES = 64 * 1024
+#: Guarded (API key, draining) besides /v1/*: tokenizing costs the server CPU.
+GUARDED_PATHS = ("/tokenize", "/detokenize")
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ class ServerSettings:
     served_model_name: str = "tiny"
     host: str = "127.0.0.1"
     port: int = 8000  # 0: any free port
-    api_key: str | None = None  # required as "Authorization: Bearer KEY" on /v1/* when set
+    api_key: str | None = None  # "Authorization: Bearer KEY" on /v1/* and GUARDED_PATHS
     max_body_bytes: int = 1 << 20  # compressed or inflated: a larger body is a 413
     shutdown_timeout_s: float = 10.0  # in-flight requests may finish for this long
     retry_after_s: int = 1  # the Retry-After of a 429
@@ -82,6 +88,7 @@ class ServerState:
     draining: bool = False
     in_flight: set[str] = field(default_factory=set)  # request ids being served
     num_failed_requests: int = 0  # ended with an engine error
+    created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' created
 
 
 STATE = web.AppKey("schedscope_state", ServerState)
@@ -107,7 +114,12 @@ def create_app(
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
+    add_tokenize_routes(app, context, OFFLOAD_PARSE_BYTES, settings.max_body_bytes,
+                        settings.body_timeout_s)
     app.router.add_get("/health", health)
+    app.router.add_get("/ping", ping)
+    app.router.add_post("/ping", ping)
+    app.router.add_get("/load", load)
     app.router.add_get("/version", version)
     app.router.add_routes(list(extra_routes))
     app.on_startup.append(_start_engine)
@@ -219,7 +231,7 @@ async def _error_middleware(request: web.Request, handler) -> web.StreamResponse
 async def _guard_middleware(request: web.Request, handler) -> web.StreamResponse:
     """API key and draining, for the API routes only (/health, /version, /metrics stay
     open so load balancers and scrapers keep working)."""
-    if request.path.startswith("/v1/"):
+    if request.path.startswith("/v1/") or request.path in GUARDED_PATHS:
         state = request.app[STATE]
         key = state.settings.api_key
         if key is not None:
@@ -566,11 +578,20 @@ async def _stream_batch(request: web.Request, state: ServerState, request_id: st
 
 # -- info routes -------------------------------------------------------------------------------
 async def models(request: web.Request) -> web.Response:
+    """vLLM's model card: ``created`` is the server's start; ``root`` the model loaded."""
     state = request.app[STATE]
     name = state.settings.served_model_name
     body = {"object": "list", "data": [{
-        "id": name, "object": "model", "created": 0, "owned_by": "schedscope", "root": name,
+        "id": name, "object": "model", "created": state.created, "owned_by": "schedscope",
+        "root": state.engine.config.model, "parent": None,
         "max_model_len": state.context.max_model_len,
+        "permission": [{
+            "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+            "created": state.created, "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False,
+        }],
     }]}
     return web.Response(text=dumps(body), content_type="application/json")
 
@@ -611,6 +632,18 @@ async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return web.Response(status=200 if _healthy(state) else 503, text=dumps(health_body(state)),
                         content_type="application/json")
+
+
+async def ping(request: web.Request) -> web.Response:
+    """vLLM's (and SageMaker's) ``/ping``: /health's status, no body."""
+    return web.Response(status=200 if _healthy(request.app[STATE]) else 503)
+
+
+async def load(request: web.Request) -> web.Response:
+    """vLLM's ``/load``: the generation requests the server is serving now (validated,
+    response not yet finished, streams included)."""
+    body = {"server_load": len(request.app[STATE].in_flight)}
+    return web.Response(text=dumps(body), content_type="application/json")
 
 
 def _version() -> str:
