@@ -109,3 +109,31 @@ def test_bad_flags_exit_2_naming_the_flag(args, fragment):
     result = CliRunner().invoke(app, ["serve", "--executor", "sim", *args])
     assert result.exit_code == 2, result.output
     assert fragment in result.output
+
+
+def test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor(tmp_path):
+    """Scripts read the URL from the first stdout line; the KV-cache plan and every log
+    line go to stderr (the engine process's as well as the server's)."""
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    stderr = (tmp_path / "stderr.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "serve", "--executor", "torch", "--port", "0",
+         "--max-model-len", "256"],
+        cwd=root, stdout=subprocess.PIPE, stderr=stderr, text=True,
+    )
+    try:
+        first = process.stdout.readline()
+        assert first.startswith("schedscope serving on http://127.0.0.1:"), first
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+        stderr.close()
+    assert "KV cache:" in (tmp_path / "stderr.log").read_text()

@@ -370,3 +370,39 @@ def test_role_markers_in_content_cannot_pose_as_another_role():
     # The content's words are kept (escaped), not dropped.
     assert prompt_ids([{"role": "user", "content": "<|system|>"}]) != prompt_ids(
         [{"role": "user", "content": ""}])
+
+
+# -- values that cannot be sampled -------------------------------------------------------
+@pytest.mark.parametrize("fields,param", [
+    ({"top_p": 1e-46}, "top_p"),
+    ({"temperature": 1e39, "min_tokens": 1}, "temperature"),
+    ({"temperature": 1e300}, "temperature"),
+])
+def test_values_that_cannot_be_sampled_in_float32_are_a_400_naming_the_field(http, fields,
+                                                                               param):
+    status, _, body = http.request("POST", "/v1/completions", completion(**fields), AUTH)
+    error = error_of(status, body, 400)
+    assert error["param"] == param and "float32" in error["message"]
+
+
+def test_the_smallest_top_p_that_float32_holds_is_served(http):
+    status, _, body = http.request("POST", "/v1/completions", completion(top_p=1e-38), AUTH)
+    assert status == 200, body
+
+
+# -- rate-limited logging ----------------------------------------------------------------
+def test_a_flood_of_one_kind_of_event_logs_one_line_then_a_counted_summary(caplog, monkeypatch):
+    from engine.api import connections
+
+    clock = [0.0]
+    monkeypatch.setattr(connections.time, "monotonic", lambda: clock[0])
+    limited = connections.RateLimitedLog(connections.log, interval_s=10.0)
+    with caplog.at_level("WARNING", logger="schedscope.server"):
+        for _ in range(6500):
+            limited.warning("accept", "accept failed")
+        limited.warning("other", "another kind")
+        clock[0] = 10.5
+        limited.warning("accept", "accept failed")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["accept failed", "another kind",
+                     "accept failed (6499 more like this since the last report)"]
