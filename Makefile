@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.schedscope-installed
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install system-deps lint clean
 
 install: $(STAMP)
 
@@ -23,7 +23,19 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/schedscope simulate --profile default --policy all --out runs/demo
 
-test: $(STAMP)
+# Debian's prometheus (prometheus + promtool), which the telemetry tests run for real:
+# installed when missing (as root; otherwise say how). Tests that need it fail, not
+# skip, when CI=true and it is missing.
+system-deps:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's prometheus (for the telemetry tests)"; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else \
+	    echo "promtool is missing: run 'apt-get install -y --no-install-recommends prometheus' as root"; \
+	  fi; }
+
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
