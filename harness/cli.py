@@ -179,16 +179,17 @@ def serve(
     ),
     header_timeout_s: float = typer.Option(
         10.0, "--header-timeout",
-        help="Seconds a request's headers may take to arrive (from its first byte); then "
-             "408 and the connection is closed (slow-client protection).",
+        help="Seconds from a connection's opening, or the end of its last response, until "
+             "the next request's headers are complete; then 408 and close (slow-client "
+             "protection; also the keep-alive timeout).",
     ),
     body_timeout_s: float = typer.Option(
         30.0, "--body-timeout", help="Seconds a request's body may take to arrive; then 408.",
     ),
     max_connections: int = typer.Option(
         1024, "--max-connections",
-        help="Open connections at most; more get a 503 with Retry-After. Lowered to fit the "
-             "open-file limit.",
+        help="Open connections at most; at the cap the longest-idle one is closed for a new "
+             "one, or, none idle, the new one gets a 503. Lowered to fit the open-file limit.",
     ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""

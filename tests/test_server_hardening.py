@@ -146,6 +146,25 @@ def test_a_body_a_web_page_could_send_without_preflight_is_a_415(http, media):
     assert error["param"] == "Content-Type" and error["code"] == "unsupported_media_type"
 
 
+def test_a_browser_body_without_a_content_type_is_a_415(http):
+    """A page can POST a Blob (no Content-Type) without a preflight; browsers always send
+    Origin with a POST, plain HTTP clients never do."""
+    headers = {"Authorization": AUTH["Authorization"], "Origin": "http://evil.example"}
+    status, _, body = http.request("POST", "/v1/completions", completion(), headers)
+    assert error_of(status, body, 415)["code"] == "unsupported_media_type"
+    status, _, body = http.request("POST", "/v1/completions", completion(),
+                                   {"Authorization": AUTH["Authorization"]})
+    assert status == 200, body
+
+
+def test_a_large_brotli_body_is_inflated_in_full(http):
+    data = completion()[:-1] + b" " * (200 * 1024) + b"}"
+    assert len(data) < LIMIT
+    status, _, body = http.request("POST", "/v1/completions", brotli.compress(data),
+                                   {**AUTH, "Content-Encoding": "br"})
+    assert status == 200, body
+
+
 @pytest.mark.parametrize("media", ["application/json", "application/json; charset=utf-8",
                                    "application/vnd.api+json"])
 def test_json_media_types_are_served(http, media):
@@ -263,9 +282,13 @@ def test_slow_header_clients_are_cut_while_others_are_served(server, http):
             sock.close()
 
 
-def test_a_silent_connection_is_cut_by_the_header_timeout(server):
+def test_a_silent_connection_is_closed_at_the_header_timeout(server):
+    """Nothing sent: an idle connection, closed quietly (a 408 nobody asked for would be
+    read as the answer to the client's next request)."""
     with connect(server) as sock:
-        assert read_all(sock).startswith(b"HTTP/1.1 408")
+        started = time.monotonic()
+        assert read_all(sock) == b""
+    assert time.monotonic() - started < 5
 
 
 def test_a_slow_body_gets_a_408(server):
@@ -292,11 +315,13 @@ def test_a_keep_alive_connection_gets_a_fresh_header_deadline_per_request(server
         client.close()
 
 
-def test_connections_over_the_cap_get_a_503_and_the_server_recovers():
+def test_busy_connections_over_the_cap_get_a_503_and_the_server_recovers():
     settings = ServerSettings(host="127.0.0.1", port=0, max_connections=4, header_timeout_s=5)
     with BackgroundServer(sim_engine(), HashTokenizer(4096), settings) as live:
         held = [connect(live) for _ in range(4)]
         try:
+            for sock in held:  # each is part-way through a request: busy, not idle
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\n")
             time.sleep(0.2)
             with connect(live) as extra:
                 reply = read_all(extra)
@@ -312,8 +337,98 @@ def test_connections_over_the_cap_get_a_503_and_the_server_recovers():
         status, _, body = client.request("GET", "/health")
         client.close()
         assert status == 200
-        health = json.loads(body)
-        assert health["num_refused_connections"] == 1
+        assert json.loads(body)["num_refused_connections"] == 1
+
+
+def test_idle_keep_alive_connections_at_the_cap_make_room_for_a_new_client():
+    """Four clients each made a request and keep their connection open, idle: a fifth
+    client evicts the connection idle longest instead of being refused."""
+    settings = ServerSettings(host="127.0.0.1", port=0, max_connections=4, header_timeout_s=30)
+    with BackgroundServer(sim_engine(), HashTokenizer(4096), settings) as live:
+        idle = [HttpClient(live.url) for _ in range(4)]
+        try:
+            for client in idle:
+                assert client.request("GET", "/ping")[0] == 200
+            newcomer = HttpClient(live.url)
+            status, _, body = newcomer.request("GET", "/health")
+            newcomer.close()
+            assert status == 200, body
+            health = json.loads(body)
+            assert health["num_evicted_connections"] == 1
+            assert health["num_refused_connections"] == 0
+        finally:
+            for client in idle:
+                client.close()
+
+
+def test_an_idle_keep_alive_connection_is_closed_quietly_at_the_header_deadline(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = read_all(sock)  # the ping's response, then the close (no 408 after it)
+    assert reply.startswith(b"HTTP/1.1 200") and b"408" not in reply
+
+
+@pytest.mark.parametrize("opening", [b"\r\n\r\n", b"\r\n"])
+def test_bytes_that_look_like_a_header_end_do_not_stop_the_deadline(server, opening):
+    with connect(server) as sock:
+        sock.sendall(opening + b"GET /ping HTTP/1.1\r\nX-Slow: ")
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < 5:
+                sock.sendall(b"a")  # trickle a header, a byte at a time
+                time.sleep(0.1)
+        except OSError:
+            pass
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
+    assert time.monotonic() - started < 5
+
+
+def test_a_stalled_pipelined_request_is_cut_by_the_deadline(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHo")
+        started = time.monotonic()
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert time.monotonic() - started < 5
+
+
+def test_a_slow_chunked_body_gets_one_408_and_no_tracebacks(server, caplog):
+    with caplog.at_level("WARNING"), connect(server) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                     + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n")
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < 3:
+                sock.sendall(b"1\r\n \r\n")
+                time.sleep(0.1)
+        except OSError:
+            pass
+        reply = read_all(sock)
+        time.sleep(0.3)
+    assert reply.count(b"HTTP/1.1 ") == 1 and reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not errors, [r.getMessage() for r in errors]
+
+
+def test_a_header_timeout_raises_nothing_in_the_event_loop(server, caplog):
+    with caplog.at_level("WARNING"), connect(server) as sock:
+        sock.sendall(b"GET /pi")
+        assert read_all(sock).startswith(b"HTTP/1.1 408")
+        time.sleep(0.1)
+    assert not [r for r in caplog.records if "Exception in callback" in r.getMessage()
+                or r.exc_info]
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_the_body(server):
+    with connect(server) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                     + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 2000000000\r\n\r\n{")
+        reply = read_all(sock)
+    # Refused by its declared length: a 413, not a 408 after waiting for the body.
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:100]
 
 
 # -- parser errors as JSON ---------------------------------------------------------------

@@ -29,12 +29,30 @@ except ImportError:  # pragma: no cover - present wherever schedscope's dependen
 #: Media types accepted as JSON. Refusing the others is a CSRF guard: a web page can
 #: POST text/plain or form bodies to a keyless localhost server without a CORS
 #: preflight, but not application/json. A body without any Content-Type is read as JSON,
-#: as vLLM's server (FastAPI) does, for clients such as ``requests.post(data=...)``.
+#: as vLLM's server (FastAPI) does, for clients such as ``requests.post(data=...)`` —
+#: unless the request carries an ``Origin`` header: browsers send one with every POST
+#: (and can send a body without a Content-Type, from a Blob or ``sendBeacon``), plain
+#: HTTP clients do not.
 JSON_MEDIA_TYPES = ("application/json",)
 #: Inflate this many bytes at a time, so the size bound is checked between pieces.
 _INFLATE_PIECE = 64 * 1024
 #: At most this many content codings stacked on one body ("gzip, br").
 MAX_CODINGS = 2
+
+
+class HeavyWork:
+    """CPU-heavy request work (parsing, validating, tokenizing a large body) on a worker
+    thread, at most ``limit`` at a time. A worker thread alone does not keep the event
+    loop responsive: it still holds the GIL while it parses, so eight concurrent
+    900 KB bodies left ``/health`` waiting 2 s. One at a time, the loop shares the GIL
+    with one worker; the other bodies wait their turn without costing anything."""
+
+    def __init__(self, limit: int = 1) -> None:
+        self._gate = asyncio.Semaphore(limit)
+
+    async def run(self, fn, *args):
+        async with self._gate:
+            return await asyncio.to_thread(fn, *args)
 
 
 def _codings() -> tuple[str, ...]:
@@ -52,9 +70,12 @@ def check_media_type(request: web.Request) -> None:
     or not declared at all."""
     given = request.headers.get("Content-Type")
     media = request.content_type.lower()  # aiohttp: the type without its parameters
-    if given is None or media in JSON_MEDIA_TYPES or media.endswith("+json"):
+    if given is None and "Origin" not in request.headers:
         return
-    raise ApiError(415, f"Content-Type must be application/json, got {given[:80]!r}",
+    if given is not None and (media in JSON_MEDIA_TYPES or media.endswith("+json")):
+        return
+    shown = repr(given[:80]) if given is not None else "none (from a browser page)"
+    raise ApiError(415, f"Content-Type must be application/json, got {shown}",
                    "invalid_request_error", "Content-Type", "unsupported_media_type")
 
 
@@ -118,11 +139,13 @@ def _inflate_brotli(data: bytes, max_bytes: int) -> bytes:
     inflater = brotli.Decompressor()
     out = bytearray()
     try:
-        out += inflater.process(data, output_buffer_limit=_INFLATE_PIECE)
-        while len(out) <= max_bytes and not inflater.is_finished():
-            if inflater.can_accept_more_data():
-                break  # all input consumed and no more output pending: truncated
-            out += inflater.process(b"", output_buffer_limit=_INFLATE_PIECE)
+        piece = inflater.process(data, output_buffer_limit=_INFLATE_PIECE)
+        out += piece
+        # Output is held back at the piece limit: drain it with empty input until the
+        # stream ends, the bound is passed, or nothing more comes (a truncated stream).
+        while piece and len(out) <= max_bytes and not inflater.is_finished():
+            piece = inflater.process(b"", output_buffer_limit=_INFLATE_PIECE)
+            out += piece
     except brotli.error as exc:
         raise _not_coded("br", str(exc) or "corrupt stream") from None
     if len(out) > max_bytes:
@@ -147,6 +170,9 @@ async def read_json_body(request: web.Request, max_bytes: int, timeout_s: float)
     """The body of a JSON request, inflated and bounded (see the module docstring)."""
     check_media_type(request)
     codings = content_codings(request)
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:  # refused before a byte is read
+        raise too_large(max_bytes)
     try:
         async with asyncio.timeout(timeout_s):
             raw = await request.read()  # aiohttp bounds this by client_max_size

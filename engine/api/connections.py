@@ -5,12 +5,19 @@ half second holds its connection (and a file descriptor) for ever, and a few hun
 such clients exhaust the process's descriptors, after which legitimate requests time
 out. :class:`GuardedRequestHandler` (aiohttp's protocol, one per connection) adds:
 
-- a header deadline: a request's header block must arrive within ``header_timeout_s``
-  of its first byte (of the connection's opening, for the first request); otherwise
-  the connection gets a 408 and is closed. Bodies have their own deadline
+- a header deadline: from a connection's opening, and again from the end of each
+  response, the next request must be dispatched (its header block complete) within
+  ``header_timeout_s``. A connection that sent part of a request by then gets a 408
+  and is closed; one that sent nothing is an idle keep-alive connection and is closed
+  quietly. (So ``header_timeout_s`` is also the keep-alive timeout.) The deadline is
+  disarmed only when a request reaches the application — never by bytes that merely
+  look like the end of a header block. Bodies have their own deadline
   (``body_timeout_s``, in :mod:`engine.api.body`).
-- a cap on open connections: beyond ``max_connections`` a new connection gets a 503
-  with ``Retry-After`` and is closed before any byte of it is parsed.
+- a cap on open connections: at ``max_connections``, a new connection first evicts the
+  connection that has been idle longest (between requests, nothing sent since its last
+  response), so idle keep-alive connections can never lock clients out; when none is
+  idle, the new connection gets a 503 with ``Retry-After`` and is closed before any byte
+  of it is parsed.
 - errors of aiohttp's HTTP parser (a bad request line, a header too long, too many
   headers, a bad chunk size) as OpenAI-style JSON bodies instead of text/plain, and
   logged at a bounded rate.
@@ -38,9 +45,8 @@ _HEADER_END = b"\r\n\r\n"
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    header_timeout_s: float = 10.0
+    header_timeout_s: float = 10.0  # also the keep-alive timeout (see the module docstring)
     max_connections: int = 1024
-    keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
     retry_after_s: int = 1
 
 
@@ -86,9 +92,22 @@ class ConnectionGuard:
         self.limits = limits
         self.num_open = 0
         self.num_refused = 0
+        self.num_evicted = 0
         self.num_header_timeouts = 0
         self.num_parser_errors = 0
         self.log = RateLimitedLog(log)
+        #: Connections between requests with nothing received since, oldest first.
+        self.idle: dict[GuardedRequestHandler, None] = {}
+
+    def evict_idle(self) -> bool:
+        """Close the connection idle longest; False when none is idle."""
+        while self.idle:
+            handler = next(iter(self.idle))
+            del self.idle[handler]
+            if handler.close_idle():
+                self.num_evicted += 1
+                return True
+        return False
 
     def loop_exception_handler(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
         """asyncio's handler, rate-limited: accept() failing for want of descriptors
@@ -105,19 +124,18 @@ class GuardedRequestHandler(RequestHandler):
         super().__init__(manager, **kwargs)
         self._guard = guard
         self._refused = False
-        self._header_deadline: asyncio.TimerHandle | None = None
-        self._header_tail = b""  # the last bytes seen, for an end split across reads
-        self._awaiting_headers = False
-        self._idle = True  # between requests: the next byte starts a header block
+        self._deadline: asyncio.TimerHandle | None = None
+        self._bytes_since_armed = 0
 
     # -- the connection's life --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
-        if guard.num_open >= guard.limits.max_connections:
+        if guard.num_open >= guard.limits.max_connections and not guard.evict_idle():
             self._refused = True
             guard.num_refused += 1
-            guard.log.warning("refused", "refused a connection: %d are open, the limit is %d "
-                              "(--max-connections)", guard.num_open, guard.limits.max_connections)
+            guard.log.warning("refused", "refused a connection: %d are open and busy, the limit "
+                              "is %d (--max-connections)", guard.num_open,
+                              guard.limits.max_connections)
             err = ApiError(503, f"the server has {guard.num_open} open connections, its limit; "
                            "retry later", "server_error", None, "too_many_connections")
             transport.write(raw_json_response(503, "Service Unavailable", err,
@@ -126,62 +144,76 @@ class GuardedRequestHandler(RequestHandler):
             return
         guard.num_open += 1
         super().connection_made(transport)
-        self._arm_header_deadline()
+        self._arm()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._refused:
             return  # never registered with aiohttp's server
-        self._cancel_header_deadline()
+        self._disarm()
         self._guard.num_open -= 1
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._idle:
-            self._idle = False
-            if not self._awaiting_headers:
-                self._arm_header_deadline()
-        if self._awaiting_headers:
-            seen = self._header_tail + data
-            if _HEADER_END in seen:
-                self._cancel_header_deadline()
-            else:
-                self._header_tail = seen[-3:]
+        if self._deadline is not None:
+            if not self._bytes_since_armed:
+                self._guard.idle.pop(self, None)  # a request is starting: no longer idle
+            self._bytes_since_armed += len(data)
         super().data_received(data)
 
-    def request_done(self) -> None:
-        """Called when a response has been sent: the connection is between requests."""
-        self._idle = True
+    def request_started(self) -> None:
+        """A request reached the application: its header block is complete."""
+        self._disarm()
+
+    def request_done(self, closing: bool) -> None:
+        """A response has been produced; unless the connection is closing, the next
+        request must come within the header deadline."""
+        if not closing:
+            self._arm()
+
+    def close_idle(self) -> bool:
+        """Close this connection if it is still idle (for an eviction)."""
+        if self._deadline is None or self._bytes_since_armed or self.transport is None:
+            return False
+        self._disarm()
+        transport = self.transport
+        self.force_close()
+        transport.close()
+        return True
 
     # -- the header deadline ---------------------------------------------------------
-    def _arm_header_deadline(self) -> None:
-        self._awaiting_headers = True
-        self._header_tail = b""
-        if self._header_deadline is None:
-            self._header_deadline = self._loop.call_later(
-                self._guard.limits.header_timeout_s, self._header_deadline_passed)
+    def _arm(self) -> None:
+        self._disarm()
+        self._bytes_since_armed = 0
+        self._deadline = self._loop.call_later(self._guard.limits.header_timeout_s,
+                                               self._deadline_passed)
+        self._guard.idle[self] = None
 
-    def _cancel_header_deadline(self) -> None:
-        self._awaiting_headers = False
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
+    def _disarm(self) -> None:
+        self._guard.idle.pop(self, None)
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
-    def _header_deadline_passed(self) -> None:
-        self._header_deadline = None
-        if not self._awaiting_headers or self.transport is None:
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        self._guard.idle.pop(self, None)
+        transport = self.transport
+        if transport is None:
             return
-        guard = self._guard
-        guard.num_header_timeouts += 1
-        guard.log.warning("header-timeout", "closed a connection whose request headers did not "
-                          "arrive within %.1f s (--header-timeout)", guard.limits.header_timeout_s)
-        err = ApiError(408, f"the request headers did not arrive within "
-                       f"{guard.limits.header_timeout_s:g} s", "invalid_request_error", None,
-                       "request_timeout")
-        self.transport.write(raw_json_response(408, "Request Timeout", err))
-        self.force_close()
-        self.transport.close()
+        if self._bytes_since_armed:  # part of a request: say why the connection ends
+            guard = self._guard
+            guard.num_header_timeouts += 1
+            guard.log.warning("header-timeout", "closed a connection whose request headers did "
+                              "not arrive within %.1f s (--header-timeout)",
+                              guard.limits.header_timeout_s)
+            err = ApiError(408, f"the request headers did not arrive within "
+                           f"{guard.limits.header_timeout_s:g} s", "invalid_request_error",
+                           None, "request_timeout")
+            transport.write(raw_json_response(408, "Request Timeout", err))
+        self.force_close()  # idle keep-alive connections end quietly
+        transport.close()
 
     # -- parser errors as JSON --------------------------------------------------------
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,

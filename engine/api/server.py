@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from engine import decisions as d
-from engine.api.body import read_json_body, too_large
+from engine.api.body import HeavyWork, read_json_body, too_large
 from engine.api.connections import ConnectionGuard, ConnectionLimits, GuardedTCPSite
 from engine.api.protocol import (
     ApiError,
@@ -75,7 +75,6 @@ class ServerSettings:
     header_timeout_s: float = 10.0  # a request's headers must arrive within this
     body_timeout_s: float = 30.0  # and its body within this, once its headers are in
     max_connections: int = 1024  # open connections; more are refused with a 503
-    keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
 
 
 @dataclass
@@ -89,6 +88,7 @@ class ServerState:
     in_flight: set[str] = field(default_factory=set)  # request ids being served
     num_failed_requests: int = 0  # ended with an engine error
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' created
+    heavy_work: HeavyWork = field(default_factory=HeavyWork)  # large bodies, one at a time
 
 
 STATE = web.AppKey("schedscope_state", ServerState)
@@ -109,13 +109,13 @@ def create_app(
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_error_middleware, _guard_middleware])
     limits = ConnectionLimits(settings.header_timeout_s, connection_cap(settings.max_connections),
-                              settings.keepalive_timeout_s, settings.retry_after_s)
+                              settings.retry_after_s)
     app[STATE] = ServerState(async_engine, tokenizer, settings, context, ConnectionGuard(limits))
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     add_tokenize_routes(app, context, OFFLOAD_PARSE_BYTES, settings.max_body_bytes,
-                        settings.body_timeout_s)
+                        settings.body_timeout_s, app[STATE].heavy_work)
     app.router.add_get("/health", health)
     app.router.add_get("/ping", ping)
     app.router.add_post("/ping", ping)
@@ -207,8 +207,14 @@ _CLOSING_STATUSES = frozenset({408, 413, 415})
 @web.middleware
 async def _error_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Every error leaves as an OpenAI error body; nothing unexpected leaves as a bare 500."""
+    protocol = request.protocol
+    started = getattr(protocol, "request_started", None)
+    if started is not None:  # a guarded connection: this request's headers are complete
+        started()
+    response: web.StreamResponse | None = None
     try:
-        return await handler(request)
+        response = await handler(request)
+        return response
     except ApiError as err:
         response = error_response(err)
     except web.HTTPException as exc:
@@ -219,11 +225,13 @@ async def _error_middleware(request: web.Request, handler) -> web.StreamResponse
         log.exception("unhandled error serving %s %s", request.method, request.path)
         response = error_response(ApiError(500, "internal server error", "server_error"))
     finally:
-        done = getattr(request.protocol, "request_done", None)
-        if done is not None:  # a guarded connection: its next request gets a header deadline
-            done()
-    if response.status in _CLOSING_STATUSES:
-        response.force_close()
+        if response is not None and (response.status in _CLOSING_STATUSES
+                                     or not request.content.is_eof()):
+            # A body left unread is not drained: the connection ends with the response.
+            response.force_close()
+        done = getattr(protocol, "request_done", None)
+        if done is not None:  # the next request on this connection gets a header deadline
+            done(closing=response is None or response.keep_alive is False)
     return response
 
 
@@ -300,7 +308,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         request_class = _request_class(request)
         raw = await read_json_body(request, settings.max_body_bytes, settings.body_timeout_s)
         if len(raw) > OFFLOAD_PARSE_BYTES:  # parsing and tokenizing must not stall the loop
-            req = await asyncio.to_thread(_parse_body, raw, kind, state.context)
+            req = await state.heavy_work.run(_parse_body, raw, kind, state.context)
         else:
             req = _parse_body(raw, kind, state.context)
         # Arrival at the engine is now, when the request is understood — not when the
@@ -618,6 +626,7 @@ def health_body(state: ServerState) -> dict:
         "num_failed_requests": state.num_failed_requests,
         "num_open_connections": state.connections.num_open,
         "num_refused_connections": state.connections.num_refused,
+        "num_evicted_connections": state.connections.num_evicted,
         "num_header_timeouts": state.connections.num_header_timeouts,
         "num_engine_errors": len(stats.errors),
         "last_engine_error": stats.errors[-1] if stats.errors else None,
@@ -686,7 +695,9 @@ class ApiServer:
         site = GuardedTCPSite(
             self.runner, self.settings.host, self.settings.port, guard, access_log=None,
             # Bodies are inflated by engine.api.body, bounded, after authentication.
-            auto_decompress=False, keepalive_timeout=self.settings.keepalive_timeout_s,
+            # Idle keep-alive connections end at the header deadline (connections.py);
+            # aiohttp's own keep-alive timer is only a backstop.
+            auto_decompress=False, keepalive_timeout=max(75.0, 2 * self.settings.header_timeout_s),
             # A body left unread after an early error is drained for at most this long.
             lingering_time=2.0,
         )

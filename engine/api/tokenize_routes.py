@@ -11,12 +11,11 @@ model (else 404, as on the generation routes). Unknown fields are ignored.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from aiohttp import web
 
-from engine.api.body import read_json_body
+from engine.api.body import HeavyWork, read_json_body
 from engine.api.protocol import (
     ServingContext,
     bad_request,
@@ -31,7 +30,7 @@ from engine.api.protocol import (
 
 def add_tokenize_routes(app: web.Application, context: ServingContext,
                         offload_parse_bytes: int, max_body_bytes: int,
-                        body_timeout_s: float) -> None:
+                        body_timeout_s: float, heavy_work: HeavyWork) -> None:
     """Add ``POST /tokenize`` and ``POST /detokenize`` to ``app``. Bodies are read as
     the generation routes read theirs (engine.api.body: JSON only, bounded inflation, a
     deadline); one larger than ``offload_parse_bytes`` is parsed, validated and
@@ -43,7 +42,7 @@ def add_tokenize_routes(app: web.Application, context: ServingContext,
     async def run(request: web.Request, parse) -> web.Response:
         raw = await read_json_body(request, max_body_bytes, body_timeout_s)
         if len(raw) > offload_parse_bytes:
-            result = await asyncio.to_thread(parse_raw, raw, parse)
+            result = await heavy_work.run(parse_raw, raw, parse)
         else:
             result = parse_raw(raw, parse)
         return web.Response(text=dumps(result), content_type="application/json")
