@@ -151,10 +151,10 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
     Row("KV cache", (
         Panel(
             "KV cache usage: device and host",
-            "Fraction of KV blocks in use. Device: vllm:kv_cache_usage_perc (V1, schedscope) or "
-            "vllm:gpu_cache_usage_perc (V0), whichever the engine has. Host: "
-            "vllm:cpu_cache_usage_perc, filled by schedscope and vLLM V0 only (V1 has no host "
-            "swap pool). Healthy: device usage high but below 1 with headroom for decode growth; "
+            "Fraction of KV blocks in use. Engines: device from vllm:kv_cache_usage_perc (vLLM "
+            "V1, schedscope) or vllm:gpu_cache_usage_perc (vLLM V0), whichever the engine has; "
+            "host from vllm:cpu_cache_usage_perc, filled by schedscope and vLLM V0 only (V1 has "
+            "no host swap pool). Healthy: device usage high but below 1 with headroom for decode growth; "
             "host near 0. Unhealthy: device pinned at 1 while preemptions rise (pool too small: "
             "raise --gpu-memory-utilization or lower --max-num-seqs); host usage at 1 means "
             "swaps will fall back to recompute (raise --swap-space).",
@@ -247,7 +247,7 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
         ),
         Panel(
             "Batch tokens per step vs max_num_batched_tokens",
-            "Tokens scheduled per engine step (p50, p99) against the token budget. Quantiles from "
+            "Tokens scheduled per engine step (p50, p99) against the token budget. Engines: quantiles from "
             "vllm:iteration_tokens_total (schedscope, vLLM V0 and V1) or, where absent, "
             "schedscope_batch_tokens; the budget line (schedscope_token_budget_tokens) from "
             "schedscope only. Healthy: p99 reaches the budget under load (steps are full) and "
