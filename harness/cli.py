@@ -86,6 +86,11 @@ def simulate(
     write_decisions: bool = typer.Option(
         True, "--decisions/--no-decisions", help="Also write decisions.parquet."
     ),
+    trace_file: Path | None = typer.Option(
+        None, "--trace-file",
+        help="Write the simulated spans (OTLP-JSON lines, virtual time; docs/telemetry.md) "
+             "to this file, and each policy's spans.parquet next to its records.",
+    ),
 ) -> None:
     """Simulate the engine's scheduler on a virtual clock with a cost model.
 
@@ -120,12 +125,21 @@ def simulate(
         default_kv_plan(next(iter(configs.values())))  # a bad model or memory knob, named
     except (ValueError, FileNotFoundError) as exc:
         raise typer.BadParameter(str(exc)) from None
+    if trace_file is not None and (trace_file.is_dir() or trace_file.suffix == ".parquet"):
+        raise typer.BadParameter(f"expected an OTLP-JSON lines file (e.g. spans.jsonl), got "
+                                 f"{trace_file}", param_hint="--trace-file")
     summary = run_simulations(
         prof, configs, model, out, seed=seed, num_requests=num_requests,
-        write_decisions=write_decisions,
+        write_decisions=write_decisions, trace_file=trace_file,
     )
     print_comparison(summary)
     console.print(f"records: {out}")
+    if trace_file is not None:
+        for name, policy_summary in summary["policies"].items():
+            stats = policy_summary.get("tracing", {})
+            line = (f"spans ({name}): {stats.get('spans', 0)} to {trace_file}, "
+                    f"{stats.get('dropped_spans', 0)} dropped")
+            console.print(f"[yellow]{line}[/yellow]" if stats.get("dropped_spans") else line)
 
 
 @app.command()
