@@ -204,6 +204,18 @@ def serve(
         help="Open connections at most; more get a 503 with Retry-After. Lowered to fit the "
              "open-file limit.",
     ),
+    trace_file: Path | None = typer.Option(
+        None, "--trace-file",
+        help="Write the engine's spans to this file (OTLP-JSON lines; docs/telemetry.md).",
+    ),
+    otlp_traces_endpoint: str | None = typer.Option(
+        None, "--otlp-traces-endpoint",
+        help="Export spans over OTLP/HTTP to this URL (e.g. http://127.0.0.1:4318/v1/traces); "
+             "default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT when set.",
+    ),
+    no_tracing: bool = typer.Option(
+        False, "--no-tracing", help="No spans at all, whatever the flags and OTEL_* variables say.",
+    ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
     from harness.serve import serve as run_serve
@@ -212,7 +224,8 @@ def serve(
         engine_config, executor, cost_model, host, port, api_key, served_model_name,
         max_body_bytes, shutdown_timeout_s, record_steps, torch_threads, engine_core,
         record_requests, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-        max_connections=max_connections,
+        max_connections=max_connections, trace_file=trace_file,
+        otlp_traces_endpoint=otlp_traces_endpoint, no_tracing=no_tracing,
     ))
 
 
