@@ -159,7 +159,8 @@ class SpanObserver:
         window[4] += 1
         window[6] = record.token_time
         num_device = record.num_device_blocks
-        num_host = record.num_host_blocks
+        # What steps.parquet does not make obvious from the span itself (its duration
+        # is the step's time); kept short: this span is made every step.
         attributes = {
             STEP: record.step,
             "schedscope.step.num_seqs": len(record.scheduled),
@@ -167,20 +168,17 @@ class SpanObserver:
             "schedscope.step.num_recompute_tokens": record.num_recompute_tokens,
             "schedscope.step.num_decode_seqs": record.num_decode_seqs,
             "schedscope.step.num_idle_running": record.num_idle_running,
-            "schedscope.step.num_batched_tokens": record.num_batched_tokens,
             "schedscope.step.num_decisions": len(record.decisions),
-            "schedscope.step.duration_s": record.duration_s,
-            "schedscope.step.idle_before_s": record.idle_before_s,
             "schedscope.queue.num_waiting": record.num_waiting,
             "schedscope.queue.num_running": record.num_running,
             "schedscope.queue.num_swapped": record.num_swapped,
-            "schedscope.kv.num_free_device_blocks": record.num_free_device_blocks,
-            "schedscope.kv.num_device_blocks": num_device,
             "schedscope.kv.device_usage": (1.0 - record.num_free_device_blocks / num_device
                                            if num_device else 0.0),
-            "schedscope.kv.host_usage": (1.0 - record.num_free_host_blocks / num_host
-                                         if num_host else 0.0),
         }
+        if record.num_swapped or record.blocks_to_swap_out:
+            num_host = record.num_host_blocks
+            attributes["schedscope.kv.host_usage"] = (
+                1.0 - record.num_free_host_blocks / num_host if num_host else 0.0)
         if record.blocks_to_swap_out or record.blocks_to_swap_in:
             attributes["schedscope.step.num_blocks_swapped_out"] = len(record.blocks_to_swap_out)
             attributes["schedscope.step.num_blocks_swapped_in"] = len(record.blocks_to_swap_in)
