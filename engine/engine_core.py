@@ -48,6 +48,9 @@ class EngineCoreSpec:
     record_requests: Path | None = None
     idle_wait_s: float = 0.05
     log_level: int = logging.INFO
+    #: engine.telemetry.tracing.TracingSettings (None: no spans); the tracer provider
+    #: and its exporters live here, in the engine process, where the observers run.
+    tracing: object | None = None
 
 
 def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
@@ -60,10 +63,16 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
                         format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
     try:
         engine, step_log, request_log = _build(spec)
+        core = _Core(engine, commands, outputs, spec.idle_wait_s)
+        tracing = None
+        if spec.tracing is not None:
+            from engine.telemetry.tracing import install_tracing
+
+            # after the core's own observer: tokens leave before spans are made
+            tracing = install_tracing(engine, spec.tracing)
     except Exception as exc:  # reported to the API process, which names it
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    core = _Core(engine, commands, outputs, spec.idle_wait_s)
     clock = engine.clock
     outputs.send(("ready", {"clock_origin": clock.origin, "clock_epoch_unix": clock.epoch_unix,
                             "num_device_blocks": engine.block_manager.num_device_blocks,
@@ -71,6 +80,11 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
     try:
         core.run()
     finally:
+        if tracing is not None:
+            # A concurrent engine step cannot be running here: the loop has returned.
+            stats = tracing.shutdown()
+            log.info("spans: %d ended, %d exported, %d dropped", stats["spans"],
+                     stats["exported_spans"], stats["dropped_spans"])
         if step_log is not None:
             spec.record_steps.parent.mkdir(parents=True, exist_ok=True)
             step_log.write(spec.record_steps)

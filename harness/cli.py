@@ -87,6 +87,11 @@ def simulate(
     write_decisions: bool = typer.Option(
         True, "--decisions/--no-decisions", help="Also write decisions.parquet."
     ),
+    trace_file: Path | None = typer.Option(
+        None, "--trace-file",
+        help="Write the simulated spans (OTLP-JSON lines, virtual time; docs/telemetry.md) "
+             "to this file, and each policy's spans.parquet next to its records.",
+    ),
 ) -> None:
     """Simulate the engine's scheduler on a virtual clock with a cost model.
 
@@ -121,12 +126,21 @@ def simulate(
         default_kv_plan(next(iter(configs.values())))  # a bad model or memory knob, named
     except (ValueError, FileNotFoundError) as exc:
         raise typer.BadParameter(str(exc)) from None
+    if trace_file is not None and (trace_file.is_dir() or trace_file.suffix == ".parquet"):
+        raise typer.BadParameter(f"expected an OTLP-JSON lines file (e.g. spans.jsonl), got "
+                                 f"{trace_file}", param_hint="--trace-file")
     summary = run_simulations(
         prof, configs, model, out, seed=seed, num_requests=num_requests,
-        write_decisions=write_decisions,
+        write_decisions=write_decisions, trace_file=trace_file,
     )
     print_comparison(summary)
     console.print(f"records: {out}")
+    if trace_file is not None:
+        for name, policy_summary in summary["policies"].items():
+            stats = policy_summary.get("tracing", {})
+            line = (f"spans ({name}): {stats.get('spans', 0)} to {trace_file}, "
+                    f"{stats.get('dropped_spans', 0)} dropped")
+            console.print(f"[yellow]{line}[/yellow]" if stats.get("dropped_spans") else line)
 
 
 @app.command()
@@ -192,6 +206,18 @@ def serve(
         help="Open connections at most; at the cap the longest-idle one is closed for a new "
              "one, or, none idle, the new one gets a 503. Lowered to fit the open-file limit.",
     ),
+    trace_file: Path | None = typer.Option(
+        None, "--trace-file",
+        help="Write the engine's spans to this file (OTLP-JSON lines; docs/telemetry.md).",
+    ),
+    otlp_traces_endpoint: str | None = typer.Option(
+        None, "--otlp-traces-endpoint",
+        help="Export spans over OTLP/HTTP to this URL (e.g. http://127.0.0.1:4318/v1/traces); "
+             "default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT when set.",
+    ),
+    no_tracing: bool = typer.Option(
+        False, "--no-tracing", help="No spans at all, whatever the flags and OTEL_* variables say.",
+    ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
     from harness.serve import serve as run_serve
@@ -200,7 +226,8 @@ def serve(
         engine_config, executor, cost_model, host, port, api_key, served_model_name,
         max_body_bytes, shutdown_timeout_s, record_steps, torch_threads, engine_core,
         record_requests, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-        max_connections=max_connections,
+        max_connections=max_connections, trace_file=trace_file,
+        otlp_traces_endpoint=otlp_traces_endpoint, no_tracing=no_tracing,
     ))
 
 

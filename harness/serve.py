@@ -68,6 +68,9 @@ def serve(
     header_timeout_s: float = 10.0,
     body_timeout_s: float = 30.0,
     max_connections: int = 1024,
+    trace_file: Path | None = None,
+    otlp_traces_endpoint: str | None = None,
+    no_tracing: bool = False,
 ) -> int:
     """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
     Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
@@ -107,6 +110,16 @@ def serve(
     for path, flag in ((record_steps, "--record-steps"), (record_requests, "--record-requests")):
         if path is not None:
             _check_writable(path, flag)
+    if trace_file is not None:
+        _check_writable(trace_file, "--trace-file")
+    if otlp_traces_endpoint is not None and not otlp_traces_endpoint.startswith(
+            ("http://", "https://")):
+        raise typer.BadParameter(f"expected an http(s) URL, got {otlp_traces_endpoint!r}",
+                                 param_hint="--otlp-traces-endpoint")
+    from engine.telemetry.tracing import resolve_tracing
+
+    tracing = resolve_tracing(trace_file, otlp_traces_endpoint, no_tracing,
+                              model_name=served_model_name or engine_config.model)
     if engine_core not in ENGINE_CORES:
         raise typer.BadParameter(f"expected one of {', '.join(ENGINE_CORES)}, got {engine_core!r}",
                                  param_hint="--engine-core")
@@ -115,6 +128,7 @@ def serve(
     threads = (torch_threads or serving_torch_threads()) if executor == "torch" else 0
     if threads:
         log.info("torch intra-op threads: %d of %d cores", threads, os.cpu_count() or 1)
+    log.info("tracing: %s", _describe_tracing(tracing))
     settings = ServerSettings(
         served_model_name=served_model_name or engine_config.model, host=host, port=port,
         api_key=api_key, max_body_bytes=max_body_bytes, shutdown_timeout_s=shutdown_timeout_s,
@@ -124,9 +138,22 @@ def serve(
     raise_open_file_limit()
     if engine_core == "process":
         return _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
-                                          record_requests, tokenizer, settings)
+                                          record_requests, tokenizer, settings, tracing)
     return _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
-                                     record_requests, tokenizer, settings)
+                                     record_requests, tokenizer, settings, tracing)
+
+
+def _describe_tracing(tracing) -> str:
+    if tracing is None:
+        return "off (--trace-file or --otlp-traces-endpoint / OTEL_EXPORTER_OTLP_* turn it on)"
+    where = []
+    if tracing.trace_file is not None:
+        where.append(f"file {tracing.trace_file}")
+    if tracing.otlp_endpoint is not None:
+        where.append(f"OTLP/HTTP {tracing.otlp_endpoint}")
+    elif tracing.otlp_from_env:
+        where.append("OTLP/HTTP (OTEL_EXPORTER_OTLP_* endpoint)")
+    return ", ".join(where)
 
 
 def raise_open_file_limit(target: int = 65536) -> None:
@@ -157,13 +184,13 @@ def _check_writable(path: Path, flag: str) -> None:
 
 
 def _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
-                               record_requests, tokenizer, settings) -> int:
+                               record_requests, tokenizer, settings, tracing=None) -> int:
     from engine.api import run_server
     from engine.engine_core import EngineCoreSpec
     from engine.process_engine import EngineProcessError, ProcessEngine
 
     spec = EngineCoreSpec(engine_config, executor, model.to_dict() if model else None, threads,
-                          record_steps, record_requests)
+                          record_steps, record_requests, tracing=tracing)
     engine = ProcessEngine(spec)
     try:
         engine.launch()
@@ -181,7 +208,7 @@ def _serve_with_engine_process(engine_config, executor, model, threads, record_s
 
 
 def _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
-                              record_requests, tokenizer, settings) -> int:
+                              record_requests, tokenizer, settings, tracing=None) -> int:
     from engine.api import run_server
     from engine.async_engine import AsyncEngine
 
@@ -206,12 +233,23 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
 
         request_log = llm_engine.observers.add(
             RequestRecorder(engine_config.scheduler.scheduling_policy, "served"))
+    async_engine = AsyncEngine(llm_engine)
+    traced = None
+    if tracing is not None:
+        from engine.telemetry.tracing import install_tracing
+
+        # after the stream delivery observer: tokens leave before spans are made
+        traced = install_tracing(llm_engine, tracing)
     try:
-        return run_server(AsyncEngine(llm_engine), tokenizer, settings)
+        return run_server(async_engine, tokenizer, settings)
     except OSError as exc:  # the address is taken, or not ours to bind
         log.error("cannot serve on %s:%d: %s", settings.host, settings.port, exc)
         return 1
     finally:
+        if traced is not None:
+            stats = traced.shutdown()
+            log.info("spans: %d ended, %d exported, %d dropped", stats["spans"],
+                     stats["exported_spans"], stats["dropped_spans"])
         if step_log is not None:
             record_steps.parent.mkdir(parents=True, exist_ok=True)
             step_log.write(record_steps)

@@ -18,7 +18,9 @@ and decisions.
 from __future__ import annotations
 
 import heapq
+import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -33,6 +35,9 @@ from engine.step_record import StepRecord
 from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
 from harness.records import RequestRecorder, add_stalls, requests_frame, stall_threshold
 from harness.steps import StepLog
+
+if TYPE_CHECKING:
+    from engine.telemetry.tracing import TracingSettings
 
 #: The token every simulated prompt is made of; its value changes nothing.
 PROMPT_TOKEN_ID = 5
@@ -59,6 +64,8 @@ class SimulationResult:
     kv_plan_text: str = ""
     step_stats: dict = field(default_factory=dict)
     steps: pl.DataFrame | None = None  # steps.parquet: one row per non-empty step
+    #: With tracing: spans ended, exported and dropped (``Tracing.stats``).
+    tracing: dict | None = None
 
 
 def _pending_arrivals(profile: Profile, seed: int | None, requests: list[RequestSpec] | None):
@@ -77,9 +84,15 @@ def simulate(
     seed: int | None = None,
     requests: list[RequestSpec] | None = None,
     record_decisions: bool = True,
+    tracing: TracingSettings | None = None,
+    truncate_trace_file: bool = True,
 ) -> SimulationResult:
     """Run ``profile`` (or an explicit list of open-loop ``requests``) through a
     simulated engine and return one record per request.
+
+    With ``tracing``, the run's spans (virtual time: Unix time = engine time, the
+    simulator's epoch is 0) go where it says; ``truncate_trace_file=False`` appends
+    to its file (the next policy of a comparison).
     """
     engine = LLMEngine.simulated(config, cost_model or CostModel())
     clock = engine.clock
@@ -90,6 +103,11 @@ def simulate(
     decisions: list[Decision] = []
     if record_decisions:
         engine.observers.add(lambda record: decisions.extend(record.decisions))
+    traced = None
+    if tracing is not None:
+        from engine.telemetry.tracing import install_tracing
+
+        traced = install_tracing(engine, tracing, truncate_file=truncate_trace_file)
 
     # Closed-loop arrivals: (time, order, phase plan) heap of "a user sends now".
     user_heap: list[tuple[float, int, int]] = []
@@ -183,6 +201,7 @@ def simulate(
         clock.advance_to(t_next)
         idle += clock.now() - before
 
+    tracing_stats = traced.shutdown() if traced is not None else None
     rows = recorder.rows
     latency = (cost_model or CostModel()).client_latency_s
     if latency:
@@ -206,6 +225,7 @@ def simulate(
         kv_plan_text=engine.kv_plan.describe(config.cache.block_size),
         step_stats=step_log.summary(),
         steps=step_log.frame(),
+        tracing=tracing_stats,
     )
 
 
@@ -241,11 +261,16 @@ def run_simulations(
     seed: int | None = None,
     num_requests: int | None = None,
     write_decisions: bool = True,
+    trace_file=None,
 ) -> dict:
     """Simulate each policy's config, write its records, return the combined summary.
 
     One policy: ``out_dir/requests.parquet``; several: ``out_dir/<policy>/...``.
     ``out_dir/summary.json`` always holds every policy under ``policies``.
+
+    ``trace_file``: every policy's spans go to this OTLP-JSON lines file (resource
+    attribute ``schedscope.policy`` tells them apart) and each policy's own into
+    its ``spans.parquet``.
     """
     import dataclasses
     from pathlib import Path
@@ -265,15 +290,31 @@ def run_simulations(
         "cost_model": cost_model.to_dict(),
         "policies": {},
     }
-    for name, config in configs.items():
+    for number, (name, config) in enumerate(configs.items()):
+        tracing = None
+        if trace_file is not None:
+            from engine.telemetry.tracing import TracingSettings
+
+            tracing = TracingSettings(trace_file=Path(trace_file), model_name=config.model,
+                                      service_name=os.environ.get("OTEL_SERVICE_NAME") or "schedscope-simulate",
+                                      resource_attributes=(("schedscope.policy", name),))
         result = simulate(profile, config, cost_model, seed=used_seed, requests=requests,
-                          record_decisions=write_decisions)
+                          record_decisions=write_decisions, tracing=tracing,
+                          truncate_trace_file=number == 0)
         target = out_dir if len(configs) == 1 else out_dir / name
         target.mkdir(parents=True, exist_ok=True)
         write_parquet(result.requests, target / "requests.parquet")
         if write_decisions:
             write_parquet(decisions_frame(result.decisions), target / "decisions.parquet")
         write_parquet(result.steps, target / "steps.parquet")
+        extra_tracing = {}
+        if result.tracing is not None:
+            from harness.spans import read_spans, write_spans_parquet
+
+            frame = read_spans(trace_file)
+            write_spans_parquet(frame.filter(pl.col("resource.schedscope.policy") == name),
+                                target / "spans.parquet")
+            extra_tracing = {"tracing": {**result.tracing, "trace_file": str(trace_file)}}
         summary = policy_summary(
             result.requests, result.duration_s, profile,
             extra={
@@ -283,6 +324,7 @@ def run_simulations(
                 "step_stats": result.step_stats,
                 "stall_threshold_s": result.stall_threshold_s,
                 "kv_cache": result.kv_plan_text,
+                **extra_tracing,
             },
         )
         combined["policies"][name] = summary

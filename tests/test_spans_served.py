@@ -1,0 +1,158 @@
+"""Spans from a served run: ``schedscope serve --executor sim`` in a subprocess (the
+engine process path, where the tracer provider lives), exporting over OTLP/HTTP to a
+receiver built on opentelemetry-proto; and the thread path writing a trace file."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import threading
+
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from engine.api.testing import CliServer, HttpClient
+from harness.spans import read_spans
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE}-{PARENT}-01"
+BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True}
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP traces endpoint on 127.0.0.1: keeps every span it is sent."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[dict, Span]] = []  # (resource attributes, span)
+        self.num_requests = 0
+        self._ready = threading.Event()
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        assert request.content_type == "application/x-protobuf"
+        export = ExportTraceServiceRequest.FromString(body)
+        self.num_requests += 1
+        for rs in export.resource_spans:
+            resource = {kv.key: kv.value.string_value for kv in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                self.spans.extend((resource, span) for span in ss.spans)
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
+                            content_type="application/x-protobuf")
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_post("/v1/traces", self._traces)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/traces"
+        self._ready.set()
+        self.loop.run_forever()
+
+    def __enter__(self) -> OtlpReceiver:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def attributes(span: Span) -> dict:
+    out = {}
+    for kv in span.attributes:
+        kind = kv.value.WhichOneof("value")
+        value = getattr(kv.value, kind)
+        if kind == "array_value":
+            value = [getattr(v, v.WhichOneof("value")) for v in value.values]
+        out[kv.key] = value
+    return out
+
+
+def test_served_spans_reach_an_otlp_receiver_span_by_span():
+    with OtlpReceiver() as receiver:
+        with CliServer(["--executor", "sim", "--served-model-name", "tiny",
+                        "--otlp-traces-endpoint", receiver.url]) as server:
+            client = HttpClient(server.url)
+            assert client.post_json("/v1/completions", BODY, {"X-Request-Id": "plain"})[0] == 200
+            assert client.post_json("/v1/completions", {**BODY, "temperature": 0.7, "top_p": 0.9},
+                                    {"X-Request-Id": "joined", "traceparent": TRACEPARENT}
+                                    )[0] == 200
+            chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3, "ignore_eos": True}
+            assert client.post_json("/v1/chat/completions", chat, {"X-Request-Id": "chat"})[0] == 200
+            server.terminate()
+            assert server.wait(30) == 0  # the engine process flushes its spans on the way out
+            output = server.output()
+    assert "spans:" in output and "0 dropped" in output, output
+    assert receiver.num_requests >= 1
+    spans = [span for _, span in receiver.spans]
+    resource = receiver.spans[0][0]
+    assert resource["service.name"] == "schedscope"
+    roots = {attributes(s)["schedscope.request.id"]: s for s in spans if s.name == "llm_request"}
+    assert set(roots) == {"plain", "joined", "chat"}
+    for rid, root in roots.items():
+        a = attributes(root)
+        assert root.kind == Span.SPAN_KIND_SERVER
+        assert a["gen_ai.request.model"] == "tiny"
+        assert a["gen_ai.operation.name"] == "text_completion"
+        assert a["gen_ai.usage.output_tokens"] == (3 if rid == "chat" else 5)
+        assert a["gen_ai.response.finish_reasons"] == ["length"]
+        assert a["schedscope.request.status"] == "ok"
+        assert root.status.code == Status.STATUS_CODE_UNSET
+        assert root.start_time_unix_nano <= root.end_time_unix_nano
+        children = [s for s in spans if s.trace_id == root.trace_id and s.name != "llm_request"]
+        names = [s.name for s in sorted(children, key=lambda s: s.start_time_unix_nano)]
+        assert names[0] == "schedule" and "prefill" in names, names
+        for child in children:
+            assert child.parent_span_id == root.span_id
+            assert root.start_time_unix_nano <= child.start_time_unix_nano
+            assert child.end_time_unix_nano <= root.end_time_unix_nano
+        decisions = [s for s in children if "schedscope.decision" in attributes(s)]
+        assert [attributes(s)["schedscope.decision"] for s in decisions] == ["admit"]
+    joined = roots["joined"]
+    assert joined.trace_id.hex() == TRACE and joined.parent_span_id.hex() == PARENT
+    assert attributes(joined)["gen_ai.request.temperature"] == pytest.approx(0.7)
+    assert attributes(joined)["gen_ai.request.top_p"] == pytest.approx(0.9)
+    assert not roots["plain"].parent_span_id
+    assert roots["plain"].trace_id != roots["chat"].trace_id
+    steps = [s for s in spans if s.name == "engine.step"]
+    assert steps and all(attributes(s)["schedscope.step.num_seqs"] >= 1 for s in steps)
+
+
+def test_thread_mode_writes_the_trace_file_on_shutdown(tmp_path):
+    trace_file = tmp_path / "spans.jsonl"
+    with CliServer(["--executor", "sim", "--engine-core", "thread",
+                    "--trace-file", str(trace_file)]) as server:
+        assert HttpClient(server.url).post_json(
+            "/v1/completions", BODY, {"X-Request-Id": "t1", "traceparent": TRACEPARENT})[0] == 200
+        server.terminate()
+        assert server.wait(30) == 0
+    frame = read_spans(trace_file)
+    root = frame.filter(frame["name"] == "llm_request").row(0, named=True)
+    assert root["request_id"] == "t1" and root["trace_id"] == TRACE
+    assert root["parent_span_id"] == PARENT
+    assert root["attr.gen_ai.usage.output_tokens"] == 5
+
+
+def test_no_tracing_wins_over_the_environment(tmp_path):
+    with CliServer(["--executor", "sim", "--no-tracing"],
+                   env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"}
+                   ) as server:
+        assert HttpClient(server.url).post_json("/v1/completions", BODY)[0] == 200
+        server.terminate()
+        assert server.wait(30) == 0
+        assert "tracing: off" in server.output()
