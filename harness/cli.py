@@ -190,6 +190,11 @@ def serve(
         help="Open connections at most; more get a 503 with Retry-After. Lowered to fit the "
              "open-file limit.",
     ),
+    metrics: bool = typer.Option(
+        True, "--metrics/--no-metrics",
+        help="Serve Prometheus metrics on GET /metrics (vLLM's names and schedscope_*; "
+             "docs/metrics.md); --no-metrics: no registry, no observer, no route.",
+    ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
     from harness.serve import serve as run_serve
@@ -198,7 +203,7 @@ def serve(
         engine_config, executor, cost_model, host, port, api_key, served_model_name,
         max_body_bytes, shutdown_timeout_s, record_steps, torch_threads, engine_core,
         record_requests, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-        max_connections=max_connections,
+        max_connections=max_connections, metrics=metrics,
     ))
 
 

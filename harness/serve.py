@@ -68,6 +68,7 @@ def serve(
     header_timeout_s: float = 10.0,
     body_timeout_s: float = 30.0,
     max_connections: int = 1024,
+    metrics: bool = True,
 ) -> int:
     """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
     Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
@@ -119,7 +120,7 @@ def serve(
         served_model_name=served_model_name or engine_config.model, host=host, port=port,
         api_key=api_key, max_body_bytes=max_body_bytes, shutdown_timeout_s=shutdown_timeout_s,
         header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-        max_connections=max_connections,
+        max_connections=max_connections, metrics=metrics,
     )
     raise_open_file_limit()
     if engine_core == "process":
@@ -163,7 +164,8 @@ def _serve_with_engine_process(engine_config, executor, model, threads, record_s
     from engine.process_engine import EngineProcessError, ProcessEngine
 
     spec = EngineCoreSpec(engine_config, executor, model.to_dict() if model else None, threads,
-                          record_steps, record_requests)
+                          record_steps, record_requests,
+                          metrics_model_name=settings.served_model_name if settings.metrics else None)
     engine = ProcessEngine(spec)
     try:
         engine.launch()
@@ -195,6 +197,10 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
         raise typer.BadParameter(str(exc)) from None
     log.info("%s executor, model %s; %s", executor, engine_config.model,
              llm_engine.kv_plan.describe(engine_config.cache.block_size))
+    if settings.metrics:
+        from engine.telemetry.metrics import install_metrics
+
+        install_metrics(llm_engine, settings.served_model_name)
     step_log = None
     if record_steps is not None:
         from harness.steps import StepLog
