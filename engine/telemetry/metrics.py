@@ -33,7 +33,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from engine import decisions as d
 from engine.sequence import SequenceStatus
-from engine.step_record import DECODE, RECOMPUTE, StepRecord
+from engine.step_record import DECODE, PREFILL, RECOMPUTE, StepRecord
 from engine.telemetry.trace_ids import format_trace_id, request_trace_id
 from engine.token_timing import STALL_FLOOR_S
 
@@ -516,6 +516,7 @@ class EngineMetrics:
         gaps = []
         threshold = self.stall_threshold_s
         emitted = 0
+        prompt = 0  # prompt tokens computed for the first time
         for entry in record.scheduled:
             rid = entry.request_id
             state = live.get(rid)
@@ -529,6 +530,11 @@ class EngineMetrics:
                     state[1] |= _F_INTERFERED
             if kind == RECOMPUTE:
                 state[1] |= _F_RECOMPUTED
+            elif kind == PREFILL:
+                left = entry.seq.num_prompt_tokens - entry.num_computed_before
+                if left > 0:
+                    n = entry.num_scheduled_tokens
+                    prompt += n if n < left else left
             if entry.token_id is None:
                 continue
             emitted += 1
@@ -549,9 +555,8 @@ class EngineMetrics:
             self.itl.observe_many(gaps)
         if emitted:
             self.generation_tokens.inc(emitted)
-        fresh = num_prefill - record.num_recompute_tokens
-        if fresh:
-            self.prompt_tokens.inc(fresh)
+        if prompt:
+            self.prompt_tokens.inc(prompt)
         if record.num_recompute_tokens:
             self.recomputed_tokens.inc(record.num_recompute_tokens)
         self.iteration_tokens.observe(num_batched)
