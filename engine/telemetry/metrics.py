@@ -344,7 +344,11 @@ class EngineMetrics:
         self._preemptions_by = counter("schedscope_preemptions",
                                        "Preemptions by mode (swap, recompute) and reason.",
                                        ["mode", "reason"])
-        self._preemption_children: dict[tuple[str, str], object] = {}
+        self._preemption_children: dict[tuple[str, str], object] = {
+            (mode, reason): self._preemptions_by.labels(*values, mode, reason)
+            for mode in ("swap", "recompute")
+            for reason in (d.REASON_OUT_OF_BLOCKS, d.REASON_PRIORITY)
+        }  # the series a dashboard plots exist (at 0) before the first preemption
         self.swap_fallbacks = counter(
             "schedscope_swap_fallbacks",
             "Swap preemptions that fell back to recompute, by why (swap_space_exhausted).",
