@@ -408,6 +408,7 @@ class EngineMetrics:
         #: request id -> [last token time or None, flags since it]
         self._live: dict[str, list] = {}
         self._wait_reason: str | None = None
+        self._last_gauges: tuple | None = None
         self.num_steps = 0
 
     # -- configuration ---------------------------------------------------------------------
@@ -466,28 +467,18 @@ class EngineMetrics:
             live.pop(seq.request_id, None)
             self._finished(seq)
 
-        # gauges: the state the step ran with
-        self.running.set(record.num_running)
+        # gauges: the state the step ran with, set only when it changed (most decode
+        # steps change none of them; a set takes a lock)
         num_waiting = record.num_waiting
-        self.waiting.set(num_waiting)
         if num_waiting == 0:
             self._wait_reason = None
-        deferred = self._wait_reason in DEFERRED_WAIT_REASONS
-        self.waiting_capacity.set(0 if deferred else num_waiting)
-        self.waiting_deferred.set(num_waiting if deferred else 0)
-        self.swapped.set(record.num_swapped)
-        total, free = record.num_device_blocks, record.num_free_device_blocks
-        usage = 1.0 - free / total if total else 0.0
-        self.kv_cache.set(usage)
-        self.gpu_cache.set(usage)
-        host_total, host_free = record.num_host_blocks, record.num_free_host_blocks
-        self.cpu_cache.set(1.0 - host_free / host_total if host_total else 0.0)
-        self.free_device.set(free)
-        self.total_device.set(total)
-        self.free_host.set(host_free)
-        self.total_host.set(host_total)
+        state = (record.num_running, num_waiting, self._wait_reason in DEFERRED_WAIT_REASONS,
+                 record.num_swapped, record.num_device_blocks, record.num_free_device_blocks,
+                 record.num_host_blocks, record.num_free_host_blocks, record.num_idle_running)
+        if state != self._last_gauges:
+            self._last_gauges = state
+            self._set_gauges(*state)
         idle = record.num_idle_running
-        self.idle_running.set(idle)
         if idle:
             self.idle_running_steps.inc(idle)
         out_blocks, in_blocks = len(record.blocks_to_swap_out), len(record.blocks_to_swap_in)
@@ -497,6 +488,23 @@ class EngineMetrics:
         if in_blocks:
             self.swap_blocks_in.inc(in_blocks)
             self.swap_bytes_in.inc(in_blocks * self.bytes_per_block)
+
+    def _set_gauges(self, running, waiting, deferred, swapped, total, free, host_total,
+                    host_free, idle) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.waiting_capacity.set(0 if deferred else waiting)
+        self.waiting_deferred.set(waiting if deferred else 0)
+        self.swapped.set(swapped)
+        usage = 1.0 - free / total if total else 0.0
+        self.kv_cache.set(usage)
+        self.gpu_cache.set(usage)
+        self.cpu_cache.set(1.0 - host_free / host_total if host_total else 0.0)
+        self.free_device.set(free)
+        self.total_device.set(total)
+        self.free_host.set(host_free)
+        self.total_host.set(host_total)
+        self.idle_running.set(idle)
 
     def _preempted(self, x, live) -> None:
         self.preemptions.inc()
@@ -517,9 +525,10 @@ class EngineMetrics:
         num_batched = num_prefill + record.num_decode_seqs
         # Another request's prefill can dominate this step only if prefill does.
         interference = num_prefill > 0 and 2 * num_prefill >= num_batched
-        gaps = []
+        gaps: list[float] = []
+        append = gaps.append
         threshold = self.stall_threshold_s
-        emitted = 0
+        firsts = 0
         prompt = 0  # prompt tokens computed for the first time
         for entry in record.scheduled:
             rid = entry.request_id
@@ -528,33 +537,37 @@ class EngineMetrics:
                 state = live[rid] = [None, 0]
                 self._first_scheduled(entry.seq)
             kind = entry.kind
-            if interference:
-                others = num_prefill - (0 if kind == DECODE else entry.num_scheduled_tokens)
-                if others > 0 and 2 * others >= num_batched:
-                    state[1] |= _F_INTERFERED
-            if kind == RECOMPUTE:
-                state[1] |= _F_RECOMPUTED
-            elif kind == PREFILL:
-                left = entry.seq.num_prompt_tokens - entry.num_computed_before
-                if left > 0:
-                    n = entry.num_scheduled_tokens
-                    prompt += n if n < left else left
+            if kind != DECODE:
+                n = entry.num_scheduled_tokens
+                if interference:
+                    others = num_prefill - n
+                    if others > 0 and 2 * others >= num_batched:
+                        state[1] |= _F_INTERFERED
+                if kind == RECOMPUTE:
+                    state[1] |= _F_RECOMPUTED
+                elif kind == PREFILL:
+                    left = entry.seq.num_prompt_tokens - entry.num_computed_before
+                    if left > 0:
+                        prompt += n if n < left else left
+            elif interference and 2 * num_prefill >= num_batched:
+                state[1] |= _F_INTERFERED
             if entry.token_id is None:
                 continue
-            emitted += 1
             last = state[0]
             if last is None:
+                firsts += 1
                 seq = entry.seq
                 self.ttft.observe(at - seq.arrival_time, _exemplar(seq))
             else:
                 gap = at - last
-                gaps.append(gap)
+                append(gap)
                 if gap >= threshold:
                     cause = stall_cause(state[1])
                     self.stalls[cause].inc()
                     self.stall_s[cause].observe(gap, _exemplar(entry.seq))
             state[0] = at
             state[1] = 0
+        emitted = firsts + len(gaps)
         if gaps:
             self.itl.observe_many(gaps)
         if emitted:
