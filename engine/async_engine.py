@@ -251,6 +251,17 @@ class AsyncEngine:
             if not finished:
                 self.abort(request.request_id, sequence)
 
+    async def render_metrics(self, accept: str | None,
+                             timeout_s: float = 5.0) -> tuple[bytes, str] | None:
+        """The engine's Prometheus exposition, (body, content type) for the scraper's
+        ``Accept`` header; None when the engine has no metrics (``engine.metrics``).
+        Rendered here directly (prometheus_client's metrics are thread-safe), so
+        ``timeout_s`` is not needed."""
+        metrics = getattr(self.engine, "metrics", None)
+        if metrics is None:
+            return None
+        return metrics.render(accept)
+
     def abort(self, request_id: str, sequence: Sequence | None = None) -> None:
         """Thread-safe; takes effect between steps. With ``sequence``, only if that
         sequence still holds the id."""

@@ -9,12 +9,20 @@ same reason. The API process keeps the HTTP server, the tokenizer and the stream
 it over two pipes:
 
 - commands in: ``("add", add_id, EngineRequest)``, ``("abort", request_id, seq_no)``,
-  ``("stop",)``;
+  ``("metrics", metrics_id, accept)``, ``("stop",)``;
 - messages out: ``("ready", info)`` once built (or ``("failed", message)``),
   ``("added", add_id, seq_no, reject_reason)`` / ``("add_error", add_id, message)``,
   ``("outputs", tokens, ended, stats)`` — once per step and once per batch of aborts,
   where ``tokens`` is ``[(seq_no, token_id)]`` and ``ended`` is
-  ``[(seq_no, finish_reason, error)]`` — and ``("stopped",)``.
+  ``[(seq_no, finish_reason, error)]`` — ``("metrics", metrics_id, body, content_type)``
+  and ``("stopped",)``.
+
+``metrics`` asks for the Prometheus exposition of the engine's registry
+(``engine.telemetry.metrics``, which lives here, with the observers): ``accept`` is the
+scraper's ``Accept`` header, which picks OpenMetrics (exemplars) or the classic text
+format. It is answered between steps, like every command, with the rendered bytes and
+their content type, or ``body`` None when the engine runs without metrics
+(``--no-metrics``). The API process waits for the answer with a timeout.
 
 Sequences are named by their engine-assigned ``seq_no``: unique for the life of the
 engine, so an abort or an output can never reach a newer request that reuses an id.
@@ -46,6 +54,8 @@ class EngineCoreSpec:
     torch_threads: int = 0  # 0: torch's default
     record_steps: Path | None = None
     record_requests: Path | None = None
+    #: The ``model_name`` label of the engine's Prometheus metrics; None: no metrics.
+    metrics_model_name: str | None = None
     idle_wait_s: float = 0.05
     log_level: int = logging.INFO
     #: engine.telemetry.tracing.TracingSettings (None: no spans); the tracer provider
@@ -70,6 +80,7 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
 
             # after the core's own observer: tokens leave before spans are made
             tracing = install_tracing(engine, spec.tracing)
+            publish_dropped_spans(engine, tracing)
     except Exception as exc:  # reported to the API process, which names it
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -99,6 +110,13 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
             pass
 
 
+def publish_dropped_spans(engine, tracing) -> None:
+    """``schedscope_dropped_spans_total`` reads the exporter's count at scrape time."""
+    metrics = getattr(engine, "metrics", None)
+    if metrics is not None:
+        metrics.watch_dropped_spans(lambda: tracing.num_dropped_spans)
+
+
 def _build(spec: EngineCoreSpec):
     from engine.cost_model import CostModel
     from engine.factory import build_engine
@@ -109,6 +127,10 @@ def _build(spec: EngineCoreSpec):
         torch.set_num_threads(spec.torch_threads)
     cost_model = CostModel.from_dict(spec.cost_model) if spec.cost_model else None
     engine = build_engine(spec.config, spec.executor, cost_model=cost_model)
+    if spec.metrics_model_name is not None:
+        from engine.telemetry.metrics import install_metrics
+
+        install_metrics(engine, spec.metrics_model_name)
     step_log = request_log = None
     if spec.record_steps is not None:
         from harness.steps import StepLog
@@ -188,6 +210,9 @@ class _Core:
                     held = engine.scheduler.requests.get(request_id)
                     if held is not None and (seq_no is None or held.seq_no == seq_no):
                         ended.append(engine.abort(request_id))
+                elif kind == "metrics":
+                    _, metrics_id, accept = command
+                    self._send(("metrics", metrics_id, *self._render_metrics(accept)))
                 elif kind == "stop":
                     self.running = False
                     break
@@ -200,6 +225,16 @@ class _Core:
             self._send(("outputs", [], [(s.seq_no, s.finish_reason, s.error) for s in ended],
                         self._stats()))
         return self.running
+
+    def _render_metrics(self, accept: str | None) -> tuple[bytes | None, str | None]:
+        metrics = getattr(self.engine, "metrics", None)
+        if metrics is None:
+            return None, None
+        try:
+            return metrics.render(accept)
+        except Exception:  # never let a scrape stop the engine
+            log.exception("rendering metrics failed")
+            return None, "error"
 
     def _on_step(self, record: StepRecord) -> None:
         tokens = [(e.seq.seq_no, e.token_id) for e in record.scheduled if e.token_id is not None]

@@ -77,6 +77,8 @@ class ProcessEngine(AsyncEngine):
         self._outputs = None
         self._reader: threading.Thread | None = None
         self._sender: threading.Thread | None = None
+        self._pending_metrics: dict[int, asyncio.Future] = {}
+        self._next_metrics_id = 0
 
     @property
     def config(self) -> EngineConfig:
@@ -179,6 +181,11 @@ class ProcessEngine(AsyncEngine):
                 with self._lock:
                     command = self._pending_adds.pop(message[1])
                 self._resolve(command.accepted, ValueError(message[2]))
+            elif kind == "metrics":
+                with self._lock:
+                    future = self._pending_metrics.pop(message[1], None)
+                if future is not None:
+                    self._resolve(future, (message[2], message[3]))
             elif kind == "stopped":
                 return
         if self.state not in ("stopped", "draining"):
@@ -191,6 +198,30 @@ class ProcessEngine(AsyncEngine):
             for command in pending:
                 self._resolve(command.accepted, EngineProcessError("the engine process exited"))
             self._call_in_loop(self._end_all_streams, "the engine process exited")
+
+    async def render_metrics(self, accept: str | None,
+                             timeout_s: float = 5.0) -> tuple[bytes, str] | None:
+        """The engine process's Prometheus exposition (rendered there, between steps):
+        (body, content type), or None when it runs without metrics. TimeoutError when it
+        does not answer within ``timeout_s`` (a step longer than that, or a dead process)."""
+        if self.state in ("created", "failed", "stopped") or self._process is None:
+            raise EngineProcessError(f"engine is {self.state}")
+        future = self._loop.create_future()
+        with self._lock:
+            metrics_id = self._next_metrics_id
+            self._next_metrics_id += 1
+            self._pending_metrics[metrics_id] = future
+        self._outbox.put(("metrics", metrics_id, accept))
+        try:
+            body, content_type = await asyncio.wait_for(future, timeout_s)
+        finally:
+            with self._lock:
+                self._pending_metrics.pop(metrics_id, None)
+        if body is None:
+            if content_type == "error":
+                raise RuntimeError("the engine process could not render its metrics")
+            return None
+        return body, content_type
 
     def _on_added(self, add_id: int, seq_no: int, reject_reason: str | None) -> None:
         with self._lock:

@@ -218,6 +218,11 @@ def serve(
     no_tracing: bool = typer.Option(
         False, "--no-tracing", help="No spans at all, whatever the flags and OTEL_* variables say.",
     ),
+    metrics: bool = typer.Option(
+        True, "--metrics/--no-metrics",
+        help="Serve Prometheus metrics on GET /metrics (vLLM's names and schedscope_*; "
+             "docs/metrics.md); --no-metrics: no registry, no observer, no route.",
+    ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
     from harness.serve import serve as run_serve
@@ -227,7 +232,7 @@ def serve(
         max_body_bytes, shutdown_timeout_s, record_steps, torch_threads, engine_core,
         record_requests, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
         max_connections=max_connections, trace_file=trace_file,
-        otlp_traces_endpoint=otlp_traces_endpoint, no_tracing=no_tracing,
+        otlp_traces_endpoint=otlp_traces_endpoint, no_tracing=no_tracing, metrics=metrics,
     ))
 
 

@@ -174,7 +174,7 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
             "free at 0 during preemptions (raise --swap-space).",
             (
                 Target(_gauge("schedscope_kv_blocks_free", "model_name, pool"), "free {{pool}}"),
-                Target(_gauge("schedscope_kv_blocks_total", "model_name, pool"), "total {{pool}}"),
+                Target(_gauge("schedscope_kv_blocks_capacity", "model_name, pool"), "total {{pool}}"),
             ),
         ),
     )),

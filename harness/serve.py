@@ -71,6 +71,7 @@ def serve(
     trace_file: Path | None = None,
     otlp_traces_endpoint: str | None = None,
     no_tracing: bool = False,
+    metrics: bool = True,
 ) -> int:
     """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
     Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
@@ -133,7 +134,7 @@ def serve(
         served_model_name=served_model_name or engine_config.model, host=host, port=port,
         api_key=api_key, max_body_bytes=max_body_bytes, shutdown_timeout_s=shutdown_timeout_s,
         header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-        max_connections=max_connections,
+        max_connections=max_connections, metrics=metrics,
     )
     raise_open_file_limit()
     if engine_core == "process":
@@ -190,7 +191,8 @@ def _serve_with_engine_process(engine_config, executor, model, threads, record_s
     from engine.process_engine import EngineProcessError, ProcessEngine
 
     spec = EngineCoreSpec(engine_config, executor, model.to_dict() if model else None, threads,
-                          record_steps, record_requests, tracing=tracing)
+                          record_steps, record_requests, tracing=tracing,
+                          metrics_model_name=settings.served_model_name if settings.metrics else None)
     engine = ProcessEngine(spec)
     try:
         engine.launch()
@@ -222,6 +224,10 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
         raise typer.BadParameter(str(exc)) from None
     log.info("%s executor, model %s; %s", executor, engine_config.model,
              llm_engine.kv_plan.describe(engine_config.cache.block_size))
+    if settings.metrics:
+        from engine.telemetry.metrics import install_metrics
+
+        install_metrics(llm_engine, settings.served_model_name)
     step_log = None
     if record_steps is not None:
         from harness.steps import StepLog
@@ -240,6 +246,9 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
 
         # after the stream delivery observer: tokens leave before spans are made
         traced = install_tracing(llm_engine, tracing)
+        from engine.engine_core import publish_dropped_spans
+
+        publish_dropped_spans(llm_engine, traced)
     try:
         return run_server(async_engine, tokenizer, settings)
     except OSError as exc:  # the address is taken, or not ours to bind

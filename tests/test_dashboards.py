@@ -46,7 +46,7 @@ SCHEDSCOPE = {
     "schedscope_swap_fallbacks_total", "schedscope_stalls_total",
     "schedscope_idle_running_sequences", "schedscope_idle_running_sequence_steps_total",
     "schedscope_swap_bytes_total", "schedscope_swap_blocks_total",
-    "schedscope_recomputed_tokens_total", "schedscope_kv_blocks_free", "schedscope_kv_blocks_total",
+    "schedscope_recomputed_tokens_total", "schedscope_kv_blocks_free", "schedscope_kv_blocks_capacity",
     "schedscope_token_budget_tokens", "schedscope_scheduler_config_info",
     "schedscope_dropped_spans_total",
 }

@@ -2,8 +2,9 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``POST /tokenize``, ``POST /detokenize`` (engine/api/tokenize_routes.py), ``GET /health``,
-``GET|POST /ping``, ``GET /load``, ``GET /version``; more (``/metrics``) via
-``create_app(extra_routes=)``.
+``GET|POST /ping``, ``GET /load``, ``GET /version``, ``GET /metrics`` (Prometheus, from
+the engine's registry: docs/metrics.md; off with ``ServerSettings(metrics=False)``); more
+via ``create_app(extra_routes=)``.
 
 A request's id (``X-Request-Id`` or generated) is the engine's request id, the body's
 ``id`` and the response's ``X-Request-Id`` header, so client and engine records join.
@@ -75,6 +76,8 @@ class ServerSettings:
     header_timeout_s: float = 10.0  # a request's headers must arrive within this
     body_timeout_s: float = 30.0  # and its body within this, once its headers are in
     max_connections: int = 1024  # open connections; more are refused with a 503
+    metrics: bool = True  # GET /metrics (open without the API key, like /health)
+    metrics_timeout_s: float = 5.0  # how long /metrics waits for the engine process
 
 
 @dataclass
@@ -121,6 +124,8 @@ def create_app(
     app.router.add_post("/ping", ping)
     app.router.add_get("/load", load)
     app.router.add_get("/version", version)
+    if settings.metrics:
+        app.router.add_get("/metrics", metrics)
     app.router.add_routes(list(extra_routes))
     app.on_startup.append(_start_engine)
     app.on_cleanup.append(_stop_engine)
@@ -653,6 +658,27 @@ async def load(request: web.Request) -> web.Response:
     response not yet finished, streams included)."""
     body = {"server_load": len(request.app[STATE].in_flight)}
     return web.Response(text=dumps(body), content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus exposition of the engine's metrics: OpenMetrics (with exemplars) when
+    the scraper's ``Accept`` asks for it, else the classic text format. In process mode
+    the engine process renders it between steps; a 503 when it does not answer in
+    ``metrics_timeout_s``."""
+    state = request.app[STATE]
+    try:
+        rendered = await state.engine.render_metrics(request.headers.get("Accept"),
+                                                     state.settings.metrics_timeout_s)
+    except TimeoutError:
+        return web.Response(status=503, text="the engine did not answer in time\n")
+    except (EngineDeadError, RuntimeError) as exc:
+        return web.Response(status=503, text=f"metrics unavailable: {exc}\n")
+    if rendered is None:
+        return web.Response(status=404, text="this engine runs without metrics\n")
+    body, content_type = rendered
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = content_type  # with its version and charset params
+    return response
 
 
 def _version() -> str:
