@@ -31,7 +31,7 @@ def traced(engine, memory: InMemorySpanExporter) -> Tracing:
     tracing = Tracing(TracingSettings(), exporters=[memory])
     from engine.telemetry.spans import SpanObserver
 
-    tracing.observer = SpanObserver(tracing.tracer, tracing.id_generator,
+    tracing.observer = SpanObserver(tracing.finished_spans,
                                     engine.clock_epoch_unix, policy="priority",
                                     model_name="tiny", bytes_per_block=4096, steps_per_trace=8)
     engine.observers.add(tracing.observer)

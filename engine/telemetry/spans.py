@@ -17,16 +17,8 @@ exactly one event (named after its kind) on its step's ``engine.step`` span.
 
 from __future__ import annotations
 
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.trace import (
-    NonRecordingSpan,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-)
+from opentelemetry.sdk.trace import Event
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from engine import decisions as d
 from engine.sequence import Sequence, SequenceStatus
@@ -89,17 +81,18 @@ _DECISION_EVENT = "d"
 
 
 class SpanObserver:
-    """Turns step records into spans on ``tracer``.
+    """Turns step records into spans emitted through ``spans``
+    (``tracing.FinishedSpans``).
 
-    ``id_generator`` (``tracing.RequestIdGenerator``) is told each request's derived
-    trace id before its root span starts. ``epoch_unix`` maps engine time to Unix
-    time; ``bytes_per_block`` prices swapped blocks in bytes (0: not known)."""
+    A request's root span has the request's trace id (``request_trace_id``: the
+    client's, or one derived from the request, as Prometheus exemplars have it).
+    ``epoch_unix`` maps engine time to Unix time; ``bytes_per_block`` prices swapped
+    blocks in bytes (0: not known)."""
 
-    def __init__(self, tracer, id_generator, epoch_unix: float, policy: str = "",
+    def __init__(self, spans, epoch_unix: float, policy: str = "",
                  model_name: str = "", bytes_per_block: int = 0,
                  steps_per_trace: int = 100, max_window_s: float = 10.0) -> None:
-        self.tracer = tracer
-        self.id_generator = id_generator
+        self.spans = spans
         self.epoch_ns = round(epoch_unix * 1e9)
         self.policy = policy
         self.model_name = model_name
@@ -107,7 +100,9 @@ class SpanObserver:
         self.steps_per_trace = max(1, steps_per_trace)
         self.max_window_s = max_window_s
         self._histories: dict[str, list[tuple]] = {}
-        self._window = None  # the open engine.steps span: [span, context, first, last, n, start]
+        #: The open engine.steps window: [context, first step, last step, num steps,
+        #: start (engine time), end (engine time)].
+        self._window = None
         self.num_request_spans = 0
         self.num_decision_spans = 0
         self.num_step_spans = 0
@@ -145,19 +140,17 @@ class SpanObserver:
     # -- engine.step ---------------------------------------------------------------
     def _step_span(self, record: StepRecord) -> None:
         window = self._window
-        if window is not None and (window[4] >= self.steps_per_trace
-                                   or record.schedule_start - window[5] > self.max_window_s):
+        if window is not None and (window[3] >= self.steps_per_trace
+                                   or record.schedule_start - window[4] > self.max_window_s):
             self._close_window()
             window = None
+        spans = self.spans
         if window is None:
-            span = self.tracer.start_span(ENGINE_STEPS, context=Context(),
-                                          kind=SpanKind.INTERNAL,
-                                          start_time=self.ns(record.schedule_start))
-            window = self._window = [span, trace.set_span_in_context(span), record.step,
+            window = self._window = [spans.context(spans.new_trace_id()), record.step,
                                      record.step, 0, record.schedule_start, record.token_time]
-        window[3] = record.step
-        window[4] += 1
-        window[6] = record.token_time
+        window[2] = record.step
+        window[3] += 1
+        window[5] = record.token_time
         num_device = record.num_device_blocks
         # What steps.parquet does not make obvious from the span itself (its duration
         # is the step's time); kept short: this span is made every step.
@@ -187,9 +180,7 @@ class SpanObserver:
         if record.forward_s:
             attributes["schedscope.step.forward_s"] = record.forward_s
             attributes["schedscope.step.sample_s"] = record.sample_s
-        span = self.tracer.start_span(ENGINE_STEP, context=window[1], kind=SpanKind.INTERNAL,
-                                      attributes=attributes,
-                                      start_time=self.ns(record.schedule_start))
+        events = []
         for dec in record.decisions:
             if dec.kind in STEP_EVENT_KINDS:
                 event = {DECISION: dec.kind, "schedscope.reason": dec.reason}
@@ -201,21 +192,22 @@ class SpanObserver:
                     event["schedscope.num_blocks"] = dec.num_blocks
                 if dec.num_tokens:
                     event["schedscope.num_tokens"] = dec.num_tokens
-                span.add_event(dec.kind, event, timestamp=self.ns(dec.time))
-        if record.error:
-            span.set_status(Status(StatusCode.ERROR, record.error))
-        span.end(end_time=self.ns(record.token_time))
+                events.append(Event(dec.kind, event, self.ns(dec.time)))
+        parent = window[0]
+        spans.emit(ENGINE_STEP, spans.context(parent.trace_id), parent, SpanKind.INTERNAL,
+                   self.ns(record.schedule_start), self.ns(record.token_time), attributes,
+                   events, Status(StatusCode.ERROR, record.error) if record.error else None)
         self.num_step_spans += 1
 
     def _close_window(self) -> None:
         window, self._window = self._window, None
         if window is None:
             return
-        span = window[0]
-        span.set_attribute("schedscope.steps.first", window[2])
-        span.set_attribute("schedscope.steps.last", window[3])
-        span.set_attribute("schedscope.steps.num_steps", window[4])
-        span.end(end_time=self.ns(window[6]))
+        context, first, last, num_steps, start, end = window
+        self.spans.emit(ENGINE_STEPS, context, None, SpanKind.INTERNAL, self.ns(start),
+                        self.ns(end), {"schedscope.steps.first": first,
+                                       "schedscope.steps.last": last,
+                                       "schedscope.steps.num_steps": num_steps})
 
     def close(self) -> None:
         """End the open window of steps (at shutdown)."""
@@ -226,27 +218,23 @@ class SpanObserver:
         start = seq.arrival_time
         end = seq.finished_time if seq.finished_time is not None else record.token_time
         end = max(end, start)
-        parent = _client_context(seq.traceparent)
-        if parent is None:
-            self.id_generator.next_trace_id = request_trace_id(seq)
-            parent = Context()
+        spans = self.spans
+        parent = _client_parent(seq.traceparent)
+        trace_id = request_trace_id(seq)  # the client's trace id when it sent one
+        root = spans.context(trace_id)
         status = _STATUS.get(seq.status, "error")
-        span = self.tracer.start_span(LLM_REQUEST, context=parent, kind=SpanKind.SERVER,
-                                      attributes=self._request_attributes(seq, status),
-                                      start_time=self.ns(start))
-        self.id_generator.next_trace_id = None
-        if status != "ok":
-            span.set_status(Status(StatusCode.ERROR, _error_text(seq, status)))
-        context = trace.set_span_in_context(span)
         for name, t0, t1, attributes in self._children(seq, history, start, end):
             t0 = min(max(t0, start), end)
             t1 = min(max(t1, t0), end)
-            child = self.tracer.start_span(name, context=context, kind=SpanKind.INTERNAL,
-                                           attributes=attributes, start_time=self.ns(t0))
-            if name in (REJECT_SPAN, ABORT_SPAN, FAIL_SPAN):
-                child.set_status(Status(StatusCode.ERROR, attributes.get("schedscope.reason", "")))
-            child.end(end_time=self.ns(t1))
-        span.end(end_time=self.ns(end))
+            failed = name in (REJECT_SPAN, ABORT_SPAN, FAIL_SPAN)
+            spans.emit(name, spans.context(trace_id), root, SpanKind.INTERNAL, self.ns(t0),
+                       self.ns(t1), attributes,
+                       status=Status(StatusCode.ERROR, attributes.get("schedscope.reason", ""))
+                       if failed else None)
+        spans.emit(LLM_REQUEST, root, parent, SpanKind.SERVER, self.ns(start), self.ns(end),
+                   self._request_attributes(seq, status),
+                   status=Status(StatusCode.ERROR, _error_text(seq, status))
+                   if status != "ok" else None)
         self.num_request_spans += 1
 
     def _request_attributes(self, seq: Sequence, status: str) -> dict:
@@ -412,14 +400,13 @@ class SpanObserver:
         return out
 
 
-def _client_context(traceparent: str | None):
-    """The remote parent a client's W3C traceparent names (None without one)."""
+def _client_parent(traceparent: str | None) -> SpanContext | None:
+    """The remote parent span a client's W3C traceparent names (None without one)."""
     if not traceparent:
         return None
     _, trace_id, span_id, flags = traceparent.split("-")
-    parent = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
-                         trace_flags=TraceFlags(int(flags, 16)))
-    return trace.set_span_in_context(NonRecordingSpan(parent))
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                       trace_flags=TraceFlags(int(flags, 16)))
 
 
 def _error_text(seq: Sequence, status: str) -> str:
