@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
+import re
+import socket
 import threading
+import time
 
 import pytest
 from aiohttp import web
@@ -156,3 +160,73 @@ def test_no_tracing_wins_over_the_environment(tmp_path):
         server.terminate()
         assert server.wait(30) == 0
         assert "tracing: off" in server.output()
+
+
+def decision_counts(metrics_text: str) -> dict[str, int]:
+    """``schedscope_decisions_total`` summed by kind, from a /metrics exposition."""
+    counts: dict[str, int] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith("schedscope_decisions_total{"):
+            kind = re.search(r'kind="([^"]+)"', line).group(1)
+            counts[kind] = counts.get(kind, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def test_every_decision_of_a_served_run_under_memory_pressure_is_one_span():
+    """A pool too small for the concurrent requests and a host pool too small for every
+    swap: admits, preemptions by swap and by recompute, swap-outs and -ins, recomputes
+    and aborts. The engine's own count of each kind (schedscope_decisions_total on
+    /metrics) equals the number of decision spans of that kind the receiver got; every
+    one is in its request's trace, child of its llm_request span."""
+    with OtlpReceiver() as receiver:
+        args = ["--executor", "sim", "--served-model-name", "tiny", "--otlp-traces-endpoint",
+                receiver.url, "--num-gpu-blocks-override", "24", "--num-cpu-blocks-override",
+                "6", "--block-size", "16", "--max-num-seqs", "8", "--preemption-mode", "swap"]
+        with CliServer(args) as server:
+            def user(i: int) -> None:
+                client = HttpClient(server.url)
+                body = {"model": "tiny", "prompt": " ".join(["w"] * (20 + 7 * i)),
+                        "max_tokens": 40 + 5 * i, "ignore_eos": True}
+                client.post_json("/v1/completions", body, {"X-Request-Id": f"u{i}"})
+                client.close()
+
+            threads = [threading.Thread(target=user, args=(i,)) for i in range(10)]
+            for thread in threads:
+                thread.start()
+            # One client that leaves mid-stream: an abort decision.
+            host, port = server.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                body = json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 200,
+                                   "ignore_eos": True, "stream": True}).encode()
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: gone\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                             % len(body) + body)
+                sock.recv(100)
+            for thread in threads:
+                thread.join(60)
+            client = HttpClient(server.url)
+            deadline = time.monotonic() + 10
+            while json.loads(client.request("GET", "/health")[2])["num_unfinished"]:
+                assert time.monotonic() < deadline, "the aborted request never ended"
+                time.sleep(0.05)
+            metrics = client.request("GET", "/metrics")[2].decode()
+            client.close()
+            server.terminate()
+            assert server.wait(30) == 0
+    counts = decision_counts(metrics)
+    assert counts.get("preempt", 0) > 0 and counts.get("swap_out", 0) > 0, counts
+    assert counts.get("recompute", 0) > 0 and counts.get("abort", 0) == 1, counts
+    spans = [span for _, span in receiver.spans]
+    roots = {s.span_id: s for s in spans if s.name == "llm_request"}
+    decision_spans = [s for s in spans if "schedscope.decision" in attributes(s)]
+    by_kind: dict[str, int] = {}
+    for span in decision_spans:
+        kind = attributes(span)["schedscope.decision"]
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+        root = roots[span.parent_span_id]
+        assert span.trace_id == root.trace_id
+        assert attributes(span)["schedscope.request.id"] == \
+            attributes(root)["schedscope.request.id"]
+    span_kinds = {"admit", "preempt", "swap_out", "swap_in", "recompute", "reject", "abort",
+                  "fail"}
+    assert by_kind == {k: v for k, v in counts.items() if k in span_kinds}
