@@ -6,6 +6,7 @@ the next request as soon as the previous one finishes) with an open-loop tail.
 """
 
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
+from harness.profiles.locust_hook import expose
 
 PROFILE = Profile(
     name="default_py_example",
@@ -35,3 +36,5 @@ PROFILE = Profile(
         Phase(name="open", duration_s=30, rate=2.0, classes={"summarize": 0.0}),
     ),
 )
+
+expose(PROFILE, globals())

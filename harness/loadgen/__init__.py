@@ -1,0 +1,14 @@
+"""The load generator: profiles run by Locust, measured per request (docs/loadgen.md).
+
+One concept per module, each importing only what it needs so that the harness can
+merge records without importing gevent or Locust:
+
+- ``options``     the custom command-line arguments (``--rate-scale``, ``--endpoint``, ...)
+- ``split``       a plan cut into one worker's share (request i -> worker i mod W)
+- ``prompts``     request bodies with exact prompt lengths (token ids, /tokenize sizing)
+- ``client``      the streaming OpenAI client and its per-request measurement (gevent)
+- ``records``     the per-process JSON-lines writer and the per-process summary
+- ``dispatcher``  open-loop dispatch at the scheduled instants, closed-loop loops (gevent)
+- ``locust_user`` ``define(profile, namespace)``: the Locust user, shape and listeners
+- ``merge``       a records directory -> ``requests.parquet`` + ``summary.json`` (polars)
+"""

@@ -1,0 +1,311 @@
+"""``define(profile, namespace)``: what makes a profile file a locustfile.
+
+Called by ``harness.profiles.locust_hook.expose`` when Locust loads a profile. It puts
+into the file's namespace:
+
+- ``ProfileUser``: one per process, and a placeholder (it sends nothing itself). The
+  schedule is sent by one dispatcher per process (``dispatcher.Dispatcher``), so
+  ``-u`` and ``-r`` mean nothing: the shape below asks for one user per process.
+- ``ProfileShape``: a LoadTestShape that keeps one user per process and ends the run
+  when every process has finished its share (or ``--grace`` seconds after the
+  schedule's end, or at ``-t``: Locust does not apply ``-t`` to shapes by itself).
+
+and registers the listeners: the custom arguments (``options``), the start (one
+process: at once; distributed: the master numbers the ready workers 0..W-1 and sends
+each its index, W, the options and a common start instant in a ``schedscope_split``
+message), the per-request Locust events (``TTFT``/``TPOT``/``E2E``, named
+``ttft <class>`` ...), and the end (rows for whatever was left, the summary, the
+generator-limited warning).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import gevent
+from locust import LoadTestShape, User, constant, events, task
+from locust.runners import MasterRunner, WorkerRunner
+
+from harness.loadgen import options as opts_mod
+from harness.loadgen.client import TRANSPORTS, OpenAIClient, probe
+from harness.loadgen.dispatcher import Dispatcher
+from harness.loadgen.records import RecordWriter
+from harness.loadgen.split import scale_durations, share
+from harness.profiles import build_plan
+
+log = logging.getLogger("schedscope.loadgen")
+
+#: Seconds between the master's start message and the common start instant.
+DISTRIBUTED_LEAD_S = 1.5
+
+_arguments_added = False
+
+
+class RequestFailure(Exception):
+    """A request's failure as Locust shows it (status, HTTP status, message)."""
+
+
+def _fire_row(environment, row: dict) -> None:
+    fire = environment.events.request.fire
+    cls = row["class"]
+    if row["status"] == "ok":
+        context = {"request_id": row["request_id"]}
+        if row["ttft_s"] is not None:
+            fire(request_type="TTFT", name=f"ttft {cls}", response_time=row["ttft_s"] * 1e3,
+                 response_length=0, exception=None, context=context)
+        if row["tpot_s"] is not None:
+            fire(request_type="TPOT", name=f"tpot {cls}", response_time=row["tpot_s"] * 1e3,
+                 response_length=0, exception=None, context=context)
+        fire(request_type="E2E", name=f"e2e {cls}",
+             response_time=(row["e2e_s"] or 0.0) * 1e3,
+             response_length=row["output_tokens"] or 0, exception=None, context=context)
+    else:
+        elapsed = max(0.0, time.time() - row["scheduled_at"]) * 1e3
+        http = f" {row['http_status']}" if row["http_status"] else ""
+        fire(request_type="E2E", name=f"e2e {cls}", response_time=elapsed, response_length=0,
+             exception=RequestFailure(f"{row['status']}{http}: {row['error']}"),
+             context={"request_id": row["request_id"]})
+
+
+class _Run:
+    """One process's run of the profile: its share, client, writer and dispatcher."""
+
+    def __init__(self, state, environment, index: int, count: int, start_at: float | None,
+                 options: opts_mod.LoadgenOptions, host: str, run_id: str) -> None:
+        self.state = state
+        self.environment = environment
+        self.index, self.count = index, count
+        self.options = options
+        self.host = host
+        self.run_id = run_id
+        self.start_at = start_at
+        self.dispatcher: Dispatcher | None = None
+        self.writer: RecordWriter | None = None
+        self.summary: dict | None = None
+        self.error: str | None = None
+        self.greenlet = gevent.spawn(self._main)
+
+    def _main(self) -> None:
+        o = self.options
+        try:
+            profile = self.state.profile
+            if o.rate_scale != 1.0:
+                profile = profile.with_rate_scale(o.rate_scale)
+            profile = scale_durations(profile, o.duration_scale)
+            seed = profile.seed if o.seed < 0 else o.seed
+            self.plan = plan = build_plan(profile, seed)
+            self.share = mine = share(plan, self.index, self.count)
+            transport = TRANSPORTS[o.http_client](self.host, o.max_in_flight + 16,
+                                                  o.request_timeout)
+            self.info, sizer = probe(transport, endpoint=o.endpoint, model=o.model,
+                                     api_key=o.api_key, prompt_mode=o.prompt_mode,
+                                     continuous=o.continuous_usage)
+            if sizer is not None:  # size every distinct open-loop length before the start
+                for length in sorted({s.prompt_tokens for s in mine.open_requests}):
+                    sizer.num_words(length)
+            client = OpenAIClient(
+                transport, endpoint=o.endpoint, model=self.info.model, api_key=o.api_key,
+                prompt_mode=o.prompt_mode, continuous_usage=self.info.continuous_usage,
+                sizer=sizer, profile_name=profile.name, run_id=self.run_id, worker=self.index)
+            self.writer = RecordWriter(o.records_dir, self.index)
+            start = self.start_at if self.start_at is not None else time.time() + 0.1
+            if time.time() > start:
+                log.warning("worker %d was ready %.3f s after the common start instant",
+                            self.index, time.time() - start)
+            self.start_at = start
+            self.dispatcher = Dispatcher(
+                client, self.writer, plan, mine, start, o.max_in_flight,
+                on_row=lambda row: _fire_row(self.environment, row))
+            log.info("schedscope: worker %d/%d sends %d open-loop requests and %d closed loops "
+                     "of %s (seed %d) to %s", self.index, self.count, mine.num_open,
+                     len(mine.closed_loops), profile.name, seed, self.host)
+            self.dispatcher.run()
+        except gevent.GreenletExit:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported, and the run ends
+            log.exception("schedscope: the run could not start")
+            self.error = f"{type(e).__name__}: {e}"
+        self.finish()
+
+    def finish(self) -> dict | None:
+        """Rows for whatever is left, then the summary (once)."""
+        if self.summary is not None:
+            return self.summary
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+        s = {"run_id": self.run_id, "worker": self.index, "workers": self.count,
+             "pid": os.getpid(), "host": self.host, "error": self.error,
+             "options": self.options.public()}
+        if self.writer is not None:
+            w = self.writer
+            s.update(
+                profile=self.plan.profile.name, seed=self.plan.seed,
+                duration_s=self.plan.duration_s, run_start_unix=self.start_at,
+                run_end_unix=time.time(), num_open_requests=self.share.num_open,
+                num_closed_loops=len(self.share.closed_loops), rows=w.num_rows,
+                status_counts=w.status_counts, records_file=w.path.name,
+                model=self.info.model, continuous_usage=self.info.continuous_usage,
+                tokenize=self.info.tokenize, probe_requests=self.info.probe_requests,
+                server_clock_epoch_unix=self.info.clock_epoch_unix,
+                http_client=self.options.http_client, max_in_flight=self.options.max_in_flight,
+                **w.lag_stats(self.options.lag_limit_ms / 1e3))
+            w.write_summary(s)
+            w.close()
+            if s["generator_limited"]:
+                _warn_generator_limited([s])
+        self.summary = s
+        self.state.on_run_finished(self, s)
+        return s
+
+
+def _warn_generator_limited(summaries: list[dict]) -> None:
+    for s in summaries:
+        if not s.get("generator_limited"):
+            continue
+        p99 = s.get("send_lag_p99_s")
+        msg = (f"schedscope: GENERATOR-LIMITED (worker {s['worker']}): p99 send lag "
+               f"{(p99 or 0) * 1e3:.1f} ms > {s['lag_limit_s'] * 1e3:.0f} ms, "
+               f"{s['in_flight_capped']} requests waited for --max-in-flight; latencies "
+               f"include the generator's delay. Lower the rate or add --processes.")
+        log.warning(msg)
+        print(msg, file=sys.stderr, flush=True)
+
+
+class _State:
+    """Per profile file: the profile, the runner's role, the current run."""
+
+    def __init__(self, profile) -> None:
+        self.profile = profile
+        self.environment = None
+        self.run: _Run | None = None
+        self.users = None  # user count the shape keeps: one per process
+        self.deadline = None
+        self.workers = 0
+        self.done: dict[int, dict] = {}
+        self.local_done = False
+
+    # -- Locust events ----------------------------------------------------------------
+    def on_init(self, environment, runner=None, **_kw) -> None:
+        self.environment = environment
+        if isinstance(runner, MasterRunner):
+            runner.register_message("schedscope_done", self._on_done_message)
+        elif isinstance(runner, WorkerRunner):
+            runner.register_message("schedscope_split", self._on_split_message)
+
+    def on_test_start(self, environment, **_kw) -> None:
+        runner = environment.runner
+        if isinstance(runner, WorkerRunner):
+            return  # a worker starts on the master's schedscope_split
+        options = opts_mod.LoadgenOptions.from_parsed(environment.parsed_options)
+        self.done = {}
+        self.local_done = False
+        run_id = f"{self.profile.name}-{int(time.time() * 1000)}"
+        duration = scale_durations(self.profile, options.duration_scale).duration_s
+        if isinstance(runner, MasterRunner):
+            clients = sorted(runner.clients.ready + runner.clients.running + runner.clients.spawning,
+                             key=lambda c: runner.get_worker_index(c.id))
+            self.workers = len(clients)
+            start = time.time() + DISTRIBUTED_LEAD_S
+            for i, c in enumerate(clients):
+                runner.send_message("schedscope_split", {
+                    "index": i, "count": self.workers, "start_at": start, "run_id": run_id,
+                    "options": options.to_dict(), "host": environment.host or ""}, client_id=c.id)
+            log.info("schedscope: split the schedule between %d workers", self.workers)
+        else:
+            self.workers = 1
+            start = None
+            self.run = _Run(self, environment, 0, 1, None, options, environment.host or "", run_id)
+        self.deadline = (start or time.time()) + duration + options.grace + 5.0
+
+    def _on_split_message(self, environment, msg, **_kw) -> None:
+        d = msg.data
+        options = opts_mod.LoadgenOptions(**d["options"])
+        self.run = _Run(self, environment, d["index"], d["count"], d["start_at"], options,
+                        d["host"] or environment.host or "", d["run_id"])
+
+    def _on_done_message(self, environment, msg, **_kw) -> None:
+        self.done[msg.data["worker"]] = msg.data
+
+    def on_run_finished(self, run: _Run, summary: dict) -> None:
+        runner = self.environment.runner if self.environment else None
+        if isinstance(runner, WorkerRunner):
+            runner.send_message("schedscope_done", summary)
+        else:
+            self.done[0] = summary
+            self.local_done = True
+
+    def on_test_stop(self, environment, **_kw) -> None:
+        runner = environment.runner
+        if self.run is not None and not isinstance(runner, MasterRunner):
+            self.run.greenlet.kill(block=True, timeout=15)
+            self.run.finish()
+        if not isinstance(runner, WorkerRunner):
+            self._report()
+
+    def _report(self) -> None:
+        if not self.done:
+            return
+        rows = sum(s.get("rows", 0) for s in self.done.values())
+        records = {s.get("options", {}).get("records_dir") for s in self.done.values()}
+        print(f"schedscope: {rows} request rows from {len(self.done)} of {self.workers} "
+              f"process(es) in {', '.join(sorted(r for r in records if r))}; merge with "
+              f"`python -m harness.loadgen.merge DIR`", file=sys.stderr, flush=True)
+        if isinstance(self.environment.runner, MasterRunner):
+            _warn_generator_limited(list(self.done.values()))
+
+    def tick(self, shape) -> tuple[int, float] | None:
+        runner = shape.runner
+        if self.users is None or runner.state == "ready":
+            self.users = runner.worker_count if isinstance(runner, MasterRunner) else 1
+        parsed = self.environment.parsed_options if self.environment else None
+        run_time = getattr(parsed, "run_time", None)
+        if run_time and shape.get_run_time() >= run_time:
+            log.info("schedscope: -t %ss reached", run_time)
+            return None
+        if self.deadline is not None:
+            if len(self.done) >= max(self.workers, 1):
+                return None
+            if time.time() > self.deadline:
+                log.warning("schedscope: the schedule and --grace are over; stopping")
+                return None
+        return (self.users, float(self.users))
+
+
+def define(profile, namespace: dict) -> None:
+    """Define the Locust classes and listeners of ``profile`` in ``namespace``."""
+    global _arguments_added
+    state = _State(profile)
+
+    class ProfileUser(User):
+        """One per process; the process's dispatcher sends the schedule (docs/loadgen.md)."""
+
+        wait_time = constant(3600)
+
+        @task
+        def idle(self) -> None:
+            gevent.sleep(3600)
+
+    class ProfileShape(LoadTestShape):
+        """One user per process; ends when the schedule has been sent and answered."""
+
+        use_common_options = True
+
+        def tick(self):
+            return state.tick(self)
+
+    for cls in (ProfileUser, ProfileShape):
+        cls.__module__ = namespace.get("__name__", cls.__module__)
+    ProfileUser.__doc__ = f"Profile {profile.name}: {profile.description or ProfileUser.__doc__}"
+    namespace["ProfileUser"] = ProfileUser
+    namespace["ProfileShape"] = ProfileShape
+    namespace["schedscope_state"] = state
+
+    if not _arguments_added:
+        events.init_command_line_parser.add_listener(opts_mod.add_arguments)
+        _arguments_added = True
+    events.init.add_listener(state.on_init)
+    events.test_start.add_listener(state.on_test_start)
+    events.test_stop.add_listener(state.on_test_stop)

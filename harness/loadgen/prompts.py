@@ -1,0 +1,92 @@
+"""Prompts of exact lengths, on any OpenAI-compatible server.
+
+- ``token_ids`` (completions, the default): the prompt is a list of token ids, so a
+  target of 512 prompt tokens is 512 on the server whatever its tokenizer. Ids are
+  consecutive from a per-request offset (crc32 of the request id) within
+  ``[lo, hi)``, so no two requests share a prefix (a prefix cache gets no free hits).
+- ``tokenize``: a text prompt (chat, or completions with ``--prompt-mode text``) of
+  common English words, sized with the server's ``POST /tokenize`` so that the
+  server's count for the rendered prompt (the chat template included) is the target:
+  a linear fit from two probes, then checked and corrected once per distinct length.
+- ``estimate``: no /tokenize on the server: one token per word, no template overhead.
+
+The record says which method sized the prompt (``prompt_method``) beside the server's
+own count (``server_prompt_tokens``, from usage).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+# Common words that are one token each (with their leading space) in GPT-style BPE
+# vocabularies, and exactly one token each with schedscope's hash tokenizer.
+WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there had one all we can their has been if "
+    "more when will would who so no out up into do any time about other than then them"
+).split()
+
+DEFAULT_ID_RANGE = (1000, 3000)
+
+
+def token_ids(request_id: str, n: int, lo: int = DEFAULT_ID_RANGE[0],
+              hi: int = DEFAULT_ID_RANGE[1]) -> list[int]:
+    span = hi - lo
+    start = zlib.crc32(request_id.encode())
+    return [lo + (start + j) % span for j in range(n)]
+
+
+def words(request_id: str, m: int) -> str:
+    start = zlib.crc32(request_id.encode())
+    k = len(WORDS)
+    return " ".join([WORDS[(start + j) % k] for j in range(m)])
+
+
+def chat_messages(content: str) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+class TextSizer:
+    """Words per target length for text prompts.
+
+    ``count(text) -> int | None`` asks the server how many prompt tokens a request with
+    that text has (None: the server has no /tokenize). ``chat`` says whether the text
+    goes into a chat message (the count then includes the template's tokens).
+    """
+
+    def __init__(self, count: Callable[[str], int | None] | None) -> None:
+        self._count = count
+        self._fit: tuple[float, float] | None = None  # overhead, tokens per word
+        self._words: dict[int, int] = {}
+        self.method = "estimate"
+        if count is not None:
+            a, b = count(words("probe", 64)), count(words("probe", 128))
+            if a is not None and b is not None and b > a:
+                per_word = (b - a) / 64
+                self._fit = (a - 64 * per_word, per_word)
+                self.method = "tokenize"
+
+    def num_words(self, target: int) -> int:
+        """Words whose rendered prompt the server counts as ``target`` tokens (as near
+        as it can: a chat template's overhead is a floor)."""
+        if self._fit is None:
+            return max(target, 0)
+        cached = self._words.get(target)
+        if cached is not None:
+            return cached
+        overhead, per_word = self._fit
+        m = max(0, round((target - overhead) / per_word))
+        for _ in range(4):
+            got = self._count(words("probe", m))
+            if got is None or got == target:
+                break
+            step = round((target - got) / per_word) or (1 if target > got else -1)
+            if m + step < 0:
+                break
+            m += step
+        self._words[target] = m
+        return m
+
+    def text(self, request_id: str, target: int) -> str:
+        return words(request_id, self.num_words(target))

@@ -1,0 +1,86 @@
+"""Raw per-request rows, one JSON-lines file per process, and its summary.
+
+Locust's own statistics round response times to two significant digits; these rows
+are the record. Each process writes ``<dir>/client-<worker>-<pid>.jsonl``, one row per
+scheduled request, flushed as it is written (a crash loses nothing already finished),
+and ``<dir>/summary-<worker>-<pid>.json`` when its share is done or the run stops.
+``harness.loadgen.merge`` turns a directory of them into ``requests.parquet``.
+Stdlib only (safe under gevent).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+#: The row's keys, in order (docs/loadgen.md describes each; times are Unix seconds).
+RECORD_COLUMNS = (
+    "request_id", "run_id", "profile", "class", "priority", "phase", "phase_kind",
+    "prompt_tokens", "server_prompt_tokens", "prompt_method", "output_tokens",
+    "max_tokens", "status", "http_status", "error", "finish_reason",
+    "schedule_offset_s", "scheduled_at", "sent_at", "first_token_at", "last_token_at",
+    "ttft_s", "ttft_from_sent_s", "tpot_s", "e2e_s", "e2e_from_sent_s", "max_itl_s",
+    "itl_s", "send_lag_s", "token_counting", "worker", "in_flight_capped",
+)
+
+#: A run whose p99 send lag exceeds this is generator-limited (its latencies are the
+#: generator's as much as the server's).
+LAG_LIMIT_S = 0.010
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+class RecordWriter:
+    """Appends rows to this process's file and keeps the counts its summary needs."""
+
+    def __init__(self, directory: str | os.PathLike, worker: int) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.worker = worker
+        stem = f"{worker}-{os.getpid()}"
+        self.path = self.directory / f"client-{stem}.jsonl"
+        self.summary_path = self.directory / f"summary-{stem}.json"
+        self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # line-buffered
+        self.status_counts: dict[str, int] = {}
+        self.open_lags: list[float] = []
+        self.num_capped = 0
+        self.num_rows = 0
+
+    def write(self, row: dict) -> None:
+        self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
+        self.num_rows += 1
+        self.status_counts[row["status"]] = self.status_counts.get(row["status"], 0) + 1
+        if row["phase_kind"] == "open" and row["send_lag_s"] is not None:
+            self.open_lags.append(row["send_lag_s"])
+        if row["in_flight_capped"]:
+            self.num_capped += 1
+
+    def lag_stats(self, limit_s: float = LAG_LIMIT_S) -> dict:
+        p99 = percentile(self.open_lags, 99)
+        return {
+            "send_lag_p50_s": percentile(self.open_lags, 50),
+            "send_lag_p99_s": p99,
+            "send_lag_max_s": max(self.open_lags) if self.open_lags else None,
+            "lag_limit_s": limit_s,
+            "generator_limited": bool(p99 is not None and p99 > limit_s) or self.num_capped > 0,
+            "in_flight_capped": self.num_capped,
+        }
+
+    def write_summary(self, summary: dict) -> None:
+        tmp = self.summary_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.summary_path)
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,72 @@
+"""One worker's share of a plan, and the duration scale.
+
+Request i of the open-loop schedule (its ``index``) belongs to worker ``i mod W``;
+loop j of a closed phase with concurrency N belongs to worker ``j mod W`` and sends
+that phase's specs ``j, j + N, j + 2N, ...``. The union of the shares is the whole
+plan, with no id twice, whatever W is: a run in one process and a run in several
+send the same request ids at the same scheduled instants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from harness.profiles import Plan, Profile, RequestSpec
+
+
+def scale_durations(profile: Profile, factor: float) -> Profile:
+    """The same profile with every phase's duration multiplied by ``factor`` (> 0).
+
+    Rates are unchanged, so an open phase sends ``factor`` times as many requests.
+    (harness/profiles has no duration scale of its own; this lives here until it does.)
+    """
+    if not factor > 0:
+        raise ValueError(f"duration scale must be > 0, got {factor!r}")
+    if factor == 1.0:
+        return profile
+    phases = tuple(dataclasses.replace(p, duration_s=p.duration_s * factor) for p in profile.phases)
+    return dataclasses.replace(profile, phases=phases)
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """Loop ``loop`` of closed phase ``phase`` (its plan index): sends the phase's
+    specs ``loop, loop + concurrency, ...`` back to back from start_s to end_s."""
+
+    phase: int
+    loop: int
+    concurrency: int
+    start_s: float
+    end_s: float
+
+    def spec_index(self, m: int) -> int:
+        return self.loop + m * self.concurrency
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one worker sends: open-loop specs in time order and closed loops."""
+
+    worker: int
+    workers: int
+    open_requests: list[RequestSpec]
+    closed_loops: list[ClosedLoop]
+
+    @property
+    def num_open(self) -> int:
+        return len(self.open_requests)
+
+
+def share(plan: Plan, worker: int, workers: int) -> Share:
+    """Worker ``worker``'s share (0 <= worker < workers) of ``plan``."""
+    if workers < 1 or not 0 <= worker < workers:
+        raise ValueError(f"worker {worker} of {workers}: need 0 <= worker < workers")
+    open_requests = [s for s in plan.open_loop_requests() if s.index % workers == worker]
+    loops = [
+        ClosedLoop(p.index, j, p.concurrency, p.start_s, p.end_s)
+        for p in plan.phases
+        if p.kind == "closed"
+        for j in range(worker, p.concurrency, workers)
+    ]
+    return Share(worker, workers, open_requests, loops)
