@@ -1,0 +1,132 @@
+"""Merge a records directory into ``requests.parquet`` and ``summary.json``.
+
+``merge_records(records_dir, out_dir=None, run_id=None)`` reads every
+``client-*.jsonl`` (one per Locust process) and ``summary-*.json`` of the directory,
+checks that they are one run (one ``run_id``, no request id twice; pass ``run_id`` to
+pick one run out of a directory that holds several) and writes:
+
+- ``requests.parquet``: one row per scheduled request, ordered by ``scheduled_at``,
+  with the client-side columns of METRICS.md (``records.RECORD_COLUMNS``; ``itl_s`` a
+  list of float64);
+- ``summary.json``: the run's counts by status, send lag percentiles over the
+  open-loop rows, ``generator_limited`` (p99 lag over the limit, or any request that
+  waited for the in-flight cap), the workers' summaries, the server's clock epoch.
+
+Command line: ``python -m harness.loadgen.merge RECORDS_DIR [--out DIR] [--run-id ID]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import polars as pl
+
+from harness.loadgen.records import LAG_LIMIT_S, RECORD_COLUMNS
+
+SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.String, "run_id": pl.String, "profile": pl.String, "class": pl.String,
+    "priority": pl.Int64, "phase": pl.Int64, "phase_kind": pl.String,
+    "prompt_tokens": pl.Int64, "server_prompt_tokens": pl.Int64, "prompt_method": pl.String,
+    "output_tokens": pl.Int64, "max_tokens": pl.Int64, "status": pl.String,
+    "http_status": pl.Int64, "error": pl.String, "finish_reason": pl.String,
+    "schedule_offset_s": pl.Float64, "scheduled_at": pl.Float64, "sent_at": pl.Float64,
+    "first_token_at": pl.Float64, "last_token_at": pl.Float64, "ttft_s": pl.Float64,
+    "ttft_from_sent_s": pl.Float64, "tpot_s": pl.Float64, "e2e_s": pl.Float64,
+    "e2e_from_sent_s": pl.Float64, "max_itl_s": pl.Float64, "itl_s": pl.List(pl.Float64),
+    "send_lag_s": pl.Float64, "token_counting": pl.String, "worker": pl.Int64,
+    "in_flight_capped": pl.Boolean,
+}
+assert tuple(SCHEMA) == RECORD_COLUMNS
+
+
+class MergeError(Exception):
+    pass
+
+
+def read_records(records_dir: str | Path, run_id: str | None = None) -> pl.DataFrame:
+    """Every row of the directory's ``client-*.jsonl`` files as one frame (SCHEMA)."""
+    rows = []
+    for path in sorted(Path(records_dir).glob("client-*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:  # a process killed mid-line: say where
+                    raise MergeError(f"{path}:{n}: not a JSON row ({e})") from e
+                if run_id is None or row.get("run_id") == run_id:
+                    rows.append(row)
+    frame = pl.DataFrame(rows, schema=SCHEMA) if rows else pl.DataFrame(schema=SCHEMA)
+    return frame.sort("scheduled_at", "request_id")
+
+
+def merge_records(records_dir: str | Path, out_dir: str | Path | None = None,
+                  run_id: str | None = None, lag_limit_s: float | None = None) -> dict:
+    """Write ``requests.parquet`` and ``summary.json`` to ``out_dir`` (default: the
+    records directory) and return the summary."""
+    records_dir = Path(records_dir)
+    out = Path(out_dir) if out_dir is not None else records_dir
+    frame = read_records(records_dir, run_id)
+    runs = sorted(set(frame["run_id"].to_list()))
+    if len(runs) > 1:
+        raise MergeError(f"{records_dir} holds {len(runs)} runs ({', '.join(runs)}): "
+                         "pass run_id (--run-id) or use one directory per run")
+    duplicates = frame.filter(pl.col("request_id").is_duplicated())["request_id"].unique()
+    if len(duplicates):
+        raise MergeError(f"request ids recorded twice: {duplicates.head(5).to_list()}")
+    workers = []
+    for path in sorted(records_dir.glob("summary-*.json")):
+        s = json.loads(path.read_text())
+        if not runs or s.get("run_id") == runs[0]:
+            workers.append(s)
+    if lag_limit_s is None:
+        lag_limit_s = next((w["lag_limit_s"] for w in workers if "lag_limit_s" in w), LAG_LIMIT_S)
+    lags = frame.filter(pl.col("phase_kind") == "open")["send_lag_s"].drop_nulls()
+    p99 = lags.quantile(0.99, "linear") if len(lags) else None
+    capped = int(frame["in_flight_capped"].sum()) if len(frame) else 0
+    counts = dict(frame.group_by("status").len().iter_rows()) if len(frame) else {}
+    epochs = {w.get("server_clock_epoch_unix") for w in workers} - {None}
+    summary = {
+        "run_id": runs[0] if runs else None,
+        "profile": frame["profile"][0] if len(frame) else None,
+        "rows": len(frame),
+        "status_counts": counts,
+        "workers": len(workers),
+        "run_start_unix": min((w["run_start_unix"] for w in workers if w.get("run_start_unix")),
+                              default=None),
+        "server_clock_epoch_unix": min(epochs) if epochs else None,
+        "send_lag_p50_s": lags.quantile(0.5, "linear") if len(lags) else None,
+        "send_lag_p99_s": p99,
+        "send_lag_max_s": lags.max() if len(lags) else None,
+        "lag_limit_s": lag_limit_s,
+        "in_flight_capped": capped,
+        "generator_limited": bool((p99 is not None and p99 > lag_limit_s) or capped > 0),
+        "probe_requests": sum(w.get("probe_requests", 0) for w in workers),
+        "worker_summaries": workers,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    frame.write_parquet(out / "requests.parquet")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records_dir")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--run-id", default=None)
+    args = parser.parse_args(argv)
+    s = merge_records(args.records_dir, args.out, args.run_id)
+    print(f"{s['rows']} rows {s['status_counts']} from {s['workers']} process(es); "
+          f"p99 send lag {(s['send_lag_p99_s'] or 0) * 1e3:.2f} ms; "
+          f"generator_limited: {str(s['generator_limited']).lower()}")
+    if s["generator_limited"]:
+        print("WARNING: generator-limited run: latencies include the generator's delay")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,212 @@
+"""The load generator run by the real ``locust`` command against a live sim server.
+
+Each test starts ``schedscope serve --executor sim`` on loopback (CliServer), runs a
+few seconds of ``tests/data/locust_small.py`` with ``locust --headless`` as a
+subprocess, merges the records and checks them against the schedule and the
+server's own counters and records.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from engine.api.testing import CliServer
+from engine.cost_model import CostModel
+from harness.loadgen.merge import merge_records
+from harness.loadgen.split import scale_durations, share
+from harness.profiles import build_plan, load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE_FILE = ROOT / "tests" / "data" / "locust_small.py"
+LOCUST = str(Path(sys.executable).parent / "locust")
+
+
+def run_locust(url: str, records: Path, *extra: str, timeout: float = 90,
+               background: bool = False, failures: bool = False):
+    """Locust exits 1 when any request failed (its --exit-code-on-error): pass
+    ``failures=True`` where failures are the point."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [LOCUST, "-f", str(PROFILE_FILE), "--host", url, "--headless", "--only-summary",
+           "--records-dir", str(records), "--grace", "10", *extra]
+    if background:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == (1 if failures else 0), done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def metric_sum(url: str, name: str) -> float:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$",
+                                                      text, re.M))
+
+
+def plan_open_ids(duration_scale: float = 1.0, rate_scale: float = 1.0):
+    profile = load_profile(PROFILE_FILE).with_rate_scale(rate_scale)
+    plan = build_plan(scale_durations(profile, duration_scale))
+    return {s.request_id: s.scheduled_at for s in plan.open_loop_requests()}
+
+
+def step_cost_model(tmp_path: Path, step_s: float) -> str:
+    path = tmp_path / "cost.json"
+    CostModel.constant(step_s).save(path)
+    return str(path)
+
+
+def test_shares_partition_the_plan():
+    plan = build_plan(load_profile(PROFILE_FILE))
+    ids = [s.request_id for s in plan.open_loop_requests()]
+    for w in (1, 2, 3, 5):
+        shares = [share(plan, i, w) for i in range(w)]
+        got = sorted(s.request_id for sh in shares for s in sh.open_requests)
+        assert got == sorted(ids)
+        loops = sorted((lp.phase, lp.loop) for sh in shares for lp in sh.closed_loops)
+        assert loops == [(1, 0), (1, 1), (1, 2)]
+
+
+def test_records_complete_and_joined_with_the_server(tmp_path):
+    engine_records = tmp_path / "engine.parquet"
+    records = tmp_path / "rec"
+    with CliServer(["--executor", "sim", "--record-requests", str(engine_records)]) as server:
+        out = run_locust(server.url, records)
+        successes = metric_sum(server.url, "vllm:request_success_total")
+    summary = merge_records(records)
+    frame = pl.read_parquet(records / "requests.parquet")
+    # Every scheduled open-loop request has exactly one row, at its scheduled instant.
+    open_rows = frame.filter(pl.col("phase_kind") == "open")
+    expected = plan_open_ids()
+    assert dict(zip(open_rows["request_id"], open_rows["schedule_offset_s"], strict=True)) == expected
+    assert frame.filter(pl.col("phase_kind") == "closed").height > 0
+    assert summary["status_counts"] == {"ok": frame.height}
+    # The server's own counter: every row plus the one probe request.
+    assert successes == frame.height + summary["probe_requests"]
+    assert "ttft short_chat" in out and "e2e long_gen" in out
+    # Exact lengths on the server; latencies from scheduled_at.
+    assert (frame["server_prompt_tokens"] == frame["prompt_tokens"]).all()
+    assert (frame["output_tokens"] == frame["max_tokens"]).all()
+    assert set(frame["prompt_method"]) == {"token_ids"}
+    f = frame.with_columns(
+        (pl.col("first_token_at") - pl.col("scheduled_at") - pl.col("ttft_s")).abs().alias("d1"),
+        (pl.col("last_token_at") - pl.col("scheduled_at") - pl.col("e2e_s")).abs().alias("d2"),
+        (pl.col("ttft_s") - pl.col("ttft_from_sent_s") - pl.col("send_lag_s")).abs().alias("d3"),
+        pl.col("itl_s").list.len().alias("n_itl"),
+    )
+    assert f["d1"].max() < 1e-9 and f["d2"].max() < 1e-9 and f["d3"].max() < 1e-9
+    assert (f["n_itl"] == f["output_tokens"] - 1).all()
+    # Rows join the engine's records by request id, and the clocks agree.
+    engine = pl.read_parquet(engine_records)
+    joined = frame.join(engine.select("request_id", pl.col("scheduled_at").alias("arrival")),
+                        on="request_id", how="inner")
+    assert joined.height == frame.height
+    epoch = summary["server_clock_epoch_unix"]
+    skew = (joined["arrival"] + epoch - joined["sent_at"])
+    assert skew.min() >= -0.005 and skew.max() < 0.5
+    assert not summary["generator_limited"]
+
+
+def test_two_processes_send_the_same_schedule(tmp_path):
+    with CliServer(["--executor", "sim"]) as server:
+        run_locust(server.url, tmp_path / "one")
+        run_locust(server.url, tmp_path / "two", "--processes", "2")
+    one, two = merge_records(tmp_path / "one"), merge_records(tmp_path / "two")
+    assert two["workers"] == 2
+    frames = [pl.read_parquet(tmp_path / d / "requests.parquet") for d in ("one", "two")]
+    opens = [f.filter(pl.col("phase_kind") == "open").select("request_id", "schedule_offset_s")
+             .sort("request_id") for f in frames]
+    assert opens[0].equals(opens[1])
+    assert set(frames[1]["worker"]) == {0, 1}
+    # request i went to worker i mod 2
+    o = frames[1].filter(pl.col("phase_kind") == "open")
+    idx = o["request_id"].str.slice(-7).cast(pl.Int64)
+    assert ((idx % 2) == o["worker"]).all()
+    # closed loops: 3 users split 2 + 1, ids never twice
+    c = frames[1].filter(pl.col("phase_kind") == "closed")
+    assert c["request_id"].is_unique().all() and set(c["worker"]) == {0, 1}
+    assert one["status_counts"] == {"ok": frames[0].height}
+    assert two["status_counts"] == {"ok": frames[1].height}
+
+
+def test_generator_limited_run_is_flagged(tmp_path):
+    # 2000 req/s for 0.5 s through at most 4 requests in flight: the generator cannot.
+    with CliServer(["--executor", "sim"]) as server:
+        out = run_locust(server.url, tmp_path / "rec", "--rate-scale", "100",
+                         "--duration-scale", "0.25", "--max-in-flight", "4")
+    summary = merge_records(tmp_path / "rec")
+    assert summary["generator_limited"] is True
+    assert summary["in_flight_capped"] > 0 and summary["send_lag_p99_s"] > 0.010
+    assert "GENERATOR-LIMITED" in out
+    frame = pl.read_parquet(tmp_path / "rec" / "requests.parquet")
+    assert set(frame.filter(pl.col("phase_kind") == "open")["request_id"]) == set(
+        plan_open_ids(0.25, 100))
+    capped = frame.filter(pl.col("in_flight_capped"))
+    # Latency from the schedule includes the wait; from the send it does not.
+    assert (capped["ttft_s"] > capped["ttft_from_sent_s"]).all()
+
+
+def test_429s_are_rejected_rows(tmp_path):
+    cost = step_cost_model(tmp_path, 0.01)
+    args = ["--executor", "sim", "--cost-model", cost, "--max-num-seqs", "1", "--max-waiting", "1"]
+    with CliServer(args) as server:
+        run_locust(server.url, tmp_path / "rec", "--duration-scale", "0.5", failures=True)
+        rejections = metric_sum(server.url, "vllm:admission_rejections_total")
+        successes = metric_sum(server.url, "vllm:request_success_total")
+    summary = merge_records(tmp_path / "rec")
+    frame = pl.read_parquet(tmp_path / "rec" / "requests.parquet")
+    rejected = frame.filter(pl.col("status") == "rejected")
+    assert rejected.height > 0 and (rejected["http_status"] == 429).all()
+    assert rejected["error"].null_count() == 0
+    assert rejected.height == rejections
+    assert summary["status_counts"].get("ok", 0) + summary["probe_requests"] == successes
+    assert set(frame.filter(pl.col("phase_kind") == "open")["request_id"]) == set(plan_open_ids(0.5))
+
+
+def test_server_shutdown_mid_run_gives_error_and_aborted_rows(tmp_path):
+    cost = step_cost_model(tmp_path, 0.005)
+    server = CliServer(["--executor", "sim", "--cost-model", cost, "--shutdown-timeout-s", "0.1"])
+    with server:
+        proc = run_locust(server.url, tmp_path / "rec", background=True)
+        time.sleep(2.0)
+        server.process.send_signal(signal.SIGTERM)
+        server.wait(30)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out  # Locust's exit code when requests failed
+    merge_records(tmp_path / "rec")
+    frame = pl.read_parquet(tmp_path / "rec" / "requests.parquet")
+    assert set(frame.filter(pl.col("phase_kind") == "open")["request_id"]) == set(plan_open_ids())
+    statuses = set(frame["status"])
+    assert "ok" in statuses and statuses & {"error", "aborted"}
+    failed = frame.filter(pl.col("status") != "ok")
+    assert failed["error"].null_count() == 0
+
+
+def test_chat_prompts_sized_with_tokenize(tmp_path):
+    with CliServer(["--executor", "sim"]) as server:
+        run_locust(server.url, tmp_path / "rec", "--endpoint", "chat", "--duration-scale", "0.5")
+    summary = merge_records(tmp_path / "rec")
+    frame = pl.read_parquet(tmp_path / "rec" / "requests.parquet")
+    assert summary["status_counts"] == {"ok": frame.height}
+    assert set(frame["prompt_method"]) == {"tokenize"}
+    assert (frame["server_prompt_tokens"] == frame["prompt_tokens"]).all()
+    assert (frame["output_tokens"] == frame["max_tokens"]).all()
+
+
+@pytest.mark.parametrize("mode", ["text"])
+def test_completions_text_prompts_sized_with_tokenize(tmp_path, mode):
+    with CliServer(["--executor", "sim"]) as server:
+        run_locust(server.url, tmp_path / "rec", "--prompt-mode", mode, "--duration-scale", "0.5")
+    merge_records(tmp_path / "rec")
+    frame = pl.read_parquet(tmp_path / "rec" / "requests.parquet")
+    assert set(frame["prompt_method"]) == {"tokenize"}
+    assert (frame["server_prompt_tokens"] == frame["prompt_tokens"]).all()
