@@ -666,6 +666,8 @@ def test_import_stays_light():
 # model is data that sampling and serialization build on, never the other way round.
 _LAYERS = {
     "errors": 0,
+    "locust_hook": 0,
+    "trace": 1,
     "distributions": 1,
     "model": 2,
     "schedule": 3,
