@@ -29,7 +29,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ def _parse_datetime(text: str) -> tuple[int, float]:
     whole = datetime.fromisoformat(m.group(1).replace("T", " "))
     tz = m.group(3)
     if tz is None or tz == "Z":
-        whole = whole.replace(tzinfo=timezone.utc)
+        whole = whole.replace(tzinfo=UTC)
     else:
         whole = datetime.fromisoformat(m.group(1).replace("T", " ") + tz)
     frac = float("0." + m.group(2)) if m.group(2) else 0.0
