@@ -9,12 +9,15 @@ requests that arrive in a burst wait for the drain (trap 3 in small, repeated do
 
 Capacity it assumes: the mixed classes (80% short chat, 20% long generation) on the
 served bundled engine, ~6 req/s on 2 cores (see `mixed`): the base rate is half of
-that, a burst is 4x past it (120 requests in 5 s), so each burst leaves a queue that
-takes the next 25 s of base load to drain. Every class keeps prompt max + max_tokens
+that, a burst is 4x past it (120 requests in 5 s), so each burst leaves a queue for
+the base load to drain. Every class keeps prompt max + max_tokens
 <= 2048 (the default --max-model-len).
 
-Simulator check (`schedscope simulate --profile burst --policy all`, built-in cost
-model): see docs/profiles.md "The profile library" for the figures.
+Simulator check (`schedscope simulate --profile burst --policy all`, seed 43, built-in
+cost model, 1,176 requests; queue-wait p99 short / long, goodput req/s):
+fcfs 5.9 / 5.7 s, 2.99; sjf 2.3 / 6.0 s (long max 6.7 s), 4.39; priority 2.7 / 6.7 s,
+3.03. Every burst drains before the next one; SJF wins on goodput by serving the
+short class first.
 """
 
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo

@@ -14,8 +14,11 @@ profile on 2 cores; this mix is heavier per request (batch: ~700-token prompts,
 ~300-token outputs), so 4 req/s is near its knee and the surge is well past it.
 Every class keeps prompt max + max_tokens <= 2048 (the default --max-model-len).
 
-Simulator check (`schedscope simulate --profile priority --policy all`, built-in
-cost model): see docs/profiles.md "The profile library" for the figures.
+Simulator check (`schedscope simulate --profile priority --policy all`, seed 46,
+built-in cost model, 644 requests; queue-wait p99 interactive / batch, interactive
+goodput req/s): fcfs 11.4 / 11.4 s, 1.46; sjf 1.0 / 30.5 s (batch max 33.0 s), 1.64;
+priority 1.2 / 13.4 s, 1.67. Priority protects interactive as well as SJF does
+without starving batch as badly.
 """
 
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo

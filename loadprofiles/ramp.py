@@ -11,8 +11,11 @@ on 2 cores (see `mixed`), crossed at t ~ 44 s; the last 15 s at 8 req/s are a th
 past it, so a queue builds at the end. Every class keeps prompt max + max_tokens <=
 2048 (the default --max-model-len).
 
-Simulator check (`schedscope simulate --profile ramp --policy all`, built-in cost
-model): see docs/profiles.md "The profile library" for the figures.
+Simulator check (`schedscope simulate --profile ramp --policy all`, seed 44, built-in
+cost model, 384 requests): queue-wait p99 short / long fcfs 1.0 / 1.0 s, sjf 0.8 /
+1.4 s, priority 1.1 / 1.6 s — the built-in cost model puts this mix's knee above
+8 req/s (the served engine's is ~6). With --rate-scale 1.5 (0.75 -> 12 req/s) the
+knee shows: fcfs 9.1 / 8.6 s, sjf 1.7 / 15.7 s, priority 1.2 / 13.3 s.
 """
 
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo

@@ -36,8 +36,10 @@ heavier and longer: Azure contexts reach thousands of tokens, past the default
 serve with a larger --max-model-len, or use --rate-scale / TIME_SCALE < 1 and
 LIMIT to fit the machine. The sample's classes keep prompt + output <= 2048.
 
-Simulator check (`schedscope simulate --profile replay --policy all`, built-in cost
-model): see docs/profiles.md "The profile library" for the figures.
+Simulator check (`schedscope simulate --profile replay --policy all`, sample trace,
+built-in cost model): the sample is under capacity, so the three policies are
+identical (queue-wait p99 0.33 s). With --rate-scale 4 (4x as fast): queue-wait p99
+chat / long fcfs 8.5 / 8.5 s, sjf 3.9 / 17.9 s, priority 4.1 / 15.8 s.
 """
 
 import os

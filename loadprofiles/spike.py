@@ -14,8 +14,10 @@ it. Short chat only plus a few long generations (90/10), so the spike is about
 arrivals, not lengths. Every class keeps prompt max + max_tokens <= 2048 (the
 default --max-model-len).
 
-Simulator check (`schedscope simulate --profile spike --policy all`, built-in cost
-model): see docs/profiles.md "The profile library" for the figures.
+Simulator check (`schedscope simulate --profile spike --policy all`, seed 45, built-in
+cost model, 429 requests; queue-wait p99 short / long, TTFT p99 all): fcfs 5.2 /
+4.7 s, 6.3 s; sjf 2.4 / 4.3 s, 3.9 s; priority 3.8 / 7.4 s, 8.0 s. No preemptions
+at the default pool; the spike is a token-budget queue (fcfs: waits up to 5.8 s).
 """
 
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
