@@ -380,6 +380,11 @@ def test_replay_phase_window_and_duration_scale(tmp_path):
     assert len({s.request_id for s in specs}) == 25
 
 
+def write_toml(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def test_replay_in_toml_relative_path_and_round_trip(tmp_path):
     write_csv(tmp_path / "trace.csv", ["arrival_s", "prompt_tokens", "output_tokens", "class"],
               [(0.0, 10, 5, "a"), (0.5, 20, 6, "b")])
@@ -394,7 +399,11 @@ def test_replay_in_toml_relative_path_and_round_trip(tmp_path):
     specs = build_plan(p).open_loop_requests()
     assert [(s.scheduled_at, s.class_name, s.priority) for s in specs] == [(0.0, "a", 0), (0.25, "b", 3)]
     assert profile_from_dict(profile_to_dict(p)) == p
-    bad = path.read_text().replace("time_scale", "time_scal")
+    # Shorthand: a bare path is a trace at its defaults.
+    short = load_profile(write_toml(path, path.read_text().replace(
+        'trace = { file = "trace.csv", time_scale = 2.0 }', 'trace = "trace.csv"')))
+    assert [s.scheduled_at for s in build_plan(short).open_loop_requests()] == [0.0, 0.5]
+    bad = path.read_text().replace('trace = "trace.csv"', 'trace = { file = "trace.csv", time_scale = 2.0 }').replace("time_scale", "time_scal")
     path.write_text(bad)
     with pytest.raises(ProfileError, match=r"phases\[0\]\.trace\.time_scal: unknown key"):
         load_profile(path)
