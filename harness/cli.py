@@ -78,7 +78,13 @@ def simulate(
     ),
     seed: int | None = typer.Option(None, "--seed", help="Schedule seed (default: the profile's)."),
     rate_scale: float = typer.Option(
-        1.0, "--rate-scale", help="Multiply every open-loop arrival rate of the profile."
+        1.0, "--rate-scale",
+        help="Multiply every open-loop arrival rate of the profile (a replayed trace: its speed).",
+    ),
+    duration_scale: float = typer.Option(
+        1.0, "--duration-scale",
+        help="Multiply every phase's duration (0.1: a tenth of the run; a trace keeps the "
+             "arrivals inside its shortened window).",
     ),
     num_requests: int | None = typer.Option(
         None, "--num-requests",
@@ -106,8 +112,15 @@ def simulate(
         prof = resolve_profile(profile)
         if rate_scale != 1.0:
             prof = prof.with_rate_scale(rate_scale)
+        if duration_scale != 1.0:
+            prof = prof.with_duration_scale(duration_scale)
     except ProfileError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--profile") from None
+        hint = "--profile"
+        if str(exc).startswith("rate_scale"):
+            hint = "--rate-scale"
+        elif str(exc).startswith("duration_scale"):
+            hint = "--duration-scale"
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
     try:
         model = CostModel.load(cost_model) if cost_model else CostModel()
     except CostModelError as exc:

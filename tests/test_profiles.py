@@ -470,8 +470,9 @@ def test_class_and_profile_validation():
 
 
 def test_default_profile_loads_and_fits_the_engine():
-    profile = resolve_profile("default")
-    assert profile == load_profile(REPO / "loadprofiles" / "default.toml")
+    profile = resolve_profile("default")  # an alias of the mixed profile
+    assert profile == resolve_profile("mixed") == load_profile(REPO / "loadprofiles" / "mixed.py")
+    assert profile.name == "mixed"
     assert [c.name for c in profile.classes] == ["short_chat", "long_generation"]
     assert [p.name for p in profile.phases] == ["steady", "burst", "recovery"]
     assert profile.duration_s == 120
@@ -666,6 +667,8 @@ def test_import_stays_light():
 # model is data that sampling and serialization build on, never the other way round.
 _LAYERS = {
     "errors": 0,
+    "locust_hook": 0,
+    "trace": 1,
     "distributions": 1,
     "model": 2,
     "schedule": 3,

@@ -5,7 +5,7 @@ A `Profile` (request classes + phases) and a seed give one exact schedule:
 exactly n open-loop requests. Light on purpose: numpy and the stdlib only, so Locust
 (gevent) can import it. Schema of the files: docs/profiles.md.
 
-Modules, each importing only those before it: errors, distributions, model (pure
+Modules, each importing only those before it: errors, distributions and trace, model (pure
 data), schedule (sampling) and serialize (dicts), loader (files).
 """
 
@@ -15,6 +15,7 @@ from harness.profiles.loader import load_profile, resolve_profile, shipped_profi
 from harness.profiles.model import Phase, Profile, RequestClass, Slo
 from harness.profiles.schedule import PhasePlan, Plan, RequestSpec, build_plan, sample_requests
 from harness.profiles.serialize import profile_from_dict, profile_to_dict
+from harness.profiles.trace import ReplayTrace
 
 __all__ = [
     "KIND_PARAMS",
@@ -25,6 +26,7 @@ __all__ = [
     "Profile",
     "ProfileError",
     "RequestClass",
+    "ReplayTrace",
     "RequestSpec",
     "Slo",
     "build_plan",

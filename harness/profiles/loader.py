@@ -18,6 +18,8 @@ from harness.profiles.model import Profile
 from harness.profiles.serialize import profile_from_dict
 
 SUFFIXES = (".toml", ".py")
+#: Other names of shipped profiles: `default` is the `mixed` profile.
+ALIASES = {"default": "mixed"}
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -83,22 +85,27 @@ def shipped_profiles_dir() -> Path:
     return Path(loadprofiles.__file__).parent
 
 
-def shipped_profile_names() -> list[str]:
-    """Names that `resolve_profile` finds in the `loadprofiles` package."""
+def shipped_profile_names(aliases: bool = True) -> list[str]:
+    """Names that `resolve_profile` finds in the `loadprofiles` package (with the
+    aliases in ALIASES unless `aliases=False`)."""
     folder = shipped_profiles_dir()
-    return sorted(
-        {p.stem for p in folder.iterdir() if p.suffix in SUFFIXES and not p.stem.startswith("_")}
-    )
+    names = {
+        p.stem for p in folder.iterdir() if p.suffix in SUFFIXES and not p.stem.startswith("_")
+    }
+    if aliases:
+        names |= {alias for alias, target in ALIASES.items() if target in names}
+    return sorted(names)
 
 
 def resolve_profile(name_or_path: str | Path) -> Profile:
     """Load `name_or_path` if it is a file; otherwise the shipped profile of that
-    name (`loadprofiles/<name>.toml`, then `<name>.py`)."""
+    name (`loadprofiles/<name>.toml`, then `<name>.py`; `default` is `mixed`)."""
     candidate = Path(name_or_path)
     if candidate.is_file() or candidate.suffix in SUFFIXES or len(candidate.parts) > 1:
         return load_profile(candidate)
+    name = ALIASES.get(str(name_or_path), str(name_or_path))
     for suffix in SUFFIXES:
-        shipped = shipped_profiles_dir() / f"{name_or_path}{suffix}"
+        shipped = shipped_profiles_dir() / f"{name}{suffix}"
         if shipped.is_file():
             return load_profile(shipped)
     raise ProfileError(

@@ -17,6 +17,7 @@ import numpy as np
 
 from harness.profiles.distributions import LengthDistribution
 from harness.profiles.errors import ProfileError, check_int, check_name, check_number
+from harness.profiles.trace import ReplayTrace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,39 +87,70 @@ class Phase:
 
     Open loop (`rate`): interarrival times are gamma distributed with shape=burstiness
     and scale=1/(rate*burstiness), as in vLLM's benchmark_serving; burstiness 1 is
-    Poisson, smaller is burstier. Closed loop (`concurrency`): that many users, each
-    sending its next request as soon as the previous one finishes. `classes` overrides
-    the weights of the named classes for this phase (0 leaves a class out).
+    Poisson, smaller is burstier. With `rate_end` the rate rises (or falls) linearly
+    from `rate` at the phase start to `rate_end` at its end: the same gamma renewal
+    process run in rescaled time (time-rescaling of an inhomogeneous process), so the
+    local coefficient of variation is still 1/sqrt(burstiness).
+    Closed loop (`concurrency`): that many users, each sending its next request as
+    soon as the previous one finishes. Replay (`trace`): exactly the trace's arrivals
+    and lengths, open loop; `duration_s` defaults to the trace's span (plus one mean
+    gap) and, when set, cuts the trace at that many seconds.
+    `classes` overrides the weights of the named classes for this phase (0 leaves a
+    class out); not for trace phases, whose classes come from the trace.
     """
 
     name: str
-    duration_s: float
+    duration_s: float | None = None
     rate: float | None = None
+    rate_end: float | None = None
     burstiness: float = 1.0
     concurrency: int | None = None
+    trace: ReplayTrace | None = None
     classes: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         check_name("name", self.name)
-        object.__setattr__(
-            self, "duration_s", check_number("duration_s", self.duration_s, positive=True)
-        )
-        if (self.rate is None) == (self.concurrency is None):
+        kinds = [k for k in ("rate", "concurrency", "trace") if getattr(self, k) is not None]
+        if len(kinds) != 1:
             raise ProfileError(
-                "rate: a phase takes exactly one of `rate` (open loop) or `concurrency` "
-                f"(closed loop), got rate={self.rate!r}, concurrency={self.concurrency!r}"
+                "rate: a phase takes exactly one of `rate` (open loop), `concurrency` "
+                f"(closed loop) or `trace` (replay), got rate={self.rate!r}, "
+                f"concurrency={self.concurrency!r}, trace={self.trace!r}"
+            )
+        if self.duration_s is None:
+            if self.trace is None:
+                raise ProfileError("duration_s: required (only a trace phase may leave it out)")
+        else:
+            object.__setattr__(
+                self, "duration_s", check_number("duration_s", self.duration_s, positive=True)
             )
         object.__setattr__(
             self, "burstiness", check_number("burstiness", self.burstiness, positive=True)
         )
+        if self.rate_end is not None:
+            if self.rate is None:
+                raise ProfileError("rate_end: a ramp needs `rate` (its starting rate)")
+            object.__setattr__(
+                self, "rate_end", check_number("rate_end", self.rate_end, positive=True)
+            )
         if self.rate is not None:
             object.__setattr__(self, "rate", check_number("rate", self.rate, positive=True))
-        else:
+        elif self.burstiness != 1.0:
+            raise ProfileError(
+                f"burstiness: applies to open-loop (`rate`) phases only, got {self.burstiness!r}"
+            )
+        if self.concurrency is not None:
             check_int("concurrency", self.concurrency, minimum=1)
-            if self.burstiness != 1.0:
+        if self.trace is not None:
+            if not isinstance(self.trace, ReplayTrace):
+                raise ProfileError(f"trace: expected a ReplayTrace, got {self.trace!r}")
+            if self.classes is not None:
                 raise ProfileError(
-                    f"burstiness: applies to open-loop (`rate`) phases only, got {self.burstiness!r}"
+                    "classes: a trace phase takes its classes from the trace "
+                    "(its `class` column or `trace.default_class`)"
                 )
+            if self.duration_s is None:
+                object.__setattr__(self, "duration_s", self.trace.duration_s)
         if self.classes is not None:
             if not isinstance(self.classes, Mapping):
                 raise ProfileError(
@@ -133,7 +165,34 @@ class Phase:
 
     @property
     def kind(self) -> Literal["open", "closed"]:
-        return "open" if self.rate is not None else "closed"
+        """"open" for rate and trace phases (every request has a scheduled instant)."""
+        return "closed" if self.concurrency is not None else "open"
+
+    @property
+    def arrivals(self) -> Literal["rate", "ramp", "trace", "closed"]:
+        if self.trace is not None:
+            return "trace"
+        if self.concurrency is not None:
+            return "closed"
+        return "ramp" if self.rate_end is not None else "rate"
+
+    def rate_at(self, t: float) -> float | None:
+        """The intended arrival rate `t` seconds into the phase (None: closed or trace)."""
+        if self.rate is None:
+            return None
+        if self.rate_end is None:
+            return self.rate
+        return self.rate + (self.rate_end - self.rate) * t / self.duration_s
+
+    @property
+    def expected_requests(self) -> float | None:
+        """Mean number of arrivals (rate phases), or the trace's count in the window."""
+        if self.trace is not None:
+            return float(np.count_nonzero(self.trace.offsets_s < self.duration_s))
+        if self.rate is None:
+            return None
+        end = self.rate if self.rate_end is None else self.rate_end
+        return (self.rate + end) / 2 * self.duration_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,6 +239,20 @@ class Profile:
                 )
             if not self.class_weights(i).any():
                 raise ProfileError(f"phases[{i}].classes: every class has weight 0")
+            if phase.trace is not None:
+                trace = phase.trace
+                if trace.default_class is not None and trace.default_class not in seen:
+                    raise ProfileError(
+                        f"phases[{i}].trace.default_class: unknown class "
+                        f"{trace.default_class!r} (known: {', '.join(c.name for c in self.classes)})"
+                    )
+                for name in sorted({c for c in trace.classes if c is not None} - seen):
+                    line = trace.lines[trace.classes.index(name)]
+                    raise ProfileError(
+                        f"phases[{i}].trace.file: {trace.file} line {line}, column 'class': "
+                        f"{name!r} is not a class of the profile "
+                        f"(known: {', '.join(c.name for c in self.classes)})"
+                    )
 
     @property
     def duration_s(self) -> float:
@@ -197,10 +270,26 @@ class Profile:
         return np.array([override.get(c.name, c.weight) for c in self.classes], dtype=np.float64)
 
     def with_rate_scale(self, factor: float) -> Profile:
-        """The same profile with every open-loop rate multiplied by `factor`."""
+        """The same profile with every open-loop rate (and ramp end) multiplied by
+        `factor`; a trace phase is replayed `factor` times as fast (its time_scale
+        multiplied, its duration divided). Closed-loop phases are unchanged."""
         factor = check_number("rate_scale", factor, positive=True)
-        phases = tuple(
-            dataclasses.replace(p, rate=p.rate * factor) if p.rate is not None else p
-            for p in self.phases
-        )
+        phases = []
+        for p in self.phases:
+            if p.rate is not None:
+                end = None if p.rate_end is None else p.rate_end * factor
+                p = dataclasses.replace(p, rate=p.rate * factor, rate_end=end)
+            elif p.trace is not None:
+                p = dataclasses.replace(
+                    p, trace=p.trace.with_time_scale(factor), duration_s=p.duration_s / factor
+                )
+            phases.append(p)
+        return dataclasses.replace(self, phases=tuple(phases))
+
+    def with_duration_scale(self, factor: float) -> Profile:
+        """The same profile with every phase `factor` times as long (0.1: a tenth of
+        the run). Rates are unchanged, so a ramp reaches the same end rate sooner
+        (or later); a trace phase keeps the arrivals inside its scaled window."""
+        factor = check_number("duration_scale", factor, positive=True)
+        phases = tuple(dataclasses.replace(p, duration_s=p.duration_s * factor) for p in self.phases)
         return dataclasses.replace(self, phases=phases)

@@ -59,8 +59,10 @@ def _arrival_times(
 ) -> np.ndarray:
     """Open-loop arrival times in [start_s, end_s), ascending, shape (k,)."""
     rate, shape = phase.rate, phase.burstiness
-    assert rate is not None
+    assert rate is not None and phase.duration_s is not None
     rng = _rng(seed, phase_index, _ARRIVALS, block)
+    if phase.rate_end is not None:
+        return start_s + _ramp_offsets(phase, rng)
     expected = rate * phase.duration_s
     # Enough gaps to cover the phase with overwhelming probability (the count's
     # variance is about expected/burstiness); draw more in the rare case it isn't.
@@ -74,6 +76,31 @@ def _arrival_times(
     times = start_s + np.concatenate(offsets)
     # Cut on the absolute time so that end_s (= the next phase's start_s) is excluded.
     return times[: np.searchsorted(times, end_s, side="left")]
+
+
+def _ramp_offsets(phase: Phase, rng: np.random.Generator) -> np.ndarray:
+    """Offsets into a ramp phase (rate linear from `rate` to `rate_end`).
+
+    Time-rescaling: a renewal process of unit-mean gamma gaps (shape = burstiness)
+    in operational time u, mapped through the inverse of the cumulative intensity
+    L(t) = r0 t + (r1 - r0) t^2 / (2 d). burstiness 1 gives exactly an inhomogeneous
+    Poisson process; otherwise the local CV of gaps is 1/sqrt(burstiness)."""
+    r0, r1, d, shape = phase.rate, phase.rate_end, phase.duration_s, phase.burstiness
+    assert r0 is not None and r1 is not None and d is not None
+    total = (r0 + r1) / 2 * d  # L(d)
+    batch = int(total + 8.0 * math.sqrt(total / shape) + 16)
+    parts: list[np.ndarray] = []
+    last = 0.0
+    while last < total:
+        cum = last + np.cumsum(rng.gamma(shape, 1.0 / shape, size=batch))
+        parts.append(cum)
+        last = float(cum[-1])
+    u = np.concatenate(parts)
+    u = u[: np.searchsorted(u, total, side="left")]
+    slope = (r1 - r0) / d
+    # t = L^-1(u), in the form that stays exact as slope -> 0.
+    t = 2.0 * u / (r0 + np.sqrt(np.maximum(r0 * r0 + 2.0 * slope * u, 0.0)))
+    return t[t < d]
 
 
 @dataclass(slots=True)
@@ -114,6 +141,33 @@ def _draw_requests(profile: Profile, seed: int, phase_index: int, block: int, n:
             max_tokens[where] = out
         output[where] = out
     return _Draws(class_index, prompt, output, max_tokens)
+
+
+def _trace_draws(profile: Profile, phase: Phase, n: int) -> _Draws:
+    """The first n requests of a trace phase: lengths and classes as the trace says;
+    the client sends max_tokens = the trace's output length."""
+    trace = phase.trace
+    assert trace is not None
+    names = [c.name for c in profile.classes]
+    default = names.index(trace.default_class) if trace.default_class else 0
+    class_index = np.array(
+        [default if c is None else names.index(c) for c in trace.classes[:n]], dtype=np.int64
+    )
+    output = trace.output_tokens[:n].copy()
+    return _Draws(class_index, trace.prompt_tokens[:n].copy(), output, output.copy())
+
+
+def _open_phase(
+    profile: Profile, seed: int, phase_index: int, block: int, start_s: float, end_s: float
+) -> tuple[np.ndarray, _Draws]:
+    """Arrival times in [start_s, end_s) and per-request draws of one open phase."""
+    phase = profile.phases[phase_index]
+    if phase.trace is not None:
+        times = start_s + phase.trace.offsets_s
+        times = times[: np.searchsorted(times, end_s, side="left")]
+        return times, _trace_draws(profile, phase, times.size)
+    times = _arrival_times(phase, seed, phase_index, block, start_s, end_s)
+    return times, _draw_requests(profile, seed, phase_index, block, times.size)
 
 
 def _specs(
@@ -248,9 +302,8 @@ def build_plan(profile: Profile, seed: int | None = None) -> Plan:
     for i, (phase, (start, end)) in enumerate(zip(profile.phases, bounds, strict=True)):
         requests: list[RequestSpec] = []
         if phase.kind == "open":
-            times = _arrival_times(phase, seed, i, 0, start, end)
+            times, draws = _open_phase(profile, seed, i, 0, start, end)
             indices = range(num_open, num_open + times.size)
-            draws = _draw_requests(profile, seed, i, 0, times.size)
             requests = _specs(
                 profile,
                 _open_ids(profile, seed, indices),
@@ -262,6 +315,12 @@ def build_plan(profile: Profile, seed: int | None = None) -> Plan:
             num_open += times.size
         phases.append(PhasePlan(i, phase, start, end, requests, profile, seed))
     return Plan(profile, seed, phases)
+
+
+def _phase_may_have_arrivals(phase: Phase) -> bool:
+    if phase.trace is not None:
+        return bool(phase.trace.num_requests) and float(phase.trace.offsets_s[0]) < phase.duration_s
+    return True
 
 
 def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[RequestSpec]:
@@ -279,6 +338,8 @@ def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[R
     if n == 0:
         return []
     durations = [profile.phases[i].duration_s for i in open_phases]
+    if not any(_phase_may_have_arrivals(profile.phases[i]) for i in open_phases):
+        raise ProfileError(f"phases: profile {profile.name!r} has no arrivals to cycle")
     period = float(sum(durations))
     times_parts: list[np.ndarray] = []
     phase_parts: list[np.ndarray] = []
@@ -289,10 +350,10 @@ def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[R
         for i, (start, end) in zip(
             open_phases, _phase_bounds(durations, cycle * period), strict=True
         ):
-            times = _arrival_times(profile.phases[i], seed, i, cycle, start, end)
+            times, draws_i = _open_phase(profile, seed, i, cycle, start, end)
             times_parts.append(times)
             phase_parts.append(np.full(times.size, i, dtype=np.int64))
-            draw_parts.append(_draw_requests(profile, seed, i, cycle, times.size))
+            draw_parts.append(draws_i)
             total += times.size
         cycle += 1
     draws = _Draws(*(np.concatenate([getattr(d, f) for d in draw_parts])[:n] for f in _DRAW_FIELDS))

@@ -16,11 +16,17 @@ from typing import Any
 from harness.profiles.distributions import KIND_PARAMS, LengthDistribution
 from harness.profiles.errors import ProfileError
 from harness.profiles.model import Phase, Profile, RequestClass, Slo
+from harness.profiles.trace import ReplayTrace
 
 PROFILE_KEYS = ("name", "seed", "description", "classes", "phases")
 CLASS_KEYS = ("name", "weight", "priority", "max_tokens", "prompt_tokens", "output_tokens", "slo")
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")
-PHASE_KEYS = ("name", "duration_s", "rate", "burstiness", "concurrency", "classes")
+PHASE_KEYS = (
+    "name", "duration_s", "rate", "rate_end", "burstiness", "concurrency", "trace", "classes",
+)
+TRACE_KEYS = (
+    "file", "format", "time_scale", "start_s", "limit", "default_class", "model", "log_type",
+)
 
 
 @contextmanager
@@ -102,9 +108,27 @@ def _request_class(table: Mapping[str, Any], base_dir: Path | None) -> RequestCl
     return RequestClass(**kwargs)
 
 
-def _phase(table: Mapping[str, Any]) -> Phase:
-    _check_keys(table, PHASE_KEYS, ("name", "duration_s"), "a phase")
-    return Phase(**table)
+def _trace(value: Any, base_dir: Path | None) -> ReplayTrace:
+    if isinstance(value, ReplayTrace):
+        return value
+    if isinstance(value, str):
+        value = {"file": value}
+    table = _expect_table("trace", value)
+    with _at("trace"):
+        _check_keys(table, TRACE_KEYS, ("file",), "a trace")
+        params = dict(table)
+        if isinstance(params["file"], str) and base_dir is not None:
+            params["file"] = str(base_dir / params["file"])  # an absolute file stays as is
+        return ReplayTrace(**params)
+
+
+def _phase(table: Mapping[str, Any], base_dir: Path | None) -> Phase:
+    required = ("name",) if "trace" in table else ("name", "duration_s")
+    _check_keys(table, PHASE_KEYS, required, "a phase")
+    params = dict(table)
+    if "trace" in params:
+        params["trace"] = _trace(params["trace"], base_dir)
+    return Phase(**params)
 
 
 def _items(key: str, value: Any) -> list[Any]:
@@ -133,7 +157,7 @@ def profile_from_dict(d: Mapping[str, Any], base_dir: Path | None = None) -> Pro
             continue
         item = _expect_table(f"phases[{i}]", item)
         with _at(f"phases[{i}]"):
-            phases.append(_phase(item))
+            phases.append(_phase(item, base_dir))
     return Profile(
         name=table["name"],
         seed=table["seed"],
@@ -176,7 +200,17 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
     for p in profile.phases:
         entry = {"name": p.name, "duration_s": p.duration_s}
         if p.rate is not None:
-            entry |= {"rate": p.rate, "burstiness": p.burstiness}
+            entry["rate"] = p.rate
+            if p.rate_end is not None:
+                entry["rate_end"] = p.rate_end
+            entry["burstiness"] = p.burstiness
+        elif p.trace is not None:
+            t = p.trace
+            entry["trace"] = {"file": t.file, "format": t.format, "time_scale": t.time_scale,
+                              "start_s": t.start_s}
+            for key in ("limit", "default_class", "model", "log_type"):
+                if getattr(t, key) is not None:
+                    entry["trace"][key] = getattr(t, key)
         else:
             entry["concurrency"] = p.concurrency
         if p.classes is not None:

@@ -1,0 +1,62 @@
+"""`mixed` — the default profile (`default` is its alias): 80% short chat, 20% long
+generation, Poisson arrivals with a burst.
+
+What it is for: the everyday comparison of FCFS, SJF and priority on a chat-heavy
+mix (`make demo`). The burst builds a queue, so the policies differ: SJF and
+priority cut the short class's queue wait and TTFT and push the wait onto the long
+class (trap 3, mild here; `starvation` is the sustained version).
+
+Capacity it assumes: the served bundled engine (`schedscope serve --executor torch`,
+tiny model, 2 CPU cores, engine process with 1 torch thread) sustains about 6
+requests/s of this mix (mean output ~160 tokens: ~950 output tokens/s), measured
+with benchmarks/bench_serving.py --rate-scale 1 (7 req/s kept it ~97% busy,
+2026-12-01). Base rate: 4 requests/s (steady and recovery), about two thirds of
+that; the burst runs at 7x the base (28 requests/s, burstiness 0.3) for 15 s, well
+past capacity and past the default --max-num-seqs (256 running), so a queue forms
+and the policies differ. Scale every rate at once with --rate-scale
+(Profile.with_rate_scale), every duration with --duration-scale.
+Every class keeps prompt max + max_tokens <= 2048 (the engine's default max_model_len).
+
+Simulator check (`schedscope simulate --profile mixed --policy all`, built-in cost
+model, seed 42, 808 requests): queue-wait p99 of the short class 16.7 s (fcfs) /
+2.7 s (sjf) / 6.4 s (priority); of the long class 16.1 / 22.4 / 20.5 s.
+"""
+
+from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
+from harness.profiles.locust_hook import expose
+
+PROFILE = Profile(
+    name="mixed",
+    seed=42,
+    description=(
+        "80% short chat / 20% long generation; steady 60 s at 4 req/s, "
+        "15 s burst at 28 req/s, recovery 45 s"
+    ),
+    classes=(
+        RequestClass(
+            name="short_chat",
+            weight=0.8,
+            priority=0,
+            max_tokens=256,
+            prompt_tokens=LengthDistribution.lognormal(200, 0.6, max=1024),
+            output_tokens=LengthDistribution.lognormal(70, 0.6),
+            slo=Slo(ttft_s=1.0, tpot_s=0.1),
+        ),
+        RequestClass(
+            name="long_generation",
+            weight=0.2,
+            priority=1,
+            max_tokens=1024,
+            prompt_tokens=LengthDistribution.lognormal(500, 0.4, max=1024),
+            output_tokens=LengthDistribution.lognormal(400, 0.5),
+            slo=Slo(ttft_s=5.0, e2e_s=60.0),
+        ),
+    ),
+    phases=(
+        Phase(name="steady", duration_s=60, rate=4.0, burstiness=1.0),
+        Phase(name="burst", duration_s=15, rate=28.0, burstiness=0.3),
+        Phase(name="recovery", duration_s=45, rate=4.0, burstiness=1.0),
+    ),
+)
+
+expose(PROFILE, globals())
