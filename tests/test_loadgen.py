@@ -23,7 +23,7 @@ import pytest
 from engine.api.testing import CliServer
 from engine.cost_model import CostModel
 from harness.loadgen.merge import merge_records
-from harness.loadgen.split import scale_durations, share
+from harness.loadgen.split import share
 from harness.profiles import build_plan, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def metric_sum(url: str, name: str) -> float:
 
 def plan_open_ids(duration_scale: float = 1.0, rate_scale: float = 1.0):
     profile = load_profile(PROFILE_FILE).with_rate_scale(rate_scale)
-    plan = build_plan(scale_durations(profile, duration_scale))
+    plan = build_plan(profile.with_duration_scale(duration_scale))
     return {s.request_id: s.scheduled_at for s in plan.open_loop_requests()}
 
 

@@ -33,7 +33,7 @@ from harness.loadgen import options as opts_mod
 from harness.loadgen.client import TRANSPORTS, OpenAIClient, probe
 from harness.loadgen.dispatcher import Dispatcher
 from harness.loadgen.records import RecordWriter
-from harness.loadgen.split import scale_durations, share
+from harness.loadgen.split import share
 from harness.profiles import build_plan
 
 log = logging.getLogger("schedscope.loadgen")
@@ -94,7 +94,7 @@ class _Run:
             profile = self.state.profile
             if o.rate_scale != 1.0:
                 profile = profile.with_rate_scale(o.rate_scale)
-            profile = scale_durations(profile, o.duration_scale)
+            profile = profile.with_duration_scale(o.duration_scale)
             seed = profile.seed if o.seed < 0 else o.seed
             self.plan = plan = build_plan(profile, seed)
             self.share = mine = share(plan, self.index, self.count)
@@ -203,7 +203,7 @@ class _State:
         self.done = {}
         self.local_done = False
         run_id = f"{self.profile.name}-{int(time.time() * 1000)}"
-        duration = scale_durations(self.profile, options.duration_scale).duration_s
+        duration = self.profile.with_duration_scale(options.duration_scale).duration_s
         if isinstance(runner, MasterRunner):
             clients = sorted(runner.clients.ready + runner.clients.running + runner.clients.spawning,
                              key=lambda c: runner.get_worker_index(c.id))

@@ -9,24 +9,9 @@ send the same request ids at the same scheduled instants.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from harness.profiles import Plan, Profile, RequestSpec
-
-
-def scale_durations(profile: Profile, factor: float) -> Profile:
-    """The same profile with every phase's duration multiplied by ``factor`` (> 0).
-
-    Rates are unchanged, so an open phase sends ``factor`` times as many requests.
-    (harness/profiles has no duration scale of its own; this lives here until it does.)
-    """
-    if not factor > 0:
-        raise ValueError(f"duration scale must be > 0, got {factor!r}")
-    if factor == 1.0:
-        return profile
-    phases = tuple(dataclasses.replace(p, duration_s=p.duration_s * factor) for p in profile.phases)
-    return dataclasses.replace(profile, phases=phases)
+from harness.profiles import Plan, RequestSpec
 
 
 @dataclass(frozen=True)
