@@ -157,7 +157,7 @@ def plotly_js() -> str:
 def write_html(report: Report, path: Path) -> int:
     """report.html; returns the number of plots in it."""
     e = html.escape
-    body = [f"<h1>schedscope report</h1><p>Runs: "
+    body = ["<h1>schedscope report</h1><p>Runs: "
             + ", ".join(f"<code>{e(rr.run.label)}</code> ({e(str(rr.run.path))})" for rr in report.runs)
             + "</p>"]
     if report.missing:
