@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/schedscope simulate --profile default --policy all --out runs/demo
 
-# Debian's prometheus (prometheus + promtool), which the telemetry tests run for real:
+# Debian's prometheus (prometheus + promtool), which the telemetry tests run for real,
+# and Debian's chromium, which opens report.html in tests/test_report_e2e.py:
 # installed when missing (as root; otherwise say how). Tests that need it fail, not
-# skip, when CI=true and it is missing.
+# skip, when CI=true and they are missing.
 system-deps:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -33,6 +34,13 @@ system-deps:
 	    apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else \
 	    echo "promtool is missing: run 'apt-get install -y --no-install-recommends prometheus' as root"; \
+	  fi; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium (the report's headless-browser test)"; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	  else \
+	    echo "chromium is missing: run 'apt-get install -y --no-install-recommends chromium' as root"; \
 	  fi; }
 
 test: $(STAMP) system-deps

@@ -1,0 +1,29 @@
+"""``schedscope report``: per policy x class tables, stall attribution, diagnosis of the
+known traps, verdicts and pictures from stored run records (docs/report.md).
+
+One concept per module: ``inputs`` (finding and scanning the record files), ``stats``
+(percentiles, Jain, SLOs, bootstrap), ``tables`` (per policy x class statistics),
+``stalls`` (attribution), ``diagnosis`` (the four traps), ``verdict`` (objectives and
+noise), ``figures`` (Plotly), ``build`` (assembling), ``summary`` (summary.json) and
+``render`` (HTML, Markdown, Parquet).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.report.build import Report, ReportOptions, build_report
+from harness.report.inputs import ReportInputError
+from harness.report.render import write_outputs
+
+__all__ = ["Report", "ReportInputError", "ReportOptions", "build_report", "generate_report"]
+
+
+def generate_report(run_dirs: list[Path | str], out: Path | str | None = None,
+                    options: ReportOptions | None = None) -> dict[str, Path]:
+    """Build the report of ``run_dirs`` and write it to ``out`` (default: the first run
+    directory). Returns the written paths (``html``, ``markdown``, ``summary``,
+    ``stalls``, ``classes``)."""
+    report = build_report(run_dirs, options)
+    target = Path(out) if out is not None else Path(run_dirs[0])
+    return write_outputs(report, target)

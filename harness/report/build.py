@@ -1,0 +1,187 @@
+"""Assemble the report: read each run, compute every table, stall, finding and verdict.
+
+``build_report(run_dirs, options) -> Report``; ``harness.report.render`` writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from harness.report import diagnosis, figures, stalls, tables, verdict
+from harness.report.inputs import PolicyData, RunData, open_runs
+
+
+@dataclass
+class ReportOptions:
+    stall_threshold_s: float | None = None  # None: max(250 ms, 5x the run's median ITL)
+    profile: str | None = None  # SLOs: profile name/file; default: the run's own
+    resamples: int = 200
+    seed: int = 20260101
+    figures: bool = True
+
+
+@dataclass
+class PolicyReport:
+    data: PolicyData
+    frame: pl.DataFrame
+    duration_s: float
+    threshold_s: float
+    threshold_note: str | None
+    stalls: pl.DataFrame
+    stall_sources: dict
+    groups: dict
+    starvation: dict | None
+    facts: dict
+    findings: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class RunReport:
+    run: RunData
+    slos: dict
+    slo_source: str
+    policies: dict[str, PolicyReport]
+    short_class: str | None
+    long_class: str | None
+    verdicts: dict
+    against_fcfs: list[dict]
+
+
+@dataclass
+class Report:
+    runs: list[RunReport]
+    options: ReportOptions
+    figures: list[tuple[str, str, object]] = field(default_factory=list)  # (section, title, fig)
+    missing: list[str] = field(default_factory=list)
+
+
+def _slos(options: ReportOptions, run: RunData, frames: list[pl.DataFrame]) -> tuple[dict, str]:
+    from harness.profiles import ProfileError, resolve_profile
+
+    candidates = []
+    if options.profile:
+        candidates.append((options.profile, "--profile"))
+    if run.info.get("profile"):
+        candidates.append((run.info["profile"], "summary.json profile"))
+    rc = run.info.get("run_config") or {}
+    if isinstance(rc.get("profile"), str):
+        candidates.append((rc["profile"], f"{run.info.get('run_config_file')} profile"))
+    for data in run.policies.values():
+        if "profile" in data.columns("requests"):
+            names = data.requests.select(pl.col("profile").unique()).collect()["profile"] \
+                .drop_nulls().to_list()
+            candidates += [(n, "requests.parquet profile") for n in names[:1]]
+            break
+    for name, source in candidates:
+        try:
+            profile = resolve_profile(name)
+        except (ProfileError, OSError):
+            continue
+        return ({c.name: {k: getattr(c.slo, k) for k in ("ttft_s", "tpot_s", "e2e_s")}
+                 for c in profile.classes}, f"profile '{profile.name}' ({source})")
+    return {}, "none found (goodput counts finished requests only; pass --profile)"
+
+
+def build_report(run_dirs: list[Path | str], options: ReportOptions | None = None) -> Report:
+    options = options or ReportOptions()
+    runs = open_runs(run_dirs)
+    report = Report(runs=[], options=options)
+    for run in runs:
+        report.runs.append(_build_run(run, options))
+        for data in run.policies.values():
+            for m in data.missing:
+                report.missing.append(f"{data.key}: {m}")
+        report.missing += [f"{run.label}: {n}" for n in run.notes]
+    # fcfs comparison needs every policy's groups first
+    if options.figures:
+        report.figures = _figures(report)
+    return report
+
+
+def _build_run(run: RunData, options: ReportOptions) -> RunReport:
+    first = {}
+    for name, data in run.policies.items():
+        first[name] = data
+    slos, slo_source = _slos(options, run, [])
+    policies: dict[str, PolicyReport] = {}
+    for name, data in run.policies.items():
+        frame = tables.load_requests(data.requests, slos)
+        duration = tables.run_duration(frame, data.info)
+        chosen = options.stall_threshold_s
+        if chosen is None:
+            chosen = stalls.stall_threshold(stalls.median_itl(frame))
+        recorded = data.info.get("stall_threshold_s")
+        note = None
+        if recorded is None:
+            recorded = 0.25  # the engine's stall floor: gaps below it are not recorded
+        if chosen < recorded - 1e-12:
+            note = (f"asked for {chosen:.3f} s but the records keep only gaps above "
+                    f"{recorded:.3f} s: using {recorded:.3f} s")
+            chosen = recorded
+        attributed, sources = stalls.attribute(data, frame.select("request_id", "class"), chosen)
+        groups = tables.policy_groups(frame, duration, attributed)
+        starv = tables.starvation(groups, frame)
+        facts = diagnosis.engine_facts(data, frame)
+        policies[name] = PolicyReport(data, frame, duration, chosen, note, attributed, sources,
+                                      groups, starv, facts)
+    any_frame = next(iter(policies.values())).frame if policies else None
+    order = tables.class_sizes(any_frame) if any_frame is not None and any_frame.height else []
+    short_class = order[0] if order else None
+    long_class = order[-1] if len(order) >= 2 else None
+    fcfs_long = None
+    if "fcfs" in policies and policies["fcfs"].starvation:
+        fcfs_long = policies["fcfs"].starvation.get("long_p99_queue_s")
+    for p in policies.values():
+        p.findings = diagnosis.diagnose(p.data, p.frame, p.stalls, p.groups, p.starvation, p.facts,
+                                        None if p.data.policy == "fcfs" else fcfs_long)
+    inputs = {n: {"frame": p.frame, "duration_s": p.duration_s, "starvation": p.starvation}
+              for n, p in policies.items()}
+    v = verdict.verdicts(inputs, short_class, options.resamples, options.seed)
+    vs = verdict.against_fcfs(inputs, short_class, long_class, options.resamples, options.seed)
+    return RunReport(run, slos, slo_source, policies, short_class, long_class, v, vs)
+
+
+def _figures(report: Report) -> list[tuple[str, str, object]]:
+    out: list[tuple[str, str, object]] = []
+    many = len(report.runs) > 1
+    keyed = {}
+    for rr in report.runs:
+        for name, p in rr.policies.items():
+            keyed[f"{rr.run.label}/{name}" if many else name] = p
+    frames = {k: p.frame for k, p in keyed.items()}
+    for metric, title in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency")):
+        out.append(("cdf", f"{title} CDF by class",
+                    figures.latency_cdfs(frames, metric, f"{title}: CDF by class")))
+    for key, p in keyed.items():
+        arrivals = p.frame["scheduled_at"].drop_nulls().to_numpy()
+        arrivals = _engine_aligned(p.frame, arrivals)
+        fig = figures.queue_timeline(key, p.data.steps, p.data.metrics, arrivals)
+        if fig is not None:
+            out.append(("timeline", f"{key}: queue depth and KV usage", fig))
+    fig = figures.stalls_timeline({k: p.stalls for k, p in keyed.items()})
+    if fig is not None:
+        out.append(("stalls", "Stalls over time by cause", fig))
+    for key, p in keyed.items():
+        worst = p.frame.filter(pl.col("status") == "ok").sort("e2e_s", descending=True,
+                                                               nulls_last=True).head(
+            figures.WORST_REQUESTS)
+        intervals = figures.request_intervals(p.data.spans, worst)
+        fig = figures.waterfall(key, worst, intervals, p.stalls)
+        if fig is not None:
+            out.append(("waterfall", f"{key}: the slowest requests", fig))
+    return out
+
+
+def _engine_aligned(frame: pl.DataFrame, arrivals: np.ndarray) -> np.ndarray:
+    """Arrival instants on the engine's clock: the records' scheduled_at shifted by the
+    median (first admission - queue wait - scheduled_at), which is 0 in a simulation and
+    the clock epoch when client and engine clocks differ."""
+    shift = frame.select((pl.col("first_scheduled_at") - pl.col("queue_s")
+                          - pl.col("scheduled_at")).median()).item()
+    if shift is None or abs(shift) < 1.0:
+        return arrivals
+    return arrivals + shift

@@ -1,0 +1,187 @@
+"""Per policy x class statistics: counts, throughput, goodput, latency percentiles,
+queue wait, preemptions by mode, stalls by cause, generator lag, fairness.
+
+One group dict ``G`` per (policy, class) and per policy overall (class ``all``); its
+keys are those of ``harness/summary.py``'s groups (so the gate reads either) plus
+``itl_s``, ``stalls_by_cause`` and ``generator_lag_s``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from harness.report.stats import PERCENTILES, clean, jain_index, slo_met_expr, weighted_percentile
+
+LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "total_queue_s", "stall_s")
+STATUSES = ("ok", "error", "rejected", "aborted")
+STALL_CAUSES = ("swapped_out", "recompute", "preempted_waiting", "prefill_interference",
+                "token_budget", "other")
+
+#: requests.parquet columns the report reads (those absent are filled with nulls/zeros).
+REQUEST_COLUMNS = {
+    "request_id": pl.String, "class": pl.String, "status": pl.String, "error": pl.String,
+    "priority": pl.Int64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
+    "max_tokens": pl.Int64, "scheduled_at": pl.Float64, "sent_at": pl.Float64,
+    "ttft_s": pl.Float64, "tpot_s": pl.Float64, "e2e_s": pl.Float64, "max_itl_s": pl.Float64,
+    "queue_s": pl.Float64, "total_queue_s": pl.Float64, "preemptions": pl.Int64,
+    "preempt_swaps": pl.Int64, "preempt_recomputes": pl.Int64, "swapped_s": pl.Float64,
+    "recomputed_tokens": pl.Int64, "idle_running_steps": pl.Int64, "stall_s": pl.Float64,
+    "num_stalls": pl.Int64, "first_scheduled_at": pl.Float64, "first_token_at": pl.Float64,
+    "finished_at": pl.Float64,
+}
+ZERO_DEFAULTS = {"preemptions", "preempt_swaps", "preempt_recomputes", "swapped_s",
+                 "recomputed_tokens", "idle_running_steps", "stall_s", "num_stalls"}
+SLO_COLUMNS = ("slo_ttft_s", "slo_tpot_s", "slo_e2e_s")
+
+
+def load_requests(lazy: pl.LazyFrame, slos: dict[str, dict]) -> pl.DataFrame:
+    """The columns the report needs, one row per request, with ``slo_met``."""
+    present = lazy.collect_schema().names()
+    exprs = []
+    for name, dtype in REQUEST_COLUMNS.items():
+        if name in present:
+            exprs.append(pl.col(name).cast(dtype))
+        elif name in ZERO_DEFAULTS:
+            exprs.append(pl.lit(0, dtype=dtype).alias(name))
+        elif name == "class":
+            exprs.append(pl.lit("default", dtype=dtype).alias(name))
+        else:
+            exprs.append(pl.lit(None, dtype=dtype).alias(name))
+    exprs += [pl.col(c).cast(pl.Float64) for c in SLO_COLUMNS if c in present]
+    frame = lazy.select(exprs).with_columns(pl.col("class").fill_null("default"))
+    columns = frame.collect_schema().names()
+    return frame.with_columns(slo_met=slo_met_expr(columns, slos)).collect()
+
+
+def run_duration(frame: pl.DataFrame, info: dict) -> float:
+    """The run's duration: the recorded one (the simulator's clock at the last
+    completion, from t=0), else first arrival -> last token."""
+    if info.get("duration_s"):
+        return float(info["duration_s"])
+    if frame.height == 0:
+        return 0.0
+    ends = frame.select((pl.col("scheduled_at") + pl.col("e2e_s")).max()).item()
+    start = frame["scheduled_at"].min()
+    if ends is None or start is None:
+        return 0.0
+    return float(ends - start)
+
+
+def _distributions(ok: pl.DataFrame) -> dict[str, dict]:
+    """count/mean/max/p50/p90/p95/p99 of every latency metric over ``ok`` rows."""
+    exprs = []
+    for m in LATENCY_METRICS:
+        col = pl.col(m)
+        exprs += [col.count().alias(f"{m}|count"), col.mean().alias(f"{m}|mean"),
+                  col.max().alias(f"{m}|max")]
+        exprs += [col.quantile(p / 100, interpolation="linear").alias(f"{m}|p{p}")
+                  for p in PERCENTILES]
+    row = ok.select(exprs).row(0, named=True) if ok.height else {}
+    out: dict[str, dict] = {}
+    for m in LATENCY_METRICS:
+        count = int(row.get(f"{m}|count") or 0)
+        if count == 0:
+            out[m] = {"count": 0}
+            continue
+        out[m] = {"count": count, "mean": clean(row[f"{m}|mean"]), "max": clean(row[f"{m}|max"])}
+        for p in PERCENTILES:
+            out[m][f"p{p}"] = clean(row[f"{m}|p{p}"])
+    return out
+
+
+def _itl(ok: pl.DataFrame) -> dict:
+    """ITL distribution estimated from per-request TPOT weighted by gaps (docs/report.md)."""
+    rows = ok.filter(pl.col("tpot_s").is_not_null() & (pl.col("output_tokens") > 1))
+    if rows.height == 0:
+        return {"count": 0, "source": "tpot_weighted"}
+    values = rows["tpot_s"].to_numpy()
+    weights = (rows["output_tokens"] - 1).to_numpy()
+    out = {"count": int(weights.sum()), "mean": clean(float(np.average(values, weights=weights))),
+           "source": "tpot_weighted"}
+    for p in PERCENTILES:
+        out[f"p{p}"] = clean(weighted_percentile(values, weights, p))
+    return out
+
+
+def group_stats(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | None) -> dict:
+    ok = frame.filter(pl.col("status") == "ok")
+    duration = max(duration_s, 1e-9)
+    counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
+    good = int(frame["slo_met"].sum())
+    sums = frame.select(pl.col("preempt_swaps", "preempt_recomputes", "recomputed_tokens",
+                                "idle_running_steps", "num_stalls").sum(),
+                        pl.col("swapped_s", "stall_s").sum()).row(0, named=True)
+    out = {
+        "requests": frame.height,
+        "counts": counts,
+        "throughput_rps": clean(counts["ok"] / duration),
+        "output_tokens_per_s": clean(float(ok["output_tokens"].sum()) / duration),
+        "goodput_rps": clean(good / duration),
+        "slo_attainment": clean(good / frame.height) if frame.height else None,
+        "slo_met": good,
+        "metrics": _distributions(ok),
+        "itl_s": _itl(ok),
+        "preemptions": {"swap": int(sums["preempt_swaps"] or 0),
+                        "recompute": int(sums["preempt_recomputes"] or 0)},
+        "recomputed_tokens": int(sums["recomputed_tokens"] or 0),
+        "swapped_s": clean(float(sums["swapped_s"] or 0.0)),
+        "idle_running_steps": int(sums["idle_running_steps"] or 0),
+        "stalls": 0,
+        "stall_time_s": 0.0,
+        "stalls_by_cause": {c: {"count": 0, "time_s": 0.0} for c in STALL_CAUSES},
+        "generator_lag_s": _lag(frame),
+    }
+    if stalls is not None and stalls.height:
+        by = stalls.group_by("cause").agg(pl.len().alias("n"), pl.col("duration_s").sum().alias("t"))
+        for cause, n, t in by.iter_rows():
+            out["stalls_by_cause"][cause] = {"count": int(n), "time_s": clean(float(t))}
+        out["stalls"] = int(stalls.height)
+        out["stall_time_s"] = clean(float(stalls["duration_s"].sum()))
+    normalized = ok.select(pl.col("e2e_s") / pl.col("output_tokens").cast(pl.Float64))
+    out["jain_index"] = clean(jain_index(normalized.to_series().to_numpy()) if ok.height else None)
+    return out
+
+
+def _lag(frame: pl.DataFrame) -> dict | None:
+    """sent_at - scheduled_at; None when the records have no lag (a simulation, or a
+    generator that stamps both the same)."""
+    lag = frame.select((pl.col("sent_at") - pl.col("scheduled_at")).alias("lag")).to_series()
+    lag = lag.drop_nulls()
+    if lag.len() == 0 or float(lag.abs().max()) == 0.0:
+        return None
+    return {"p50": clean(lag.quantile(0.5, "linear")), "p99": clean(lag.quantile(0.99, "linear")),
+            "max": clean(lag.max()), "mean": clean(lag.mean())}
+
+
+def policy_groups(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | None) -> dict:
+    """{"overall": G, "classes": {class: G}} for one policy."""
+    out = {"overall": group_stats(frame, duration_s, stalls), "classes": {}}
+    for name in sorted(frame["class"].unique().to_list()):
+        part = frame.filter(pl.col("class") == name)
+        part_stalls = stalls.filter(pl.col("class") == name) if stalls is not None else None
+        out["classes"][name] = group_stats(part, duration_s, part_stalls)
+    return out
+
+
+def class_sizes(frame: pl.DataFrame) -> list[str]:
+    """Classes from shortest to longest job (mean prompt + max_tokens, else + output)."""
+    size = (pl.col("prompt_tokens") + pl.coalesce("max_tokens", "output_tokens")).mean()
+    by = frame.group_by("class").agg(size.alias("size")).sort("size", "class")
+    return by["class"].to_list()
+
+
+def starvation(groups: dict, frame: pl.DataFrame) -> dict | None:
+    """p99 and max queue wait of the longest class against the shortest."""
+    order = class_sizes(frame)
+    if len(order) < 2:
+        return None
+    short, long = order[0], order[-1]
+    qs = groups["classes"][short]["metrics"].get("queue_s", {})
+    ql = groups["classes"][long]["metrics"].get("queue_s", {})
+    ratio = None
+    if qs.get("p99") and ql.get("p99") is not None:
+        ratio = clean(ql["p99"] / qs["p99"])
+    return {"short_class": short, "long_class": long, "ratio_p99_queue": ratio,
+            "short_p99_queue_s": qs.get("p99"), "long_p99_queue_s": ql.get("p99"),
+            "short_max_queue_s": qs.get("max"), "long_max_queue_s": ql.get("max")}

@@ -1,0 +1,160 @@
+"""A verdict per objective, with its margin and whether it exceeds run-to-run noise.
+
+Objectives (within one run, over its policies): ``short_ttft`` (mean TTFT of the
+shortest class; lower wins), ``tail_e2e`` (p99 E2E over every finished request; lower),
+``goodput`` (requests/s meeting every SLO of their class; higher), ``fairness``
+(Jain's index over e2e_s / output_tokens; higher; the starvation ratio is reported
+beside it). Noise: a paired block bootstrap of the difference winner − runner-up
+(``stats.paired_block_bootstrap``: 40 arrival-time windows resampled together for both
+policies, 200 resamples, seed 20260101); the difference is "beyond noise" when its 95%
+CI excludes 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from harness.report.stats import clean, jain_index, paired_block_bootstrap, time_blocks
+
+OBJECTIVES = {
+    # name: (title, lower_is_better, unit)
+    "short_ttft": ("best short-class TTFT (mean)", True, "s"),
+    "tail_e2e": ("best tail E2E (p99)", True, "s"),
+    "goodput": ("best goodput", False, "req/s"),
+    "fairness": ("fairest (Jain's index over e2e/output token)", False, ""),
+}
+
+
+def _series(frame: pl.DataFrame, objective: str, short_class: str | None, duration: float):
+    """(values, arrival times, statistic) the objective is computed from."""
+    ok = frame.filter(pl.col("status") == "ok")
+    if objective == "short_ttft":
+        rows = ok.filter(pl.col("class") == short_class).drop_nulls("ttft_s")
+        return rows["ttft_s"].to_numpy(), rows["scheduled_at"].to_numpy(), \
+            lambda v: float(v.mean()) if v.size else None
+    if objective == "tail_e2e":
+        rows = ok.drop_nulls("e2e_s")
+        return rows["e2e_s"].to_numpy(), rows["scheduled_at"].to_numpy(), \
+            lambda v: float(np.percentile(v, 99)) if v.size else None
+    if objective == "goodput":
+        d = max(duration, 1e-9)
+        return frame["slo_met"].cast(pl.Float64).to_numpy(), frame["scheduled_at"].to_numpy(), \
+            lambda v: float(v.sum()) / d
+    rows = ok.filter(pl.col("output_tokens") > 0).drop_nulls("e2e_s")
+    values = (rows["e2e_s"] / rows["output_tokens"].cast(pl.Float64)).to_numpy()
+    return values, rows["scheduled_at"].to_numpy(), jain_index
+
+
+def verdicts(policies: dict[str, dict], short_class: str | None, resamples: int = 200,
+             seed: int = 20260101) -> dict:
+    """``policies``: name -> {"frame": requests, "duration_s": float, "starvation": {...}}."""
+    out: dict = {}
+    if len(policies) < 2:
+        return out
+    times = np.concatenate([p["frame"]["scheduled_at"].drop_nulls().to_numpy()
+                            for p in policies.values()])
+    start, end = (float(times.min()), float(times.max())) if times.size else (0.0, 1.0)
+    for objective, (title, lower, unit) in OBJECTIVES.items():
+        if objective == "short_ttft" and short_class is None:
+            continue
+        scored = []
+        prepared = {}
+        for name, p in policies.items():
+            values, at, stat = _series(p["frame"], objective, short_class, p["duration_s"])
+            value = stat(values) if values.size else None
+            prepared[name] = (values, time_blocks(at, start, end), stat)
+            if value is not None:
+                scored.append((value, name))
+        if len(scored) < 2:
+            continue
+        scored.sort(reverse=not lower)
+        (best_v, best), (next_v, runner) = scored[0], scored[1]
+        va, ba, stat = prepared[best]
+        vb, bb, _ = prepared[runner]
+        ci = paired_block_bootstrap((va, ba), (vb, bb), stat, resamples=resamples, seed=seed)
+        margin = best_v - next_v
+        beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
+        entry = {
+            "title": title, "winner": best, "runner_up": runner, "unit": unit,
+            "value": clean(best_v), "runner_up_value": clean(next_v), "margin": clean(margin),
+            "relative_margin": clean(margin / next_v) if next_v else None,
+            "ci95_of_difference": [clean(ci[0]), clean(ci[1])] if ci else None,
+            "beyond_noise": beyond,
+            "values": {n: clean(v) for v, n in scored},
+        }
+        if objective == "fairness":
+            entry["starvation_ratio"] = {n: (p.get("starvation") or {}).get("ratio_p99_queue")
+                                         for n, p in policies.items()}
+        entry["sentence"] = _sentence(objective, entry, short_class)
+        out[objective] = entry
+    return out
+
+
+def _fmt(value, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "s":
+        return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
+    return f"{value:.3f}{(' ' + unit) if unit else ''}"
+
+
+def _sentence(objective: str, e: dict, short_class: str | None) -> str:
+    what = {"short_ttft": f"mean TTFT of '{short_class}'", "tail_e2e": "p99 E2E",
+            "goodput": "goodput", "fairness": "Jain's index"}[objective]
+    rel = f" ({abs(e['relative_margin']):.0%})" if e.get("relative_margin") is not None else ""
+    noise = ("beyond run-to-run noise (95% CI of the difference "
+             f"{_fmt(e['ci95_of_difference'][0], e['unit'])} .. "
+             f"{_fmt(e['ci95_of_difference'][1], e['unit'])})" if e["beyond_noise"] else
+             "within run-to-run noise" + (
+                 f" (95% CI of the difference {_fmt(e['ci95_of_difference'][0], e['unit'])} .. "
+                 f"{_fmt(e['ci95_of_difference'][1], e['unit'])} includes 0)"
+                 if e.get("ci95_of_difference") else " (too few requests to tell)"))
+    return (f"{e['winner']} has the best {what}: {_fmt(e['value'], e['unit'])} against "
+            f"{e['runner_up']}'s {_fmt(e['runner_up_value'], e['unit'])}, a margin of "
+            f"{_fmt(abs(e['margin']), e['unit'])}{rel}, {noise}.")
+
+
+def against_fcfs(policies: dict[str, dict], short_class: str | None, long_class: str | None,
+                 resamples: int = 200, seed: int = 20260101) -> list[dict]:
+    """Each policy against FCFS on short-class mean TTFT and long-class p99 queue wait,
+    in words (the headline checks)."""
+    if "fcfs" not in policies:
+        return []
+    base = policies["fcfs"]
+    out = []
+    times = np.concatenate([p["frame"]["scheduled_at"].drop_nulls().to_numpy()
+                            for p in policies.values()])
+    start, end = float(times.min()), float(times.max())
+    for name, p in policies.items():
+        if name == "fcfs":
+            continue
+        for cls, metric, label, stat in (
+                (short_class, "ttft_s", "mean TTFT", lambda v: float(v.mean()) if v.size else None),
+                (long_class, "queue_s", "p99 queue wait",
+                 lambda v: float(np.percentile(v, 99)) if v.size else None)):
+            if cls is None:
+                continue
+            a = p["frame"].filter((pl.col("class") == cls) & (pl.col("status") == "ok")).drop_nulls(metric)
+            b = base["frame"].filter((pl.col("class") == cls) & (pl.col("status") == "ok")).drop_nulls(metric)
+            if a.height == 0 or b.height == 0:
+                continue
+            va, vb = a[metric].to_numpy(), b[metric].to_numpy()
+            sa, sb = stat(va), stat(vb)
+            ci = paired_block_bootstrap(
+                (va, time_blocks(a["scheduled_at"].to_numpy(), start, end)),
+                (vb, time_blocks(b["scheduled_at"].to_numpy(), start, end)),
+                stat, resamples=resamples, seed=seed)
+            beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
+            verb = "lowers" if sa < sb else "raises"
+            rel = f" ({abs(sa - sb) / sb:.0%})" if sb else ""
+            out.append({
+                "policy": name, "class": cls, "metric": f"{label} ({metric})",
+                "value": clean(sa), "fcfs_value": clean(sb), "difference": clean(sa - sb),
+                "ci95_of_difference": [clean(ci[0]), clean(ci[1])] if ci else None,
+                "beyond_noise": beyond, "lower_than_fcfs": sa < sb,
+                "sentence": (f"{name.upper()} {verb} {label} of '{cls}' against FCFS: "
+                             f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{rel}, "
+                             + ("beyond run-to-run noise." if beyond else "within run-to-run noise.")),
+            })
+    return out
