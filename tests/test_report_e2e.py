@@ -47,7 +47,7 @@ def test_report_files_and_summary(default_run: Path):
         assert (default_run / name).is_file(), name
     summary = json.loads((default_run / "summary.json").read_text())
     assert summary["schema_version"] == 2 and summary["kind"] == "schedscope-report"
-    assert summary["profile"] == "default" and summary["mode"] == "simulate"
+    assert summary["profile"] == "mixed" and summary["mode"] == "simulate"  # default is its alias
     assert set(summary["policies"]) == {"fcfs", "sjf", "priority"}
     for p in summary["policies"].values():
         assert set(p["classes"]) == {"short_chat", "long_generation"}
@@ -72,7 +72,7 @@ def test_report_files_and_summary(default_run: Path):
     # the report's summary.json is read back as the run's info: a second report is the same
     again = _report(default_run)
     assert again["policies"]["fcfs"]["overall"] == summary["policies"]["fcfs"]["overall"]
-    assert again["profile"] == "default"
+    assert again["profile"] == "mixed"
 
 
 def test_headline_sjf_lowers_short_class_mean_ttft_in_words(default_run: Path):
