@@ -91,11 +91,9 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
     try:
         core.run()
     finally:
-        if tracing is not None:
-            # A concurrent engine step cannot be running here: the loop has returned.
-            stats = tracing.shutdown()
-            log.info("spans: %d ended, %d exported, %d dropped", stats["spans"],
-                     stats["exported_spans"], stats["dropped_spans"])
+        # Records first: they are local files, quick to write, and the API process
+        # waits for this process only so long. The span flush may wait on a slow
+        # collector, within its own bound (TracingSettings' shutdown budget).
         if step_log is not None:
             spec.record_steps.parent.mkdir(parents=True, exist_ok=True)
             step_log.write(spec.record_steps)
@@ -104,6 +102,11 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
             request_log.write(spec.record_requests)
             log.info("request records: %s (%d requests)", spec.record_requests,
                      len(request_log.rows))
+        if tracing is not None:
+            # A concurrent engine step cannot be running here: the loop has returned.
+            stats = tracing.shutdown()
+            log.info("spans: %d ended, %d exported, %d dropped", stats["spans"],
+                     stats["exported_spans"], stats["dropped_spans"])
         try:
             outputs.send(("stopped",))
         except (BrokenPipeError, OSError):

@@ -167,6 +167,18 @@ class ProcessEngine(AsyncEngine):
 
     # -- outputs (reader thread) ------------------------------------------------------
     def _read(self) -> None:
+        try:
+            self._read_messages()
+        finally:
+            # No answer can come any more: a scrape waiting for one fails now, not at
+            # its timeout.
+            with self._lock:
+                scrapes = list(self._pending_metrics.values())
+                self._pending_metrics.clear()
+            for future in scrapes:
+                self._resolve(future, EngineProcessError("the engine process has stopped"))
+
+    def _read_messages(self) -> None:
         while True:
             try:
                 message = self._outputs.recv()
@@ -206,6 +218,8 @@ class ProcessEngine(AsyncEngine):
         does not answer within ``timeout_s`` (a step longer than that, or a dead process)."""
         if self.state in ("created", "failed", "stopped") or self._process is None:
             raise EngineProcessError(f"engine is {self.state}")
+        if self._reader is None or not self._reader.is_alive():
+            raise EngineProcessError("the engine process has stopped")
         future = self._loop.create_future()
         with self._lock:
             metrics_id = self._next_metrics_id

@@ -357,3 +357,23 @@ def check_with_promtool(text: bytes) -> None:
 def test_promtool_accepts_the_exposition():
     metrics, _ = _run_with_metrics()
     check_with_promtool(metrics.render()[0])
+
+
+def test_request_classes_from_clients_cannot_grow_the_exposition_without_bound():
+    """X-Request-Class is a client header: 100 distinct classes give the first 32 their
+    own queue-time series and the rest one shared class="other" series."""
+    from engine.telemetry.metrics import MAX_CLASS_LABELS, OTHER_CLASS
+
+    engine = make_engine(block_size=4, gpu_blocks=512, max_num_seqs=128, max_model_len=64)
+    metrics = install_metrics(engine, "tiny")
+    for i in range(100):
+        engine.add_request(EngineRequest(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=2),
+                                         arrival_time=0.0, request_class=f"class-{i}"))
+    while engine.has_unfinished():
+        engine.step()
+    series = {s.labels["class"] for family in metrics.registry.collect()
+              if family.name == "schedscope_queue_time_seconds"
+              for s in family.samples if s.name.endswith("_count")}
+    assert len(series) == MAX_CLASS_LABELS + 1 and OTHER_CLASS in series
+    assert value(metrics, "schedscope_queue_time_seconds_count", **{"class": OTHER_CLASS}) == \
+        100 - MAX_CLASS_LABELS

@@ -159,3 +159,39 @@ def test_a_client_leaving_a_streamed_batch_aborts_every_prompt():
             assert time.monotonic() < deadline, health
             time.sleep(0.02)
         assert health["num_free_device_blocks"] == health["num_device_blocks"]
+
+
+def test_a_refused_prompt_fails_its_batch_at_once():
+    """One running slot (busy with a long request) and one waiting slot: prompt "b" of a
+    batch is refused at once (429); the answer does not wait for prompt "a" to start,
+    and "a" is aborted instead of holding the waiting slot."""
+    import threading
+
+    with BackgroundServer(sim_engine(step_s=0.02, max_model_len=MAX_MODEL_LEN, max_num_seqs=1,
+                                     max_waiting=1), HashTokenizer(4096)) as server:
+        long_done = threading.Event()
+
+        def long_request():
+            client = HttpClient(server.url)
+            client.post_json("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 120,
+                                                 "ignore_eos": True})
+            client.close()
+            long_done.set()
+
+        thread = threading.Thread(target=long_request)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while server.health()["num_running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        client = HttpClient(server.url)
+        status, _, body = client.post_json("/v1/completions", {
+            "model": MODEL, "prompt": ["a", "b"], "max_tokens": 4})
+        client.close()
+        assert status == 429, body
+        assert not long_done.is_set()  # answered while the long request still runs
+        deadline = time.monotonic() + 5
+        while server.health()["num_waiting"]:  # "a" was aborted, not left waiting
+            assert time.monotonic() < deadline, server.health()
+            time.sleep(0.02)
+        thread.join(30)

@@ -521,3 +521,92 @@ def test_a_flood_of_one_kind_of_event_logs_one_line_then_a_counted_summary(caplo
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["accept failed", "another kind",
                      "accept failed (6499 more like this since the last report)"]
+
+
+# -- the second review ------------------------------------------------------------------
+def test_a_pipelined_request_behind_a_slow_response_is_answered():
+    """An 8 MB response read slowly, with a second request pipelined behind it: the
+    header deadline starts once the response is out and the second request is
+    already queued, so it is served, not dropped as an idle connection."""
+    from aiohttp import web
+
+    async def big(request):
+        return web.Response(body=b"x" * (8 << 20))
+
+    settings = ServerSettings(host="127.0.0.1", port=0, header_timeout_s=0.5)
+    with BackgroundServer(sim_engine(), HashTokenizer(4096), settings,
+                          extra_routes=[web.get("/big", big)]) as live, connect(live) as sock:
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(1.0)  # longer than the header timeout, before reading a byte
+        data = read_all(sock, limit_s=20)
+    assert data.count(b"HTTP/1.1 200") == 2, data[-300:]
+    assert b'"version"' in data
+
+
+def test_an_error_after_a_stream_started_never_becomes_a_second_response():
+    from aiohttp import web
+
+    async def broken_stream(request):
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b"data: 1\n\n")
+        raise ValueError("a bug after the first chunk")
+
+    with BackgroundServer(sim_engine(), HashTokenizer(4096),
+                          extra_routes=[web.get("/broken", broken_stream)]) as live, \
+            connect(live) as sock:
+        sock.sendall(b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = read_all(sock)
+    assert data.startswith(b"HTTP/1.1 200") and b"data: 1" in data
+    assert data.count(b"HTTP/1.1 ") == 1, data
+
+
+def test_heavy_work_stays_one_at_a_time_when_its_callers_leave():
+    import asyncio
+    import threading
+
+    from engine.api.body import HeavyWork
+
+    running, peak, release = [0], [0], threading.Event()
+    lock = threading.Lock()
+
+    def parse():
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        release.wait(5)
+        with lock:
+            running[0] -= 1
+
+    async def main():
+        work = HeavyWork(limit=1)
+        callers = [asyncio.ensure_future(work.run(parse)) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        for caller in callers:
+            caller.cancel()  # the clients hang up
+        await asyncio.gather(*callers, return_exceptions=True)
+        await asyncio.sleep(0.1)
+        threading.Timer(0.2, release.set).start()
+        await asyncio.sleep(1.0)
+        await work.run(lambda: None)  # the gate is open again afterwards
+
+    asyncio.run(main())
+    assert peak[0] == 1
+
+
+def test_only_accept_failures_are_rate_limited_other_loop_errors_reach_asyncio():
+    from engine.api.connections import ConnectionGuard, ConnectionLimits
+
+    class Loop:
+        def __init__(self):
+            self.defaults = []
+
+        def default_exception_handler(self, context):
+            self.defaults.append(context)
+
+    guard, loop = ConnectionGuard(ConnectionLimits()), Loop()
+    guard.loop_exception_handler(loop, {"message": "Task exception was never retrieved",
+                                        "exception": ValueError("a bug")})
+    guard.loop_exception_handler(loop, {"message": "socket.accept() out of system resource",
+                                        "exception": OSError(24, "Too many open files")})
+    assert [c["message"] for c in loop.defaults] == ["Task exception was never retrieved"]

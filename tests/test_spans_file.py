@@ -156,3 +156,37 @@ def test_resolve_tracing_flags_and_environment(tmp_path):
     assert resolve_tracing(environ={**env, "OTEL_TRACES_EXPORTER": "none"}) is None
     explicit = resolve_tracing(otlp_endpoint="http://h:1/v1/traces", environ={})
     assert explicit.otlp_endpoint == "http://h:1/v1/traces" and not explicit.otlp_from_env
+
+
+def test_a_hung_collector_cannot_hold_the_shutdown_past_its_budget(monkeypatch):
+    """An exporter that never returns: shutdown ends at the budget, and the spans still
+    queued are counted as not flushed (not as a full queue)."""
+    import threading
+    import time
+
+    from engine.telemetry import tracing as tracing_module
+
+    hang = threading.Event()
+
+    class Hung(SpanExporter):
+        def export(self, spans):
+            hang.wait(30)
+            return SpanExportResult.FAILURE
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(tracing_module, "SHUTDOWN_BUDGET_MS", 1000)
+    tracing = Tracing(TracingSettings(max_export_batch_size=16, schedule_delay_ms=10),
+                      exporters=[Hung()])
+    for i in range(200):
+        tracing.tracer.start_span(f"s{i}").end()
+    time.sleep(0.1)  # the worker is now stuck in export
+    started = time.monotonic()
+    stats = tracing.shutdown()
+    waited = time.monotonic() - started
+    hang.set()
+    assert waited < 5
+    reasons = tracing.processors[0].dropped_by_reason
+    assert reasons["queue_full"] == 0 and reasons["not_flushed"] > 0
+    assert stats["dropped_spans"] == stats["spans"] - stats["exported_spans"]

@@ -51,8 +51,17 @@ class HeavyWork:
         self._gate = asyncio.Semaphore(limit)
 
     async def run(self, fn, *args):
-        async with self._gate:
-            return await asyncio.to_thread(fn, *args)
+        await self._gate.acquire()
+        # The gate opens when the work ends, not when its caller does: a client that
+        # hangs up cannot stop a thread that is already parsing its body.
+        work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        work.add_done_callback(self._finished)
+        return await asyncio.shield(work)
+
+    def _finished(self, work: asyncio.Future) -> None:
+        self._gate.release()
+        if not work.cancelled():
+            work.exception()  # retrieved: a caller that left must not leave it unseen
 
 
 def _codings() -> tuple[str, ...]:

@@ -28,6 +28,7 @@ out. :class:`GuardedRequestHandler` (aiohttp's protocol, one per connection) add
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -110,11 +111,17 @@ class ConnectionGuard:
         return False
 
     def loop_exception_handler(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
-        """asyncio's handler, rate-limited: accept() failing for want of descriptors
-        reports once per retry, from every listener, for as long as it lasts."""
-        message = context.get("message", "unhandled exception in event loop")
+        """asyncio's handler, rate-limited for accept() failures only (running out of
+        descriptors reports once per retry, from every listener, for as long as it
+        lasts); every other error goes to asyncio's default handler, traceback and all."""
+        message = context.get("message", "")
         exc = context.get("exception")
-        self.log.warning(f"loop:{message}", "%s%s", message, f": {exc!r}" if exc else "")
+        if "accept" in message or (isinstance(exc, OSError)
+                                   and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
+                                                     errno.ENOMEM)):
+            self.log.warning(f"loop:{message}", "%s%s", message, f": {exc!r}" if exc else "")
+            return
+        loop.default_exception_handler(context)
 
 
 class GuardedRequestHandler(RequestHandler):
@@ -166,11 +173,16 @@ class GuardedRequestHandler(RequestHandler):
         """A request reached the application: its header block is complete."""
         self._disarm()
 
-    def request_done(self, closing: bool) -> None:
-        """A response has been produced; unless the connection is closing, the next
-        request must come within the header deadline."""
-        if not closing:
+    async def finish_response(self, request, resp, start_time):
+        """aiohttp's last step of a request (prepare and write the response): once the
+        response is out, the next request must come within the header deadline —
+        unless it already came (a pipelined request parsed and queued behind this
+        one: it is dispatched next, which disarms nothing it needs)."""
+        result = await super().finish_response(request, resp, start_time)
+        if (self.transport is not None and not self._force_close and resp.keep_alive
+                and not self._messages):
             self._arm()
+        return result
 
     def close_idle(self) -> bool:
         """Close this connection if it is still idle (for an eviction)."""
@@ -184,6 +196,8 @@ class GuardedRequestHandler(RequestHandler):
 
     # -- the header deadline ---------------------------------------------------------
     def _arm(self) -> None:
+        if self.transport is None:  # the connection is already gone
+            return
         self._disarm()
         self._bytes_since_armed = 0
         self._deadline = self._loop.call_later(self._guard.limits.header_timeout_s,

@@ -211,32 +211,31 @@ _CLOSING_STATUSES = frozenset({408, 413, 415})
 
 @web.middleware
 async def _error_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Every error leaves as an OpenAI error body; nothing unexpected leaves as a bare 500."""
-    protocol = request.protocol
-    started = getattr(protocol, "request_started", None)
+    """Every error leaves as an OpenAI error body; nothing unexpected leaves as a bare 500.
+
+    An error raised after a response has started (a stream's headers are out) cannot
+    become a second response: it is re-raised, and aiohttp closes the connection."""
+    started = getattr(request.protocol, "request_started", None)
     if started is not None:  # a guarded connection: this request's headers are complete
         started()
-    response: web.StreamResponse | None = None
     try:
         response = await handler(request)
-        return response
     except ApiError as err:
+        if request.writer.output_size:
+            raise
         response = error_response(err)
     except web.HTTPException as exc:
-        if exc.status < 400:
+        if exc.status < 400 or request.writer.output_size:
             raise
         response = error_response(_from_http_exception(request, exc))
     except Exception:
+        if request.writer.output_size:
+            raise
         log.exception("unhandled error serving %s %s", request.method, request.path)
         response = error_response(ApiError(500, "internal server error", "server_error"))
-    finally:
-        if response is not None and (response.status in _CLOSING_STATUSES
-                                     or not request.content.is_eof()):
-            # A body left unread is not drained: the connection ends with the response.
-            response.force_close()
-        done = getattr(protocol, "request_done", None)
-        if done is not None:  # the next request on this connection gets a header deadline
-            done(closing=response is None or response.keep_alive is False)
+    if response.status in _CLOSING_STATUSES or not request.content.is_eof():
+        # A body left unread is not drained: the connection ends with the response.
+        response.force_close()
     return response
 
 
@@ -377,13 +376,19 @@ async def _first_outputs(state: ServerState, req: GenerateRequest,
     if len(streams) == 1:
         return [await _first_output(state, req, streams[0])]
     # Every prompt of a batch is submitted at once; the first refusal decides the status
-    # (the other prompts are aborted when their iterators close).
-    results = await asyncio.gather(*(_first_output(state, req, s) for s in streams),
-                                   return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
+    # at once: the other prompts' waits are cancelled (and their requests aborted when
+    # their iterators close), rather than holding engine slots until they start.
+    tasks = [asyncio.ensure_future(_first_output(state, req, s)) for s in streams]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                raise task.exception()
+        return [task.result() for task in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _rejected(state: ServerState, exc: RequestRejected, req: GenerateRequest) -> ApiError:

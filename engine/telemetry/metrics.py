@@ -38,6 +38,12 @@ from engine.telemetry.trace_ids import format_trace_id, request_trace_id
 from engine.token_timing import STALL_FLOOR_S
 
 # -- vLLM's buckets (vllm/v1/metrics/loggers.py, PrometheusStatLogger) -------------------
+#: At most this many request classes get their own ``schedscope_queue_time_seconds``
+#: series; classes come from a client header (X-Request-Class), so later ones share
+#: the series ``class="other"``.
+MAX_CLASS_LABELS = 32
+OTHER_CLASS = "other"
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 #: inter_token_latency, time_per_output_token (V0) and request_time_per_output_token.
@@ -586,8 +592,14 @@ class EngineMetrics:
         cls = seq.request_class or ""
         child = self._queue_children.get(cls)
         if child is None:
-            child = self._queue_children[cls] = self._queue_by_class.labels(
-                *self._labelvalues, cls)
+            if len(self._queue_children) >= MAX_CLASS_LABELS:
+                # Classes come from a client header: past the cap they share one
+                # series, so no client can grow /metrics (and its render) without bound.
+                cls = OTHER_CLASS
+                child = self._queue_children.get(cls)
+            if child is None:
+                child = self._queue_children[cls] = self._queue_by_class.labels(
+                    *self._labelvalues, cls)
         child.observe(seq.first_scheduled_time - seq.arrival_time, _exemplar(seq))
 
     def _finished(self, seq) -> None:

@@ -111,6 +111,11 @@ def resolve_tracing(
 
 
 # -- ids ------------------------------------------------------------------------------
+#: How long a shutdown waits for the exporters in all (an unreachable collector must
+#: not keep a stopping engine process past the API process's wait for it: 15 s).
+SHUTDOWN_BUDGET_MS = 8000
+
+
 # -- finished spans, built directly ---------------------------------------------------
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
@@ -231,8 +236,10 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         self.num_ended = 0
         self._drained = False
 
-    def shutdown(self) -> None:
-        super().shutdown()
+    def shutdown(self, timeout_millis: int = 30000) -> None:
+        # The SDK's shutdown waits up to 30 s for an export in progress (an unreachable
+        # collector); a bound of our own keeps the engine's exit quick.
+        self._batch_processor.shutdown(timeout_millis=timeout_millis)
         self._drained = True
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -249,9 +256,15 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         failed = self.counting_exporter.num_failed
         after = self._drops.num_after_shutdown
         queue_full = self._drops.num_queue_full
+        not_flushed = 0
         if self._drained:  # exact: every span ended before shutdown was exported or lost
-            queue_full = self.num_ended - after - self.num_exported - failed
-        return {"queue_full": queue_full, "export_failed": failed, "after_shutdown": after}
+            lost = self.num_ended - after - self.num_exported - failed
+            # What the SDK saw dropped from a full queue, at most; the rest were still
+            # queued when the shutdown's bound ran out.
+            queue_full = min(queue_full, lost)
+            not_flushed = lost - queue_full
+        return {"queue_full": queue_full, "export_failed": failed, "after_shutdown": after,
+                "not_flushed": not_flushed}
 
     @property
     def num_dropped_spans(self) -> int:
@@ -432,7 +445,10 @@ class Tracing:
             self._shut_down = True
             if self.observer is not None:
                 self.observer.close()
-            self.provider.shutdown()
+            budget = SHUTDOWN_BUDGET_MS // max(1, len(self.processors))
+            for processor in self.processors:
+                processor.shutdown(timeout_millis=budget)
+            self.provider.shutdown()  # the processors are done: nothing left to wait for
             dropped = self.num_dropped_spans
             if dropped:
                 reasons = {}
