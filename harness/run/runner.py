@@ -187,6 +187,19 @@ def _report(root: Path, results: list[CellResult], console: Console,
     # A cell without requests.parquet cannot be read: the report covers the others and
     # says which ones are absent.
     dirs = [r for r in results if (r.path / "requests.parquet").is_file()]
+    # The run's combined summary (the simulator's layout): the report reads the mode,
+    # profile, seed and each cell's config, duration and stall threshold from it, and
+    # replaces it with its own (which keeps them).
+    combined = {"schema_version": 1, "mode": run_info["mode"], "profile": run_info["profile"],
+                "seed": run_info["seed"], "policies": {}}
+    for r in dirs:
+        try:
+            own = json.loads((r.path / "summary.json").read_text())
+            combined["policies"].update(own.get("policies") or {})
+            combined.setdefault("cost_model", own.get("cost_model"))
+        except (OSError, ValueError):
+            continue
+    (root / "summary.json").write_text(json.dumps(combined, indent=2, default=str) + "\n")
     try:
         paths = generate_report([root], root)
     except ReportInputError as exc:
