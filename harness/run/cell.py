@@ -79,8 +79,14 @@ def planned(profile: Profile, seed: int | None) -> tuple[int, float]:
 
 def _cell_summary(cell: Cell, result: CellResult, frame: pl.DataFrame, settings: CellSettings,
                   extra: dict) -> dict:
+    from harness.records import REQUEST_SCHEMA
     from harness.summary import SUMMARY_SCHEMA_VERSION, policy_summary
 
+    # A --target cell has no server-side columns: the summary counts them as absent
+    # (nulls), the file itself is left as it is.
+    absent = [pl.lit(None, dtype=t).alias(c) for c, t in REQUEST_SCHEMA.items()
+              if c not in frame.columns]
+    frame = frame.with_columns(absent) if absent else frame
     duration = extra.get("duration_s") or 0.0
     summary = policy_summary(frame, duration, settings.profile, extra=extra)
     return {"schema_version": SUMMARY_SCHEMA_VERSION, "mode": result.mode,
