@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/schedscope simulate --profile default --policy all --out runs/demo
+	$(VENV)/bin/schedscope run
 
 # Debian's prometheus (prometheus + promtool), which the telemetry tests run for real,
 # and Debian's chromium, which opens report.html in tests/test_report_e2e.py:

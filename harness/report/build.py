@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from harness.report import diagnosis, figures, stalls, tables, verdict
+from harness.report.cells import baseline, cell_groups
 from harness.report.inputs import PolicyData, RunData, open_runs
 
 
@@ -132,16 +133,29 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
     order = tables.class_sizes(any_frame) if any_frame is not None and any_frame.height else []
     short_class = order[0] if order else None
     long_class = order[-1] if len(order) >= 2 else None
-    fcfs_long = None
-    if "fcfs" in policies and policies["fcfs"].starvation:
-        fcfs_long = policies["fcfs"].starvation.get("long_p99_queue_s")
-    for p in policies.values():
-        p.findings = diagnosis.diagnose(p.data, p.frame, p.stalls, p.groups, p.starvation, p.facts,
-                                        None if p.data.policy == "fcfs" else fcfs_long)
-    inputs = {n: {"frame": p.frame, "duration_s": p.duration_s, "starvation": p.starvation}
-              for n, p in policies.items()}
-    v = verdict.verdicts(inputs, short_class, options.resamples, options.seed)
-    vs = verdict.against_fcfs(inputs, short_class, long_class, options.resamples, options.seed)
+    # Matrix cells (<policy>[-<knob set>][-x<rate>]) are compared within their group only.
+    groups = cell_groups(list(policies))
+    v: dict = {}
+    vs: list[dict] = []
+    for group, names in groups.items():
+        base = baseline(group)
+        fcfs_long = None
+        if base in policies and policies[base].starvation:
+            fcfs_long = policies[base].starvation.get("long_p99_queue_s")
+        for name in names:
+            p = policies[name]
+            p.findings = diagnosis.diagnose(p.data, p.frame, p.stalls, p.groups, p.starvation,
+                                            p.facts, None if name == base else fcfs_long)
+        inputs = {n: {"frame": policies[n].frame, "duration_s": policies[n].duration_s,
+                      "starvation": policies[n].starvation} for n in names}
+        for objective, entry in verdict.verdicts(inputs, short_class, options.resamples,
+                                                 options.seed).items():
+            if len(groups) > 1:
+                entry = {**entry, "group": group,
+                         "sentence": f"[{group.lstrip('-') or 'base'}] {entry['sentence']}"}
+            v[objective + group if len(groups) > 1 else objective] = entry
+        vs += verdict.against_fcfs(inputs, short_class, long_class, options.resamples,
+                                   options.seed, baseline=base)
     return RunReport(run, slos, slo_source, policies, short_class, long_class, v, vs)
 
 

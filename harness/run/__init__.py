@@ -1,0 +1,15 @@
+"""``schedscope run``: the policies (or a whole matrix of cells) under Locust load, one
+served engine per cell, records and metrics collected, then the report (docs/run.md).
+
+One concept per module: ``matrix`` (cells from flags or a TOML run file), ``server``
+(one ``schedscope serve`` subprocess), ``loadgen`` (one Locust subprocess), ``scrape``
+(``/metrics`` every second into metrics.parquet; or a real Prometheus), ``live``
+(live figures from the records being written), ``join`` (client + engine records into
+requests.parquet, steps and spans on one clock), ``versions``, ``cell`` (one served or
+simulated cell end to end), ``runner`` (the matrix, the summary table, the report).
+"""
+
+from harness.run.matrix import Cell, RunFileError, RunPlan, load_run_file
+from harness.run.runner import RunOptions, run_matrix
+
+__all__ = ["Cell", "RunFileError", "RunOptions", "RunPlan", "load_run_file", "run_matrix"]

@@ -1,0 +1,94 @@
+"""One Locust run, headless, as a subprocess: the profile's locustfile (a shipped
+``loadprofiles/<name>.py``, a given ``.py``, or a wrapper written for a ``.toml``), its
+records into the cell directory, output into ``locust.log``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.profiles.loader import ALIASES, SUFFIXES, shipped_profiles_dir
+from harness.run.server import repo_env
+
+#: Exit codes: 0 no failure, 1 some request failed (Locust's --exit-code-on-error):
+#: neither is a crash. Anything else (2: bad arguments or locustfile) is.
+LOCUST_OK_CODES = (0, 1)
+
+TOML_WRAPPER = '''"""Written by schedscope run: the TOML profile {path} as a locustfile."""
+from harness.profiles import load_profile
+from harness.profiles.locust_hook import expose
+
+PROFILE = load_profile({path!r})
+expose(PROFILE, globals())
+'''
+
+
+def profile_file(profile: str, cell_dir: Path) -> Path:
+    """The locustfile for ``profile`` (a shipped name or a file)."""
+    candidate = Path(profile)
+    if not candidate.is_file():
+        name = ALIASES.get(profile, profile)
+        for suffix in SUFFIXES:
+            shipped = shipped_profiles_dir() / f"{name}{suffix}"
+            if shipped.is_file():
+                candidate = shipped
+                break
+    candidate = candidate.resolve()
+    if candidate.suffix == ".py":
+        return candidate
+    wrapper = cell_dir / "locustfile.py"
+    wrapper.write_text(TOML_WRAPPER.format(path=str(candidate)))
+    return wrapper
+
+
+class LocustRun:
+    def __init__(self, locustfile: Path, host: str, records_dir: Path, log_path: Path,
+                 rate_scale: float, duration_scale: float, seed: int | None,
+                 extra: list[str] | None = None, grace_s: float = 30.0) -> None:
+        self.args = ["-f", str(locustfile), "--host", host, "--headless", "--only-summary",
+                     "--records-dir", str(records_dir), "--rate-scale", f"{rate_scale:g}",
+                     "--duration-scale", f"{duration_scale:g}", "--grace", f"{grace_s:g}",
+                     "--loglevel", "WARNING"]
+        if seed is not None:
+            self.args += ["--seed", str(seed)]
+        self.args += list(extra or [])
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.exit_code: int | None = None
+        self.timed_out = False
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "locust", *self.args]
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(self.command, env=repo_env(), stdout=self._log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self, deadline: float) -> int:
+        """Wait until it ends or ``deadline`` (monotonic); then SIGTERM, SIGKILL."""
+        while self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.process.poll() is None:
+            self.timed_out = True
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.exit_code = self.process.returncode
+        self._log.close()
+        return self.exit_code
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""

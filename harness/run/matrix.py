@@ -1,0 +1,219 @@
+"""The cells of a run: policies x knob sets x rate scales.
+
+From the command line: the ``--policy`` list, one knob set (the knob flags), one
+``--rate-scale``. From a TOML run file (``--run-file``; schema in docs/run.md)::
+
+    profile = "mixed"            # optional; overrides --profile
+    policies = ["fcfs", "sjf"]   # optional; overrides --policy
+    rate_scales = [0.5, 1, 2]    # optional; overrides --rate-scale
+    duration_scale = 0.3         # optional; overrides --duration-scale
+    seed = 7                     # optional
+    [knobs]                      # applied to every cell (on top of the knob flags)
+    max-num-seqs = 64
+    [[knob_sets]]                # optional; each is one more column of the matrix
+    name = "small-swap"
+    swap-space = 0.01
+
+Each cell's directory is ``<policy>[-<knob set>][-x<rate>]``: the knob set's name only
+when the file has knob sets, the rate only when it sweeps several.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import ConfigError, EngineConfig
+from engine.policy import POLICY_NAMES
+from harness.knobs import KNOB_SECTIONS, build_engine_config, flag_name
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")
+RUN_FILE_KEYS = {"profile", "policies", "rate_scales", "duration_scale", "seed", "knobs",
+                 "knob_sets", "label"}
+
+
+class RunFileError(ValueError):
+    """A run file (or matrix) that cannot be run; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str  # its directory and its label in the report
+    policy: str
+    knob_set: str | None
+    rate_scale: float
+    knobs: dict  # engine knob field name -> value (every knob, defaults included)
+    config: EngineConfig | None = None  # None for a --target cell
+
+    @property
+    def group(self) -> str:
+        """What the cell shares with its peers of other policies (the report compares
+        policies within a group): the name without the policy."""
+        return self.name[len(self.policy):]
+
+
+@dataclass
+class RunPlan:
+    cells: list[Cell]
+    profile: str
+    duration_scale: float
+    seed: int | None
+    run_file: dict | None = field(default=None)
+
+
+def knob_types() -> dict[str, typing.Any]:
+    """Knob field name -> its type hint (SchedulerConfig, CacheConfig, model)."""
+    out: dict[str, typing.Any] = {}
+    for _, cls in KNOB_SECTIONS:
+        hints = typing.get_type_hints(cls)
+        out.update({f.name: hints[f.name] for f in dataclasses.fields(cls)})
+    out["model"] = str
+    return out
+
+
+def knob_defaults() -> dict[str, typing.Any]:
+    out = {}
+    for _, cls in KNOB_SECTIONS:
+        out.update({f.name: f.default for f in dataclasses.fields(cls)})
+    out["model"] = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "model")
+    return out
+
+
+def _coerce(name: str, value, hint, where: str):
+    """A run-file value as the knob's type (TOML ints for float knobs, etc.)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and args else hint
+    if value is None:
+        return None
+    if base is bool:
+        if not isinstance(value, bool):
+            raise RunFileError(f"{where}.{name}: expected true or false, got {value!r}")
+        return value
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RunFileError(f"{where}.{name}: expected an integer, got {value!r}")
+        return value
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RunFileError(f"{where}.{name}: expected a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise RunFileError(f"{where}.{name}: expected a string, got {value!r}")
+    return value
+
+
+def parse_knobs(table: dict, where: str, allow: frozenset[str] = frozenset()) -> dict:
+    """A TOML table of knobs (flag spelling ``swap-space`` or field ``swap_space``)."""
+    types = knob_types()
+    out = {}
+    for key, value in table.items():
+        if key in allow:
+            continue
+        name = key.replace("-", "_")
+        if name == "scheduling_policy":
+            raise RunFileError(f"{where}.{key}: the policy is the matrix's axis (use policies)")
+        if name not in types:
+            raise RunFileError(f"{where}.{key}: not an engine knob (the flags of schedscope "
+                               "serve: e.g. max-num-seqs, swap-space, max-wait-s)")
+        out[name] = _coerce(key, value, types[name], where)
+    return out
+
+
+def knob_flags(values: dict) -> list[str]:
+    """``schedscope serve`` flags for the knobs that differ from their defaults."""
+    defaults = knob_defaults()
+    args: list[str] = []
+    for name, value in values.items():
+        if name == "scheduling_policy" or value == defaults.get(name) or value is None:
+            continue
+        if isinstance(value, bool):
+            args.append(flag_name(name) if value else f"--no-{name.replace('_', '-')}")
+        else:
+            args += [flag_name(name), f"{value:g}" if isinstance(value, float) else str(value)]
+    return args
+
+
+def _rate_tag(rate: float) -> str:
+    return f"x{rate:g}"
+
+
+def build_cells(policies: list[str], base_knobs: dict, knob_sets: list[tuple[str, dict]],
+                rate_scales: list[float], with_configs: bool = True) -> list[Cell]:
+    """Every (policy, knob set, rate) cell with a validated EngineConfig."""
+    if not policies:
+        raise RunFileError("policies: at least one")
+    for p in policies:
+        if p not in POLICY_NAMES:
+            raise RunFileError(f"policies: unknown policy {p!r}; expected {', '.join(POLICY_NAMES)}")
+    if len(set(policies)) != len(policies):
+        raise RunFileError("policies: a policy listed twice")
+    if not rate_scales or any(not isinstance(r, (int, float)) or isinstance(r, bool) or r <= 0
+                              for r in rate_scales):
+        raise RunFileError(f"rate_scales: positive numbers, got {rate_scales!r}")
+    if len(set(rate_scales)) != len(rate_scales):
+        raise RunFileError("rate_scales: a rate listed twice")
+    sets = knob_sets or [(None, {})]
+    cells = []
+    for policy in policies:
+        for set_name, overrides in sets:
+            for rate in rate_scales:
+                name = policy
+                if set_name:
+                    name += f"-{set_name}"
+                if len(rate_scales) > 1:
+                    name += f"-{_rate_tag(rate)}"
+                knobs = {**base_knobs, **overrides, "scheduling_policy": policy}
+                config = None
+                if with_configs:
+                    try:
+                        config = build_engine_config(knobs)
+                    except ConfigError as exc:
+                        raise RunFileError(f"{name}: {exc}") from None
+                cells.append(Cell(name, policy, set_name, float(rate), knobs, config))
+    return cells
+
+
+def load_run_file(path: Path, base_knobs: dict, policies: list[str], rate_scale: float,
+                  profile: str, duration_scale: float, seed: int | None,
+                  with_configs: bool = True) -> RunPlan:
+    """The matrix of a TOML run file, on top of the command line's values."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise RunFileError(f"{path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RunFileError(f"{path}: {exc}") from None
+    unknown = set(data) - RUN_FILE_KEYS
+    if unknown:
+        raise RunFileError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; expected "
+                           f"{', '.join(sorted(RUN_FILE_KEYS))}")
+    policies = list(data.get("policies", policies))
+    rates = data.get("rate_scales", [rate_scale])
+    if not isinstance(rates, list):
+        raise RunFileError(f"{path}: rate_scales: a list of numbers")
+    knobs = {**base_knobs, **parse_knobs(data.get("knobs", {}), "knobs")}
+    sets: list[tuple[str, dict]] = []
+    for n, entry in enumerate(data.get("knob_sets", [])):
+        where = f"knob_sets[{n}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) \
+                or not NAME_RE.match(entry["name"]):
+            raise RunFileError(f"{path}: {where}.name: a name of letters, digits, '_' and '.'")
+        sets.append((entry["name"], parse_knobs(entry, where, allow=frozenset({"name"}))))
+    if len({s for s, _ in sets}) != len(sets):
+        raise RunFileError(f"{path}: knob_sets: a name used twice")
+    ds = data.get("duration_scale", duration_scale)
+    if isinstance(ds, bool) or not isinstance(ds, (int, float)) or ds <= 0:
+        raise RunFileError(f"{path}: duration_scale: a positive number")
+    seed = data.get("seed", seed)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise RunFileError(f"{path}: seed: an integer")
+    try:
+        cells = build_cells(policies, knobs, sets, [float(r) for r in rates], with_configs)
+    except RunFileError as exc:
+        raise RunFileError(f"{path}: {exc}") from None
+    return RunPlan(cells, str(data.get("profile", profile)), float(ds), seed, data)

@@ -1,0 +1,241 @@
+"""The matrix of cells, one after the other; the summary table; the report.
+
+Layout: ``RUN_ROOT/run.json`` (the whole run: command line, cells, versions, failures),
+``RUN_ROOT/<cell>/`` (each cell's files and ``run.json``), and the report
+(``report.html``, ``report.md``, ``summary.json`` ...) in ``RUN_ROOT``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from harness.profiles import resolve_profile
+from harness.run.cell import CellResult, CellSettings, remove_raw, run_load_cell, run_simulated_cell
+from harness.run.matrix import RunPlan
+from harness.run.versions import versions
+
+
+@dataclass
+class RunOptions:
+    plan: RunPlan
+    out: Path | None = None
+    simulate: bool = False
+    settings: dict = field(default_factory=dict)  # CellSettings fields other than the profile
+    keep_raw: bool = True
+    argv: list[str] = field(default_factory=list)
+    report: bool = True
+
+
+def default_root(base: Path = Path("runs")) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    root = base / stamp
+    n = 1
+    while root.exists():
+        n += 1
+        root = base / f"{stamp}-{n}"
+    return root
+
+
+class Progress:
+    """Live figures: a rich Live line on a terminal, a line every 10 s otherwise."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live: Live | None = None
+        self.last_print = 0.0
+
+    def __enter__(self) -> Progress:
+        if self.console.is_terminal:
+            self.live = Live(Text(""), console=self.console, refresh_per_second=4,
+                             transient=True).__enter__()
+        return self
+
+    def show(self, line: str) -> None:
+        if self.live is not None:
+            self.live.update(Text.from_markup(line))
+        elif time.monotonic() - self.last_print >= 10 or not line.startswith("[bold]"):
+            self.last_print = time.monotonic()
+            self.console.print(line, soft_wrap=True, highlight=False)
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def summary_table(root: Path, results: list[CellResult], summary: dict | None) -> Table:
+    """Per cell x class: requests, TTFT p50/p95, E2E p95, goodput (the report's figures
+    when it ran, else the cell's requests.parquet)."""
+    table = Table(title=f"schedscope run — {root}")
+    for column in ("cell", "class", "requests", "ok", "TTFT p50", "TTFT p95", "E2E p95",
+                   "goodput/s", "status"):
+        table.add_column(column, justify="left" if column in ("cell", "class", "status")
+                         else "right")
+    policies = (summary or {}).get("policies") or {}
+    for r in results:
+        status = "[red]failed[/red]" if r.infrastructure_failure else (
+            "[yellow]degraded[/yellow]" if r.failures else "ok")
+        entry = policies.get(r.cell.name)
+        if entry is None:
+            table.add_row(r.cell.name, "all", str(sum(r.counts.values())), str(r.counts.get("ok", 0)),
+                          "-", "-", "-", "-", status)
+            table.add_section()
+            continue
+        groups = [("all", entry["overall"])] + sorted(entry.get("classes", {}).items())
+        for n, (cls, g) in enumerate(groups):
+            m = g.get("metrics", {})
+            table.add_row(r.cell.name if n == 0 else "", cls, str(g.get("requests", 0)),
+                          str(g.get("counts", {}).get("ok", 0)),
+                          _fmt(m.get("ttft_s", {}).get("p50")), _fmt(m.get("ttft_s", {}).get("p95")),
+                          _fmt(m.get("e2e_s", {}).get("p95")),
+                          f"{g['goodput_rps']:.2f}" if g.get("goodput_rps") is not None else "-",
+                          status if n == 0 else "")
+        table.add_section()
+    return table
+
+
+def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None, Path]:
+    """Run every cell, then the report. Returns (exit code, report path, run root).
+    Exit code 1 only for infrastructure failures (a server that did not start, Locust
+    crashed or hung); degraded cells (failed requests, generator lag) exit 0."""
+    plan = options.plan
+    root = options.out or default_root()
+    root.mkdir(parents=True, exist_ok=True)
+    base_profile = resolve_profile(plan.profile)
+    if plan.duration_scale != 1.0:
+        base_profile = base_profile.with_duration_scale(plan.duration_scale)
+    mode = "simulate" if options.simulate else ("target" if options.settings.get("target") else "serve")
+    run_info = {
+        "kind": "schedscope-run", "mode": mode, "command": options.argv,
+        "profile": plan.profile, "seed": plan.seed, "duration_scale": plan.duration_scale,
+        "cells": [{"name": c.name, "policy": c.policy, "knob_set": c.knob_set,
+                   "rate_scale": c.rate_scale, "knobs": c.knobs} for c in plan.cells],
+        "run_file": plan.run_file,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in options.settings.items()
+                     if k != "api_key"},
+        "versions": versions(), "started": datetime.now().isoformat(timespec="seconds"),
+    }
+    (root / "run.json").write_text(json.dumps(run_info, indent=2, default=str) + "\n")
+    console.print(f"schedscope run: {len(plan.cells)} cell(s) ({mode}), profile {plan.profile}, "
+                  f"duration scale {plan.duration_scale:g} -> {root}", highlight=False,
+                  soft_wrap=True)
+    results: list[CellResult] = []
+    started = time.monotonic()
+    with Progress(console) as progress:
+        for cell in plan.cells:
+            profile = base_profile.with_rate_scale(cell.rate_scale) if cell.rate_scale != 1.0 \
+                else base_profile
+            settings = CellSettings(profile_name=plan.profile, profile=profile,
+                                    duration_scale=plan.duration_scale, seed=plan.seed,
+                                    **options.settings)
+            cell_dir = root / cell.name
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            if options.simulate:
+                result = run_simulated_cell(cell, cell_dir, settings, progress.show)
+            else:
+                result = run_load_cell(cell, cell_dir, settings, progress.show)
+            if not options.keep_raw:
+                remove_raw(cell_dir)
+            results.append(result)
+            _print_cell(console, result)
+    run_info.update({
+        "wall_s": round(time.monotonic() - started, 3),
+        "status": "failed" if any(r.infrastructure_failure for r in results) else
+                  ("degraded" if any(r.failures for r in results) else "ok"),
+        "results": {r.cell.name: {"status": "failed" if r.infrastructure_failure else
+                                  ("degraded" if r.failures else "ok"),
+                                  "failures": [{k: v for k, v in f.items() if k != "log_tail"}
+                                               for f in r.failures],
+                                  "warnings": r.warnings, "missing": r.missing,
+                                  "counts": r.counts, "scheduled": r.scheduled,
+                                  "generator_limited": r.generator_limited,
+                                  "wall_s": round(r.wall_s, 3)} for r in results},
+    })
+    report_path = None
+    summary = None
+    if options.report and any((r.path / "requests.parquet").is_file() for r in results):
+        report_path, summary = _report(root, results, console, run_info)
+    elif options.report:
+        run_info["report"] = None
+        console.print("[red]no cell produced requests.parquet: no report[/red]")
+    (root / "run.json").write_text(json.dumps(run_info, indent=2, default=str) + "\n")
+    out = console if console.is_terminal else Console(width=max(console.width, 140),
+                                                      file=console.file)
+    out.print(summary_table(root, results, summary))
+    code = 1 if any(r.infrastructure_failure for r in results) else 0
+    return code, report_path, root
+
+
+def _report(root: Path, results: list[CellResult], console: Console,
+            run_info: dict) -> tuple[Path | None, dict | None]:
+    from harness.report import ReportInputError, generate_report
+
+    # A cell without requests.parquet cannot be read: the report covers the others and
+    # says which ones are absent.
+    dirs = [r for r in results if (r.path / "requests.parquet").is_file()]
+    # The run's combined summary (the simulator's layout): the report reads the mode,
+    # profile, seed and each cell's config, duration and stall threshold from it, and
+    # replaces it with its own (which keeps them).
+    combined = {"schema_version": 1, "mode": run_info["mode"], "profile": run_info["profile"],
+                "seed": run_info["seed"], "policies": {}}
+    for r in dirs:
+        try:
+            own = json.loads((r.path / "summary.json").read_text())
+            combined["policies"].update(own.get("policies") or {})
+            combined.setdefault("cost_model", own.get("cost_model"))
+        except (OSError, ValueError):
+            continue
+    (root / "summary.json").write_text(json.dumps(combined, indent=2, default=str) + "\n")
+    try:
+        paths = generate_report([root], root)
+    except ReportInputError as exc:
+        console.print(f"[red]report: {exc}[/red]")
+        run_info["report"] = None
+        return None, None
+    summary = json.loads(paths["summary"].read_text())
+    absent = [r.cell.name for r in results if r not in dirs]
+    if absent:
+        summary.setdefault("missing", []).extend(f"{n}: no data (the cell failed)" for n in absent)
+        paths["summary"].write_text(json.dumps(summary, indent=2) + "\n")
+    run_info["report"] = {k: str(v) for k, v in paths.items()}
+    for line in summary.get("missing", []):
+        console.print(f"[yellow]missing:[/yellow] {line}", soft_wrap=True, highlight=False)
+    for finding in summary.get("diagnosis", []):
+        console.print(f"[red]trap {finding['trap']}[/red] {finding['policy']}: "
+                      f"{finding['message']}", soft_wrap=True, highlight=False)
+    for entry in summary.get("verdicts", {}).values():
+        console.print(entry["sentence"], soft_wrap=True, highlight=False)
+    for entry in summary.get("against_fcfs", []):
+        console.print(entry["sentence"], soft_wrap=True, highlight=False)
+    return paths["html"], summary
+
+
+def _print_cell(console: Console, r: CellResult) -> None:
+    counts = ", ".join(f"{k} {v}" for k, v in r.counts.items()) or "no rows"
+    state = "[red]FAILED[/red]" if r.infrastructure_failure else (
+        "[yellow]degraded[/yellow]" if r.failures else "[green]ok[/green]")
+    console.print(f"{r.cell.name}: {state} in {r.wall_s:.0f} s — {counts} "
+                  f"(scheduled {r.scheduled})", highlight=False)
+    for f in r.failures:
+        console.print(f"  [red]{f['kind']}[/red]: {f['message']}", soft_wrap=True, highlight=False)
+        if f.get("log_tail"):
+            console.print("  log tail:", highlight=False)
+            console.print(Text(f["log_tail"]), soft_wrap=True)
+    for w in r.warnings:
+        console.print(f"  [yellow]warning[/yellow]: {w}", soft_wrap=True, highlight=False)
+    for m in r.missing:
+        console.print(f"  missing: {m}", soft_wrap=True, highlight=False)

@@ -1,0 +1,120 @@
+"""One ``schedscope serve`` subprocess: started on a free port (``--port 0``, the URL
+parsed from its ``schedscope serving on URL`` line), healthy when ``/health`` answers,
+stopped with SIGTERM (it drains, writes its record files and exits 0) and SIGKILL only
+after a timeout. Its output goes to ``serve.log`` in the cell directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+SERVING_LINE = "schedscope serving on "
+
+
+class ServerStartError(RuntimeError):
+    """The server did not come up; ``log_tail`` holds the end of its output."""
+
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+def repo_env() -> dict[str, str]:
+    """The environment for a child that imports ``harness``/``engine``/``loadprofiles``."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else ""),
+            "PYTHONUNBUFFERED": "1"}
+
+
+def get_json(url: str, timeout: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.load(response)
+
+
+class ServedEngine:
+    def __init__(self, args: list[str], log_path: Path, start_timeout_s: float = 180.0,
+                 stop_timeout_s: float = 60.0) -> None:
+        self.args = args
+        self.log_path = log_path
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.url = ""
+        self.health: dict = {}
+        self.exit_code: int | None = None
+        self.killed = False
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "harness.cli", "serve", "--port", "0", *self.args]
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def start(self) -> str:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(self.command, env=repo_env(), stdout=self._log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self.url:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if line.startswith(SERVING_LINE):
+                    self.url = line[len(SERVING_LINE):].strip()
+            if self.url:
+                break
+            if self.process.poll() is not None:
+                self.exit_code = self.process.returncode
+                raise ServerStartError(f"schedscope serve exited with {self.exit_code} "
+                                       "before serving", self.log_tail())
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError(f"schedscope serve did not print its serving line "
+                                       f"within {self.start_timeout_s:g} s", self.log_tail())
+            time.sleep(0.1)
+        while True:
+            try:
+                self.health = get_json(self.url + "/health")
+                if self.health.get("status") == "ok":
+                    return self.url
+            except OSError:
+                pass
+            if self.process.poll() is not None:
+                self.exit_code = self.process.returncode
+                raise ServerStartError(f"schedscope serve exited with {self.exit_code} "
+                                       "before /health answered", self.log_tail())
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerStartError(f"/health not ok within {self.start_timeout_s:g} s",
+                                       self.log_tail())
+            time.sleep(0.2)
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait (the server drains and writes its records), SIGKILL after the
+        timeout. Returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.killed = True
+                self.process.kill()
+                self.process.wait(10)
+        self.exit_code = self.process.returncode
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
+        return self.exit_code
