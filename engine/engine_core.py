@@ -61,6 +61,8 @@ class EngineCoreSpec:
     #: engine.telemetry.tracing.TracingSettings (None: no spans); the tracer provider
     #: and its exporters live here, in the engine process, where the observers run.
     tracing: object | None = None
+    #: Write every decision (decisions.parquet columns) here at shutdown.
+    record_decisions: Path | None = None
 
 
 def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
@@ -72,7 +74,7 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
     logging.basicConfig(level=spec.log_level,
                         format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
     try:
-        engine, step_log, request_log = _build(spec)
+        engine, step_log, request_log, decision_log = _build(spec)
         core = _Core(engine, commands, outputs, spec.idle_wait_s)
         tracing = None
         if spec.tracing is not None:
@@ -102,6 +104,9 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
             request_log.write(spec.record_requests)
             log.info("request records: %s (%d requests)", spec.record_requests,
                      len(request_log.rows))
+        if decision_log is not None:
+            decision_log.write(spec.record_decisions)
+            log.info("decisions: %s (%d)", spec.record_decisions, len(decision_log.decisions))
         if tracing is not None:
             # A concurrent engine step cannot be running here: the loop has returned.
             stats = tracing.shutdown()
@@ -144,7 +149,12 @@ def _build(spec: EngineCoreSpec):
 
         request_log = engine.observers.add(
             RequestRecorder(spec.config.scheduler.scheduling_policy, "served"))
-    return engine, step_log, request_log
+    decision_log = None
+    if spec.record_decisions is not None:
+        from harness.decision_log import DecisionLog
+
+        decision_log = engine.observers.add(DecisionLog())
+    return engine, step_log, request_log, decision_log
 
 
 class _Core:

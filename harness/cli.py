@@ -307,6 +307,11 @@ def serve(
         help="torch intra-op threads for --executor torch; 0: one fewer than the cores, so "
              "the event loop and a co-located load generator do not stall every step.",
     ),
+    record_decisions: Path | None = typer.Option(
+        None, "--record-decisions",
+        help="Write every scheduler decision (decisions.parquet columns, docs/records.md; "
+             "engine times) to this file at shutdown.",
+    ),
     record_requests: Path | None = typer.Option(
         None, "--record-requests",
         help="Write the engine's record of every request (requests.parquet columns, engine "
@@ -359,6 +364,7 @@ def serve(
         record_requests, header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
         max_connections=max_connections, trace_file=trace_file,
         otlp_traces_endpoint=otlp_traces_endpoint, no_tracing=no_tracing, metrics=metrics,
+        record_decisions=record_decisions,
     ))
 
 

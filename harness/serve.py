@@ -72,6 +72,7 @@ def serve(
     otlp_traces_endpoint: str | None = None,
     no_tracing: bool = False,
     metrics: bool = True,
+    record_decisions: Path | None = None,
 ) -> int:
     """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
     Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
@@ -108,7 +109,8 @@ def serve(
 
     if torch_threads < 0:
         raise typer.BadParameter(f"must be >= 0, got {torch_threads}", param_hint="--torch-threads")
-    for path, flag in ((record_steps, "--record-steps"), (record_requests, "--record-requests")):
+    for path, flag in ((record_steps, "--record-steps"), (record_requests, "--record-requests"),
+                       (record_decisions, "--record-decisions")):
         if path is not None:
             _check_writable(path, flag)
     if trace_file is not None:
@@ -139,9 +141,11 @@ def serve(
     raise_open_file_limit()
     if engine_core == "process":
         return _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
-                                          record_requests, tokenizer, settings, tracing)
+                                          record_requests, tokenizer, settings, tracing,
+                                          record_decisions)
     return _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
-                                     record_requests, tokenizer, settings, tracing)
+                                     record_requests, tokenizer, settings, tracing,
+                                     record_decisions)
 
 
 def _describe_tracing(tracing) -> str:
@@ -185,14 +189,16 @@ def _check_writable(path: Path, flag: str) -> None:
 
 
 def _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
-                               record_requests, tokenizer, settings, tracing=None) -> int:
+                               record_requests, tokenizer, settings, tracing=None,
+                               record_decisions=None) -> int:
     from engine.api import run_server
     from engine.engine_core import EngineCoreSpec
     from engine.process_engine import EngineProcessError, ProcessEngine
 
     spec = EngineCoreSpec(engine_config, executor, model.to_dict() if model else None, threads,
                           record_steps, record_requests, tracing=tracing,
-                          metrics_model_name=settings.served_model_name if settings.metrics else None)
+                          metrics_model_name=settings.served_model_name if settings.metrics else None,
+                          record_decisions=record_decisions)
     engine = ProcessEngine(spec)
     try:
         engine.launch()
@@ -210,7 +216,8 @@ def _serve_with_engine_process(engine_config, executor, model, threads, record_s
 
 
 def _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
-                              record_requests, tokenizer, settings, tracing=None) -> int:
+                              record_requests, tokenizer, settings, tracing=None,
+                              record_decisions=None) -> int:
     from engine.api import run_server
     from engine.async_engine import AsyncEngine
 
@@ -233,6 +240,11 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
         from harness.steps import StepLog
 
         step_log = llm_engine.observers.add(StepLog())
+    decision_log = None
+    if record_decisions is not None:
+        from harness.decision_log import DecisionLog
+
+        decision_log = llm_engine.observers.add(DecisionLog())
     request_log = None
     if record_requests is not None:
         from harness.records import RequestRecorder
@@ -263,5 +275,7 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
             record_steps.parent.mkdir(parents=True, exist_ok=True)
             step_log.write(record_steps)
             log.info("step records: %s (%d steps)", record_steps, step_log.num_steps)
+        if decision_log is not None:
+            decision_log.write(record_decisions)
         if request_log is not None:
             request_log.write(record_requests)

@@ -32,6 +32,7 @@ from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest
 from engine.sequence import SamplingParams, Sequence, SequenceStatus
 from engine.step_record import StepRecord
+from harness.decision_log import decisions_frame
 from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
 from harness.records import RequestRecorder, add_stalls, requests_frame, stall_threshold
 from harness.steps import StepLog
@@ -241,16 +242,6 @@ def _median_itl(rows: list[dict]) -> float | None:
     order = np.argsort(values, kind="stable")
     cumulative = np.cumsum(weights[order])
     return float(values[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
-
-
-def decisions_frame(decisions: list[Decision]) -> pl.DataFrame:
-    schema = {
-        "kind": pl.String, "time": pl.Float64, "step": pl.Int64, "request_id": pl.String,
-        "reason": pl.String, "mode": pl.String, "beneficiary": pl.String,
-        "num_blocks": pl.Int64, "num_tokens": pl.Int64, "request_ids": pl.List(pl.String),
-        "detail": pl.String, "predicted_swap_s": pl.Float64, "predicted_recompute_s": pl.Float64,
-    }
-    return pl.DataFrame([d.as_dict() for d in decisions], schema=schema)
 
 
 def run_simulations(

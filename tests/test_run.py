@@ -76,6 +76,11 @@ def test_served_torch_two_policies(tmp_path):
             frame["request_id"].implode()).sum() == frame.height
         steps = pl.read_parquet(cell / "steps.parquet")
         assert steps.height > 0 and abs(steps["execute_end"].min() - ok["sent_at"].min()) < 60
+        # Every request's admission is a decision (serve --record-decisions), on one clock.
+        decisions = pl.read_parquet(cell / "decisions.parquet")
+        admits = decisions.filter(pl.col("kind") == "admit")
+        assert set(admits["request_id"]) >= set(frame["request_id"])
+        assert abs(admits["time"].min() - ok["first_scheduled_at"].min()) < 1.0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["policies"]) == {"fcfs", "sjf"}
     assert summary["policies"]["sjf"]["overall"]["requests"] > 0

@@ -137,3 +137,26 @@ def test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor(tm
             process.wait(10)
         stderr.close()
     assert "KV cache:" in (tmp_path / "stderr.log").read_text()
+
+
+@pytest.mark.parametrize("core", ["process", "thread"])
+def test_record_decisions_writes_every_decision_at_shutdown(tmp_path, core):
+    import polars as pl
+
+    out = tmp_path / "decisions.parquet"
+    with CliServer(["--executor", "sim", "--engine-core", core, "--record-decisions",
+                    str(out)]) as server:
+        client = HttpClient(server.url)
+        for i in range(3):
+            status, _, _ = client.request(
+                "POST", "/v1/completions",
+                json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 2}).encode(),
+                {"X-Request-Id": f"r{i}"})
+            assert status == 200
+        client.close()
+        server.terminate()
+        assert server.wait(30) == 0
+    decisions = pl.read_parquet(out)
+    admits = decisions.filter(pl.col("kind") == "admit")
+    assert sorted(admits["request_id"]) == ["r0", "r1", "r2"]
+    assert {"reason", "mode", "time", "step", "predicted_swap_s"} <= set(decisions.columns)

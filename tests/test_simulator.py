@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.cost_model import CostModel
 from harness.cli import app
+from harness.decision_log import decisions_frame
 from harness.profiles import build_plan, profile_from_dict, resolve_profile
-from harness.simulate import decisions_frame, simulate
+from harness.simulate import simulate
 
 runner = CliRunner()
 

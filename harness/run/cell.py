@@ -123,6 +123,7 @@ def run_load_cell(cell: Cell, cell_dir: Path, settings: CellSettings,
                 *knob_flags(cell.knobs),
                 "--record-requests", str(raw / "engine_requests.parquet"),
                 "--record-steps", str(raw / "engine_steps.parquet"),
+                "--record-decisions", str(raw / "engine_decisions.parquet"),
                 "--trace-file", str(raw / "spans.jsonl")]
         if settings.cost_model is not None:
             args += ["--cost-model", str(settings.cost_model)]
@@ -282,6 +283,10 @@ def _collect(result: CellResult, settings: CellSettings, records: Path, raw: Pat
     steps_file = raw / "engine_steps.parquet"
     if steps_file.is_file() and epoch is not None:
         shift_steps(pl.read_parquet(steps_file), epoch).write_parquet(result.path / "steps.parquet")
+    decisions_file = raw / "engine_decisions.parquet"
+    if decisions_file.is_file() and epoch is not None:  # on the clients' clock, as steps
+        pl.read_parquet(decisions_file).with_columns(pl.col("time") + epoch).write_parquet(
+            result.path / "decisions.parquet")
     trace = raw / "spans.jsonl" if result.mode == "serve" else settings.target_trace_file
     if trace is not None and Path(trace).is_file():
         try:
@@ -299,9 +304,10 @@ def _collect(result: CellResult, settings: CellSettings, records: Path, raw: Pat
         (result.path / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True,
                                                              default=str) + "\n")
     _note_files(result, ("requests.parquet", "metrics.parquet", "steps.parquet",
-                         "spans.parquet"))
+                         "spans.parquet", "decisions.parquet"))
     if result.mode == "target":
-        result.missing = [m for m in result.missing if m != "steps.parquet"]
+        result.missing = [m for m in result.missing if m not in ("steps.parquet",
+                                                                 "decisions.parquet")]
         result.missing.append("engine records (steps, queue_s, preemptions, stalls): an "
                               "external target has none")
 
