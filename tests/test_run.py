@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from engine.api.testing import CliServer
 
@@ -207,3 +208,22 @@ def test_headline_starvation_and_max_wait(tmp_path):
     bounded = summary["policies"]["sjf"]["classes"]["long"]["metrics"]["queue_s"]["p99"]
     assert bounded < long_p99["sjf"], (bounded, long_p99)
     assert not any(f["trap"] == "starvation" for f in summary["diagnosis"])
+
+
+def test_prometheus_scrapes_the_cell_and_its_series_become_metrics_parquet(tmp_path):
+    """--prometheus: a real Prometheus (Debian's binary, installed by make test) scrapes
+    the served cell every second; its series, exported at the end, are metrics.parquet."""
+    from harness.prometheus import find_prometheus
+
+    if find_prometheus() is None:
+        assert os.environ.get("CI") != "true", "prometheus is required in CI"
+        pytest.skip("prometheus is not installed (make test installs it)")
+    out = tmp_path / "prom"
+    proc = run_cli(["--executor", "sim", "--policy", "fcfs", "--duration-scale", "0.05",
+                    "--prometheus", "--out", str(out)], timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    info = json.loads((out / "fcfs" / "run.json").read_text())
+    metrics = pl.read_parquet(out / "fcfs" / "metrics.parquet")
+    running = metrics.filter(pl.col("name") == "vllm:num_requests_running")
+    assert running["timestamp"].n_unique() >= 3 and running["value"].max() >= 1
+    assert "prometheus" in json.dumps(info).lower()
