@@ -191,6 +191,11 @@ def run(
         None, "--target-trace-file",
         help="With --target: an OTLP-JSON lines file the target writes its spans to; read "
              "into spans.parquet at the end."),
+    target_otlp_port: int | None = typer.Option(
+        None, "--target-otlp-port",
+        help="With --target: receive the target's spans over OTLP/HTTP at "
+             "http://127.0.0.1:PORT/v1/traces (start the target exporting there, e.g. vLLM's "
+             "--otlp-traces-endpoint); they become spans.parquet."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="SCHEDSCOPE_API_KEY",
                                        help="Bearer token for --target."),
     executor: str = typer.Option("torch", "--executor",
@@ -257,7 +262,8 @@ def run(
         raise typer.BadParameter(f"{cost_model}: no such file", param_hint="--cost-model")
     settings = {"executor": executor, "cost_model": cost_model, "torch_threads": torch_threads,
                 "target": target.rstrip("/") if target else None,
-                "target_trace_file": target_trace_file, "api_key": api_key,
+                "target_trace_file": target_trace_file, "target_otlp_port": target_otlp_port,
+                "api_key": api_key,
                 "prometheus": prometheus, "grace_s": grace, "start_timeout_s": start_timeout}
     options = RunOptions(plan=plan, out=out, simulate=simulate_mode, settings=settings,
                          keep_raw=keep_raw, argv=["schedscope", *sys.argv[1:]], report=report)

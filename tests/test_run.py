@@ -87,11 +87,23 @@ def test_served_torch_two_policies(tmp_path):
     assert summary["policies"]["sjf"]["overall"]["requests"] > 0
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_target_external_server(tmp_path):
+    """--target: a second bundled server (sim) stands for an external one; it exports
+    its spans over OTLP/HTTP to the receiver the run starts (--target-otlp-port)."""
     out = tmp_path / "run"
-    with CliServer(["--executor", "sim"]) as server:
+    port = _free_port()
+    with CliServer(["--executor", "sim", "--otlp-traces-endpoint",
+                    f"http://127.0.0.1:{port}/v1/traces"]) as server:
         proc = run_cli(["--target", server.url, "--label", "ext", "--duration-scale", "0.04",
-                        "--grace", "20", "--out", str(out)])
+                        "--grace", "20", "--target-otlp-port", str(port), "--out", str(out)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert Path(last_line(proc)) == out / "report.html"
     cell = out / "ext"
@@ -105,6 +117,13 @@ def test_target_external_server(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert any("ext" in m and "engine config" in m for m in summary["missing"])
     assert any("engine records" in m for m in info["missing"])
+    # The target's own spans, received over OTLP/HTTP: one llm_request per request.
+    spans = pl.read_parquet(cell / "spans.parquet")
+    roots = spans.filter(pl.col("name") == "llm_request")
+    received = set(roots["request_id"])
+    assert received >= set(frame["request_id"])
+    assert all(r.startswith("schedscope-probe") for r in received - set(frame["request_id"]))
+    assert info["otlp_spans_received"] >= roots.height
 
 
 def test_simulate(tmp_path):

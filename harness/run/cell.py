@@ -26,6 +26,9 @@ from harness.run.server import ServedEngine, ServerStartError
 SERVED_STALL_THRESHOLD_S = 0.25
 #: Beyond the schedule's planned end and Locust's grace, a Locust run is cut after this.
 LOCUST_SLACK_S = 120.0
+#: After a --target cell's load, how long the OTLP receiver waits for the target's
+#: batch exporter to send what it still holds (OTel's default schedule delay is 5 s).
+OTLP_FLUSH_WAIT_S = 6.0
 
 
 @dataclass
@@ -63,6 +66,8 @@ class CellSettings:
     torch_threads: int | None = None
     target: str | None = None
     target_trace_file: Path | None = None
+    #: With --target: receive the target's spans over OTLP/HTTP on this port.
+    target_otlp_port: int | None = None
     api_key: str | None = None
     prometheus: bool = False
     grace_s: float = 30.0
@@ -164,6 +169,17 @@ def run_load_cell(cell: Cell, cell_dir: Path, settings: CellSettings,
             prom = None
     if prom is None:
         scraper.start()
+    receiver = None
+    if result.mode == "target" and settings.target_otlp_port is not None:
+        from harness.run.otlp_receiver import OtlpReceiver
+
+        try:
+            receiver = OtlpReceiver(raw / "target_spans.jsonl",
+                                    settings.target_otlp_port).__enter__()
+            info["otlp_receiver"] = receiver.url
+            show(f"{cell.name}: receiving the target's spans at {receiver.url}")
+        except OSError as exc:
+            result.warnings.append(f"--target-otlp-port: {exc}; no spans")
     locust = LocustRun(profile_file(settings.profile_name, cell_dir), url, records,
                        cell_dir / "locust.log", cell.rate_scale, settings.duration_scale,
                        settings.seed, extra=(["--api-key", settings.api_key] if settings.api_key
@@ -191,6 +207,10 @@ def run_load_cell(cell: Cell, cell_dir: Path, settings: CellSettings,
     elif code not in LOCUST_OK_CODES:
         result.fail("locust_crashed", f"Locust exited with {code}", locust.log_tail(),
                     infrastructure=True)
+    if receiver is not None:
+        time.sleep(OTLP_FLUSH_WAIT_S)  # the target's batch exporter sends what it holds
+        receiver.__exit__(None, None, None)
+        info["otlp_spans_received"] = receiver.num_spans
     # metrics
     if prom is not None:
         try:
@@ -288,6 +308,8 @@ def _collect(result: CellResult, settings: CellSettings, records: Path, raw: Pat
         pl.read_parquet(decisions_file).with_columns(pl.col("time") + epoch).write_parquet(
             result.path / "decisions.parquet")
     trace = raw / "spans.jsonl" if result.mode == "serve" else settings.target_trace_file
+    if result.mode == "target" and settings.target_otlp_port is not None:
+        trace = raw / "target_spans.jsonl"
     if trace is not None and Path(trace).is_file():
         try:
             info["spans"] = write_spans(Path(trace), result.path / "spans.parquet")
