@@ -231,3 +231,15 @@ def test_paired_block_bootstrap_detects_a_real_difference_and_not_noise():
     assert ci[0] < 0 < ci[1]
     again = paired_block_bootstrap((a, blocks), (b, blocks), lambda v: float(v.mean()))
     assert again == ci  # seeded
+
+
+def test_itl_is_exact_over_recorded_gaps_and_estimated_without_them():
+    gaps = [[0.01, 0.02, 0.0], [0.5, 0.03]]  # a chunk of 2 tokens adds a 0 gap
+    g = tables.group_stats(_requests(n=2, itl_s=gaps), 10.0, None)
+    flat = [0.01, 0.02, 0.0, 0.5, 0.03]
+    assert g["itl_s"]["source"] == "recorded_gaps" and g["itl_s"]["count"] == 5
+    assert g["itl_s"]["p50"] == pytest.approx(percentile(flat, 50))
+    assert g["itl_s"]["p99"] == pytest.approx(percentile(flat, 99))
+    # records without gaps (the simulator's, the engine's): TPOT weighted by gaps
+    g = tables.group_stats(_requests(n=2), 10.0, None)
+    assert g["itl_s"]["source"] == "tpot_weighted" and g["itl_s"]["count"] == 20

@@ -11,7 +11,14 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from harness.report.stats import PERCENTILES, clean, jain_index, slo_met_expr, weighted_percentile
+from harness.report.stats import (
+    PERCENTILES,
+    clean,
+    jain_index,
+    percentile,
+    slo_met_expr,
+    weighted_percentile,
+)
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "total_queue_s", "stall_s")
 STATUSES = ("ok", "error", "rejected", "aborted")
@@ -49,6 +56,8 @@ def load_requests(lazy: pl.LazyFrame, slos: dict[str, dict]) -> pl.DataFrame:
         else:
             exprs.append(pl.lit(None, dtype=dtype).alias(name))
     exprs += [pl.col(c).cast(pl.Float64) for c in SLO_COLUMNS if c in present]
+    if "itl_s" in present:  # every gap, as the load generator measured it
+        exprs.append(pl.col("itl_s").cast(pl.List(pl.Float64)))
     frame = lazy.select(exprs).with_columns(pl.col("class").fill_null("default"))
     columns = frame.collect_schema().names()
     return frame.with_columns(slo_met=slo_met_expr(columns, slos)).collect()
@@ -91,7 +100,17 @@ def _distributions(ok: pl.DataFrame) -> dict[str, dict]:
 
 
 def _itl(ok: pl.DataFrame) -> dict:
-    """ITL distribution estimated from per-request TPOT weighted by gaps (docs/report.md)."""
+    """The ITL distribution: exact over every recorded gap when the records carry them
+    (``itl_s``, the load generator's), else estimated from per-request TPOT weighted
+    by gaps (docs/report.md)."""
+    if "itl_s" in ok.columns:
+        gaps = ok["itl_s"].explode().drop_nulls().to_numpy()
+        if gaps.size:
+            out = {"count": int(gaps.size), "mean": clean(float(gaps.mean())),
+                   "source": "recorded_gaps"}
+            for p in PERCENTILES:
+                out[f"p{p}"] = clean(percentile(gaps, p))
+            return out
     rows = ok.filter(pl.col("tpot_s").is_not_null() & (pl.col("output_tokens") > 1))
     if rows.height == 0:
         return {"count": 0, "source": "tpot_weighted"}
