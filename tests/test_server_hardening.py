@@ -610,3 +610,13 @@ def test_only_accept_failures_are_rate_limited_other_loop_errors_reach_asyncio()
     guard.loop_exception_handler(loop, {"message": "socket.accept() out of system resource",
                                         "exception": OSError(24, "Too many open files")})
     assert [c["message"] for c in loop.defaults] == ["Task exception was never retrieved"]
+
+
+def test_a_gzip_body_of_several_members_is_inflated_whole(http):
+    """RFC 1952 allows several gzip members in one stream (as `cat a.gz b.gz`)."""
+    data = completion()[:-1] + b" " * (150 * 1024) + b"}"
+    cut = len(data) // 2
+    body = gzip.compress(data[:cut]) + gzip.compress(data[cut:])
+    status, _, reply = http.request("POST", "/v1/completions", body,
+                                    {**AUTH, "Content-Encoding": "gzip"})
+    assert status == 200, reply

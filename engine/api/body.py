@@ -118,30 +118,40 @@ def _not_coded(coding: str, reason: str) -> ApiError:
 
 def _inflate_zlib(data: bytes, coding: str, max_bytes: int) -> bytes:
     # gzip: a gzip header; deflate: zlib-wrapped (RFC 9110), raw deflate accepted too.
-    wbits = 16 + zlib.MAX_WBITS if coding in ("gzip", "x-gzip") else zlib.MAX_WBITS
+    gzip_coded = coding in ("gzip", "x-gzip")
+    wbits = 16 + zlib.MAX_WBITS if gzip_coded else zlib.MAX_WBITS
     if coding == "deflate" and data[:1] and (data[0] & 0x0F) != 8:
         wbits = -zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
     out = bytearray()
     pending = data
-    try:
-        while True:
-            out += inflater.decompress(pending, _INFLATE_PIECE)
-            if len(out) > max_bytes:
-                raise too_large(max_bytes)
-            pending = inflater.unconsumed_tail
-            if not pending:
-                break
-        out += inflater.flush()
-    except zlib.error as exc:
-        raise _not_coded(coding, str(exc)) from None
-    if len(out) > max_bytes:
-        raise too_large(max_bytes)
-    if not inflater.eof:
-        raise _not_coded(coding, "the compressed stream is truncated")
-    if inflater.unused_data:
-        raise _not_coded(coding, "bytes follow the end of the compressed stream")
-    return bytes(out)
+    while True:  # one gzip member after another (RFC 1952 allows several); deflate: one
+        inflater = zlib.decompressobj(wbits)
+        try:
+            while True:
+                out += inflater.decompress(pending, _INFLATE_PIECE)
+                if len(out) > max_bytes:
+                    raise too_large(max_bytes)
+                if inflater.eof:  # this member ended: what follows is the next one
+                    break
+                pending = inflater.unconsumed_tail
+                if not pending:
+                    break
+            if not inflater.eof:
+                # Not after the end: flush() would re-read unconsumed_tail into unused_data.
+                out += inflater.flush()
+        except zlib.error as exc:
+            raise _not_coded(coding, str(exc)) from None
+        if len(out) > max_bytes:
+            raise too_large(max_bytes)
+        if not inflater.eof:
+            raise _not_coded(coding, "the compressed stream is truncated")
+        # Past a member's end zlib puts every byte that follows in unused_data (its
+        # unconsumed_tail repeats them and is not read again).
+        pending = inflater.unused_data
+        if not pending:
+            return bytes(out)
+        if not (gzip_coded and pending[:2] == b"\x1f\x8b"):
+            raise _not_coded(coding, "bytes follow the end of the compressed stream")
 
 
 def _inflate_brotli(data: bytes, max_bytes: int) -> bytes:
