@@ -583,3 +583,13 @@ def test_cli_duration_scale_and_default_alias(tmp_path):
     assert pl.read_parquet(out / "requests.parquet").height == expected
     bad = CliRunner().invoke(app, ["simulate", "--duration-scale", "-1", "--out", str(out)])
     assert bad.exit_code != 0 and "duration" in bad.output
+
+
+def test_bursty_ramp_arrivals_stay_in_order():
+    """Regression (found by test_plan_invariants): gamma gaps near 0 made the ramp's
+    inverse rate map round one ulp out of order."""
+    phase = Phase(name="p0", duration_s=9.0, rate=1.5556099674237314, rate_end=4.0703125,
+                  burstiness=0.1)
+    p = Profile(name="h", seed=0, classes=classes(0.5, 0.3, 0.2), phases=(phase,))
+    t = [s.scheduled_at for s in build_plan(p).open_loop_requests()]
+    assert t == sorted(t)

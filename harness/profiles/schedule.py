@@ -100,6 +100,9 @@ def _ramp_offsets(phase: Phase, rng: np.random.Generator) -> np.ndarray:
     slope = (r1 - r0) / d
     # t = L^-1(u), in the form that stays exact as slope -> 0.
     t = 2.0 * u / (r0 + np.sqrt(np.maximum(r0 * r0 + 2.0 * slope * u, 0.0)))
+    # L^-1 is increasing, but two nearly equal u (bursty gaps ~0) can round one ulp the
+    # wrong way: keep the arrivals in order.
+    t = np.maximum.accumulate(t)
     return t[t < d]
 
 
