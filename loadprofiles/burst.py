@@ -20,8 +20,9 @@ fcfs 5.9 / 5.7 s, 2.99; sjf 2.3 / 6.0 s (long max 6.7 s), 4.39; priority 2.7 / 6
 short class first.
 """
 
-from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
+from harness.profiles import Phase, Profile
 from harness.profiles.locust_hook import expose
+from loadprofiles._chat_mix import chat_classes
 
 BASE_RATE = 3.0
 BURST_FACTOR = 8.0
@@ -31,26 +32,7 @@ PROFILE = Profile(
     name="burst",
     seed=43,
     description="3 req/s base; a 5 s burst at 8x every 30 s, six times (mixed classes)",
-    classes=(
-        RequestClass(
-            name="short_chat",
-            weight=0.8,
-            priority=0,
-            max_tokens=256,
-            prompt_tokens=LengthDistribution.lognormal(200, 0.6, max=1024),
-            output_tokens=LengthDistribution.lognormal(70, 0.6),
-            slo=Slo(ttft_s=1.0, tpot_s=0.1),
-        ),
-        RequestClass(
-            name="long_generation",
-            weight=0.2,
-            priority=1,
-            max_tokens=1024,
-            prompt_tokens=LengthDistribution.lognormal(500, 0.4, max=1024),
-            output_tokens=LengthDistribution.lognormal(400, 0.5),
-            slo=Slo(ttft_s=5.0, e2e_s=60.0),
-        ),
-    ),
+    classes=chat_classes(),
     phases=tuple(
         phase
         for k in range(CYCLES)

@@ -22,8 +22,9 @@ model, seed 42, 808 requests): queue-wait p99 of the short class 16.7 s (fcfs) /
 2.7 s (sjf) / 6.4 s (priority); of the long class 16.1 / 22.4 / 20.5 s.
 """
 
-from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
+from harness.profiles import Phase, Profile
 from harness.profiles.locust_hook import expose
+from loadprofiles._chat_mix import chat_classes
 
 PROFILE = Profile(
     name="mixed",
@@ -32,26 +33,7 @@ PROFILE = Profile(
         "80% short chat / 20% long generation; steady 60 s at 4 req/s, "
         "15 s burst at 28 req/s, recovery 45 s"
     ),
-    classes=(
-        RequestClass(
-            name="short_chat",
-            weight=0.8,
-            priority=0,
-            max_tokens=256,
-            prompt_tokens=LengthDistribution.lognormal(200, 0.6, max=1024),
-            output_tokens=LengthDistribution.lognormal(70, 0.6),
-            slo=Slo(ttft_s=1.0, tpot_s=0.1),
-        ),
-        RequestClass(
-            name="long_generation",
-            weight=0.2,
-            priority=1,
-            max_tokens=1024,
-            prompt_tokens=LengthDistribution.lognormal(500, 0.4, max=1024),
-            output_tokens=LengthDistribution.lognormal(400, 0.5),
-            slo=Slo(ttft_s=5.0, e2e_s=60.0),
-        ),
-    ),
+    classes=chat_classes(),
     phases=(
         Phase(name="steady", duration_s=60, rate=4.0, burstiness=1.0),
         Phase(name="burst", duration_s=15, rate=28.0, burstiness=0.3),

@@ -18,33 +18,15 @@ cost model, 384 requests): queue-wait p99 short / long fcfs 1.0 / 1.0 s, sjf 0.8
 knee shows: fcfs 9.1 / 8.6 s, sjf 1.7 / 15.7 s, priority 1.2 / 13.3 s.
 """
 
-from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
+from harness.profiles import Phase, Profile
 from harness.profiles.locust_hook import expose
+from loadprofiles._chat_mix import chat_classes
 
 PROFILE = Profile(
     name="ramp",
     seed=44,
     description="rate 0.5 -> 8 req/s linearly over 60 s, then 15 s at 8 req/s (mixed classes)",
-    classes=(
-        RequestClass(
-            name="short_chat",
-            weight=0.8,
-            priority=0,
-            max_tokens=256,
-            prompt_tokens=LengthDistribution.lognormal(200, 0.6, max=1024),
-            output_tokens=LengthDistribution.lognormal(70, 0.6),
-            slo=Slo(ttft_s=1.0, tpot_s=0.1),
-        ),
-        RequestClass(
-            name="long_generation",
-            weight=0.2,
-            priority=1,
-            max_tokens=1024,
-            prompt_tokens=LengthDistribution.lognormal(500, 0.4, max=1024),
-            output_tokens=LengthDistribution.lognormal(400, 0.5),
-            slo=Slo(ttft_s=5.0, e2e_s=60.0),
-        ),
-    ),
+    classes=chat_classes(),
     phases=(
         Phase(name="ramp", duration_s=60, rate=0.5, rate_end=8.0),
         Phase(name="hold", duration_s=15, rate=8.0),

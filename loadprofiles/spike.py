@@ -20,33 +20,15 @@ cost model, 429 requests; queue-wait p99 short / long, TTFT p99 all): fcfs 5.2 /
 at the default pool; the spike is a token-budget queue (fcfs: waits up to 5.8 s).
 """
 
-from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
+from harness.profiles import Phase, Profile
 from harness.profiles.locust_hook import expose
+from loadprofiles._chat_mix import chat_classes
 
 PROFILE = Profile(
     name="spike",
     seed=45,
     description="3 req/s steady; one 2 s spike at 60 req/s at t=40 s; 100 s in all",
-    classes=(
-        RequestClass(
-            name="short_chat",
-            weight=0.9,
-            priority=0,
-            max_tokens=256,
-            prompt_tokens=LengthDistribution.lognormal(200, 0.6, max=1024),
-            output_tokens=LengthDistribution.lognormal(70, 0.6),
-            slo=Slo(ttft_s=1.0, tpot_s=0.1),
-        ),
-        RequestClass(
-            name="long_generation",
-            weight=0.1,
-            priority=1,
-            max_tokens=1024,
-            prompt_tokens=LengthDistribution.lognormal(500, 0.4, max=1024),
-            output_tokens=LengthDistribution.lognormal(400, 0.5),
-            slo=Slo(ttft_s=5.0, e2e_s=60.0),
-        ),
-    ),
+    classes=chat_classes(0.9, 0.1),
     phases=(
         Phase(name="before", duration_s=40, rate=3.0),
         Phase(name="spike", duration_s=2, rate=60.0),
