@@ -22,22 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from bench_telemetry_metrics import torch_engine  # the same engine: run from benchmarks/
+
 from engine.request import EngineRequest
 from engine.sequence import SamplingParams
 
 TARGET = 0.97
 AIM = 0.99
-
-
-def torch_engine(batch: int):
-    from engine.clock import WallClock
-    from engine.model_runner import build_torch_engine
-
-    config = EngineConfig(SchedulerConfig(max_num_seqs=batch, max_model_len=2048),
-                          CacheConfig(block_size=16, num_gpu_blocks_override=2048,
-                                      num_cpu_blocks_override=0), model="tiny")
-    return build_torch_engine(config, WallClock(), device="cpu")
 
 
 def one_round(engine, tag: str, batch: int, tokens: int) -> float:

@@ -32,6 +32,12 @@ class SequenceStatus(enum.Enum):
     def is_finished(self) -> bool:
         return self in _FINISHED
 
+    @property
+    def record_status(self) -> str:
+        """The status records and spans give a request that ended this way (METRICS.md:
+        ok | error | rejected | aborted); ``error`` for one that has not ended."""
+        return _RECORD_STATUS.get(self, "error")
+
 
 _FINISHED = frozenset(
     {
@@ -42,6 +48,13 @@ _FINISHED = frozenset(
         SequenceStatus.FINISHED_ERROR,
     }
 )
+_RECORD_STATUS = {
+    SequenceStatus.FINISHED_STOPPED: "ok",
+    SequenceStatus.FINISHED_LENGTH: "ok",
+    SequenceStatus.FINISHED_ABORTED: "aborted",
+    SequenceStatus.FINISHED_REJECTED: "rejected",
+    SequenceStatus.FINISHED_ERROR: "error",
+}
 
 #: The OpenAI ``finish_reason`` / vLLM ``finished_reason`` label for each end state.
 FINISH_REASONS = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import Sequence
 from engine.step_record import StepRecord
 
 #: One stall: when the gap began (engine time) and how long it lasted.
@@ -56,17 +56,10 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "finished_at": pl.Float64,
 }
 
-_STATUS = {
-    SequenceStatus.FINISHED_STOPPED: "ok",
-    SequenceStatus.FINISHED_LENGTH: "ok",
-    SequenceStatus.FINISHED_ABORTED: "aborted",
-    SequenceStatus.FINISHED_REJECTED: "rejected",
-    SequenceStatus.FINISHED_ERROR: "error",
-}
 
 
 def record_status(seq: Sequence) -> str:
-    return _STATUS.get(seq.status, "error")
+    return seq.status.record_status
 
 
 def sequence_record(seq: Sequence, policy: str, profile: str) -> dict:

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from engine import decisions as d
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import Sequence
 from engine.step_record import DECODE, RECOMPUTE, StepRecord
 from engine.telemetry.trace_ids import request_trace_id
 
@@ -68,13 +68,6 @@ REQUEST_ID = "schedscope.request.id"
 DECISION = "schedscope.decision"
 STEP = "schedscope.step"
 
-_STATUS = {
-    SequenceStatus.FINISHED_STOPPED: "ok",
-    SequenceStatus.FINISHED_LENGTH: "ok",
-    SequenceStatus.FINISHED_ABORTED: "aborted",
-    SequenceStatus.FINISHED_REJECTED: "rejected",
-    SequenceStatus.FINISHED_ERROR: "error",
-}
 
 _PREFILL_EVENT = "p"
 _DECISION_EVENT = "d"
@@ -222,7 +215,7 @@ class SpanObserver:
         parent = _client_parent(seq.traceparent)
         trace_id = request_trace_id(seq)  # the client's trace id when it sent one
         root = spans.context(trace_id)
-        status = _STATUS.get(seq.status, "error")
+        status = seq.status.record_status
         for name, t0, t1, attributes in self._children(seq, history, start, end):
             t0 = min(max(t0, start), end)
             t1 = min(max(t1, t0), end)
