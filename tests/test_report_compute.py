@@ -233,6 +233,36 @@ def test_paired_block_bootstrap_detects_a_real_difference_and_not_noise():
     assert again == ci  # seeded
 
 
+def test_verdicts_pair_served_cells_by_schedule_offset_not_wall_clock():
+    """Served cells run one after another: their scheduled_at instants never overlap, so
+    arrival windows must come from schedule_offset_s. On wall-clock windows no resample
+    held both cells' long requests and the CI came out None ("within noise") even for
+    a 7x difference with no overlap at all (seen on a served starvation run)."""
+    from harness.report.verdict import against_fcfs, verdicts
+
+    n = 60
+    offsets = [i * 0.5 for i in range(n)]
+    classes = ["long" if i % 6 == 0 else "short" for i in range(n)]
+
+    def cell(start: float, queue: float, ttft: float) -> dict:
+        frame = _requests(ttft=[ttft] * n, classes=classes, queue_s=[queue] * n,
+                          schedule_offset_s=offsets,
+                          scheduled_at=[start + o for o in offsets])
+        return {"frame": frame, "duration_s": 30.0}
+
+    policies = {"fcfs": cell(1.8e9, 2.0, 0.5), "sjf": cell(1.8e9 + 45.0, 15.0, 0.1)}
+    entry = next(c for c in against_fcfs(policies, "short", "long")
+                 if c["class"] == "long")
+    assert entry["ci95_of_difference"] is not None and entry["beyond_noise"], entry
+    assert verdicts(policies, "short")["short_ttft"]["beyond_noise"]
+    # Simulated records (no offsets) share the virtual clock's axis: still paired.
+    for p in policies.values():
+        p["frame"] = p["frame"].with_columns(scheduled_at=pl.col("schedule_offset_s"),
+                                             schedule_offset_s=pl.lit(None, pl.Float64))
+    entry = next(c for c in against_fcfs(policies, "short", "long") if c["class"] == "long")
+    assert entry["beyond_noise"], entry
+
+
 def test_itl_is_exact_over_recorded_gaps_and_estimated_without_them():
     gaps = [[0.01, 0.02, 0.0], [0.5, 0.03]]  # a chunk of 2 tokens adds a 0 gap
     g = tables.group_stats(_requests(n=2, itl_s=gaps), 10.0, None)

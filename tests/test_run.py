@@ -202,30 +202,35 @@ def test_headline_mixed_sjf_lowers_short_ttft(tmp_path):
 
 
 def test_headline_starvation_and_max_wait(tmp_path):
-    """Served, sim executor, --max-num-seqs 4, tests/data/run_starvation.toml: under SJF
-    without aging the long class's p99 queue wait is well above FCFS's (the report says
-    so in words); --max-wait-s 3 brings it back down."""
+    """Served, sim executor, --max-num-seqs 4, tests/data/run_starvation.toml at its full
+    length: under SJF without aging the long class's p99 queue wait is far above FCFS's,
+    beyond run-to-run noise, and the report says so in words; --max-wait-s 3 brings it
+    back down."""
     profile = str(DATA / "run_starvation.toml")
+    common = ["--executor", "sim", "--profile", profile, "--duration-scale", "1",
+              "--max-num-seqs", "4", "--grace", "60"]
     out = tmp_path / "starve"
-    proc = run_cli(["--executor", "sim", "--profile", profile, "--policy", "fcfs,sjf",
-                    "--max-num-seqs", "4", "--grace", "60", "--out", str(out)])
+    proc = run_cli([*common, "--policy", "fcfs,sjf", "--out", str(out)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     long_p99 = {p: summary["policies"][p]["classes"]["long"]["metrics"]["queue_s"]["p99"]
                 for p in ("fcfs", "sjf")}
-    # Served, this short schedule gives ~1.75x (1.86 s vs 3.25 s measured); the
-    # simulator gives ~5x on the same profile. 1.4x keeps the test stable.
-    assert long_p99["sjf"] > 1.4 * long_p99["fcfs"], long_p99
+    # Served (two runs): 20.8 s vs 4.1 s, 20.5 s vs 4.1 s (5.1x; CI of the difference
+    # 14.3 .. 17.9 s); simulated 18.7 s vs 3.6 s (5.2x), and 4.7x for an engine 30%
+    # slower than the model (the profile's comment). 3x leaves that margin.
+    assert long_p99["sjf"] > 3 * long_p99["fcfs"], long_p99
+    entry = next(c for c in summary["against_fcfs"]
+                 if c["policy"] == "sjf" and c["class"] == "long")
+    assert entry["beyond_noise"], entry
     md = (out / "report.md").read_text()
     assert "SJF raises p99 queue wait of 'long' against FCFS" in md
     fixed = tmp_path / "fixed"
-    proc = run_cli(["--executor", "sim", "--profile", profile, "--policy", "sjf",
-                    "--max-num-seqs", "4", "--max-wait-s", "3", "--grace", "60",
-                    "--out", str(fixed)])
+    proc = run_cli([*common, "--policy", "sjf", "--max-wait-s", "3", "--out", str(fixed)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((fixed / "summary.json").read_text())
     bounded = summary["policies"]["sjf"]["classes"]["long"]["metrics"]["queue_s"]["p99"]
-    assert bounded < long_p99["sjf"], (bounded, long_p99)
+    # Served: 7.6 s with the bound against 20.5-20.8 s without; simulated 6.8 vs 18.7 s.
+    assert bounded < 0.5 * long_p99["sjf"], (bounded, long_p99)
     assert not any(f["trap"] == "starvation" for f in summary["diagnosis"])
 
 

@@ -29,7 +29,8 @@ STALL_CAUSES = ("swapped_out", "recompute", "preempted_waiting", "prefill_interf
 REQUEST_COLUMNS = {
     "request_id": pl.String, "class": pl.String, "status": pl.String, "error": pl.String,
     "priority": pl.Int64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
-    "max_tokens": pl.Int64, "scheduled_at": pl.Float64, "sent_at": pl.Float64,
+    "max_tokens": pl.Int64, "schedule_offset_s": pl.Float64, "scheduled_at": pl.Float64,
+    "sent_at": pl.Float64,
     "ttft_s": pl.Float64, "tpot_s": pl.Float64, "e2e_s": pl.Float64, "max_itl_s": pl.Float64,
     "queue_s": pl.Float64, "total_queue_s": pl.Float64, "preemptions": pl.Int64,
     "preempt_swaps": pl.Int64, "preempt_recomputes": pl.Int64, "swapped_s": pl.Float64,

@@ -26,24 +26,45 @@ OBJECTIVES = {
 }
 
 
+def arrival_offsets(frame: pl.DataFrame) -> np.ndarray:
+    """Each request's arrival as an offset into its own run's schedule, in seconds.
+
+    Block bootstraps pair the policies' requests by arrival window, so the windows must
+    be on one axis for every policy: served cells run one after another, and their
+    ``scheduled_at`` (wall-clock instants) do not overlap at all. The load generator's
+    ``schedule_offset_s`` is that axis; records without it come from a simulation, whose
+    virtual clock starts every policy at 0, so their ``scheduled_at`` is already one.
+    """
+    if "schedule_offset_s" in frame.columns and frame["schedule_offset_s"].null_count() == 0:
+        return frame["schedule_offset_s"].cast(pl.Float64).to_numpy()
+    return frame["scheduled_at"].cast(pl.Float64).to_numpy()
+
+
+def _span(policies: dict[str, dict]) -> tuple[float, float]:
+    """First and last arrival offset over every policy (the block windows' range)."""
+    offsets = np.concatenate([arrival_offsets(p["frame"].drop_nulls("scheduled_at"))
+                              for p in policies.values()])
+    return (float(offsets.min()), float(offsets.max())) if offsets.size else (0.0, 1.0)
+
+
 def _series(frame: pl.DataFrame, objective: str, short_class: str | None, duration: float):
     """(values, arrival times, statistic) the objective is computed from."""
     ok = frame.filter(pl.col("status") == "ok")
     if objective == "short_ttft":
         rows = ok.filter(pl.col("class") == short_class).drop_nulls("ttft_s")
-        return rows["ttft_s"].to_numpy(), rows["scheduled_at"].to_numpy(), \
+        return rows["ttft_s"].to_numpy(), arrival_offsets(rows), \
             lambda v: float(v.mean()) if v.size else None
     if objective == "tail_e2e":
         rows = ok.drop_nulls("e2e_s")
-        return rows["e2e_s"].to_numpy(), rows["scheduled_at"].to_numpy(), \
+        return rows["e2e_s"].to_numpy(), arrival_offsets(rows), \
             lambda v: float(np.percentile(v, 99)) if v.size else None
     if objective == "goodput":
         d = max(duration, 1e-9)
-        return frame["slo_met"].cast(pl.Float64).to_numpy(), frame["scheduled_at"].to_numpy(), \
+        return frame["slo_met"].cast(pl.Float64).to_numpy(), arrival_offsets(frame), \
             lambda v: float(v.sum()) / d
     rows = ok.filter(pl.col("output_tokens") > 0).drop_nulls("e2e_s")
     values = (rows["e2e_s"] / rows["output_tokens"].cast(pl.Float64)).to_numpy()
-    return values, rows["scheduled_at"].to_numpy(), jain_index
+    return values, arrival_offsets(rows), jain_index
 
 
 def verdicts(policies: dict[str, dict], short_class: str | None, resamples: int = 200,
@@ -52,9 +73,7 @@ def verdicts(policies: dict[str, dict], short_class: str | None, resamples: int 
     out: dict = {}
     if len(policies) < 2:
         return out
-    times = np.concatenate([p["frame"]["scheduled_at"].drop_nulls().to_numpy()
-                            for p in policies.values()])
-    start, end = (float(times.min()), float(times.max())) if times.size else (0.0, 1.0)
+    start, end = _span(policies)
     for objective, (title, lower, unit) in OBJECTIVES.items():
         if objective == "short_ttft" and short_class is None:
             continue
@@ -125,9 +144,7 @@ def against_fcfs(policies: dict[str, dict], short_class: str | None, long_class:
         return []
     base = policies[baseline]
     out = []
-    times = np.concatenate([p["frame"]["scheduled_at"].drop_nulls().to_numpy()
-                            for p in policies.values()])
-    start, end = float(times.min()), float(times.max())
+    start, end = _span(policies)
     for name, p in policies.items():
         if name == baseline:
             continue
@@ -144,8 +161,8 @@ def against_fcfs(policies: dict[str, dict], short_class: str | None, long_class:
             va, vb = a[metric].to_numpy(), b[metric].to_numpy()
             sa, sb = stat(va), stat(vb)
             ci = paired_block_bootstrap(
-                (va, time_blocks(a["scheduled_at"].to_numpy(), start, end)),
-                (vb, time_blocks(b["scheduled_at"].to_numpy(), start, end)),
+                (va, time_blocks(arrival_offsets(a), start, end)),
+                (vb, time_blocks(arrival_offsets(b), start, end)),
                 stat, resamples=resamples, seed=seed)
             beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
             verb = "lowers" if sa < sb else "raises"
