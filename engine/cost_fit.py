@@ -75,8 +75,30 @@ def step_cycles(frame) -> tuple[np.ndarray, np.ndarray]:
     return np.array(x, dtype=np.float64).reshape(-1, len(FEATURES)), cycles
 
 
-def fit_from_steps(frames, model: str = "", source: str = "") -> CostModel:
-    """A cost model fitted to the step cycles of one or more runs' step records."""
+def client_latency_from_requests(frames) -> tuple[float, int] | None:
+    """(median seconds a request and its first token spend outside the engine, rows):
+    ``ttft_from_sent_s - engine_ttft_s`` over the finished requests of run records that
+    carry both the client's and the engine's columns (a ``schedscope run`` cell's
+    requests.parquet) — the client's send to the engine's arrival stamp, plus the
+    engine's first token to the client's. None when no row has both."""
+    gaps = []
+    for frame in frames:
+        if not {"ttft_from_sent_s", "engine_ttft_s", "status"} <= set(frame.columns):
+            continue
+        rows = frame.filter(frame["status"] == "ok")
+        gap = (rows["ttft_from_sent_s"] - rows["engine_ttft_s"]).drop_nulls().to_numpy()
+        gaps.append(gap[np.isfinite(gap)])
+    gaps = np.concatenate(gaps) if gaps else np.array([])
+    if gaps.size == 0:
+        return None
+    return max(0.0, float(np.median(gaps))), int(gaps.size)
+
+
+def fit_from_steps(frames, model: str = "", source: str = "",
+                   client_latency_s: float = 0.0) -> CostModel:
+    """A cost model fitted to the step cycles of one or more runs' step records;
+    ``client_latency_s`` (from :func:`client_latency_from_requests`, when the runs have
+    client records) is carried into the model as measured."""
     if not isinstance(frames, list | tuple):
         frames = [frames]
     xs, ys = [], []
@@ -101,7 +123,7 @@ def fit_from_steps(frames, model: str = "", source: str = "") -> CostModel:
     fitted = CostModel(
         **dict(zip(FEATURES, (float(c) for c in coef), strict=True)),
         device="fitted from step records", model=model, source="steps",
-        client_latency_s=0.0,  # not in step records: benchmarks/bench_serving.py measures it
+        client_latency_s=client_latency_s,  # not in step records: from the client's
         fitted_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
     predicted = x @ np.array(fitted.coefficients)

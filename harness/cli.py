@@ -465,9 +465,9 @@ def _calibrate_by_profiling(model: str, device: str | None, block_size: int, rep
 def _calibrate_from_steps(paths: list[Path], model: str) -> CostModel:
     import polars as pl
 
-    from engine.cost_fit import CalibrationError, fit_from_steps
+    from engine.cost_fit import CalibrationError, client_latency_from_requests, fit_from_steps
 
-    frames = []
+    frames, request_frames = [], []
     for path in paths:
         file = path / "steps.parquet" if path.is_dir() else path
         try:
@@ -475,8 +475,25 @@ def _calibrate_from_steps(paths: list[Path], model: str) -> CostModel:
         except (FileNotFoundError, OSError, pl.exceptions.PolarsError) as exc:
             raise typer.BadParameter(f"{file}: cannot read step records ({exc})",
                                      param_hint="--from-steps") from None
+        # A `schedscope run` cell also has the client's records: the time spent outside
+        # the engine (HTTP, the pipe, SSE) is measured there, not guessed.
+        requests_file = file.with_name("requests.parquet")
+        if requests_file.exists():
+            try:
+                request_frames.append(pl.read_parquet(requests_file))
+            except (OSError, pl.exceptions.PolarsError) as exc:
+                raise typer.BadParameter(f"{requests_file}: cannot read request records ({exc})",
+                                         param_hint="--from-steps") from None
+    latency = client_latency_from_requests(request_frames)
+    if latency is None:
+        console.print("client latency: 0 (no client records beside the step records; "
+                      "a `schedscope run` cell has them)")
+    else:
+        console.print(f"client latency: {latency[0] * 1e3:.2f} ms (median over "
+                      f"{latency[1]} requests)")
     try:
-        return fit_from_steps(frames, model=model, source=", ".join(map(str, paths)))
+        return fit_from_steps(frames, model=model, source=", ".join(map(str, paths)),
+                              client_latency_s=latency[0] if latency else 0.0)
     except CalibrationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--from-steps") from None
 

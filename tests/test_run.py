@@ -85,6 +85,16 @@ def test_served_torch_two_policies(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["policies"]) == {"fcfs", "sjf"}
     assert summary["policies"]["sjf"]["overall"]["requests"] > 0
+    # A served cell calibrates the simulator: its step cycles, and the time its requests
+    # spent outside the engine, from its client records (HTTP, the pipe, SSE: > 0).
+    fitted = tmp_path / "fitted.json"
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "calibrate", "--from-steps",
+                           str(out / "fcfs"), "--out", str(fitted)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    model = json.loads(fitted.read_text())
+    assert model["source"] == "steps" and 0 < model["client_latency_s"] < 0.5, model
+    assert "client latency:" in proc.stdout and "requests)" in proc.stdout
 
 
 def _free_port() -> int:

@@ -103,6 +103,31 @@ def test_calibrate_from_steps_on_the_command_line(tmp_path):
     assert bad.exit_code == 2 and "--from-steps" in bad.output
 
 
+def test_calibrate_takes_client_latency_from_a_run_cells_client_records(tmp_path):
+    """Beside a cell's steps.parquet, requests.parquet has the client's TTFT from its send
+    and the engine's TTFT from its arrival stamp: their median gap (finished requests
+    only) is the model's client_latency_s, which simulated client-side TTFT/E2E add."""
+    from engine.cost_fit import client_latency_from_requests
+
+    _simulated_steps(tmp_path)
+    gaps = [0.002, 0.003, 0.004, 0.0031, 0.0029]
+    pl.DataFrame({
+        "request_id": [f"r{i}" for i in range(7)],
+        "status": ["ok"] * 5 + ["error", "ok"],
+        "engine_ttft_s": [0.01] * 5 + [0.01, None],
+        "ttft_from_sent_s": [0.01 + g for g in gaps] + [5.0, 0.5],
+    }).write_parquet(tmp_path / "requests.parquet")
+    latency, rows = client_latency_from_requests([pl.read_parquet(tmp_path / "requests.parquet")])
+    assert latency == pytest.approx(0.003) and rows == 5
+    out = tmp_path / "fitted.json"
+    result = CliRunner().invoke(app, ["calibrate", "--from-steps", str(tmp_path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["client_latency_s"] == pytest.approx(0.003)
+    assert "client latency: 3.00 ms" in result.output
+    # simulated records (no engine column) say nothing about the client
+    assert client_latency_from_requests([pl.DataFrame({"status": ["ok"], "ttft_s": [1.0]})]) is None
+
+
 def test_too_few_steps_or_missing_columns_are_named(tmp_path):
     steps = _simulated_steps(tmp_path)
     with pytest.raises(CalibrationError, match="too few"):
