@@ -81,7 +81,12 @@ def test_served_torch_two_policies(tmp_path):
         decisions = pl.read_parquet(cell / "decisions.parquet")
         admits = decisions.filter(pl.col("kind") == "admit")
         assert set(admits["request_id"]) >= set(frame["request_id"])
-        assert abs(admits["time"].min() - ok["first_scheduled_at"].min()) < 1.0
+        # Per request (the probe's admission is in the decisions too): the first admit
+        # decision is the request's first scheduling, on the same clock.
+        first_admit = admits.group_by("request_id").agg(pl.col("time").min())
+        joined = ok.join(first_admit, on="request_id")
+        assert joined.height == ok.height
+        assert (joined["time"] - joined["first_scheduled_at"]).abs().max() < 1.0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["policies"]) == {"fcfs", "sjf"}
     assert summary["policies"]["sjf"]["overall"]["requests"] > 0
@@ -239,8 +244,9 @@ def test_headline_starvation_and_max_wait(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((fixed / "summary.json").read_text())
     bounded = summary["policies"]["sjf"]["classes"]["long"]["metrics"]["queue_s"]["p99"]
-    # Served: 7.6 s with the bound against 20.5-20.8 s without; simulated 6.8 vs 18.7 s.
-    assert bounded < 0.5 * long_p99["sjf"], (bounded, long_p99)
+    # Served: 7.6 s with the bound against 20.5-20.8 s without (0.37); simulated 6.8 vs
+    # 18.7 s. Two thirds keeps a margin for two separate wall-clock runs.
+    assert bounded < 0.67 * long_p99["sjf"], (bounded, long_p99)
     assert not any(f["trap"] == "starvation" for f in summary["diagnosis"])
 
 

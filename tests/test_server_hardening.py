@@ -301,18 +301,26 @@ def test_a_slow_body_gets_a_408(server):
     assert b"did not arrive within" in reply
 
 
-def test_a_keep_alive_connection_gets_a_fresh_header_deadline_per_request(server):
-    """Two requests on one connection, more than the header timeout apart: the second
-    is served (the deadline runs from its first byte, not the connection's start)."""
-    client = HttpClient(server.url)
-    try:
-        assert client.request("POST", "/v1/completions", completion(), AUTH)[0] == 200
-        conn = client._conn
-        time.sleep(0.3)
-        assert client.request("POST", "/v1/completions", completion(), AUTH)[0] == 200
-        assert client._conn is conn  # the same connection served both
-    finally:
-        client.close()
+def test_a_keep_alive_connection_gets_a_fresh_header_deadline_per_request():
+    """Four requests on one connection, together longer than the header timeout, each
+    gap well inside it: all are served on that connection (the deadline runs from each
+    request's start, not the connection's)."""
+    settings = ServerSettings(host="127.0.0.1", port=0, api_key=KEY, header_timeout_s=2.0,
+                              body_timeout_s=2.0, shutdown_timeout_s=1.0)
+    with BackgroundServer(sim_engine(max_model_len=MAX_MODEL_LEN), HashTokenizer(4096),
+                          settings) as live:
+        client = HttpClient(live.url)
+        try:
+            started = time.monotonic()
+            assert client.request("POST", "/v1/completions", completion(), AUTH)[0] == 200
+            conn = client._conn
+            for _ in range(3):
+                time.sleep(0.8)  # 2.5x inside the timeout (also the keep-alive timeout)
+                assert client.request("POST", "/v1/completions", completion(), AUTH)[0] == 200
+                assert client._conn is conn  # the same connection served it
+            assert time.monotonic() - started > settings.header_timeout_s
+        finally:
+            client.close()
 
 
 def test_busy_connections_over_the_cap_get_a_503_and_the_server_recovers():
@@ -322,7 +330,7 @@ def test_busy_connections_over_the_cap_get_a_503_and_the_server_recovers():
         try:
             for sock in held:  # each is part-way through a request: busy, not idle
                 sock.sendall(b"POST /v1/completions HTTP/1.1\r\n")
-            time.sleep(0.2)
+            time.sleep(1.0)  # the event loop has read every partial request by now
             with connect(live) as extra:
                 reply = read_all(extra)
             assert reply.startswith(b"HTTP/1.1 503"), reply[:100]

@@ -58,9 +58,13 @@ def test_a_request_sent_mid_step_queues_for_the_rest_of_that_step():
     assert during, "arrival was stamped when the step loop picked the request up, not on arrival"
     step = during[0]
     assert late.first_scheduled_time >= step.execute_end
-    assert late.queue_s >= step.execute_end - late.arrival_time > STEP_S / 10
-    # the engine's epoch maps its clock to the client's wall clock
-    assert abs(health["clock_epoch_unix"] + late.arrival_time - sent_unix) < 0.05
+    assert late.queue_s >= step.execute_end - late.arrival_time > 0
+    # the engine's epoch maps its clock to the client's wall clock: stamped after the
+    # send (a few ms of slack for the two clocks' reads), and soon after it (a wrong
+    # epoch is off by the process's age or more; the bound leaves room for a loaded
+    # machine's connect and parse)
+    skew = health["clock_epoch_unix"] + late.arrival_time - sent_unix
+    assert -0.005 <= skew < 0.5, skew
     assert late.request_class == "chat" and late.traceparent == TRACEPARENT
     assert ended(records, "busy").request_class == ""
 
@@ -137,7 +141,8 @@ def test_reusing_the_id_of_a_client_that_just_left_never_ends_the_new_request():
         sock.close()
         client = HttpClient(server.url)
         outcomes = []
-        for _ in range(40):
+        retry_until = time.monotonic() + 10  # A's abort lands within a step or two
+        while time.monotonic() < retry_until:
             time.sleep(0.005)
             status, _, data = client.post_json("/v1/completions", body(max_tokens=3),
                                                {"X-Request-Id": "X"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.request import EngineRequest, parse_traceparent
@@ -23,6 +23,7 @@ def test_a_client_traceparent_gives_the_request_its_trace_id():
     assert traceparent_ids(header) == (0x4bf92f3577b34da6a3ce929d0e0e4736, 0x00f067aa0ba902b7)
 
 
+@settings(deadline=None)  # a loaded CI machine can stall any example past 200 ms
 @given(request_id=st.text(max_size=40), seq_no=st.integers(0, 2**40),
        arrival=st.floats(0, 1e9, allow_nan=False))
 def test_a_derived_trace_id_is_a_function_of_the_request_and_valid(request_id, seq_no, arrival):
