@@ -17,7 +17,16 @@ p50/p95 TTFT and E2E per class within 15% of served. Prints measured beside targ
 where the served step cycle goes (schedule, execute, post-step, idle). Never fails on
 time (machines are shared): it reports.
 
+With ``--repeats N`` the served and offline runs alternate N times (served, offline,
+served, ...), so a slow minute on a shared machine hits both alike: served vs offline is
+the median of the N paired ratios, the simulator is compared with the median of the N
+served runs, and every figure prints the served runs' own range beside it (a simulated
+value inside that range is within run-to-run noise). ``--rank-policies`` runs each
+policy N times round-robin and calls two policies tied unless their served runs' ranges
+are disjoint.
+
 Run: .venv/bin/python benchmarks/bench_serving.py [--rate-scale 0.3] [--duration-s 40]
+     [--repeats 3] [--rank-policies fcfs,sjf,priority]
 """
 
 from __future__ import annotations
@@ -197,7 +206,10 @@ def client_latency(served: pl.DataFrame, steps_file: Path) -> dict | None:
 
 
 # -- report -----------------------------------------------------------------------------
-def percentiles(frame: pl.DataFrame) -> dict[tuple[str, str], dict[str, float]]:
+Percentiles = dict[tuple[str, str], dict[str, float]]
+
+
+def percentiles(frame: pl.DataFrame) -> Percentiles:
     out = {}
     for cls in ["all", *sorted(frame["class"].unique())]:
         part = frame if cls == "all" else frame.filter(pl.col("class") == cls)
@@ -208,21 +220,55 @@ def percentiles(frame: pl.DataFrame) -> dict[tuple[str, str], dict[str, float]]:
     return out
 
 
+def across(runs: list[Percentiles]) -> tuple[Percentiles, Percentiles, Percentiles]:
+    """(median, min, max) of each percentile over repeated runs of one schedule."""
+    def reduce(fn) -> Percentiles:
+        return {k: {q: float(fn([r[k][q] for r in runs])) for q in ("p50", "p95")}
+                for k in runs[0]}
+    return reduce(np.median), reduce(min), reduce(max)
+
+
 def throughput(frame: pl.DataFrame, specs: list[RequestSpec]) -> float:
     """Output tokens per second over the schedule's span plus the last completion."""
     span = max(s.scheduled_at for s in specs) + frame["e2e_s"].max()
     return float(frame["output_tokens"].sum()) / span
 
 
-def compare(name: str, got: dict, ref: dict, target: float) -> None:
+def verdict(err: float, target: float) -> str:
+    return "MET" if err <= target else "MISSED"
+
+
+def compare(name: str, got: Percentiles, ref: Percentiles, target: float,
+            band: tuple[Percentiles, Percentiles] | None = None) -> None:
+    """``got`` against ``ref`` (the served median); ``band``: the served runs' range."""
     for key in sorted(ref):
         cls, metric = key
         for q in ("p50", "p95"):
             g, r = got[key][q], ref[key][q]
             err = abs(g - r) / r if r else 0.0
-            verdict = "MET" if err <= target else "MISSED"
+            note = ""
+            if band is not None:
+                lo, hi = band[0][key][q], band[1][key][q]
+                inside = lo <= g <= hi
+                note = f"  served range {lo:.3f}..{hi:.3f}{' (inside)' if inside else ''}"
             print(f"  {name:20} {cls:16} {metric:7} {q}: {g:8.3f} s vs {r:8.3f} s  "
-                  f"error {err:6.1%}  target <= {target:.0%}: {verdict}")
+                  f"error {err:6.1%}  target <= {target:.0%}: {verdict(err, target)}{note}")
+
+
+def compare_paired(served: list[Percentiles], offline: list[Percentiles], target: float) -> None:
+    """Served against offline, run by run (each served run with the offline run next to
+    it): the median of the paired ratios, and their range."""
+    for key in sorted(offline[0]):
+        if key[1] != "e2e_s":
+            continue
+        for q in ("p50", "p95"):
+            ratios = [s[key][q] / o[key][q] for s, o in zip(served, offline, strict=True)
+                      if o[key][q]]
+            ratio = float(np.median(ratios))
+            err = abs(ratio - 1)
+            print(f"  served/offline       {key[0]:16} e2e_s   {q}: ratio {ratio:6.3f} "
+                  f"(runs {min(ratios):.3f}..{max(ratios):.3f})  error {err:6.1%}  "
+                  f"target <= {target:.0%}: {verdict(err, target)}")
 
 
 def step_cycle(steps_file: Path, name: str = "served") -> None:
@@ -245,42 +291,102 @@ def step_cycle(steps_file: Path, name: str = "served") -> None:
           f"idle {idle_s:.1f} s in all")
 
 
+def ttft_parts(served: pl.DataFrame, steps_file: Path, sim: pl.DataFrame) -> None:
+    """Each class's median TTFT cut at the engine's stamps, served beside simulated:
+    intake (client send -> engine arrival), queue (arrival -> first scheduled),
+    prefill (first scheduled -> first token at the engine), delivery (engine's first
+    token -> the client's). What the simulator gets wrong shows up in one column."""
+    requests_file = steps_file.with_name("requests.parquet")
+    if not requests_file.exists():
+        return
+    epoch = json.loads(steps_file.with_name("epoch.json").read_text())["clock_epoch_unix"]
+    engine = pl.read_parquet(requests_file).select(
+        "request_id", "queue_s",
+        (pl.col("scheduled_at") + epoch).alias("arrival_unix"),
+        (pl.col("first_token_at") - pl.col("first_scheduled_at")).alias("prefill_s"),
+        (pl.col("first_token_at") + epoch).alias("engine_first_unix"))
+    joined = served.join(engine, on="request_id").with_columns(
+        intake_s=pl.col("arrival_unix") - pl.col("sent_unix"),
+        delivery_s=pl.col("first_unix") - pl.col("engine_first_unix"))
+    simulated = sim.select("request_id", pl.col("ttft_s").alias("sim_ttft_s"),
+                           pl.col("queue_s").alias("sim_queue_s"),
+                           (pl.col("first_token_at") - pl.col("first_scheduled_at"))
+                           .alias("sim_prefill_s"))
+    joined = joined.join(simulated, on="request_id")
+    print("  median TTFT parts, ms (served = intake + queue + prefill + delivery | simulated):")
+    for cls in sorted(joined["class"].unique()):
+        part = joined.filter(pl.col("class") == cls)
+
+        def ms(column: str, part: pl.DataFrame = part) -> float:
+            return float(part[column].median()) * 1e3
+
+        print(f"    {cls:16} served {ms('ttft_s'):7.2f} = {ms('intake_s'):5.2f} + "
+              f"{ms('queue_s'):6.2f} + {ms('prefill_s'):7.2f} + {ms('delivery_s'):5.2f}  | "
+              f"simulated {ms('sim_ttft_s'):7.2f}: queue {ms('sim_queue_s'):6.2f}, "
+              f"prefill {ms('sim_prefill_s'):7.2f}")
+
+
+def simulate_schedule(specs: list[RequestSpec], config: EngineConfig,
+                      model: CostModel) -> pl.DataFrame:
+    result = simulate(resolve_profile("default"), config, model, requests=specs,
+                      record_decisions=False)
+    return result.requests
+
+
 def rank_policies(args, specs: list[RequestSpec]) -> None:
-    """Served and simulated runs of each policy: does the simulator rank them as the
-    served engine does, per class, by p95 TTFT and p95 E2E?"""
-    profile = resolve_profile("default")
-    served_p, sim_p = {}, {}
-    for policy in args.rank_policies.split(","):
+    """Served (``--repeats`` runs each, round-robin) and simulated runs of each policy:
+    does the simulator order them as the served engine does, per class, by p95 TTFT
+    and p95 E2E? A pair of policies is ordered by the served runs only when their
+    ranges (min..max over the repeats) are disjoint; with one run each, when their p95s
+    differ by more than RANK_TIE."""
+    policies = args.rank_policies.split(",")
+    served_runs: dict[str, list[Percentiles]] = {p: [] for p in policies}
+    for rep in range(args.repeats):
+        for policy in policies:
+            args.policy = policy
+            tmp = Path(tempfile.mkdtemp(prefix=f"schedscope-rank-{policy}-"))
+            served, _ = run_served(specs, args, tmp / "steps.parquet")
+            served.write_parquet(tmp / "client.parquet")
+            print(f"  {policy} run {rep + 1}/{args.repeats}: served records in {tmp}",
+                  flush=True)
+            served_runs[policy].append(percentiles(served))
+    model = CostModel.load(args.cost_model) if args.cost_model else CostModel()
+    sim_p, med, lo, hi = {}, {}, {}, {}
+    for policy in policies:
         args.policy = policy
-        tmp = Path(tempfile.mkdtemp(prefix=f"schedscope-rank-{policy}-"))
-        served, _ = run_served(specs, args, tmp / "steps.parquet")
-        served.write_parquet(tmp / "client.parquet")
-        print(f"  {policy}: served records in {tmp}")
-        served_p[policy] = percentiles(served)
-        model = CostModel.load(args.cost_model) if args.cost_model else CostModel()
-        result = simulate(profile, engine_config(args), model, requests=specs,
-                          record_decisions=False)
-        sim_p[policy] = percentiles(result.requests.select("request_id", "class",
-                                                           "output_tokens", "ttft_s", "e2e_s"))
-    keys = sorted(k for k in next(iter(served_p.values())) if k[0] != "all")
-    same = total = 0
+        sim = simulate_schedule(specs, engine_config(args), model)
+        sim_p[policy] = percentiles(sim.select("request_id", "class", "output_tokens",
+                                               "ttft_s", "e2e_s"))
+        med[policy], lo[policy], hi[policy] = across(served_runs[policy])
+    keys = sorted(k for k in med[policies[0]] if k[0] != "all")
+    agree = resolved = 0
     for key in keys:
-        served_rank = sorted(served_p, key=lambda p: served_p[p][key]["p95"])
-        sim_rank = sorted(sim_p, key=lambda p: sim_p[p][key]["p95"])
-        values = "  ".join(f"{p} {served_p[p][key]['p95']:.3f}/{sim_p[p][key]['p95']:.3f}"
-                           for p in served_rank)
-        lo, hi = (served_p[served_rank[i]][key]["p95"] for i in (0, -1))
-        spread = (hi - lo) / lo if lo else 0.0
-        if spread < RANK_TIE:
-            verdict = f"TIE (served spread {spread:.0%} < {RANK_TIE:.0%}: no ranking to match)"
-        else:
-            total += 1
-            same += served_rank == sim_rank
-            verdict = "SAME" if served_rank == sim_rank else "DIFFERENT"
-        print(f"  {key[0]:16} {key[1]:7} p95 served/sim: {values}   served order "
-              f"{'>'.join(served_rank)}, simulated {'>'.join(sim_rank)}: {verdict}")
-    print(f"  same policy ranking in {same} of {total} (class, metric) pairs where the "
-          "served policies differ")
+        order = sorted(policies, key=lambda p: med[p][key]["p95"])
+        values = "  ".join(f"{p} {med[p][key]['p95']:.3f} ({lo[p][key]['p95']:.3f}.."
+                           f"{hi[p][key]['p95']:.3f})/{sim_p[p][key]['p95']:.3f}" for p in order)
+        print(f"  {key[0]:16} {key[1]:7} p95 served median (range)/simulated: {values}")
+        for i, a in enumerate(order):
+            for b in order[i + 1:]:
+                if args.repeats > 1:
+                    apart = hi[a][key]["p95"] < lo[b][key]["p95"]
+                else:
+                    base = med[a][key]["p95"]
+                    apart = base > 0 and (med[b][key]["p95"] - base) / base > RANK_TIE
+                sim_says = "<" if sim_p[a][key]["p95"] < sim_p[b][key]["p95"] else ">="
+                if apart:
+                    resolved += 1
+                    agree += sim_says == "<"
+                    print(f"      {a} < {b} served (apart): simulated {a} {sim_says} {b}: "
+                          f"{'SAME' if sim_says == '<' else 'DIFFERENT'}")
+                else:
+                    print(f"      {a} ~ {b} served (ranges overlap: a tie, no order to match)")
+    print(f"  same order in {agree} of {resolved} policy pairs the served runs order "
+          f"(over {len(keys)} class x metric keys, {args.repeats} served runs per policy)")
+    for policy in policies:
+        print(f"simulated vs served, {policy}"
+              f"{' (median of the runs)' if args.repeats > 1 else ''}:")
+        compare(f"sim/served {policy}", sim_p[policy], med[policy], TARGET_SIM_VS_SERVED,
+                (lo[policy], hi[policy]) if args.repeats > 1 else None)
 
 
 def main() -> None:
@@ -292,70 +398,91 @@ def main() -> None:
     parser.add_argument("--policy", default="fcfs")
     parser.add_argument("--cost-model", type=Path, default=None)
     parser.add_argument("--skip-offline", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="served (and offline) runs of the schedule, alternating; "
+                             "figures are medians with the runs' range beside them")
     parser.add_argument("--rank-policies", default=None,
                         help="e.g. fcfs,sjf,priority: served and simulated runs of each, "
                              "and whether the simulator ranks them as served runs do")
     parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
                         help="extra `schedscope serve` flags (last)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     specs = schedule(args.rate_scale, args.duration_s, args.seed)
     config = engine_config(args)
     print(f"schedule: {len(specs)} requests over {args.duration_s:.0f} s at "
-          f"{args.rate_scale}x the default profile's rate, policy {args.policy}")
+          f"{args.rate_scale}x the default profile's rate, policy {args.policy}, "
+          f"{args.repeats} run(s) each")
     if args.rank_policies:
         rank_policies(args, specs)
         return
     tmp = Path(tempfile.mkdtemp(prefix="schedscope-bench-serving-"))
-    steps_file = tmp / "steps.parquet"
-
-    started = time.perf_counter()
-    served, lag_p99 = run_served(specs, args, steps_file)
-    print(f"served:  {time.perf_counter() - started:.1f} s wall, client send lag p99 "
-          f"{lag_p99 * 1e3:.1f} ms")
-    step_cycle(steps_file)
-    served_p = percentiles(served)
-
-    if not args.skip_offline:
+    served_runs: list[pl.DataFrame] = []
+    offline_runs: list[pl.DataFrame] = []
+    steps_files: list[Path] = []
+    for rep in range(args.repeats):
+        steps_file = tmp / f"run{rep}" / "steps.parquet"
+        steps_file.parent.mkdir()
+        steps_files.append(steps_file)
         started = time.perf_counter()
-        from harness.serve import serving_torch_threads
+        served, lag_p99 = run_served(specs, args, steps_file)
+        served.write_parquet(steps_file.with_name("client.parquet"))
+        served_runs.append(served)
+        print(f"served  {rep + 1}/{args.repeats}: {time.perf_counter() - started:.1f} s wall, "
+              f"client send lag p99 {lag_p99 * 1e3:.1f} ms", flush=True)
+        step_cycle(steps_file)
+        if not args.skip_offline:
+            started = time.perf_counter()
+            from harness.serve import serving_torch_threads
 
-        threads = serving_torch_threads()
-        offline = run_offline(specs, config, threads, tmp / "offline_steps.parquet")
-        print(f"offline: {time.perf_counter() - started:.1f} s wall ({threads} torch threads, "
-              "as served)")
-        step_cycle(tmp / "offline_steps.parquet", "offline")
-        off_p = percentiles(offline)
+            threads = serving_torch_threads()
+            offline_runs.append(run_offline(specs, config, threads,
+                                            steps_file.with_name("offline_steps.parquet")))
+            print(f"offline {rep + 1}/{args.repeats}: {time.perf_counter() - started:.1f} s "
+                  f"wall ({threads} torch threads, as served)", flush=True)
+            step_cycle(steps_file.with_name("offline_steps.parquet"), "offline")
+    served_p = [percentiles(f) for f in served_runs]
+    served_med, served_lo, served_hi = across(served_p)
+
+    if offline_runs:
         print("served vs offline (E2E; the bar the server must clear):")
-        compare("served/offline", {k: v for k, v in served_p.items() if k[1] == "e2e_s"},
-                {k: v for k, v in off_p.items() if k[1] == "e2e_s"}, TARGET_SERVED_VS_OFFLINE)
-        ts, to = throughput(served, specs), throughput(offline, specs)
-        err = abs(ts - to) / to
-        print(f"  throughput: served {ts:.0f} tok/s vs offline {to:.0f} tok/s, error {err:.1%}, "
-              f"target <= {TARGET_SERVED_VS_OFFLINE:.0%}: "
-              f"{'MET' if err <= TARGET_SERVED_VS_OFFLINE else 'MISSED'}")
+        compare_paired(served_p, [percentiles(f) for f in offline_runs],
+                       TARGET_SERVED_VS_OFFLINE)
+        ratios = [throughput(s, specs) / throughput(o, specs)
+                  for s, o in zip(served_runs, offline_runs, strict=True)]
+        ratio = float(np.median(ratios))
+        print(f"  throughput: served/offline {ratio:.3f} (runs {min(ratios):.3f}.."
+              f"{max(ratios):.3f}; served {throughput(served_runs[0], specs):.0f} tok/s in run 1), "
+              f"error {abs(ratio - 1):.1%}, target <= {TARGET_SERVED_VS_OFFLINE:.0%}: "
+              f"{verdict(abs(ratio - 1), TARGET_SERVED_VS_OFFLINE)}")
 
     models = {"built-in" if args.cost_model is None else str(args.cost_model):
               CostModel.load(args.cost_model) if args.cost_model else CostModel()}
-    if steps_file.exists():
+    if all(f.exists() for f in steps_files):
         from engine.cost_fit import fit_from_steps
 
-        fitted = fit_from_steps(pl.read_parquet(steps_file))
+        fitted = fit_from_steps([pl.read_parquet(f) for f in steps_files])
         models["fitted from served steps"] = fitted
-        latency = client_latency(served, steps_file)
-        if latency:
-            print(f"outside the engine (median of {latency['joined']} requests): intake "
+        latencies = [client_latency(s, f) for s, f in zip(served_runs, steps_files, strict=True)]
+        if all(latencies):
+            latency = {k: float(np.median([x[k] for x in latencies]))
+                       for k in ("intake_s", "delivery_s", "client_latency_s")}
+            print(f"outside the engine (median over runs): intake "
                   f"{latency['intake_s'] * 1e3:.2f} ms, delivery {latency['delivery_s'] * 1e3:.2f} ms,"
                   f" together {latency['client_latency_s'] * 1e3:.2f} ms")
             models["fitted from served steps + client latency"] = dataclasses.replace(
                 fitted, client_latency_s=latency["client_latency_s"])
-    profile = resolve_profile("default")
+    band = (served_lo, served_hi) if args.repeats > 1 else None
     for name, model in models.items():
-        result = simulate(profile, config, model, requests=specs, record_decisions=False)
-        sim = result.requests.select("request_id", "class", "output_tokens", "ttft_s", "e2e_s")
-        print(f"simulated ({name}) vs served:")
-        compare("sim/served", percentiles(sim), served_p, TARGET_SIM_VS_SERVED)
-    print(f"(files: {tmp}; one run each on a shared machine: rerun before believing a 5% "
-          "change)")
+        sim = simulate_schedule(specs, config, model)
+        print(f"simulated ({name}) vs served"
+              f"{' (median of the runs)' if args.repeats > 1 else ''}:")
+        compare("sim/served", percentiles(sim.select("request_id", "class", "output_tokens",
+                                                     "ttft_s", "e2e_s")),
+                served_med, TARGET_SIM_VS_SERVED, band)
+        ttft_parts(served_runs[0], steps_files[0], sim)
+    print(f"(files: {tmp}; on a shared machine, believe a 5% change only across --repeats)")
 
 
 if __name__ == "__main__":
