@@ -323,6 +323,36 @@ def test_a_keep_alive_connection_gets_a_fresh_header_deadline_per_request():
             client.close()
 
 
+def test_a_request_complete_when_the_keep_alive_deadline_fires_is_served_not_408():
+    """The keep-alive race, found by a benchmark client's pooled connection: a complete
+    request arrives in the same loop iteration as its connection's header deadline.
+    The loop reads the socket before it runs due timers, so the request's bytes are in
+    (and parsed) when the deadline fires, but its handler has not started: the old
+    guard took that for a half-sent request and answered 408. Made deterministic by
+    blocking the server's loop past the deadline while the request is sent."""
+    settings = ServerSettings(host="127.0.0.1", port=0, api_key=KEY, header_timeout_s=0.5,
+                              body_timeout_s=0.5, shutdown_timeout_s=1.0)
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+               + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+               + str(len(completion())).encode() + b"\r\n\r\n" + completion())
+    with BackgroundServer(sim_engine(max_model_len=MAX_MODEL_LEN), HashTokenizer(4096),
+                          settings) as live:
+        with connect(live) as sock:
+            sock.sendall(request)
+            first = sock.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200"), first[:100]
+            while b'"usage"' not in first:  # the whole first response: deadline re-armed
+                first += sock.recv(65536)
+            # Block the loop past the deadline; send the next request meanwhile.
+            live._loop.call_soon_threadsafe(time.sleep, 1.0)
+            time.sleep(0.2)
+            sock.sendall(request)
+            reply = sock.recv(65536)
+        health = live.health()
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    assert health["num_header_timeouts"] == 0
+
+
 def test_busy_connections_over_the_cap_get_a_503_and_the_server_recovers():
     settings = ServerSettings(host="127.0.0.1", port=0, max_connections=4, header_timeout_s=5)
     with BackgroundServer(sim_engine(), HashTokenizer(4096), settings) as live:

@@ -168,6 +168,12 @@ class GuardedRequestHandler(RequestHandler):
                 self._guard.idle.pop(self, None)  # a request is starting: no longer idle
             self._bytes_since_armed += len(data)
         super().data_received(data)
+        if self._deadline is not None and self._messages:
+            # A whole header block is parsed and queued: the deadline is met now, not
+            # when the handler task first runs. (The loop reads sockets before it runs
+            # due timers, so a request completing in the deadline's own iteration would
+            # otherwise be answered 408.)
+            self._disarm()
 
     def request_started(self) -> None:
         """A request reached the application: its header block is complete."""
