@@ -18,8 +18,8 @@ and the policies differ. Scale every rate at once with --rate-scale
 Every class keeps prompt max + max_tokens <= 2048 (the engine's default max_model_len).
 
 Simulator check (`schedscope simulate --profile mixed --policy all`, built-in cost
-model, seed 42, 808 requests): queue-wait p99 of the short class 16.7 s (fcfs) /
-2.7 s (sjf) / 6.4 s (priority); of the long class 16.1 / 22.4 / 20.5 s.
+model, seed 42, 808 requests): queue-wait p99 of the short class 17.0 s (fcfs) /
+3.3 s (sjf) / 5.6 s (priority); of the long class 16.4 / 22.0 / 20.3 s.
 """
 
 from harness.profiles import Phase, Profile

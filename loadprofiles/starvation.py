@@ -20,17 +20,18 @@ Capacity it assumes: the simulator at the built-in cost model, where this mix (m
 Measured (`schedscope simulate --profile starvation --policy sjf`, seed 11, built-in
 cost model, 726 requests; queue wait of the long class, max / p99):
 
-    fcfs                          21.4 s / 21.2 s   (short: 21.7 / 21.5 s)
-    sjf                           67.6 s / 67.4 s   (short:  4.0 /  3.0 s)  <- starved
-    sjf --aging-rate 50           19.7 s / 18.6 s   (short:  4.0 /  3.3 s)
-    sjf --max-wait-s 10           11.7 s / 11.5 s   (short:  8.6 /  6.6 s)
-    sjf --max-wait-s 5             6.7 s /  6.6 s   (short:  4.5 /  4.0 s)
-    priority                      13.3 s / 12.5 s   (short:  2.0 /  1.7 s)
-    priority --max-wait-s 5        6.4 s /  6.3 s   (short:  4.4 /  4.0 s)
+    fcfs                          23.0 s / 22.8 s   (short: 23.5 / 23.0 s)
+    sjf                           65.7 s / 63.7 s   (short:  3.8 /  2.5 s)  <- starved
+    sjf --aging-rate 50           18.0 s / 14.1 s   (short:  4.3 /  3.2 s)
+    sjf --max-wait-s 10           12.7 s / 11.3 s   (short: 11.0 / 10.6 s)
+    sjf --max-wait-s 5            12.6 s / 12.5 s   (short: 13.1 / 12.7 s)
+    priority                      20.1 s / 20.0 s   (short:  2.3 /  2.1 s)
+    priority --max-wait-s 5        7.0 s /  6.9 s   (short:  6.6 /  6.2 s)
 
 (`--aging-rate` for sjf is tokens per second waited: 50 lets a long request that
-waited ~20 s overtake a fresh short one.) Shortened to --duration-scale 0.7 (63 s),
-SJF's long max is 42.1 s against 6.7 s with --max-wait-s 5; tests/
+waited ~20 s overtake a fresh short one. Past capacity, as here, a 5 s bound promotes
+nearly every request, so the queue runs close to FCFS order for both classes.) Shortened to --duration-scale 0.7 (63 s),
+SJF's long max is 47.7 s against 12.6 s with --max-wait-s 5; tests/
 test_profile_library.py asserts that direction (> 3x).
 """
 
