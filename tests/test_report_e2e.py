@@ -184,8 +184,11 @@ def test_trap_idle_running(tmp_path):
 
 def test_trap_swap_fallback_and_memory_pressure(tmp_path):
     run = tmp_path / "swap"
+    # A host pool of 32 blocks: some preemptions swap, the rest fall back to recompute
+    # (with the built-in model: 4 swapped-out and 3 recompute stalls, 16 fallbacks; with
+    # 8 blocks nearly every swap fell back, leaving no swapped-out stall to attribute).
     _cli("simulate", "--profile", "default", "--rate-scale", "0.5", "--num-gpu-blocks-override",
-         "400", "--num-cpu-blocks-override", "8", "--preemption-mode", "swap", "--out", str(run))
+         "400", "--num-cpu-blocks-override", "32", "--preemption-mode", "swap", "--out", str(run))
     summary = _report(run)
     assert _traps(summary) == {"fcfs": ["swap_fallback", "memory_pressure"]}
     fallback = summary["diagnosis"][0]
