@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-import polars as pl
+
+# One definition each, shared with the simulator's summary (harness/summary.py);
+# re-exported here for the report's modules.
+from harness.request_stats import clean, jain_index, slo_met_expr  # noqa: F401
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -40,51 +41,6 @@ def weighted_percentile(values, weights, p: float) -> float | None:
     cumulative = np.cumsum(weights[order])
     index = int(np.searchsorted(cumulative, p / 100.0 * cumulative[-1], side="left"))
     return float(values[order][min(index, values.size - 1)])
-
-
-def jain_index(values) -> float | None:
-    array = np.asarray(values, dtype=float)
-    array = array[~np.isnan(array)]
-    if array.size == 0:
-        return None
-    total_sq = float(np.dot(array, array))
-    if total_sq == 0:
-        return 1.0
-    return float(array.sum()) ** 2 / (array.size * total_sq)
-
-
-def clean(value, digits: int = 9):
-    """JSON-safe: NaN/inf become None; floats to ``digits`` significant digits."""
-    if value is None:
-        return None
-    if isinstance(value, (np.floating, np.integer)):
-        value = value.item()
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return None
-        return float(f"{value:.{digits}g}")
-    return value
-
-
-def slo_met_expr(columns: list[str], slos: dict[str, dict]) -> pl.Expr:
-    """Per request: ``status == ok`` and within every SLO of its class.
-
-    The SLOs come from per-row columns ``slo_ttft_s``/``slo_tpot_s``/``slo_e2e_s`` when
-    the records carry them, else from ``slos`` (class -> {ttft_s, tpot_s, e2e_s}, the
-    profile's). A missing target (null) is no target; a missing measurement (e.g. TPOT
-    of a one-token request) passes that target.
-    """
-    met = pl.col("status") == "ok"
-    for metric in ("ttft_s", "tpot_s", "e2e_s"):
-        if f"slo_{metric}" in columns:
-            limit = pl.col(f"slo_{metric}")
-        else:
-            mapping = {c: s.get(metric) for c, s in slos.items() if s.get(metric) is not None}
-            if not mapping:
-                continue
-            limit = pl.col("class").replace_strict(mapping, default=None, return_dtype=pl.Float64)
-        met = met & (limit.is_null() | pl.col(metric).is_null() | (pl.col(metric) <= limit))
-    return met.fill_null(False)
 
 
 # -- block bootstrap of a difference -------------------------------------------------------
