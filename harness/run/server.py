@@ -55,6 +55,17 @@ class ServedEngine:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "harness.cli", "serve", "--port", "0", *self.args]
 
+    def _fail_if_dead_or_late(self, deadline: float, before: str, late: str) -> None:
+        """Raise ServerStartError if the server exited (``... exited with N {before}``)
+        or the start deadline passed (``{late} within T s``; the server is stopped)."""
+        if self.process.poll() is not None:
+            self.exit_code = self.process.returncode
+            raise ServerStartError(f"schedscope serve exited with {self.exit_code} {before}",
+                                   self.log_tail())
+        if time.monotonic() > deadline:
+            self.stop()
+            raise ServerStartError(f"{late} within {self.start_timeout_s:g} s", self.log_tail())
+
     def log_tail(self, lines: int = 25) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -74,14 +85,8 @@ class ServedEngine:
                     self.url = line[len(SERVING_LINE):].strip()
             if self.url:
                 break
-            if self.process.poll() is not None:
-                self.exit_code = self.process.returncode
-                raise ServerStartError(f"schedscope serve exited with {self.exit_code} "
-                                       "before serving", self.log_tail())
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServerStartError(f"schedscope serve did not print its serving line "
-                                       f"within {self.start_timeout_s:g} s", self.log_tail())
+            self._fail_if_dead_or_late(deadline, "before serving",
+                                       "schedscope serve did not print its serving line")
             time.sleep(0.1)
         while True:
             try:
@@ -90,14 +95,7 @@ class ServedEngine:
                     return self.url
             except OSError:
                 pass
-            if self.process.poll() is not None:
-                self.exit_code = self.process.returncode
-                raise ServerStartError(f"schedscope serve exited with {self.exit_code} "
-                                       "before /health answered", self.log_tail())
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServerStartError(f"/health not ok within {self.start_timeout_s:g} s",
-                                       self.log_tail())
+            self._fail_if_dead_or_late(deadline, "before /health answered", "/health not ok")
             time.sleep(0.2)
 
     def stop(self) -> int | None:
