@@ -143,7 +143,10 @@ def test_two_processes_send_the_same_schedule(tmp_path):
 
 def test_generator_limited_run_is_flagged(tmp_path):
     # 2000 req/s for 0.5 s through at most 4 requests in flight: the generator cannot.
-    with CliServer(["--executor", "sim"]) as server:
+    # 0.5 ms steps, not the built-in model's: the ~1,000 requests must still drain
+    # through 4 slots within --grace on a loaded machine (~5 s here, was ~15 s).
+    cost = step_cost_model(tmp_path, 0.0005)
+    with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
         out = run_locust(server.url, tmp_path / "rec", "--rate-scale", "100",
                          "--duration-scale", "0.25", "--max-in-flight", "4")
     summary = merge_records(tmp_path / "rec")
