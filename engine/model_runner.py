@@ -8,6 +8,9 @@ the paged KV cache, and sample one token for each sequence that completed its
 scheduled tokens. A row that cannot be sampled fails its own request only
 (``StepResult.sample_errors``); an exception here fails the whole step.
 
+The runner's process keeps freed host memory (engine/host_memory.py): without that,
+every prefill step page-faulted its activations in afresh.
+
 Device-agnostic: CUDA when present (pinned host pool, non-blocking copies, a
 synchronisation before the step's time is read), CPU otherwise. Only the CPU path
 runs in this project's tests; see docs/execution.md for what has run where.
@@ -26,6 +29,7 @@ from engine.clock import VirtualClock, WallClock
 from engine.config import EngineConfig, GiB
 from engine.cost_model import CostModel
 from engine.executor import StepResult
+from engine.host_memory import retain_freed_host_memory
 from engine.llm_engine import LLMEngine
 from engine.memory import KvPlan, plan_kv_blocks
 from engine.model import AttentionMetadata, LlamaForCausalLM, allocate_kv_cache, build_model
@@ -64,6 +68,9 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.is_cuda = device.type == "cuda"
+        # Before the pools are allocated: a step's activations must not be page-faulted
+        # in afresh every step (engine/host_memory.py has the measurements).
+        self.retains_host_memory = retain_freed_host_memory()
         self.device_cache = allocate_kv_cache(model_config, num_device_blocks, block_size, device)
         # Pinned host memory lets device<->host copies run asynchronously on CUDA.
         self.host_cache = allocate_kv_cache(
