@@ -66,3 +66,38 @@ def test_retaining_host_memory_is_idempotent():
 
     first = retain_freed_host_memory()
     assert retain_freed_host_memory() is first
+
+
+WARM_UP_PROBE = textwrap.dedent("""
+    import resource, sys
+    from engine.clock import VirtualClock
+    from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+    from engine.model_runner import build_torch_engine
+    from engine.request import EngineRequest
+    from engine.sequence import SamplingParams
+    config = EngineConfig(SchedulerConfig(max_model_len=1024, max_num_seqs=8),
+                          CacheConfig(num_gpu_blocks_override=80, num_cpu_blocks_override=0),
+                          model="tiny")
+    engine = build_torch_engine(config, VirtualClock(), device="cpu",
+                                warm_up=sys.argv[1] == "on")
+    engine.add_request(EngineRequest("r", [5] * 1000, SamplingParams(max_tokens=1, ignore_eos=True)))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    record = engine.step()
+    assert record.num_prefill_tokens == 1000, record
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+""")
+
+
+def _first_prefill_faults(warm_up: str) -> int:
+    done = subprocess.run([sys.executable, "-c", WARM_UP_PROBE, warm_up], capture_output=True,
+                          text=True, timeout=180, check=True)
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_start_up_warm_up_takes_the_first_large_steps_page_faults_out_of_the_run():
+    """A fresh engine's first 1000-token prefill grows the heap (tens of thousands of
+    faults); after build_torch_engine's warm-up, that step reuses warm memory."""
+    cold = _first_prefill_faults("off")
+    warm = _first_prefill_faults("on")
+    assert cold > 10_000, cold
+    assert warm < cold / 20, (warm, cold)
