@@ -11,7 +11,8 @@ computes while building the step)::
            + swap_block_s             * blocks swapped in or out
            + prefill_seq_s            * prefill chunks (sequences prefilling)
            + mixed_step_s             * (1 if the step mixes prefill and decode)
-           + prefill_padded_attention_s * prefill chunks * longest chunk * longest context
+           + prefill_padded_attention_s * sum over the runner's prefill groups of
+                                          chunks * longest chunk * longest context
 
 Linear because each term is a kernel whose cost is linear in that quantity
 (weight GEMMs in tokens, attention in context, copies in blocks); the fit of

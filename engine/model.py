@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.model_config import ModelConfig, RopeScaling
+from engine.prefill_groups import group_prefill_chunks
 
 KVCache = list[tuple[Tensor, Tensor]]
 # attend(q [T, H, hd], k [T, KVH, hd], v [T, KVH, hd]) -> [T, H, hd]
@@ -67,7 +68,8 @@ class DecodeMetadata:
 
 @dataclass
 class PrefillMetadata:
-    """Sequences with several new tokens (prefill chunks): padded per-sequence attention."""
+    """A group of sequences with several new tokens (prefill chunks), padded to the
+    group's longest chunk and context (``engine.prefill_groups`` forms the groups)."""
 
     token_indices: Tensor  # [Tp] flat token index of each of their tokens
     padded_indices: Tensor  # [Tp] index into the [Sp * max_query_len] padded query layout
@@ -95,7 +97,7 @@ class AttentionMetadata:
     max_seq_len: int
     is_decode_only: bool
     decode: list[DecodeMetadata]  # sequences with query_len 1, grouped by context length
-    prefill: PrefillMetadata | None  # sequences with query_len > 1
+    prefill: list[PrefillMetadata]  # sequences with query_len > 1, grouped by size
 
     @property
     def num_tokens(self) -> int:
@@ -156,7 +158,7 @@ class AttentionMetadata:
 
         decode_mask = q_lens == 1
         is_decode_only = bool(decode_mask.all())
-        decode, prefill = [], None
+        decode, prefill = [], []
         decode_seqs = np.flatnonzero(decode_mask)
         groups = _group_by_length(num_blocks_needed[decode_seqs], block_size)
         for group in groups:
@@ -168,21 +170,24 @@ class AttentionMetadata:
                 context_slots=t(slots),
                 attn_bias=_causal_bias(t(query_pos), slots.shape[1])[:, 0, :],
             ))
-        if not is_decode_only:
-            seqs = np.flatnonzero(~decode_mask)
+        prefill_seqs = np.flatnonzero(~decode_mask)
+        prefill_groups = group_prefill_chunks(q_lens[prefill_seqs].tolist(),
+                                              s_lens[prefill_seqs].tolist())
+        for group in prefill_groups:
+            seqs = prefill_seqs[group]
             p_lens = q_lens[seqs]
             max_q = int(p_lens.max())
             token_indices = np.concatenate([np.arange(starts[s], starts[s + 1]) for s in seqs])
             p_seq = np.repeat(np.arange(len(seqs)), p_lens)
             padded = p_seq * max_q + (token_indices - starts[seqs][p_seq])
             slots, query_pos = _context_slots(tables[seqs], s_lens[seqs], block_size, p_lens, max_q)
-            prefill = PrefillMetadata(
+            prefill.append(PrefillMetadata(
                 token_indices=t(token_indices),
                 padded_indices=t(padded),
                 max_query_len=max_q,
                 context_slots=t(slots),
                 attn_bias=_causal_bias(t(query_pos), slots.shape[1]),
-            )
+            ))
         metadata = cls(
             slot_mapping=t(slot_mapping),
             query_start_loc=t(starts),
@@ -462,9 +467,11 @@ class PagedAttention:
                 v_bags=v_bags.reshape(num_seqs * kvh * g, length),
                 bias=decode.attn_bias.to(dtype)[:, None, None, :],
             ))
-        if metadata.prefill is not None:
-            self.prefill_rows = rows(metadata.prefill.context_slots).flatten()
-            self.prefill_bias = metadata.prefill.attn_bias.to(dtype)[:, None, None, :, :]
+        self.prefill_groups = [
+            _PrefillGroup(prefill, rows(prefill.context_slots).flatten(),
+                          prefill.attn_bias.to(dtype)[:, None, None, :, :])
+            for prefill in metadata.prefill
+        ]
 
     def for_layer(self, layer_idx: int) -> AttendFn:
         k_cache, v_cache = self.kv_caches[layer_idx]
@@ -488,9 +495,9 @@ class PagedAttention:
         for group in groups:
             idx = group.token_indices
             out[idx] = self._decode(q[idx], k_rows, v_rows, group)
-        prefill = meta.prefill
-        if prefill is not None:
-            out[prefill.token_indices] = self._prefill(q[prefill.token_indices], k_rows, v_rows)
+        for group in self.prefill_groups:
+            idx = group.meta.token_indices
+            out[idx] = self._prefill(q[idx], k_rows, v_rows, group)
         return out
 
     def _decode(self, q: Tensor, k_rows: Tensor, v_rows: Tensor, group: _DecodeGroup) -> Tensor:
@@ -503,9 +510,8 @@ class PagedAttention:
                               per_sample_weights=probs.view(group.v_bags.shape))
         return out.view(num_seqs, kvh * g, hd)
 
-    def _prefill(self, q: Tensor, k_rows: Tensor, v_rows: Tensor) -> Tensor:
-        prefill = self.metadata.prefill
-        assert prefill is not None
+    def _prefill(self, q: Tensor, k_rows: Tensor, v_rows: Tensor, group: _PrefillGroup) -> Tensor:
+        prefill = group.meta
         num_seqs, max_q = prefill.context_slots.shape[0], prefill.max_query_len
         kvh, g, hd = self.num_kv_heads, self.group, self.head_dim
         padded = q.new_zeros(num_seqs * max_q, kvh * g, hd)
@@ -513,10 +519,10 @@ class PagedAttention:
         # [S, Q, KVH, G, hd] -> [S, KVH, G * Q, hd]
         qg = padded.view(num_seqs, max_q, kvh, g, hd).permute(0, 2, 3, 1, 4)
         qg = qg.reshape(num_seqs, kvh, g * max_q, hd)
-        k = self.workspace.gather(k_rows, self.prefill_rows, 0).view(num_seqs, kvh, -1, hd)
-        v = self.workspace.gather(v_rows, self.prefill_rows, 1).view(num_seqs, kvh, -1, hd)
+        k = self.workspace.gather(k_rows, group.rows, 0).view(num_seqs, kvh, -1, hd)
+        v = self.workspace.gather(v_rows, group.rows, 1).view(num_seqs, kvh, -1, hd)
         scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(self.scale)
-        scores = scores.view(num_seqs, kvh, g, max_q, -1).add_(self.prefill_bias)
+        scores = scores.view(num_seqs, kvh, g, max_q, -1).add_(group.bias)
         out = torch.matmul(_softmax(scores.view(num_seqs, kvh, g * max_q, -1)), v)
         # [S, KVH, G, Q, hd] -> [S * Q, H, hd]
         out = out.view(num_seqs, kvh, g, max_q, hd).permute(0, 3, 1, 2, 4)
@@ -534,6 +540,13 @@ class _DecodeGroup:
     k_rows: Tensor  # [Sd * KVH * L] cache rows of the keys, ordered [S, KVH, L]
     v_bags: Tensor  # [Sd * H, L] cache rows of the values, one bag per query head
     bias: Tensor  # [Sd, 1, 1, L] 0 / -inf
+
+
+@dataclass
+class _PrefillGroup:
+    meta: PrefillMetadata
+    rows: Tensor  # [Sp * KVH * Lp] cache rows of the context, ordered [S, KVH, L]
+    bias: Tensor  # [Sp, 1, 1, Q, Lp] 0 / -inf
 
 
 class Workspace:

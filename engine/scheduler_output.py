@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.block_manager import BlockMapping
 from engine.decisions import Decision
+from engine.prefill_groups import padded_prefill_work
 from engine.sequence import Sequence
 
 
@@ -26,8 +27,8 @@ class SchedulerOutput:
     num_decode_context_tokens: int = 0  # sum of decode sequences' context lengths
     prefill_attention_work: int = 0  # sum over prefill chunks of chunk_len * context_len
     num_prefill_seqs: int = 0  # prefill chunks in the step
-    max_prefill_chunk: int = 0  # the longest chunk
-    max_prefill_context: int = 0  # the longest context a chunk attends to (itself included)
+    prefill_chunk_lens: list[int] = field(default_factory=list)  # each chunk's new tokens
+    prefill_context_lens: list[int] = field(default_factory=list)  # and its context (itself included)
     blocks_to_swap_out: BlockMapping = field(default_factory=list)
     blocks_to_swap_in: BlockMapping = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
@@ -47,10 +48,10 @@ class SchedulerOutput:
 
     @property
     def prefill_padded_attention_work(self) -> int:
-        """The runner's padded prefill attention: every chunk is padded to the longest
-        chunk and the longest context (``engine.model``), so its work is this product,
-        which a few long chunks among short ones make far larger than the sum."""
-        return self.num_prefill_seqs * self.max_prefill_chunk * self.max_prefill_context
+        """The runner's padded prefill attention: per group of similar chunks
+        (``engine.prefill_groups``, as the model groups them), its chunks times its
+        longest chunk times its longest context."""
+        return padded_prefill_work(self.prefill_chunk_lens, self.prefill_context_lens)
 
     @property
     def is_empty(self) -> bool:
@@ -73,7 +74,5 @@ class SchedulerOutput:
             self.num_prefill_tokens += num_tokens
             self.prefill_attention_work += num_tokens * context
             self.num_prefill_seqs += 1
-            if num_tokens > self.max_prefill_chunk:
-                self.max_prefill_chunk = num_tokens
-            if context > self.max_prefill_context:
-                self.max_prefill_context = context
+            self.prefill_chunk_lens.append(num_tokens)
+            self.prefill_context_lens.append(context)

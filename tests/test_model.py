@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import model as model_module
+from engine import prefill_groups
 from engine.model import (
     AttentionMetadata,
     DenseKVCache,
@@ -143,6 +144,8 @@ def run_schedule(model, block_size: int, seed: int):
         expected = torch.cat([refs[s][done[s] : n] for s, n in zip(seqs, seq_lens, strict=True)])
         worst = max(worst, rel_err(logits, expected))
         kinds.add("decode-only" if max(q_lens) == 1 else "mixed" if min(q_lens) == 1 else "prefill")
+        if len(meta.prefill) > 1:
+            kinds.add("prefill-groups")
         for s, n in zip(seqs, seq_lens, strict=True):
             done[s] = n
     return kinds, worst
@@ -150,13 +153,17 @@ def run_schedule(model, block_size: int, seed: int):
 
 @pytest.mark.parametrize("config", [GQA, MHA, MQA], ids=lambda c: c.name)
 @pytest.mark.parametrize("block_size", [4, 16])
-@pytest.mark.parametrize("grouped", [False, True], ids=["one-decode-group", "length-groups"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["few-groups", "length-groups"])
 def test_paged_attention_matches_dense_reference(config, block_size, grouped, monkeypatch):
-    if grouped:  # split decodes into length groups whenever lengths differ by a bucket
+    if grouped:  # split decodes into length groups whenever lengths differ by a bucket,
+        # and prefill chunks into groups whenever padding them together costs anything
         monkeypatch.setattr(model_module, "DECODE_GROUP_OVERHEAD_SLOTS", 0)
+        monkeypatch.setattr(prefill_groups, "PREFILL_GROUP_OVERHEAD_WORK", 0)
+    else:  # every prefill chunk of a step in one padded group
+        monkeypatch.setattr(prefill_groups, "PREFILL_GROUP_OVERHEAD_WORK", 10**12)
     model = sharpened(config)
     kinds, worst = run_schedule(model, block_size, seed=block_size)
-    assert kinds == {"decode-only", "mixed", "prefill"}
+    assert kinds == {"decode-only", "mixed", "prefill"} | ({"prefill-groups"} if grouped else set())
     assert worst < TOL, f"max relative logit error {worst:.2e}"
 
 
@@ -272,7 +279,7 @@ def test_build_computes_positions_and_slots():
     assert meta.logits_indices.tolist() == [2, 3]
     assert (meta.max_query_len, meta.max_seq_len, meta.is_decode_only) == (3, 9, False)
     assert len(meta.decode) == 1 and meta.decode[0].token_indices.tolist() == [3]
-    assert meta.prefill is not None and meta.prefill.token_indices.tolist() == [0, 1, 2]
+    assert len(meta.prefill) == 1 and meta.prefill[0].token_indices.tolist() == [0, 1, 2]
 
 
 def test_build_rejects_short_block_table():
