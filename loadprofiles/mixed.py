@@ -30,14 +30,14 @@ PROFILE = Profile(
     name="mixed",
     seed=42,
     description=(
-        "80% short chat / 20% long generation; steady 60 s at 4 req/s, "
-        "15 s burst at 28 req/s, recovery 45 s"
+        "80% short chat / 20% long generation; steady 60 s at 6 req/s, "
+        "15 s burst at 42 req/s, recovery 45 s"
     ),
     classes=chat_classes(),
     phases=(
-        Phase(name="steady", duration_s=60, rate=4.0, burstiness=1.0),
-        Phase(name="burst", duration_s=15, rate=28.0, burstiness=0.3),
-        Phase(name="recovery", duration_s=45, rate=4.0, burstiness=1.0),
+        Phase(name="steady", duration_s=60, rate=6.0, burstiness=1.0),
+        Phase(name="burst", duration_s=15, rate=42.0, burstiness=0.3),
+        Phase(name="recovery", duration_s=45, rate=6.0, burstiness=1.0),
     ),
 )
 

@@ -41,7 +41,7 @@ from harness.profiles.locust_hook import expose
 PROFILE = Profile(
     name="starvation",
     seed=11,
-    description="85% short / 15% long, Poisson at 8 req/s for 90 s (about capacity)",
+    description="85% short / 15% long, Poisson at 24 req/s for 90 s (about capacity)",
     classes=(
         RequestClass(
             name="short",
@@ -62,7 +62,7 @@ PROFILE = Profile(
             slo=Slo(ttft_s=10.0, e2e_s=120.0),
         ),
     ),
-    phases=(Phase(name="sustained", duration_s=90, rate=8.0),),
+    phases=(Phase(name="sustained", duration_s=90, rate=24.0),),
 )
 
 expose(PROFILE, globals())

@@ -49,7 +49,7 @@ ENGINE_KNOBS = {"num_gpu_blocks_override": 384, "swap_space": 0.004}
 PROFILE = Profile(
     name="swap_pressure",
     seed=5,
-    description="70% long contexts (1024-1536 prompt) / 30% chat at 2 req/s; "
+    description="70% long contexts (1024-1536 prompt) / 30% chat at 3 req/s; "
     "run with --num-gpu-blocks-override 384 --swap-space 0.004",
     classes=(
         RequestClass(
@@ -71,7 +71,7 @@ PROFILE = Profile(
             slo=Slo(ttft_s=1.0, tpot_s=0.1),
         ),
     ),
-    phases=(Phase(name="pressure", duration_s=60, rate=2.0),),
+    phases=(Phase(name="pressure", duration_s=60, rate=3.0),),
 )
 
 expose(PROFILE, globals())

@@ -36,7 +36,10 @@ def _report(run: Path, *extra: str) -> dict:
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("report") / "default"
-    _cli("simulate", "--profile", "default", "--policy", "fcfs,sjf,priority", "--rate-scale", "0.6",
+    # 1.2x: the burst's queue makes priority preempt (its stalls are the report's to
+    # attribute); since prefill attention is grouped by size, no inter-token gap of fcfs
+    # or sjf reaches the 250 ms stall floor at this load.
+    _cli("simulate", "--profile", "default", "--policy", "fcfs,sjf,priority", "--rate-scale", "1.2",
          "--trace-file", str(run / "spans.jsonl"), "--out", str(run))
     _report(run)
     return run
@@ -59,12 +62,14 @@ def test_report_files_and_summary(default_run: Path):
         for metric in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
             assert {"p50", "p95", "p99", "max", "mean"} <= set(g["metrics"][metric])
         assert g["generator_lag_s"] is None  # a simulation has no generator lag
-        assert p["stall_sources"] == {"preemptions": "spans", "token_budget": "decisions",
-                                      "prefill_interference": "steps"}
+        if p["overall"]["stalls"]:  # evidence is looked up for the stalls there are
+            assert p["stall_sources"] == {"preemptions": "spans", "token_budget": "decisions",
+                                          "prefill_interference": "steps"}
         assert p["config"]["scheduler"]["scheduling_policy"] in summary["policies"]
     assert set(summary["verdicts"]) == {"short_ttft", "tail_e2e", "goodput", "fairness"}
     for v in summary["verdicts"].values():
         assert v["winner"] in summary["policies"] and "beyond_noise" in v
+    assert summary["policies"]["priority"]["overall"]["stalls"] > 0
     stalls = pl.read_parquet(default_run / "stalls.parquet")
     assert set(stalls.columns) >= {"run", "policy", "request_id", "start_s", "duration_s", "cause"}
     total = sum(p["overall"]["stalls"] for p in summary["policies"].values())
