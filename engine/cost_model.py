@@ -66,33 +66,33 @@ class CostModelError(ValueError):
 @dataclass(frozen=True)
 class CostModel:
     # Defaults: `schedscope calibrate --from-steps` of six served runs of the default
-    # profile under fcfs, three at 0.3x its rate and three at 1x (its 28 req/s burst
+    # profile under fcfs, three at 0.3x its rate and three at 1x (its 42 req/s burst
     # included), so both the light and the busy regime are in the fit
     # (`benchmarks/bench_serving.py --repeats 3` at each rate; `schedscope serve
     # --executor torch`, the engine process with 1 torch thread of 2 CPU cores, spans and
     # metrics on, tiny, fp32, torch 2.13, 2026-12-01, after grouped prefill attention,
     # freed host memory kept and the start-up warm-up), rounded: a step's full served
-    # cycle. Held-out median error 3.5% (p90 8.6%) over 96k steps, 99.5% of held-out
+    # cycle. Held-out median error 4.0% (p90 10.3%) over 97k steps, 99.5% of held-out
     # total time. With prefill chunks grouped by size, the summed attention term fits
     # and the padded one comes out 0. Those runs never swapped: swap_block_s is the
     # profiling calibration's. See docs/execution.md.
-    step_overhead_s: float = 2.03e-3
-    prefill_token_s: float = 3.52e-5
-    decode_seq_s: float = 1.06e-4
-    decode_context_token_s: float = 4.29e-7
-    prefill_attention_s: float = 7.61e-8
+    step_overhead_s: float = 2.06e-3
+    prefill_token_s: float = 3.46e-5
+    decode_seq_s: float = 1.28e-4
+    decode_context_token_s: float = 4.30e-7
+    prefill_attention_s: float = 8.30e-8
     swap_block_s: float = 6.7e-6
-    prefill_seq_s: float = 1.44e-3
+    prefill_seq_s: float = 1.50e-3
     mixed_step_s: float = 0.0
     prefill_padded_attention_s: float = 0.0
     #: Not a step cost: the time a request and its tokens spend outside the engine on
     #: the way from the client and back (HTTP, the pipe to the engine process and back,
     #: SSE), added to simulated client-side TTFT and E2E. Measured by
     #: benchmarks/bench_serving.py from served runs' client and engine records (median
-    #: at 0.3x the default rate, where it matters: 2.1 ms of a ~30 ms TTFT; at 1x the
-    #: busier API process makes it ~4 ms; 2 cores, 2026-12-01). 0 makes the network
+    #: at 0.3x the default rate, where it matters: 2.4 ms of a ~30 ms TTFT; at 1x the
+    #: busier API process makes it ~7.7 ms; 2 cores, 2026-12-01). 0 makes the network
     #: instant.
-    client_latency_s: float = 2.1e-3
+    client_latency_s: float = 2.4e-3
     device: str = "cpu: x86_64, 2 cores, served with 1 torch thread (built-in defaults)"
     model: str = "tiny"
     fitted_at: str = ""

@@ -7,19 +7,23 @@ priority cut the short class's queue wait and TTFT and push the wait onto the lo
 class (trap 3, mild here; `starvation` is the sustained version).
 
 Capacity it assumes: the served bundled engine (`schedscope serve --executor torch`,
-tiny model, 2 CPU cores, engine process with 1 torch thread) sustains about 6
-requests/s of this mix (mean output ~160 tokens: ~950 output tokens/s), measured
-with benchmarks/bench_serving.py --rate-scale 1 (7 req/s kept it ~97% busy,
-2026-12-01). Base rate: 4 requests/s (steady and recovery), about two thirds of
-that; the burst runs at 7x the base (28 requests/s, burstiness 0.3) for 15 s, well
-past capacity and past the default --max-num-seqs (256 running), so a queue forms
-and the policies differ. Scale every rate at once with --rate-scale
-(Profile.with_rate_scale), every duration with --duration-scale.
-Every class keeps prompt max + max_tokens <= 2048 (the engine's default max_model_len).
+tiny model, 2 CPU cores, engine process with 1 torch thread) sustains about 13
+requests/s of this mix (mean output ~160 tokens: ~2,100 output tokens/s): Poisson
+arrivals of it in the simulator at the built-in cost model (fitted from served runs,
+within 7% of them at this profile's rate) keep TTFT p50 under 60 ms up to 12 req/s,
+140 ms at 14 and let the queue grow without bound at 16 (2026-12-01). Base rate:
+6 requests/s (steady and recovery), under half of that; the burst runs at 7x the base
+(42 requests/s, burstiness 0.3) for 15 s, about 3x capacity and past the default
+--max-num-seqs (256 running), so a queue forms and the policies differ. (The rates
+were 4 and 28 req/s until grouped prefill attention and kept host memory made the
+engine ~2x faster: at those rates the burst fitted in the running batch and no queue
+formed.) Scale every rate at once with --rate-scale (Profile.with_rate_scale), every
+duration with --duration-scale. Every class keeps prompt max + max_tokens <= 2048 (the
+engine's default max_model_len).
 
 Simulator check (`schedscope simulate --profile mixed --policy all`, built-in cost
-model, seed 42, 808 requests): queue-wait p99 of the short class 17.0 s (fcfs) /
-3.3 s (sjf) / 5.6 s (priority); of the long class 16.4 / 22.0 / 20.3 s.
+model, seed 42, 1,164 requests): queue-wait p99 of the short class 7.1 s (fcfs) /
+3.2 s (sjf) / 1.4 s (priority); of the long class 6.7 / 14.6 / 11.0 s.
 """
 
 from harness.profiles import Phase, Profile

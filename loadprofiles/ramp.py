@@ -1,21 +1,21 @@
-"""`ramp` — the arrival rate rises linearly from 0.5 to 8 req/s over 60 s, then holds
-8 req/s for 15 s (mixed classes, Poisson: a `rate_end` phase).
+"""`ramp` — the arrival rate rises linearly from 0.5 to 24 req/s over 60 s, then holds
+24 req/s for 15 s (mixed classes, Poisson: a `rate_end` phase).
 
 What it is for: finding the knee — the rate at which queue wait and TTFT leave the
 floor — in one run, and seeing which policy holds the short class's TTFT longest as
 load passes capacity. Read latency against `scheduled_at` (the intended rate at t is
-0.5 + 7.5 t / 60).
+0.5 + 23.5 t / 60).
 
-Capacity it assumes: the served bundled engine sustains ~6 req/s of the mixed classes
-on 2 cores (see `mixed`), crossed at t ~ 44 s; the last 15 s at 8 req/s are a third
-past it, so a queue builds at the end. Every class keeps prompt max + max_tokens <=
-2048 (the default --max-model-len).
+Capacity it assumes: the served bundled engine sustains ~13 req/s of the mixed classes
+on 2 cores (see `mixed`), crossed at t ~ 32 s; the last ~25 s are up to 1.8x past it,
+so a queue builds at the end. (0.5 -> 8 req/s until the engine's prefill got ~2x
+faster, 2026-12-01.) Every class keeps prompt max + max_tokens <= 2048 (the default
+--max-model-len).
 
 Simulator check (`schedscope simulate --profile ramp --policy all`, seed 44, built-in
-cost model, 384 requests): queue-wait p99 short / long fcfs 1.0 / 1.0 s, sjf 0.8 /
-1.4 s, priority 1.1 / 1.6 s — the built-in cost model puts this mix's knee above
-8 req/s (the served engine's is ~6). With --rate-scale 1.5 (0.75 -> 12 req/s) the
-knee shows: fcfs 9.1 / 8.6 s, sjf 1.7 / 15.7 s, priority 1.2 / 13.3 s.
+cost model, 1,144 requests): queue-wait p99 short / long fcfs 16.0 / 15.5 s, sjf
+5.0 / 26.6 s, priority 1.2 / 21.6 s: past the knee SJF and priority hold the short
+class's TTFT, FCFS does not.
 """
 
 from harness.profiles import Phase, Profile
@@ -25,11 +25,11 @@ from loadprofiles._chat_mix import chat_classes
 PROFILE = Profile(
     name="ramp",
     seed=44,
-    description="rate 0.5 -> 8 req/s linearly over 60 s, then 15 s at 8 req/s (mixed classes)",
+    description="rate 0.5 -> 24 req/s linearly over 60 s, then 15 s at 24 req/s (mixed classes)",
     classes=chat_classes(),
     phases=(
-        Phase(name="ramp", duration_s=60, rate=0.5, rate_end=8.0),
-        Phase(name="hold", duration_s=15, rate=8.0),
+        Phase(name="ramp", duration_s=60, rate=0.5, rate_end=24.0),
+        Phase(name="hold", duration_s=15, rate=24.0),
     ),
 )
 

@@ -30,7 +30,8 @@ ignore_eos). Rows with 0 prompt or output tokens (BurstGPT's failures) are skipp
 
 Capacity it assumes: the sample trace averages ~2.6 req/s (peaking ~10 in its
 burst) of lengths like the mixed profile's, inside what the served bundled engine
-sustains on 2 cores (~6 req/s of mixed) except in the burst. Public traces are far
+sustains on 2 cores (~13 req/s of mixed), its burst included: to load the engine,
+compress time (`SCHEDSCOPE_REPLAY_TIME_SCALE` < 1 or `--rate-scale` > 1). Public traces are far
 heavier and longer: Azure contexts reach thousands of tokens, past the default
 --max-model-len 2048 (the engine rejects those requests, and the records say so) —
 serve with a larger --max-model-len, or use --rate-scale / TIME_SCALE < 1 and
@@ -38,8 +39,8 @@ LIMIT to fit the machine. The sample's classes keep prompt + output <= 2048.
 
 Simulator check (`schedscope simulate --profile replay --policy all`, sample trace,
 built-in cost model): the sample is under capacity, so the three policies are
-identical (queue-wait p99 0.33 s). With --rate-scale 4 (4x as fast): queue-wait p99
-chat / long fcfs 8.5 / 8.5 s, sjf 3.9 / 17.9 s, priority 4.1 / 15.8 s.
+identical (queue-wait p99 under 0.06 s). With --rate-scale 8 (8x as fast): queue-wait
+p99 chat / long fcfs 1.9 / 1.7 s, sjf 1.5 / 4.7 s, priority 0.7 / 3.3 s.
 """
 
 import os

@@ -1,6 +1,6 @@
 """`swap_pressure` — long contexts that overflow the KV pool and the swap space, so
 both swap and recompute preemptions happen: 70% long-context requests (prompts of
-1024-1536 tokens, outputs of 200-512) and 30% chat, Poisson at 2 req/s for 60 s.
+1024-1536 tokens, outputs of 200-512) and 30% chat, Poisson at 3 req/s for 60 s.
 
 What it is for: trap 2 of the scheduler guide ("--swap-space 配置过小": preemptions
 fall back to recompute, which re-runs the prefill and shows up as multi-second
@@ -21,20 +21,22 @@ the same two knobs apply (`--num-gpu-blocks-override`, `--swap-space` in GiB).
 `--preemption-mode swap` swaps until the host pool is full and then recomputes;
 `auto` (default) picks per request by predicted cost while the host pool has room.
 
-Capacity it assumes: 2 req/s of these lengths is ~960 prompt + ~280 output tokens a
-second, within what the served bundled engine does on 2 cores (~950 output tokens/s
-on the mixed profile) and far within the simulator's; with the default pool the
-simulated queue p99 stays ~2 s. With the recommended knobs the small pool admits
-only a few requests at a time, so the queue and the preemptions are memory's doing. Every
+Capacity it assumes: 3 req/s of these lengths is ~1,900 prompt + ~420 output tokens a
+second, within what the served bundled engine does on 2 cores (it sustains ~13 req/s
+of the mixed profile's classes, see `mixed`); with the default pool the simulated
+queue p99 stays under 0.4 s. (It was 2 req/s until the engine's prefill got ~2x
+faster, 2026-12-01: at 2 req/s requests now finish before the small pool fills often
+enough to force recomputes.) With the recommended knobs the small pool admits only a
+few requests at a time, so the queue and the preemptions are memory's doing. Every
 class keeps prompt max + max_tokens <= 2048 (1536 + 512: the default --max-model-len).
 
 Measured (`schedscope simulate --profile swap_pressure --policy all
---num-gpu-blocks-override 384 --swap-space 0.004`, seed 5, built-in cost model, 115
+--num-gpu-blocks-override 384 --swap-space 0.004`, seed 5, built-in cost model, 184
 requests; swap / recompute preemptions, queue-wait p99 of long_context / chat):
 
-    fcfs       31 / 6     18.2 s / 18.0 s
-    sjf        23 / 9     27.4 s /  0.5 s
-    priority   33 / 8     13.4 s /  0.5 s
+    fcfs       53 / 13    26.4 s / 24.3 s
+    sjf        29 / 11    60.2 s /  0.3 s
+    priority   41 / 17    27.2 s /  0.2 s
 
 Shortened to --duration-scale 0.34 (20 s) every policy still both swaps and
 recomputes; tests/test_profile_library.py asserts it.

@@ -519,7 +519,7 @@ def test_starvation_sjf_starves_long_requests_and_max_wait_fixes_it():
 
     starved_max, starved_p99 = long_wait(policy="sjf")
     bounded_max, bounded_p99 = long_wait(policy="sjf", max_wait_s=5.0)
-    aged_max, _ = long_wait(policy="sjf", aging_rate=50.0)
+    aged_max, _ = long_wait(policy="sjf", aging_rate=100.0)
     assert starved_max > 3 * bounded_max, (starved_max, bounded_max)
     assert starved_p99 > 3 * bounded_p99
     assert starved_max > 1.5 * aged_max
