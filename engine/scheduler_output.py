@@ -29,6 +29,9 @@ class SchedulerOutput:
     num_prefill_seqs: int = 0  # prefill chunks in the step
     prefill_chunk_lens: list[int] = field(default_factory=list)  # each chunk's new tokens
     prefill_context_lens: list[int] = field(default_factory=list)  # and its context (itself included)
+    #: prefill_padded_attention_work once computed (-1: not yet, or chunks added since):
+    #: the engine's step record and the simulator's cost model both read it every step.
+    _padded_work: int = -1
     blocks_to_swap_out: BlockMapping = field(default_factory=list)
     blocks_to_swap_in: BlockMapping = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
@@ -51,7 +54,10 @@ class SchedulerOutput:
         """The runner's padded prefill attention: per group of similar chunks
         (``engine.prefill_groups``, as the model groups them), its chunks times its
         longest chunk times its longest context."""
-        return padded_prefill_work(self.prefill_chunk_lens, self.prefill_context_lens)
+        if self._padded_work < 0:
+            self._padded_work = padded_prefill_work(self.prefill_chunk_lens,
+                                                    self.prefill_context_lens)
+        return self._padded_work
 
     @property
     def is_empty(self) -> bool:
@@ -76,3 +82,4 @@ class SchedulerOutput:
             self.num_prefill_seqs += 1
             self.prefill_chunk_lens.append(num_tokens)
             self.prefill_context_lens.append(context)
+            self._padded_work = -1
