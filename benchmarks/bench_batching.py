@@ -23,13 +23,13 @@ import time
 import numpy as np
 import torch
 
-from engine.clock import WallClock
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.model import build_model
-from engine.model_config import ModelConfig
-from engine.model_runner import build_torch_engine
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams
+from engine.core.clock import WallClock
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.factory import build_torch_engine
+from engine.worker.model import build_model
+from engine.worker.model_config import ModelConfig
 
 TARGET_RATIO = 3.0
 

@@ -17,8 +17,8 @@ import time
 import zlib
 
 from engine.api.server import ServerSettings
-from engine.api.testing import BackgroundServer, HttpClient, sim_engine
-from engine.tokenizer import HashTokenizer
+from engine.serving.tokenizer import HashTokenizer
+from harness.local_server import BackgroundServer, HttpClient, sim_engine
 
 
 def gzip_bomb(inflated_bytes: int) -> bytes:

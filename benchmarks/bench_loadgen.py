@@ -35,7 +35,7 @@ TARGET_RATE, AIM_RATE, LAG_LIMIT_S = 200, 500, 0.005
 
 PROFILE_TEMPLATE = '''
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass
-from harness.profiles.locust_hook import expose
+from harness.loadgen.expose import expose
 
 PROFILE = Profile(
     name="bench_loadgen", seed=1,
@@ -147,8 +147,8 @@ def main() -> None:
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
 
-    from engine.api.testing import CliServer
-    from engine.cost_model import CostModel
+    from engine.core.cost_model import CostModel
+    from harness.local_server import CliServer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
     CostModel.constant(0.0).save(tmp / "zero.json")

@@ -15,14 +15,14 @@ import time
 
 import torch
 
-from engine.model import (
+from engine.worker.model import (
     AttentionMetadata,
     DenseKVCache,
     allocate_kv_cache,
     build_model,
     dense_decode_forward,
 )
-from engine.model_config import ModelConfig
+from engine.worker.model_config import ModelConfig
 
 BLOCK = 16
 PAGING_TARGET = 1.3

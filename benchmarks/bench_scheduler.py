@@ -14,11 +14,11 @@ import argparse
 import statistics
 import time
 
-from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
-from engine.request import EngineRequest
-from engine.scheduler import Scheduler
-from engine.sequence import SamplingParams
+from engine.core.block_manager import BlockManager
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sched.scheduler import Scheduler
 
 TARGET_MS = 1.0
 TARGET_GROWTH = 1.5

@@ -43,13 +43,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from engine.api.testing import CliServer
-from engine.clock import WallClock
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.cost_model import CostModel
-from engine.model_config import ModelConfig
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams
+from engine.core.clock import WallClock
+from engine.core.cost_model import CostModel
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.worker.model_config import ModelConfig
+from harness.local_server import CliServer
 from harness.profiles import RequestSpec, build_plan, resolve_profile
 from harness.simulate import simulate
 
@@ -82,7 +82,7 @@ def run_offline(specs: list[RequestSpec], config: EngineConfig, threads: int,
                 steps_file: Path) -> pl.DataFrame:
     import torch
 
-    from engine.model_runner import build_torch_engine
+    from engine.factory import build_torch_engine
 
     torch.set_num_threads(threads)  # as the server runs it
 
@@ -172,7 +172,7 @@ async def replay(url: str, specs: list[RequestSpec], vocab: int) -> tuple[list[d
 
 def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.DataFrame, float]:
     """Client rows; the server's step and request records land beside ``steps_file``."""
-    from engine.api.testing import HttpClient
+    from harness.local_server import HttpClient
 
     vocab = ModelConfig.preset("tiny").vocab_size
     server_args = ["--executor", "torch", "--scheduling-policy", args.policy,
@@ -486,7 +486,7 @@ def main() -> None:
     models = {"built-in" if args.cost_model is None else str(args.cost_model):
               CostModel.load(args.cost_model) if args.cost_model else CostModel()}
     if all(f.exists() for f in steps_files):
-        from engine.cost_fit import fit_from_steps
+        from engine.sim.cost_fit import fit_from_steps
 
         fitted = fit_from_steps([pl.read_parquet(f) for f in steps_files])
         models["fitted from served steps"] = fitted

@@ -10,7 +10,7 @@ import argparse
 import time
 
 from engine.config import EngineConfig, SchedulerConfig
-from engine.cost_model import CostModel
+from engine.core.cost_model import CostModel
 from harness.profiles import resolve_profile, sample_requests
 from harness.simulate import simulate
 

@@ -63,9 +63,9 @@ async def _clients(url: str, streams: int, seconds: float, max_tokens: int) -> d
 # -- the server (this process) -----------------------------------------------------------
 async def serve_and_measure(args) -> tuple[dict, dict, cProfile.Profile | None]:
     from engine.api.server import ApiServer, ServerSettings
-    from engine.api.testing import sim_engine
-    from engine.async_engine import AsyncEngine
-    from engine.tokenizer import HashTokenizer
+    from engine.serving.async_engine import AsyncEngine
+    from engine.serving.tokenizer import HashTokenizer
+    from harness.local_server import sim_engine
 
     engine = sim_engine(step_s=0.0, num_device_blocks=65536, max_model_len=args.max_tokens + 16,
                         max_num_seqs=256)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from bench_telemetry_metrics import torch_engine  # the same engine: run from benchmarks/
 
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
 
 TARGET = 0.97
 AIM = 0.99

@@ -20,8 +20,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
 from engine.telemetry.metrics import ITL_BUCKETS, TTFT_BUCKETS, _BulkHistogram, install_metrics
 
 TARGET_FRACTION = 0.01
@@ -70,8 +70,8 @@ class Timed:
 
 
 def torch_engine(batch: int):
-    from engine.clock import WallClock
-    from engine.model_runner import build_torch_engine
+    from engine.core.clock import WallClock
+    from engine.factory import build_torch_engine
 
     config = EngineConfig(SchedulerConfig(max_num_seqs=batch, max_model_len=2048),
                           CacheConfig(block_size=16, num_gpu_blocks_override=2048,

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from engine.config import EngineConfig, SchedulerConfig
-from engine.cost_model import CostModel
+from engine.core.cost_model import CostModel
 from engine.telemetry.spans import SpanObserver
 from engine.telemetry.tracing import OtlpJsonLinesExporter, Tracing, TracingSettings
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass
@@ -126,13 +126,13 @@ def _sample_spans(config: EngineConfig, batch: int = 2048) -> list:
     """``batch`` real spans (requests, decisions, steps) of a short traced run."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from engine.llm_engine import LLMEngine
-    from engine.request import EngineRequest
-    from engine.sequence import SamplingParams
+    from engine.core.request import EngineRequest
+    from engine.core.sampling_params import SamplingParams
+    from engine.factory import build_simulated_engine
     from engine.telemetry.tracing import install_tracing
 
     memory = InMemorySpanExporter()
-    engine = LLMEngine.simulated(config, CostModel())
+    engine = build_simulated_engine(config, CostModel())
     tracing = install_tracing(engine, TracingSettings())
     tracing.processors.clear()
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

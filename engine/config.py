@@ -13,10 +13,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.policy import POLICY_NAMES
-
 PREEMPTION_MODES: tuple[str, ...] = ("auto", "swap", "recompute")
-SCHEDULING_POLICIES: tuple[str, ...] = POLICY_NAMES  # the policy registry's names
+#: The knob's allowed values, in the order the docs list them. The scheduler's policy
+#: registry (engine/core/sched/policy.py) implements exactly these; a test holds them equal.
+SCHEDULING_POLICIES: tuple[str, ...] = ("fcfs", "sjf", "priority")
 BATCHING_MODES: tuple[str, ...] = ("continuous", "static")
 SIZE_ESTIMATORS: tuple[str, ...] = ("request", "oracle")
 

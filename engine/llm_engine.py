@@ -1,26 +1,26 @@
 """The engine: schedule -> execute -> postprocess, on a clock; one record per step.
 
 ``step()`` schedules, runs the executor, applies the results, and hands one
-:class:`engine.step_record.StepRecord` to the observer list. Requests enter as
-:class:`engine.request.EngineRequest` objects through :meth:`LLMEngine.add_request`.
+:class:`engine.records.step_record.StepRecord` to the observer list. Requests enter as
+:class:`engine.core.request.EngineRequest` objects through :meth:`LLMEngine.add_request`.
 """
 
 from __future__ import annotations
 
-from engine import decisions as d
-from engine.block_manager import BlockManager
-from engine.clock import VirtualClock, WallClock
 from engine.config import EngineConfig
-from engine.cost_model import CostModel
-from engine.executor import Executor, SimulatedExecutor, StepResult
-from engine.memory import KvPlan, plan_kv_blocks
-from engine.observers import ObserverList
-from engine.request import EngineRequest
-from engine.scheduler import Scheduler
-from engine.scheduler_output import SchedulerOutput
-from engine.sequence import Sequence
-from engine.step_record import DECODE, PREFILL, RECOMPUTE, ScheduledSeq, StepRecord
-from engine.token_timing import record_token_times
+from engine.core import decisions as d
+from engine.core.block_manager import BlockManager
+from engine.core.clock import VirtualClock, WallClock
+from engine.core.cost_model import CostModel
+from engine.core.kv_plan import KvPlan
+from engine.core.request import EngineRequest
+from engine.core.sched.scheduler import Scheduler
+from engine.core.sched.scheduler_output import SchedulerOutput
+from engine.core.sequence import Sequence
+from engine.executor import Executor, StepResult
+from engine.records.observers import ObserverList
+from engine.records.step_record import DECODE, PREFILL, RECOMPUTE, ScheduledSeq, StepRecord
+from engine.records.token_times import record_token_times
 
 
 class LLMEngine:
@@ -60,23 +60,6 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(self.config.scheduler, self.block_manager, self.eos_token_id,
                                    self.cost_model, first_step=first_step)
-
-    @classmethod
-    def simulated(
-        cls,
-        config: EngineConfig,
-        cost_model: CostModel | None = None,
-        clock: WallClock | VirtualClock | None = None,
-        kv_plan: KvPlan | None = None,
-    ) -> LLMEngine:
-        """An engine whose executor is the cost model (virtual clock by default; on
-        the wall clock the executor sleeps each step's predicted duration)."""
-        if kv_plan is None:
-            kv_plan = default_kv_plan(config)
-        clock = clock or VirtualClock()
-        cost_model = cost_model or CostModel()
-        executor = SimulatedExecutor(cost_model, sleep=not clock.is_virtual)
-        return cls(config, executor, clock, kv_plan, cost_model=cost_model)
 
     @property
     def clock_epoch_unix(self) -> float:
@@ -199,7 +182,7 @@ class LLMEngine:
             if pending:
                 kind = RECOMPUTE
                 num_recompute += min(n, pending)
-            elif n == 1 and seq.num_tokens - computed == 1 and computed >= seq.num_prompt_tokens:
+            elif n == 1 and seq.is_decoding:
                 kind = DECODE
             else:
                 kind = PREFILL
@@ -217,22 +200,3 @@ class LLMEngine:
         record.num_device_blocks = bm.num_device_blocks
         record.num_free_host_blocks = bm.num_free_host_blocks
         record.num_host_blocks = bm.num_host_blocks
-
-
-def default_kv_plan(config: EngineConfig) -> KvPlan:
-    """Pool sizes for the configured model preset from the memory knobs (no torch)."""
-    import json
-    from pathlib import Path
-
-    from engine.model_config import ModelConfig
-
-    directory = Path(config.model)
-    if directory.is_dir():  # a local checkpoint: its config.json has the shapes
-        model = ModelConfig.from_hf_config(json.loads((directory / "config.json").read_text()))
-    else:
-        model = ModelConfig.preset(config.model)
-    return plan_kv_blocks(
-        config.cache,
-        model.kv_bytes_per_block(config.cache.block_size),
-        model.num_parameters * model.dtype_size,
-    )

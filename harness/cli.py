@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.config import ConfigError, EngineConfig
-from engine.cost_model import FEATURES, CostModel, CostModelError
-from engine.policy import POLICY_NAMES
+from engine.core.cost_model import FEATURES, CostModel, CostModelError
+from engine.core.sched.policy import POLICY_NAMES
 from harness.knobs import build_engine_config, with_engine_knobs
 from harness.profiles import ProfileError, resolve_profile
 
@@ -133,7 +133,7 @@ def simulate(
             raise typer.BadParameter(str(exc)) from None
     if num_requests is not None and num_requests < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--num-requests")
-    from engine.llm_engine import default_kv_plan
+    from engine.factory import default_kv_plan
 
     try:
         default_kv_plan(next(iter(configs.values())))  # a bad model or memory knob, named
@@ -384,7 +384,7 @@ def export_tokenizer(
     """Write the served model's tokenizer as a Hugging Face tokenizer.json, so load
     generators that count tokens locally (AIPerf --tokenizer, GuideLLM --processor)
     count exactly what the server counts (docs/serving.md)."""
-    from engine.tokenizer import HFTokenizer, export_hf_tokenizer
+    from engine.serving.tokenizer import HFTokenizer, export_hf_tokenizer
     from harness.serve import tokenizer_for
 
     try:
@@ -450,9 +450,9 @@ def calibrate(
 
 def _calibrate_by_profiling(model: str, device: str | None, block_size: int, repeats: int,
                             quick: bool) -> CostModel:
-    from engine.calibration import calibrate as run_calibration
-    from engine.calibration import holdout_mix, training_grid
-    from engine.model_runner import calibration_runner
+    from engine.sim.calibration import calibrate as run_calibration
+    from engine.sim.calibration import holdout_mix, training_grid
+    from engine.worker.loading import calibration_runner
 
     try:
         shapes = training_grid(quick) + holdout_mix(40, quick=quick)
@@ -465,7 +465,7 @@ def _calibrate_by_profiling(model: str, device: str | None, block_size: int, rep
 def _calibrate_from_steps(paths: list[Path], model: str) -> CostModel:
     import polars as pl
 
-    from engine.cost_fit import CalibrationError, client_latency_from_requests, fit_from_steps
+    from engine.sim.cost_fit import CalibrationError, client_latency_from_requests, fit_from_steps
 
     frames, request_frames = [], []
     for path in paths:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import polars as pl
 
-from engine.decisions import Decision
-from engine.step_record import StepRecord
+from engine.core.decisions import Decision
+from engine.records.step_record import StepRecord
 
 SCHEMA = {
     "kind": pl.String, "time": pl.Float64, "step": pl.Int64, "request_id": pl.String,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import polars as pl
 
-from engine.sequence import Sequence
-from engine.step_record import StepRecord
+from engine.core.sequence import Sequence
+from engine.records.step_record import StepRecord
 
 #: One stall: when the gap began (engine time) and how long it lasted.
 STALL_TYPE = pl.Struct({"start_s": pl.Float64, "duration_s": pl.Float64})

@@ -11,9 +11,13 @@ from pathlib import Path
 import typer
 
 from engine.config import ConfigError, EngineConfig
-from engine.cost_model import CostModel, CostModelError
+from engine.core.cost_model import CostModel, CostModelError
 from engine.factory import EXECUTORS, build_engine
-from engine.tokenizer import HashTokenizer, Tokenizer, load_tokenizer
+from engine.records.writers import RecordWriterSpec
+from engine.serving.tokenizer import HashTokenizer, Tokenizer, load_tokenizer
+from harness.decision_log import DecisionLog
+from harness.records import RequestRecorder
+from harness.steps import StepLog
 
 log = logging.getLogger("schedscope.serve")
 
@@ -25,7 +29,7 @@ ENGINE_CORES = ("process", "thread")
 def tokenizer_for(model: str) -> Tokenizer:
     """The hash tokenizer over a preset's vocabulary; for a checkpoint directory, its
     ``tokenizer.json`` when it has one."""
-    from engine.model_config import PRESETS, ModelConfig
+    from engine.worker.model_config import PRESETS, ModelConfig
 
     if model in PRESETS:
         preset = PRESETS[model]
@@ -192,13 +196,14 @@ def _serve_with_engine_process(engine_config, executor, model, threads, record_s
                                record_requests, tokenizer, settings, tracing=None,
                                record_decisions=None) -> int:
     from engine.api import run_server
-    from engine.engine_core import EngineCoreSpec
-    from engine.process_engine import EngineProcessError, ProcessEngine
+    from engine.serving.engine_core import EngineCoreSpec
+    from engine.serving.process_engine import EngineProcessError, ProcessEngine
 
     spec = EngineCoreSpec(engine_config, executor, model.to_dict() if model else None, threads,
-                          record_steps, record_requests, tracing=tracing,
-                          metrics_model_name=settings.served_model_name if settings.metrics else None,
-                          record_decisions=record_decisions)
+                          record_writers=record_writer_specs(record_steps, record_requests,
+                                                             record_decisions),
+                          tracing=tracing,
+                          metrics_model_name=settings.served_model_name if settings.metrics else None)
     engine = ProcessEngine(spec)
     try:
         engine.launch()
@@ -219,7 +224,8 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
                               record_requests, tokenizer, settings, tracing=None,
                               record_decisions=None) -> int:
     from engine.api import run_server
-    from engine.async_engine import AsyncEngine
+    from engine.records.writers import install_record_writers, write_records
+    from engine.serving.async_engine import AsyncEngine
 
     if threads:
         import torch
@@ -235,22 +241,9 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
         from engine.telemetry.metrics import install_metrics
 
         install_metrics(llm_engine, settings.served_model_name)
-    step_log = None
-    if record_steps is not None:
-        from harness.steps import StepLog
-
-        step_log = llm_engine.observers.add(StepLog())
-    decision_log = None
-    if record_decisions is not None:
-        from harness.decision_log import DecisionLog
-
-        decision_log = llm_engine.observers.add(DecisionLog())
-    request_log = None
-    if record_requests is not None:
-        from harness.records import RequestRecorder
-
-        request_log = llm_engine.observers.add(
-            RequestRecorder(engine_config.scheduler.scheduling_policy, "served"))
+    writers = install_record_writers(
+        llm_engine.observers, engine_config,
+        record_writer_specs(record_steps, record_requests, record_decisions))
     async_engine = AsyncEngine(llm_engine)
     traced = None
     if tracing is not None:
@@ -258,7 +251,7 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
 
         # after the stream delivery observer: tokens leave before spans are made
         traced = install_tracing(llm_engine, tracing)
-        from engine.engine_core import publish_dropped_spans
+        from engine.serving.engine_core import publish_dropped_spans
 
         publish_dropped_spans(llm_engine, traced)
     try:
@@ -271,11 +264,28 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
             stats = traced.shutdown()
             log.info("spans: %d ended, %d exported, %d dropped", stats["spans"],
                      stats["exported_spans"], stats["dropped_spans"])
-        if step_log is not None:
-            record_steps.parent.mkdir(parents=True, exist_ok=True)
-            step_log.write(record_steps)
-            log.info("step records: %s (%d steps)", record_steps, step_log.num_steps)
-        if decision_log is not None:
-            decision_log.write(record_decisions)
-        if request_log is not None:
-            request_log.write(record_requests)
+        write_records(writers)
+
+
+def _step_log(config: EngineConfig) -> StepLog:
+    return StepLog()
+
+
+def _request_log(config: EngineConfig) -> RequestRecorder:
+    return RequestRecorder(config.scheduler.scheduling_policy, "served")
+
+
+def _decision_log(config: EngineConfig) -> DecisionLog:
+    return DecisionLog()
+
+
+def record_writer_specs(record_steps: Path | None, record_requests: Path | None,
+                        record_decisions: Path | None) -> tuple[RecordWriterSpec, ...]:
+    """The engine's record writers for ``--record-steps``, ``--record-requests`` and
+    ``--record-decisions`` (the factories are module-level: the engine process
+    unpickles them)."""
+    chosen = ((record_steps, _step_log, "step records"),
+              (record_requests, _request_log, "request records"),
+              (record_decisions, _decision_log, "decisions"))
+    return tuple(RecordWriterSpec(make, path, name) for path, make, name in chosen
+                 if path is not None)

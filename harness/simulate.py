@@ -26,12 +26,13 @@ import numpy as np
 import polars as pl
 
 from engine.config import EngineConfig
-from engine.cost_model import CostModel
-from engine.decisions import Decision
-from engine.llm_engine import LLMEngine
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
-from engine.step_record import StepRecord
+from engine.core.cost_model import CostModel
+from engine.core.decisions import Decision
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence, SequenceStatus
+from engine.factory import build_simulated_engine
+from engine.records.step_record import StepRecord
 from harness.decision_log import decisions_frame
 from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
 from harness.records import RequestRecorder, add_stalls, requests_frame, stall_threshold
@@ -95,7 +96,7 @@ def simulate(
     simulator's epoch is 0) go where it says; ``truncate_trace_file=False`` appends
     to its file (the next policy of a comparison).
     """
-    engine = LLMEngine.simulated(config, cost_model or CostModel())
+    engine = build_simulated_engine(config, cost_model or CostModel())
     clock = engine.clock
     policy = config.scheduler.scheduling_policy
     open_specs, closed_phases = _pending_arrivals(profile, seed, requests)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from engine.step_record import StepRecord
+from engine.records.step_record import StepRecord
 
 #: steps.parquet columns, in order, with their Polars types.
 STEP_SCHEMA: dict[str, pl.DataType] = {

@@ -20,8 +20,8 @@ priority 4.6 / 10.8 s, 2.64 / 1.04. SJF and priority serve the short class first
 push the wait onto the long one.
 """
 
+from harness.loadgen.expose import expose
 from harness.profiles import Phase, Profile
-from harness.profiles.locust_hook import expose
 from loadprofiles._chat_mix import chat_classes
 
 BASE_RATE = 6.5

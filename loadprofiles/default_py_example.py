@@ -5,8 +5,8 @@ TOML shape (docs/profiles.md). This one mixes a closed loop (8 users, each sendi
 the next request as soon as the previous one finishes) with an open-loop tail.
 """
 
+from harness.loadgen.expose import expose
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
-from harness.profiles.locust_hook import expose
 
 PROFILE = Profile(
     name="default_py_example",

@@ -26,8 +26,8 @@ model, seed 42, 1,164 requests): queue-wait p99 of the short class 7.1 s (fcfs) 
 3.2 s (sjf) / 1.4 s (priority); of the long class 6.7 / 14.6 / 11.0 s.
 """
 
+from harness.loadgen.expose import expose
 from harness.profiles import Phase, Profile
-from harness.profiles.locust_hook import expose
 from loadprofiles._chat_mix import chat_classes
 
 PROFILE = Profile(

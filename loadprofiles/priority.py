@@ -22,8 +22,8 @@ batch for interactive). Priority protects interactive better than SJF does, with
 starving batch as badly.
 """
 
+from harness.loadgen.expose import expose
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
-from harness.profiles.locust_hook import expose
 
 PROFILE = Profile(
     name="priority",

@@ -18,8 +18,8 @@ cost model, 1,144 requests): queue-wait p99 short / long fcfs 16.0 / 15.5 s, sjf
 class's TTFT, FCFS does not.
 """
 
+from harness.loadgen.expose import expose
 from harness.profiles import Phase, Profile
-from harness.profiles.locust_hook import expose
 from loadprofiles._chat_mix import chat_classes
 
 PROFILE = Profile(

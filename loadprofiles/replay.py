@@ -46,6 +46,7 @@ p99 chat / long fcfs 1.9 / 1.7 s, sjf 1.5 / 4.7 s, priority 0.7 / 3.3 s.
 import os
 from pathlib import Path
 
+from harness.loadgen.expose import expose
 from harness.profiles import (
     LengthDistribution,
     Phase,
@@ -54,7 +55,6 @@ from harness.profiles import (
     RequestClass,
     Slo,
 )
-from harness.profiles.locust_hook import expose
 
 SAMPLE = Path(__file__).resolve().parent / "replay_sample.csv"
 

@@ -21,8 +21,8 @@ preempts two requests for better ones); the spike is a queue behind the running
 batch that drains within ~4 s.
 """
 
+from harness.loadgen.expose import expose
 from harness.profiles import Phase, Profile
-from harness.profiles.locust_hook import expose
 from loadprofiles._chat_mix import chat_classes
 
 PROFILE = Profile(

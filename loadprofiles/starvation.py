@@ -36,8 +36,8 @@ Shortened to --duration-scale 0.7 (63 s), SJF's long max is 26.8 s against 5.4 s
 direction (> 3x).
 """
 
+from harness.loadgen.expose import expose
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
-from harness.profiles.locust_hook import expose
 
 PROFILE = Profile(
     name="starvation",

@@ -42,8 +42,8 @@ Shortened to --duration-scale 0.34 (20 s) every policy still both swaps and
 recomputes; tests/test_profile_library.py asserts it.
 """
 
+from harness.loadgen.expose import expose
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, Slo
-from harness.profiles.locust_hook import expose
 
 #: The knobs the docstring recommends, for tests and scripts.
 ENGINE_KNOBS = {"num_gpu_blocks_override": 384, "swap_space": 0.004}

@@ -12,16 +12,19 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from engine import decisions as d
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.cost_model import CostModel
-from engine.decisions import Decision
-from engine.executor import SimulatedExecutor, StepResult
+from engine.core import decisions as d
+from engine.core.cost_model import CostModel
+from engine.core.decisions import Decision
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sched.scheduler_output import SchedulerOutput
+from engine.core.sequence import Sequence, SequenceStatus
+from engine.executor import StepResult
+from engine.factory import build_simulated_engine
 from engine.llm_engine import LLMEngine
-from engine.request import EngineRequest
-from engine.scheduler_output import SchedulerOutput
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
-from engine.step_record import StepRecord
+from engine.records.step_record import StepRecord
+from engine.sim.simulated_executor import SimulatedExecutor
 
 #: Every non-empty step takes exactly this long (a power of two: exact float sums).
 STEP_S = 1 / 64
@@ -104,7 +107,7 @@ def make_engine(
             num_cpu_blocks_override=cpu_blocks, watermark=watermark,
         ),
     )
-    engine = LLMEngine.simulated(config, cost_model=cost_model or constant_cost())
+    engine = build_simulated_engine(config, cost_model=cost_model or constant_cost())
     executor = CheckingExecutor(engine.executor.cost_model, block_size)
     executor.block_manager = engine.block_manager
     engine.executor = executor

@@ -10,9 +10,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.block_manager import BlockManager
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams, Sequence
+from engine.core.block_manager import BlockManager
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
 
 _seq_nos = itertools.count()
 

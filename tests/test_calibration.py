@@ -9,11 +9,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from engine.calibration import StepShape, fit, holdout_mix, relative_errors, training_grid
-from engine.cost_model import FEATURES, CostModel
-from engine.model import build_model
-from engine.model_config import ModelConfig
-from engine.weights import save_checkpoint
+from engine.core.cost_model import FEATURES, CostModel
+from engine.sim.calibration import StepShape, fit, holdout_mix, relative_errors, training_grid
+from engine.worker.model import build_model
+from engine.worker.model_config import ModelConfig
+from engine.worker.weights import save_checkpoint
 from harness.cli import app
 
 

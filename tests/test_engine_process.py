@@ -14,8 +14,8 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from engine.api.testing import CliServer, HttpClient
 from harness.cli import app
+from harness.local_server import CliServer, HttpClient
 
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True}
 
@@ -129,11 +129,11 @@ def test_an_add_pending_when_the_engine_process_dies_is_refused_as_unavailable()
     import asyncio
     import multiprocessing
 
-    from engine.async_engine import EngineDeadError, _Add, _Stream
     from engine.config import EngineConfig
-    from engine.engine_core import EngineCoreSpec
-    from engine.process_engine import ProcessEngine
-    from engine.request import EngineRequest
+    from engine.core.request import EngineRequest
+    from engine.serving.async_engine import EngineDeadError, _Add, _Stream
+    from engine.serving.engine_core import EngineCoreSpec
+    from engine.serving.process_engine import ProcessEngine
 
     async def scenario():
         engine = ProcessEngine(EngineCoreSpec(EngineConfig(), "sim"))
@@ -172,10 +172,10 @@ def test_a_request_that_cannot_be_sampled_fails_alone_across_the_engine_process(
     import asyncio
 
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-    from engine.engine_core import EngineCoreSpec
-    from engine.process_engine import ProcessEngine
-    from engine.request import EngineRequest
-    from engine.sequence import SamplingParams
+    from engine.core.request import EngineRequest
+    from engine.core.sampling_params import SamplingParams
+    from engine.serving.engine_core import EngineCoreSpec
+    from engine.serving.process_engine import ProcessEngine
 
     good = SamplingParams(max_tokens=6, ignore_eos=True)
     poisoned = SamplingParams(max_tokens=6, min_tokens=3, temperature=1e39)

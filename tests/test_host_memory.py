@@ -1,5 +1,5 @@
 """The process that runs the model keeps freed host memory, so a step's large
-activations are not page-faulted in afresh every step (engine/host_memory.py).
+activations are not page-faulted in afresh every step (engine/worker/host_memory.py).
 
 Counted in minor page faults, not timed: a step-like round of a 48 MiB and a 16 MiB
 tensor faults ~16k pages in every round under glibc's defaults, and none once the heap
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.skipif(
 PROBE = textwrap.dedent("""
     import resource, sys, torch
     if sys.argv[1] == "runner":
-        from engine.model import build_model
-        from engine.model_config import ModelConfig
-        from engine.model_runner import ModelRunner
+        from engine.worker.model import build_model
+        from engine.worker.model_config import ModelConfig
+        from engine.worker.model_runner import ModelRunner
         config = ModelConfig.preset("tiny")
         runner = ModelRunner(build_model(config, torch.device("cpu")), config, 16, 8, 0,
                              torch.device("cpu"))
@@ -62,7 +62,7 @@ def test_a_model_runner_process_reuses_freed_activation_memory_without_page_faul
 
 
 def test_retaining_host_memory_is_idempotent():
-    from engine.host_memory import retain_freed_host_memory
+    from engine.worker.host_memory import retain_freed_host_memory
 
     first = retain_freed_host_memory()
     assert retain_freed_host_memory() is first
@@ -72,11 +72,11 @@ WARM_UP_PROBE = textwrap.dedent("""
     import resource, sys
     import torch
     torch.set_num_threads(1)  # as served: one allocating thread, one heap
-    from engine.clock import VirtualClock
+    from engine.core.clock import VirtualClock
     from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-    from engine.model_runner import build_torch_engine
-    from engine.request import EngineRequest
-    from engine.sequence import SamplingParams
+    from engine.factory import build_torch_engine
+    from engine.core.request import EngineRequest
+    from engine.core.sampling_params import SamplingParams
     config = EngineConfig(SchedulerConfig(max_model_len=1024, max_num_seqs=8),
                           CacheConfig(num_gpu_blocks_override=80, num_cpu_blocks_override=0),
                           model="tiny")

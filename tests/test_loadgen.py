@@ -20,10 +20,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engine.api.testing import CliServer
-from engine.cost_model import CostModel
+from engine.core.cost_model import CostModel
 from harness.loadgen.merge import merge_records
 from harness.loadgen.split import share
+from harness.local_server import CliServer
 from harness.profiles import build_plan, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engine.api.testing import CliServer
 from harness.loadgen.merge import merge_records
+from harness.local_server import CliServer
 from harness.profiles import build_plan, resolve_profile, shipped_profile_names
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,12 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_preemption_modes import COSTS, H, L, S
 
-from engine import decisions as d
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.decisions import Decision
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams, Sequence, SequenceStatus
-from engine.step_record import DECODE, PREFILL, RECOMPUTE, ScheduledSeq, StepRecord
+from engine.core import decisions as d
+from engine.core.decisions import Decision
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence, SequenceStatus
+from engine.records.step_record import DECODE, PREFILL, RECOMPUTE, ScheduledSeq, StepRecord
+from engine.records.token_times import record_token_times
 from engine.telemetry.metrics import (
     STALL_CAUSES,
     EngineMetrics,
@@ -29,7 +31,6 @@ from engine.telemetry.metrics import (
     wants_openmetrics,
 )
 from engine.telemetry.trace_ids import format_trace_id, request_trace_id
-from engine.token_timing import record_token_times
 
 LABELS = {"model_name": "tiny", "engine": "0"}
 

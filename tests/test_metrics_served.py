@@ -11,9 +11,9 @@ import pytest
 from test_metrics import check_with_promtool
 
 from engine.api import ServerSettings
-from engine.api.testing import BackgroundServer, CliServer, HttpClient, sim_engine
+from engine.serving.tokenizer import HashTokenizer
 from engine.telemetry.metrics import install_metrics
-from engine.tokenizer import HashTokenizer
+from harness.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 
 #: Every name a dashboard may query, as exposed (counters with their _total).
 EXPOSED = {

@@ -17,9 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import model as model_module
-from engine import prefill_groups
-from engine.model import (
+from engine.core import prefill_groups
+from engine.worker import model as model_module
+from engine.worker.model import (
     AttentionMetadata,
     DenseKVCache,
     allocate_kv_cache,
@@ -29,7 +29,7 @@ from engine.model import (
     dense_reference_forward,
     rope_inv_freq,
 )
-from engine.model_config import PRESETS, ModelConfig, RopeScaling
+from engine.worker.model_config import PRESETS, ModelConfig, RopeScaling
 
 TOL = 1e-5
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.clock import VirtualClock
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.model import build_model
-from engine.model_config import ModelConfig
-from engine.model_runner import build_torch_engine
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams, SequenceStatus
+from engine.core.clock import VirtualClock
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import SequenceStatus
+from engine.factory import build_torch_engine
+from engine.worker.model import build_model
+from engine.worker.model_config import ModelConfig
 
 # A model small enough for many steps on 2 cores, with GQA; random weights from a seed.
 MODEL = ModelConfig(name="test", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4,
@@ -192,7 +193,7 @@ def isolation_batch(poison: SamplingParams | None) -> list[tuple[str, list[int],
 
 @pytest.mark.parametrize("poison", POISONS.values(), ids=POISONS.keys())
 def test_a_poisoned_request_fails_alone_and_its_batch_goes_on(model, poison):
-    from engine import decisions as d
+    from engine.core import decisions as d
 
     def run_batch(poison):
         engine = make_engine(model, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024),

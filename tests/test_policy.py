@@ -16,9 +16,10 @@ from engine.config import (
     SchedulerConfig,
     knob_fields,
 )
-from engine.policy import FcfsPolicy, PriorityPolicy, SjfPolicy, make_policy
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams, Sequence
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sched.policy import FcfsPolicy, PriorityPolicy, SjfPolicy, make_policy
+from engine.core.sequence import Sequence
 
 
 def seq(arrival: float = 0.0, prompt: int = 4, max_tokens: int = 16, priority: int = 0,

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 from engine_helpers import Req, drive, make_engine
 
-from engine import decisions as d
-from engine.cost_model import FEATURES, CostModel
-from engine.sequence import SequenceStatus
+from engine.core import decisions as d
+from engine.core.cost_model import FEATURES, CostModel
+from engine.core.sequence import SequenceStatus
 
 COSTS = CostModel(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": 1 / 64,
                      "prefill_token_s": 1e-6, "prefill_attention_s": 1e-6,

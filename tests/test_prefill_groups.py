@@ -6,15 +6,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.model import AttentionMetadata
-from engine.prefill_groups import (
+from engine.core.prefill_groups import (
     PREFILL_GROUP_OVERHEAD_WORK,
     group_prefill_chunks,
     padded_prefill_work,
 )
-from engine.request import EngineRequest
-from engine.scheduler_output import SchedulerOutput
-from engine.sequence import SamplingParams, Sequence
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sched.scheduler_output import SchedulerOutput
+from engine.core.sequence import Sequence
+from engine.worker.model import AttentionMetadata
 
 
 @st.composite

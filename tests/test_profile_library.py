@@ -489,7 +489,7 @@ def test_profile_fits_the_default_max_model_len(name):
 
 
 def _simulate(p, policy="fcfs", **knobs):
-    from engine.cost_model import CostModel
+    from engine.core.cost_model import CostModel
     from harness.knobs import build_engine_config
     from harness.simulate import simulate
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.api.testing import CliServer, HttpClient
 from harness.dashboards import panel_queries, substitute
+from harness.local_server import CliServer, HttpClient
 from harness.prometheus import PrometheusServer, find_prometheus
 
 MODEL = "proof"

@@ -8,10 +8,10 @@ import polars as pl
 import pytest
 from engine_helpers import Req, drive, make_engine
 
-from engine import decisions as d
 from engine.config import EngineConfig, SchedulerConfig
-from engine.cost_model import CostModel
-from engine.request import EngineRequest
+from engine.core import decisions as d
+from engine.core.cost_model import CostModel
+from engine.core.request import EngineRequest
 from harness.profiles import resolve_profile
 from harness.simulate import REJECTED_RETRY_AFTER_S, simulate
 
@@ -60,7 +60,7 @@ def test_closed_loop_user_rejected_at_once_backs_off_and_retries(seed):
 
 
 def test_priority_preemption_admits_its_beneficiary_in_the_same_step():
-    """engine/scheduler.py _make_room_for_admission: room is counted without the
+    """engine/core/sched/scheduler.py _make_room_for_admission: room is counted without the
     watermark (and before this step's decodes take blocks), but the head is then
     admitted through can_allocate(..., use_watermark=True). The victim is evicted
     for nothing, low-priority requests keep decoding, and more victims follow."""
@@ -81,7 +81,7 @@ def test_priority_preemption_admits_its_beneficiary_in_the_same_step():
 
 @pytest.mark.parametrize("seed", [3])
 def test_no_chunked_prefill_steps_that_admit_prefills_carry_no_decodes(seed):
-    """engine/scheduler.py schedule(): the vLLM-v0 rule is applied only when nothing
+    """engine/core/sched/scheduler.py schedule(): the vLLM-v0 rule is applied only when nothing
     is swapped; with a swapped request, new prefills are admitted after the
     decodes (and swap-ins) of the same step."""
     import random
@@ -106,10 +106,11 @@ def test_failed_step_also_fails_requests_whose_blocks_it_was_moving():
     not have happened, so that request's KV is garbage and it must fail too (not
     resume later with it)."""
     from engine.config import CacheConfig
-    from engine.llm_engine import LLMEngine
-    from engine.sequence import SamplingParams, SequenceStatus
+    from engine.core.sampling_params import SamplingParams
+    from engine.core.sequence import SequenceStatus
+    from engine.factory import build_simulated_engine
 
-    engine = LLMEngine.simulated(
+    engine = build_simulated_engine(
         EngineConfig(SchedulerConfig(max_num_seqs=4, preemption_mode="swap"),
                      CacheConfig(block_size=4, num_gpu_blocks_override=6, num_cpu_blocks_override=16,
                                  watermark=0.0)),

@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engine.api.testing import CliServer
+from harness.local_server import CliServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"

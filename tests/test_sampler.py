@@ -15,9 +15,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.request import EngineRequest
-from engine.sampler import Sampler
-from engine.sequence import SamplingParams, Sequence
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
+from engine.worker.sampler import Sampler
 
 VOCAB = 64
 EOS = 2

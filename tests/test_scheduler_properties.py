@@ -14,12 +14,12 @@ from engine_helpers import STEP_S, Req, Trace, constant_cost, drive, make_engine
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine import decisions as d
-from engine.cost_model import CostModel
+from engine.core import decisions as d
+from engine.core.cost_model import CostModel
+from engine.core.sched.preemption import policy_order
+from engine.core.sequence import SequenceStatus
 from engine.llm_engine import LLMEngine
-from engine.preemption import policy_order
-from engine.sequence import SequenceStatus
-from engine.step_record import StepRecord
+from engine.records.step_record import StepRecord
 
 #: Deterministic runs (same examples every time); no per-example deadline.
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from engine_helpers import STEP_S, Req, Trace, add, drive, make_engine
 
-from engine import decisions as d
+from engine.core import decisions as d
+from engine.core.sequence import SequenceStatus
 from engine.llm_engine import LLMEngine
-from engine.sequence import SequenceStatus
 
 FINISHED_OK = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH}
 

@@ -15,12 +15,12 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from engine.api.testing import BackgroundServer, HttpClient, sim_engine
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.cost_fit import CalibrationError, fit_from_steps
-from engine.cost_model import FEATURES, CostModel
-from engine.tokenizer import HashTokenizer
+from engine.core.cost_model import FEATURES, CostModel
+from engine.serving.tokenizer import HashTokenizer
+from engine.sim.cost_fit import CalibrationError, fit_from_steps
 from harness.cli import app
+from harness.local_server import BackgroundServer, HttpClient, sim_engine
 from harness.profiles import resolve_profile
 from harness.simulate import run_simulations, simulate
 
@@ -110,7 +110,7 @@ def test_calibrate_takes_client_latency_from_a_run_cells_client_records(tmp_path
     """Beside a cell's steps.parquet, requests.parquet has the client's TTFT from its send
     and the engine's TTFT from its arrival stamp: their median gap (finished requests
     only) is the model's client_latency_s, which simulated client-side TTFT/E2E add."""
-    from engine.cost_fit import client_latency_from_requests
+    from engine.sim.cost_fit import client_latency_from_requests
 
     _simulated_steps(tmp_path)
     gaps = [0.002, 0.003, 0.004, 0.0031, 0.0029]
@@ -140,7 +140,7 @@ def test_too_few_steps_or_missing_columns_are_named(tmp_path):
 
 
 def test_serve_records_its_steps_at_shutdown(tmp_path):
-    from engine.api.testing import CliServer
+    from harness.local_server import CliServer
 
     path = tmp_path / "served" / "steps.parquet"
     with CliServer(["--executor", "sim", "--record-steps", str(path)]) as server:
@@ -172,7 +172,7 @@ def test_client_latency_is_added_to_client_side_times_only():
 
 @pytest.mark.parametrize("core", ["process", "thread"])
 def test_serve_records_its_requests_at_shutdown(tmp_path, core):
-    from engine.api.testing import CliServer
+    from harness.local_server import CliServer
 
     path = tmp_path / "requests.parquet"
     with CliServer(["--executor", "sim", "--engine-core", core,

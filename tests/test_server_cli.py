@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from engine.api.testing import CliServer, HttpClient
 from harness.cli import app
+from harness.local_server import CliServer, HttpClient
 
 
 @pytest.fixture()

@@ -12,9 +12,9 @@ import time
 import openai
 import pytest
 
-from engine.api.testing import BackgroundServer, HttpClient, constant_step_cost, sim_engine
-from engine.executor import SimulatedExecutor
-from engine.tokenizer import HashTokenizer
+from engine.serving.tokenizer import HashTokenizer
+from engine.sim.simulated_executor import SimulatedExecutor
+from harness.local_server import BackgroundServer, HttpClient, constant_step_cost, sim_engine
 
 TOKENIZER = HashTokenizer(4096)
 HALT = TOKENIZER.token_id("halt")

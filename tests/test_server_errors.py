@@ -15,8 +15,8 @@ import time
 import pytest
 
 from engine.api.server import ServerSettings
-from engine.api.testing import BackgroundServer, HttpClient, sim_engine
-from engine.tokenizer import HashTokenizer
+from engine.serving.tokenizer import HashTokenizer
+from harness.local_server import BackgroundServer, HttpClient, sim_engine
 
 KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.api.testing import BackgroundServer, HttpClient, sim_engine
-from engine.tokenizer import HashTokenizer
+from engine.serving.tokenizer import HashTokenizer
+from harness.local_server import BackgroundServer, HttpClient, sim_engine
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 48

@@ -11,8 +11,8 @@ import time
 import aiohttp
 import pytest
 
-from engine.api.testing import BackgroundServer, CliServer, HttpClient, sim_engine
-from engine.tokenizer import HashTokenizer
+from engine.serving.tokenizer import HashTokenizer
+from harness.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 
 NUM_STREAMS = 200
 NUM_NON_STREAMING = 20

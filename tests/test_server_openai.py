@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from engine.api.protocol import ServingContext, parse_generate_request
-from engine.api.testing import BackgroundServer, HttpClient, sim_engine
-from engine.tokenizer import HashTokenizer
+from engine.serving.tokenizer import HashTokenizer
+from harness.local_server import BackgroundServer, HttpClient, sim_engine
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 256

@@ -11,9 +11,9 @@ import socket
 import threading
 import time
 
-from engine.api.testing import BackgroundServer, HttpClient, sim_engine
-from engine.step_record import StepRecord
-from engine.tokenizer import HashTokenizer
+from engine.records.step_record import StepRecord
+from engine.serving.tokenizer import HashTokenizer
+from harness.local_server import BackgroundServer, HttpClient, sim_engine
 
 TOKENIZER = HashTokenizer(4096)
 STEP_S = 0.2

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.cost_model import CostModel
+from engine.core.cost_model import CostModel
 from harness.cli import app
 from harness.decision_log import decisions_frame
 from harness.profiles import build_plan, profile_from_dict, resolve_profile

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from engine import decisions as d
-from engine.cost_model import FEATURES, CostModel
-from engine.request import EngineRequest
-from engine.sequence import SamplingParams
+from engine.core import decisions as d
+from engine.core.cost_model import FEATURES, CostModel
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
 from engine.telemetry import spans as sp
 from engine.telemetry.trace_ids import request_trace_id
 from engine.telemetry.tracing import Tracing, TracingSettings, install_tracing

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.cost_model import CostModel
+from engine.core.cost_model import CostModel
 from engine.telemetry import spans as sp
 from engine.telemetry.tracing import (
     CountingBatchSpanProcessor,

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from engine.api.testing import CliServer, HttpClient
+from harness.local_server import CliServer, HttpClient
 from harness.spans import read_spans
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

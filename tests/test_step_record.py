@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 from engine_helpers import STEP_S, Req, add, drive, make_engine
 
-from engine import decisions as d
-from engine.cost_model import FEATURES, CostModel
-from engine.sequence import SequenceStatus
-from engine.step_record import DECODE, PREFILL, RECOMPUTE, StepRecord
-from engine.token_timing import record_token_times
+from engine.core import decisions as d
+from engine.core.cost_model import FEATURES, CostModel
+from engine.core.sequence import SequenceStatus
+from engine.records.step_record import DECODE, PREFILL, RECOMPUTE, StepRecord
+from engine.records.token_times import record_token_times
 
 SWAP_COSTS = CostModel(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": STEP_S,
                           "swap_block_s": 1 / 1024})

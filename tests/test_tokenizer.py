@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.tokenizer import (
+from engine.serving.tokenizer import (
     EOS_TOKEN_ID,
     NUM_SPECIAL_TOKENS,
     HashTokenizer,
@@ -27,7 +27,7 @@ def test_ids_are_stable_hard_coded():
 
 
 def test_ids_are_stable_across_processes():
-    code = "from engine.tokenizer import HashTokenizer; print(HashTokenizer(4096).encode('a b c'))"
+    code = "from engine.serving.tokenizer import HashTokenizer; print(HashTokenizer(4096).encode('a b c'))"
     outputs = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env={"PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}).stdout

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.request import EngineRequest, parse_traceparent
-from engine.sequence import Sequence
+from engine.core.request import EngineRequest, parse_traceparent
+from engine.core.sequence import Sequence
 from engine.telemetry.trace_ids import (
     derived_trace_id,
     format_trace_id,

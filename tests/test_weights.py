@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.model import AttentionMetadata, allocate_kv_cache, build_model
-from engine.model_config import ModelConfig, RopeScaling
-from engine.weights import load_checkpoint, load_config, load_weights, save_checkpoint
+from engine.worker.model import AttentionMetadata, allocate_kv_cache, build_model
+from engine.worker.model_config import ModelConfig, RopeScaling
+from engine.worker.weights import load_checkpoint, load_config, load_weights, save_checkpoint
 
 TINY = ModelConfig(name="ckpt", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4,
                    num_kv_heads=2, intermediate_size=96, seed=7)

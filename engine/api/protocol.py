@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.sequence import SamplingParams
+from engine.core.sampling_params import SamplingParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -221,7 +221,7 @@ class ServingContext:
 
     served_model_names: tuple[str, ...]
     max_model_len: int
-    tokenizer: Any  # engine.tokenizer.Tokenizer
+    tokenizer: Any  # engine.serving.tokenizer.Tokenizer
 
 
 @dataclass

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from engine import decisions as d
 from engine.api.body import HeavyWork, read_json_body, too_large
 from engine.api.connections import ConnectionGuard, ConnectionLimits, GuardedTCPSite
 from engine.api.protocol import (
@@ -47,8 +46,9 @@ from engine.api.protocol import (
     parse_json_object,
 )
 from engine.api.tokenize_routes import add_tokenize_routes
-from engine.async_engine import AsyncEngine, EngineDeadError, RequestOutput, RequestRejected
-from engine.request import EngineRequest, parse_traceparent
+from engine.core import decisions as d
+from engine.core.request import EngineRequest, parse_traceparent
+from engine.serving.async_engine import AsyncEngine, EngineDeadError, RequestOutput, RequestRejected
 
 log = logging.getLogger("schedscope.server")
 

@@ -31,11 +31,11 @@ from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricF
 from prometheus_client.openmetrics.exposition import ALLOWUTF8
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from engine import decisions as d
-from engine.sequence import SequenceStatus
-from engine.step_record import DECODE, PREFILL, RECOMPUTE, StepRecord
+from engine.core import decisions as d
+from engine.core.sequence import SequenceStatus
+from engine.core.token_timing import STALL_FLOOR_S
+from engine.records.step_record import DECODE, PREFILL, RECOMPUTE, StepRecord
 from engine.telemetry.trace_ids import format_trace_id, request_trace_id
-from engine.token_timing import STALL_FLOOR_S
 
 # -- vLLM's buckets (vllm/v1/metrics/loggers.py, PrometheusStatLogger) -------------------
 #: At most this many request classes get their own ``schedscope_queue_time_seconds``

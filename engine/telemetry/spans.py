@@ -20,9 +20,9 @@ from __future__ import annotations
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from engine import decisions as d
-from engine.sequence import Sequence
-from engine.step_record import DECODE, RECOMPUTE, StepRecord
+from engine.core import decisions as d
+from engine.core.sequence import Sequence
+from engine.records.step_record import DECODE, RECOMPUTE, StepRecord
 from engine.telemetry.trace_ids import request_trace_id
 
 # Span names ------------------------------------------------------------------------

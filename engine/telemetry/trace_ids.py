@@ -8,7 +8,7 @@ import hashlib
 
 
 def traceparent_ids(traceparent: str | None) -> tuple[int, int] | None:
-    """(trace id, parent span id) of a valid ``traceparent`` (engine.request has
+    """(trace id, parent span id) of a valid ``traceparent`` (engine.core.request has
     already validated it), else None."""
     if not traceparent:
         return None
@@ -26,7 +26,7 @@ def derived_trace_id(request_id: str, seq_no: int, arrival_time: float) -> int:
 
 
 def request_trace_id(seq) -> int:
-    """The trace id of an ``engine.sequence.Sequence``'s request."""
+    """The trace id of an ``engine.core.sequence.Sequence``'s request."""
     ids = traceparent_ids(seq.traceparent)
     if ids is not None:
         return ids[0]

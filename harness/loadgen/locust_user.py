@@ -1,6 +1,6 @@
 """``define(profile, namespace)``: what makes a profile file a locustfile.
 
-Called by ``harness.profiles.locust_hook.expose`` when Locust loads a profile. It puts
+Called by ``harness.loadgen.expose.expose`` when Locust loads a profile. It puts
 into the file's namespace:
 
 - ``ProfileUser``: one per process, and a placeholder (it sends nothing itself). The

@@ -8,7 +8,7 @@ verdict between ``fcfs-x0.5`` and ``sjf-x2`` would compare different loads. A pl
 
 from __future__ import annotations
 
-from engine.policy import POLICY_NAMES
+from engine.core.sched.policy import POLICY_NAMES
 
 
 def split_cell(name: str) -> tuple[str | None, str]:

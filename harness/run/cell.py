@@ -336,7 +336,7 @@ def _collect(result: CellResult, settings: CellSettings, records: Path, raw: Pat
 
 def run_simulated_cell(cell: Cell, cell_dir: Path, settings: CellSettings,
                        show: Callable[[str], None]) -> CellResult:
-    from engine.cost_model import CostModel
+    from engine.core.cost_model import CostModel
     from harness.simulate import run_simulations
 
     result = CellResult(cell, cell_dir, "simulate")

@@ -18,7 +18,7 @@ LOCUST_OK_CODES = (0, 1)
 
 TOML_WRAPPER = '''"""Written by schedscope run: the TOML profile {path} as a locustfile."""
 from harness.profiles import load_profile
-from harness.profiles.locust_hook import expose
+from harness.loadgen.expose import expose
 
 PROFILE = load_profile({path!r})
 expose(PROFILE, globals())

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import ConfigError, EngineConfig
-from engine.policy import POLICY_NAMES
+from engine.core.sched.policy import POLICY_NAMES
 from harness.knobs import KNOB_SECTIONS, build_engine_config, flag_name
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")

@@ -3,8 +3,8 @@
 Run it like any profile: ``locust -f tests/data/locust_small.py --host URL --headless``.
 """
 
+from harness.loadgen.expose import expose
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass
-from harness.profiles.locust_hook import expose
 
 PROFILE = Profile(
     name="locust_small",

@@ -1,0 +1,197 @@
+"""Predicts how long a step takes from what is in it: the simulator's executor time.
+
+A linear model over the batch's features (each a sum the scheduler already
+computes while building the step)::
+
+    step_s = step_overhead_s
+           + prefill_token_s          * prefill tokens
+           + decode_seq_s             * decode sequences
+           + decode_context_token_s   * sum of decode context lengths
+           + prefill_attention_s      * sum over prefill chunks of chunk_len * context_len
+           + swap_block_s             * blocks swapped in or out
+           + prefill_seq_s            * prefill chunks (sequences prefilling)
+           + mixed_step_s             * (1 if the step mixes prefill and decode)
+           + prefill_padded_attention_s * sum over the runner's prefill groups of
+                                          chunks * longest chunk * longest context
+
+Linear because each term is a kernel whose cost is linear in that quantity
+(weight GEMMs in tokens, attention in context, copies in blocks); the fit of
+``schedscope calibrate`` checks how true that is on a device. The parameters load
+from JSON; the file also records the device, model and date it was fitted on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+FEATURES = (
+    "step_overhead_s",
+    "prefill_token_s",
+    "decode_seq_s",
+    "decode_context_token_s",
+    "prefill_attention_s",
+    "swap_block_s",
+    "prefill_seq_s",
+    "mixed_step_s",
+    "prefill_padded_attention_s",
+)
+
+
+def step_features(
+    num_prefill_tokens: int,
+    num_decode_seqs: int,
+    decode_context_tokens: int = 0,
+    prefill_attention_work: int = 0,
+    num_swap_blocks: int = 0,
+    num_prefill_seqs: int | None = None,
+    prefill_padded_attention_work: int = 0,
+) -> list[float]:
+    """The feature vector (in FEATURES order) of a step; all zeros for an empty step."""
+    if not (num_prefill_tokens or num_decode_seqs or num_swap_blocks):
+        return [0.0] * len(FEATURES)
+    if num_prefill_seqs is None:
+        num_prefill_seqs = 1 if num_prefill_tokens else 0
+    mixed = 1.0 if num_prefill_tokens and num_decode_seqs else 0.0
+    return [1.0, float(num_prefill_tokens), float(num_decode_seqs), float(decode_context_tokens),
+            float(prefill_attention_work), float(num_swap_blocks), float(num_prefill_seqs), mixed,
+            float(prefill_padded_attention_work)]
+
+
+class CostModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class CostModel:
+    # Defaults: `schedscope calibrate --from-steps` of six served runs of the default
+    # profile under fcfs, three at 0.3x its rate and three at 1x (its 42 req/s burst
+    # included), so both the light and the busy regime are in the fit
+    # (`benchmarks/bench_serving.py --repeats 3` at each rate; `schedscope serve
+    # --executor torch`, the engine process with 1 torch thread of 2 CPU cores, spans and
+    # metrics on, tiny, fp32, torch 2.13, 2026-12-01, after grouped prefill attention,
+    # freed host memory kept and the start-up warm-up), rounded: a step's full served
+    # cycle. Held-out median error 4.0% (p90 10.3%) over 97k steps, 99.5% of held-out
+    # total time. With prefill chunks grouped by size, the summed attention term fits
+    # and the padded one comes out 0. Those runs never swapped: swap_block_s is the
+    # profiling calibration's. See docs/execution.md.
+    step_overhead_s: float = 2.06e-3
+    prefill_token_s: float = 3.46e-5
+    decode_seq_s: float = 1.28e-4
+    decode_context_token_s: float = 4.30e-7
+    prefill_attention_s: float = 8.30e-8
+    swap_block_s: float = 6.7e-6
+    prefill_seq_s: float = 1.50e-3
+    mixed_step_s: float = 0.0
+    prefill_padded_attention_s: float = 0.0
+    #: Not a step cost: the time a request and its tokens spend outside the engine on
+    #: the way from the client and back (HTTP, the pipe to the engine process and back,
+    #: SSE), added to simulated client-side TTFT and E2E. Measured by
+    #: benchmarks/bench_serving.py from served runs' client and engine records (median
+    #: at 0.3x the default rate, where it matters: 2.4 ms of a ~30 ms TTFT; at 1x the
+    #: busier API process makes it ~7.7 ms; 2 cores, 2026-12-01). 0 makes the network
+    #: instant.
+    client_latency_s: float = 2.4e-3
+    device: str = "cpu: x86_64, 2 cores, served with 1 torch thread (built-in defaults)"
+    model: str = "tiny"
+    fitted_at: str = ""
+    source: str = "default"
+    fit: dict = field(default_factory=dict)  # calibration statistics, free-form
+
+    def __post_init__(self) -> None:
+        for name in FEATURES:
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or value < 0:
+                raise CostModelError(f"cost model parameter {name} must be a number >= 0, got {value!r}")
+        if not isinstance(self.client_latency_s, int | float) or self.client_latency_s < 0:
+            raise CostModelError(
+                f"cost model parameter client_latency_s must be a number >= 0, got "
+                f"{self.client_latency_s!r}")
+        # Read once per step by the simulator: kept as a tuple (not a dataclass field).
+        object.__setattr__(self, "_coefficients", tuple(float(getattr(self, n)) for n in FEATURES))
+
+    @classmethod
+    def constant(cls, step_s: float) -> CostModel:
+        """Every non-empty step takes ``step_s`` (0: as fast as Python goes)."""
+        return cls(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": step_s},
+                   client_latency_s=0.0, source="constant")
+
+    @property
+    def coefficients(self) -> tuple[float, ...]:
+        """The parameters in FEATURES order."""
+        return self._coefficients
+
+    def predict(
+        self,
+        num_prefill_tokens: int,
+        num_decode_seqs: int,
+        decode_context_tokens: int = 0,
+        prefill_attention_work: int = 0,
+        num_swap_blocks: int = 0,
+        num_prefill_seqs: int | None = None,
+        prefill_padded_attention_work: int = 0,
+    ) -> float:
+        """Predicted seconds for a step with this content (0 for an empty step)."""
+        return self.predict_features(step_features(
+            num_prefill_tokens, num_decode_seqs, decode_context_tokens, prefill_attention_work,
+            num_swap_blocks, num_prefill_seqs, prefill_padded_attention_work,
+        ))
+
+    def predict_features(self, features: list[float]) -> float:
+        """The model itself — the one place its formula is evaluated."""
+        return sum(c * x for c, x in zip(self.coefficients, features, strict=True))
+
+    def predict_step(self, out) -> float:
+        """Predicted seconds for a :class:`engine.core.sched.scheduler_output.SchedulerOutput`."""
+        num_decode = out.num_decode_seqs
+        return self.predict(
+            out.num_prefill_tokens, num_decode, out.num_decode_context_tokens,
+            out.prefill_attention_work, len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
+            len(out.seqs) - num_decode, out.prefill_padded_attention_work,
+        )
+
+    def predict_swap_s(self, num_blocks: int) -> float:
+        """Seconds added to the steps that swap ``num_blocks`` blocks out and, later,
+        back in (twice the copy, no step overhead: the copies ride in other steps)."""
+        return self.predict(0, 0, num_swap_blocks=2 * num_blocks) - self.step_overhead_s
+
+    def predict_recompute_s(self, num_context_tokens: int) -> float:
+        """Seconds added by re-prefilling ``num_context_tokens`` as one prefill chunk
+        (no step overhead: the re-prefill rides in a step that runs anyway)."""
+        if num_context_tokens <= 0:
+            return 0.0
+        n = num_context_tokens
+        return self.predict(n, 0, prefill_attention_work=n * n, num_prefill_seqs=1,
+                            prefill_padded_attention_work=n * n) - self.step_overhead_s
+
+    # -- files -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict, origin: str = "cost model") -> CostModel:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CostModelError(f"{origin}: unknown keys {unknown}; expected some of {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise CostModelError(f"{origin}: {exc}") from exc
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise CostModelError(f"cost model file not found: {path}") from None
+        except json.JSONDecodeError as exc:
+            raise CostModelError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise CostModelError(f"{path}: expected a JSON object of parameters")
+        return cls.from_dict(data, origin=str(path))

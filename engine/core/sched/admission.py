@@ -1,0 +1,156 @@
+"""Admission: how waiting requests enter the running set, and why the others wait.
+
+The paths, all called by the batching regime (``engine.core.sched.batching``):
+
+- :meth:`Admission.ahead_of_running` — requests waiting past ``max_wait_s``, oldest
+  first, preempting whatever they must; then, under a policy that preempts for waiting
+  requests (priority), the best waiting request when it lacks a slot or blocks takes
+  them from worse running requests and is admitted in that very step;
+- :meth:`Admission.waiting` — new prefills in policy order while a slot, the token
+  budget and blocks allow; the first that does not fit stops the loop (no skipping
+  ahead) and its reason is recorded as a ``wait`` decision;
+- :meth:`Admission.batch` — static batching: a whole batch in policy order.
+
+An admission is an ``admit`` decision the first time and a ``recompute`` decision when a
+recompute-preempted request re-enters to re-prefill.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from engine.config import SchedulerConfig
+from engine.core import decisions as d
+from engine.core.block_manager import BlockManager
+from engine.core.decisions import Decision
+from engine.core.sched.policy import Policy
+from engine.core.sched.preemption import Preemptor, policy_order
+from engine.core.sched.scheduler_output import SchedulerOutput
+from engine.core.sched.waiting_queue import WaitingQueue
+from engine.core.sequence import Sequence, SequenceStatus
+
+RUNNING = SequenceStatus.RUNNING
+
+
+def prefill_chunk(seq: Sequence, budget: int, chunked: bool) -> int:
+    """How many uncomputed tokens of ``seq`` fit ``budget`` (0: none this step).
+    Without chunked prefill a prefill goes whole or not at all."""
+    remaining = seq.num_tokens - seq.num_computed_tokens
+    if remaining <= budget:
+        return remaining
+    return budget if chunked else 0
+
+
+class Admission:
+    """Shares the scheduler's ``running`` list and waiting queue; mutates them, the
+    block manager and the step being built."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        policy: Policy,
+        block_manager: BlockManager,
+        running: list[Sequence],
+        waiting: WaitingQueue,
+        preemptor: Preemptor,
+    ) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.chunked = config.enable_chunked_prefill
+        self.policy = policy
+        self.block_manager = block_manager
+        self.running = running
+        self.waiting = waiting
+        self.preemptor = preemptor
+        self._last_wait: tuple[int, str] | None = None  # (seq_no, reason) of the last wait record
+
+    def admit(self, seq: Sequence, out: SchedulerOutput, now: float, reason: str, n: int) -> None:
+        """Move a waiting request into the running set and (if ``n``) into this step."""
+        self.block_manager.allocate(seq)
+        self.waiting.remove(seq, now)
+        seq.status = RUNNING
+        seq.promoted = reason == d.REASON_MAX_WAIT  # protected until its next token
+        bisect.insort(self.running, seq, key=policy_order)
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = now
+            kind = d.ADMIT
+        else:
+            kind = d.RECOMPUTE
+        out.decisions.append(Decision(
+            kind, now, out.step, seq.request_id, reason,
+            num_blocks=len(seq.block_table), num_tokens=seq.num_tokens,
+        ))
+        if n:
+            out.add(seq, n)
+
+    def ahead_of_running(self, out: SchedulerOutput, now: float, budget: int) -> int:
+        """Max-wait promotions, then the best waiting request's claim under a policy
+        that preempts for waiting requests; returns the budget left."""
+        waiting = self.waiting
+        waiting.promote_overdue(now)
+        if waiting.promoted:
+            waiting.drop_stale_promotions()
+            for seq in list(waiting.promoted):
+                n = prefill_chunk(seq, budget, self.chunked) if budget else 0
+                if n and self.preemptor.make_room_for_admission(
+                        seq, self.max_num_seqs, now, out, d.REASON_MAX_WAIT, False):
+                    self.admit(seq, out, now, d.REASON_MAX_WAIT, n)
+                    budget -= n
+            waiting.drop_stale_promotions()
+        if self.policy.preempts_for_waiting and len(waiting) and budget:
+            head = waiting.peek()
+            fits = (head is None or len(self.running) < self.max_num_seqs
+                    and self.block_manager.can_allocate(head, bool(self.running)))
+            if not fits:
+                # Worse running requests make room, and the head is admitted in this
+                # very step (before the decodes could spend that room).
+                n = prefill_chunk(head, budget, self.chunked)
+                if n and self.preemptor.make_room_for_admission(
+                        head, self.max_num_seqs, now, out, d.REASON_PRIORITY, True):
+                    self.admit(head, out, now, d.REASON_PRIORITY, n)
+                    budget -= n
+        return budget
+
+    def waiting_requests(self, out: SchedulerOutput, now: float, budget: int) -> int:
+        """New prefills in policy order while a slot, the budget and blocks allow."""
+        bm = self.block_manager
+        while budget > 0:
+            seq = self.waiting.peek()
+            if seq is None:
+                break
+            if len(self.running) >= self.max_num_seqs:
+                self.note_wait(out, now, d.REASON_MAX_NUM_SEQS, seq)
+                break
+            n = prefill_chunk(seq, budget, self.chunked)
+            if n == 0:
+                self.note_wait(out, now, d.REASON_TOKEN_BUDGET, seq)
+                break
+            if not bm.can_allocate(seq, bool(self.running)):
+                self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
+                break
+            self.admit(seq, out, now, d.REASON_POLICY_ORDER, n)
+            budget -= n
+        return budget
+
+    def batch(self, out: SchedulerOutput, now: float) -> None:
+        """Static batching: admit a whole batch in policy order (prefilled next step)."""
+        while len(self.running) < self.max_num_seqs:
+            seq = self.waiting.peek()
+            if seq is None:
+                break
+            if not self.block_manager.can_allocate(seq, bool(self.running)):
+                self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
+                break
+            self.admit(seq, out, now, d.REASON_STATIC_BATCH, 0)
+
+    def note_wait(
+        self, out: SchedulerOutput, now: float, reason: str, seq: Sequence | None = None
+    ) -> None:
+        """Record why the head of the queue waits, once per change of reason."""
+        seq = seq or self.waiting.peek()
+        if seq is None or self._last_wait == (seq.seq_no, reason):
+            return
+        self._last_wait = (seq.seq_no, reason)
+        out.decisions.append(Decision(
+            d.WAIT, now, out.step, seq.request_id, reason,
+            num_blocks=self.block_manager.blocks_for(seq.num_tokens), num_tokens=seq.num_tokens,
+        ))

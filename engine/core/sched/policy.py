@@ -1,0 +1,113 @@
+"""Scheduling policies as orderings.
+
+A policy gives each request a *static* key when it arrives; lower keys are served
+first and, among running requests, the highest key is preempted first. Ties fall
+to arrival order (``Sequence.seq_no``).
+
+Why static keys are enough, aging included: with linear aging at one rate, the
+effective key at time ``t`` is ``base - rate * (t - arrival) = (base + rate *
+arrival) - rate * t``. The last term is the same for every request, so the order
+is that of ``base + rate * arrival`` at all times, and a heap with that fixed key
+never needs re-sorting. The hard bound ``max_wait_s`` is not an ordering: the
+scheduler handles it by watching the request that has waited longest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.config import SCHEDULING_POLICIES
+
+if TYPE_CHECKING:
+    from engine.config import SchedulerConfig
+    from engine.core.sequence import Sequence
+
+
+class Policy:
+    """One ordering of requests. Subclasses only define :meth:`base_key`."""
+
+    name = ""
+    #: Whether a waiting request with a better key may take the place (blocks, slot)
+    #: of a running request with a worse one, as vLLM's priority scheduling does.
+    preempts_for_waiting = False
+
+    def __init__(self, aging_rate: float = 0.0) -> None:
+        self.aging_rate = aging_rate
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> Policy:
+        return cls(config.aging_rate)
+
+    def base_key(self, seq: Sequence) -> float:
+        raise NotImplementedError
+
+    def key(self, seq: Sequence) -> float:
+        """The static key: lower is served earlier."""
+        return self.base_key(seq) + self.aging_rate * seq.arrival_time
+
+
+#: The registry: every policy by name. Config validation, the CLI's choices and
+#: ``make_policy`` all read it, so a policy is added here and nowhere else.
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+@register
+class FcfsPolicy(Policy):
+    """First come, first served: arrival time is the key (aging changes nothing)."""
+
+    name = "fcfs"
+
+    def base_key(self, seq: Sequence) -> float:
+        return 0.0
+
+    def key(self, seq: Sequence) -> float:
+        return seq.arrival_time
+
+
+@register
+class SjfPolicy(Policy):
+    """Shortest job first by an estimated job size in tokens.
+
+    ``request`` estimates prompt + ``max_tokens`` (all a server knows);
+    ``oracle`` uses the true output length when the simulator knows it.
+    """
+
+    name = "sjf"
+
+    def __init__(self, aging_rate: float = 0.0, estimator: str = "request") -> None:
+        super().__init__(aging_rate)
+        self.estimator = estimator
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig) -> Policy:
+        return cls(config.aging_rate, config.sjf_size_estimator)
+
+    def base_key(self, seq: Sequence) -> float:
+        if self.estimator == "oracle" and seq.oracle_output_tokens is not None:
+            return float(seq.num_prompt_tokens + seq.oracle_output_tokens)
+        return float(seq.num_prompt_tokens + seq.params.max_tokens)
+
+
+@register
+class PriorityPolicy(Policy):
+    """vLLM's priority scheduling: lower value is served earlier, arrival breaks ties."""
+
+    name = "priority"
+    preempts_for_waiting = True
+
+    def base_key(self, seq: Sequence) -> float:
+        return float(seq.priority)
+
+
+#: Policy names in registration order: the ``--scheduling-policy`` knob's values.
+POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
+assert POLICY_NAMES == SCHEDULING_POLICIES, "a policy registered here must be a value of the knob"
+
+
+def make_policy(config: SchedulerConfig) -> Policy:
+    return POLICIES[config.scheduling_policy].from_config(config)

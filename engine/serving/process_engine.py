@@ -1,0 +1,277 @@
+"""The engine behind the server, in a process of its own (the API process's side).
+
+:class:`ProcessEngine` is an :class:`engine.serving.async_engine.AsyncEngine` whose step loop
+runs in a child process (``engine.serving.engine_core``): the streams, adds, aborts and
+draining are the same; commands go down a pipe (from a sender thread, so the event
+loop never blocks on a full pipe) and each step's tokens and ends come back up
+another, read by a reader thread that hands them to the event loop once per message.
+
+The API process needs no torch. The engine clock is shared: both processes read the
+same monotonic clock (``time.perf_counter``, CLOCK_MONOTONIC on Linux), so arrivals are
+stamped here, on the engine's clock, when the server has parsed a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+
+from engine.config import ConfigError, EngineConfig
+from engine.serving.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    RequestRejected,
+    _Abort,
+    _Add,
+)
+from engine.serving.engine_core import EngineCoreSpec, run_engine_core
+
+log = logging.getLogger("schedscope.engine")
+
+#: How long the child may take to build its engine (import torch, load the model).
+START_TIMEOUT_S = 300.0
+
+
+class EngineProcessError(EngineDeadError):
+    """The engine process could not start, or died (a request it strands is refused as
+    the engine being unavailable: the server's 503)."""
+
+
+class SequenceView:
+    """The API process's handle on a sequence of the engine process: what a stream
+    needs (its identity, and how it ended)."""
+
+    __slots__ = ("request_id", "seq_no", "finish_reason", "error", "reject_reason")
+
+    def __init__(self, request_id: str, seq_no: int, reject_reason: str | None = None) -> None:
+        self.request_id = request_id
+        self.seq_no = seq_no
+        self.finish_reason: str | None = "rejected" if reject_reason else None
+        self.error: str | None = None
+        self.reject_reason = reject_reason
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class ProcessEngine(AsyncEngine):
+    def __init__(self, spec: EngineCoreSpec) -> None:
+        # No LLMEngine here: the base class's stream bookkeeping only (the epoch comes
+        # with the engine process's "ready").
+        self._init_streams(spec.idle_wait_s, 0.0)
+        self.spec = spec
+        self._config: EngineConfig = spec.config
+        self._clock_origin = time.perf_counter()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending_adds: dict[int, _Add] = {}
+        self._next_add_id = 0
+        self._views: dict[int, SequenceView] = {}  # seq_no -> live view
+        self._lock = threading.Lock()  # _pending_adds and _views: reader vs event loop
+        self._process = None
+        self._commands = None
+        self._outputs = None
+        self._reader: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        self._pending_metrics: dict[int, asyncio.Future] = {}
+        self._next_metrics_id = 0
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    def now(self) -> float:
+        return time.perf_counter() - self._clock_origin
+
+    # -- the child -------------------------------------------------------------------
+    def launch(self) -> dict:
+        """Start the engine process and wait until its engine is built (blocking).
+        Raises ConfigError when the engine cannot be built with this configuration,
+        EngineProcessError when the process fails otherwise."""
+        context = multiprocessing.get_context("spawn")
+        parent_commands, child_commands = context.Pipe(duplex=False)  # (recv, send)
+        child_outputs_recv, child_outputs_send = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=run_engine_core, args=(self.spec, parent_commands, child_outputs_send),
+            name="schedscope-engine-core", daemon=True)
+        self._process.start()
+        parent_commands.close()
+        child_outputs_send.close()
+        self._commands, self._outputs = child_commands, child_outputs_recv
+        if not self._outputs.poll(START_TIMEOUT_S):
+            self._process.kill()
+            raise EngineProcessError(f"the engine process did not start in {START_TIMEOUT_S} s")
+        try:
+            message = self._outputs.recv()
+        except EOFError:
+            raise EngineProcessError(
+                f"the engine process exited with {self._process.exitcode} while starting"
+            ) from None
+        if message[0] == "failed":
+            self._process.join(10)
+            raise ConfigError(message[1])
+        info = message[1]
+        self._clock_origin = info["clock_origin"]
+        self.stats.clock_epoch_unix = info["clock_epoch_unix"]
+        self.stats.num_device_blocks = self.stats.num_free_device_blocks = info["num_device_blocks"]
+        self.stats.num_host_blocks = self.stats.num_free_host_blocks = info["num_host_blocks"]
+        return info
+
+    def _start_backend(self) -> None:
+        if self._process is None:
+            self.launch()
+        self._reader = threading.Thread(target=self._read, name="schedscope-engine-reader",
+                                        daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name="schedscope-engine-sender",
+                                        daemon=True)
+        self._reader.start()
+        self._sender.start()
+
+    async def _stop_backend(self) -> None:
+        self._outbox.put(("stop",))
+        self._outbox.put(None)  # ends the sender
+        if self._process is not None:
+            await asyncio.to_thread(self._process.join, 15.0)
+            if self._process.is_alive():
+                log.error("the engine process did not stop; killing it")
+                self._process.kill()
+                await asyncio.to_thread(self._process.join, 5.0)
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.join, 5.0)
+
+    # -- commands (event-loop side) --------------------------------------------------
+    def _submit(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Add):
+            with self._lock:
+                add_id = self._next_add_id
+                self._next_add_id += 1
+                self._pending_adds[add_id] = command
+            self._outbox.put(("add", add_id, command.request))
+        else:
+            seq_no = getattr(command.sequence, "seq_no", None)
+            self._outbox.put(("abort", command.request_id, seq_no))
+
+    def _send_loop(self) -> None:
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            try:
+                self._commands.send(message)
+            except (BrokenPipeError, OSError):
+                return  # the reader reports the dead process
+
+    # -- outputs (reader thread) ------------------------------------------------------
+    def _read(self) -> None:
+        try:
+            self._read_messages()
+        finally:
+            # No answer can come any more: a scrape waiting for one fails now, not at
+            # its timeout.
+            with self._lock:
+                scrapes = list(self._pending_metrics.values())
+                self._pending_metrics.clear()
+            for future in scrapes:
+                self._resolve(future, EngineProcessError("the engine process has stopped"))
+
+    def _read_messages(self) -> None:
+        while True:
+            try:
+                message = self._outputs.recv()
+            except (EOFError, OSError):
+                break
+            kind = message[0]
+            if kind == "outputs":
+                self._on_outputs(*message[1:])
+            elif kind == "added":
+                self._on_added(*message[1:])
+            elif kind == "add_error":
+                with self._lock:
+                    command = self._pending_adds.pop(message[1])
+                self._resolve(command.accepted, ValueError(message[2]))
+            elif kind == "metrics":
+                with self._lock:
+                    future = self._pending_metrics.pop(message[1], None)
+                if future is not None:
+                    self._resolve(future, (message[2], message[3]))
+            elif kind == "stopped":
+                return
+        if self.state not in ("stopped", "draining"):
+            log.error("the engine process exited (code %s)", self._process.exitcode)
+            self.state = "failed"
+            self.stats.errors.append("the engine process exited")
+            with self._lock:
+                pending = list(self._pending_adds.values())
+                self._pending_adds.clear()
+            for command in pending:
+                self._resolve(command.accepted, EngineProcessError("the engine process exited"))
+            self._call_in_loop(self._end_all_streams, "the engine process exited")
+
+    async def render_metrics(self, accept: str | None,
+                             timeout_s: float = 5.0) -> tuple[bytes, str] | None:
+        """The engine process's Prometheus exposition (rendered there, between steps):
+        (body, content type), or None when it runs without metrics. TimeoutError when it
+        does not answer within ``timeout_s`` (a step longer than that, or a dead process)."""
+        if self.state in ("created", "failed", "stopped") or self._process is None:
+            raise EngineProcessError(f"engine is {self.state}")
+        if self._reader is None or not self._reader.is_alive():
+            raise EngineProcessError("the engine process has stopped")
+        future = self._loop.create_future()
+        with self._lock:
+            metrics_id = self._next_metrics_id
+            self._next_metrics_id += 1
+            self._pending_metrics[metrics_id] = future
+        self._outbox.put(("metrics", metrics_id, accept))
+        try:
+            body, content_type = await asyncio.wait_for(future, timeout_s)
+        finally:
+            with self._lock:
+                self._pending_metrics.pop(metrics_id, None)
+        if body is None:
+            if content_type == "error":
+                raise RuntimeError("the engine process could not render its metrics")
+            return None
+        return body, content_type
+
+    def _on_added(self, add_id: int, seq_no: int, reject_reason: str | None) -> None:
+        with self._lock:
+            command = self._pending_adds.pop(add_id)
+            view = SequenceView(command.request.request_id, seq_no, reject_reason)
+            if reject_reason is None:
+                self._views[seq_no] = view
+        if reject_reason is not None:
+            self._resolve(command.accepted, RequestRejected(view.request_id, reject_reason, view))
+        else:
+            self._resolve(command.accepted, view, command.stream)
+
+    def _on_outputs(self, tokens, ended, stats: dict) -> None:
+        views = self._views
+        with self._lock:
+            delivered = [(view, token) for seq_no, token in tokens
+                         if (view := views.get(seq_no)) is not None]
+            finished = []
+            for seq_no, finish_reason, error in ended:
+                view = views.pop(seq_no, None)
+                if view is not None:
+                    view.finish_reason, view.error = finish_reason, error
+                    finished.append(view)
+        self._apply_stats(stats)
+        if delivered or finished:
+            self._call_in_loop(self._deliver, delivered, finished)
+
+    def _apply_stats(self, stats: dict) -> None:
+        s = self.stats
+        step, error = stats.pop("step", None), stats.pop("error", None)
+        s.update(stats)
+        if step is not None:
+            s.num_steps = step
+        if error is not None:
+            s.errors.append(error)
+            del s.errors[:-20]
+
+    def _refresh_stats(self) -> None:  # stats arrive with every message
+        pass

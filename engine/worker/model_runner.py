@@ -1,0 +1,189 @@
+"""The torch executor: a SchedulerOutput in, sampled tokens and the step's time out.
+
+Per step: copy the blocks the scheduler swapped out (device -> host) and in (host ->
+device), in that order — a block freed by a swap-out may be refilled by a swap-in or a
+new prefill in the same step — then build the flat input of every scheduled
+sequence's new tokens (prefill chunks and decodes in one forward), run the model over
+the paged KV cache, and sample one token for each sequence that completed its
+scheduled tokens. A row that cannot be sampled fails its own request only
+(``StepResult.sample_errors``); an exception here fails the whole step.
+
+The runner's process keeps freed host memory (engine/worker/host_memory.py): without that,
+every prefill step page-faulted its activations in afresh.
+
+Device-agnostic: CUDA when present (pinned host pool, non-blocking copies, a
+synchronisation before the step's time is read), CPU otherwise. Only the CPU path
+runs in this project's tests; see docs/execution.md for what has run where.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from engine.core.sched.scheduler_output import SchedulerOutput
+from engine.core.sequence import Sequence
+from engine.executor import StepResult
+from engine.worker.host_memory import retain_freed_host_memory
+from engine.worker.model import AttentionMetadata, LlamaForCausalLM, allocate_kv_cache
+from engine.worker.model_config import ModelConfig
+from engine.worker.sampler import Sampler
+
+log = logging.getLogger("schedscope.engine")
+
+
+def _new_token_ids(seq: Sequence, start: int, end: int) -> list[int]:
+    """Token ids [start, end) of ``seq`` without concatenating prompt and output."""
+    num_prompt = seq.num_prompt_tokens
+    if start >= num_prompt:
+        return seq.output_token_ids[start - num_prompt:end - num_prompt]
+    if end <= num_prompt:
+        return seq.prompt_token_ids[start:end]
+    return seq.prompt_token_ids[start:] + seq.output_token_ids[:end - num_prompt]
+
+
+class ModelRunner:
+    """Owns the model, the device KV pool and the host (swap) KV pool."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        model_config: ModelConfig,
+        block_size: int,
+        num_device_blocks: int,
+        num_host_blocks: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.model_config = model_config
+        self.block_size = block_size
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        # Before the pools are allocated: a step's activations must not be page-faulted
+        # in afresh every step (engine/worker/host_memory.py has the measurements).
+        self.retains_host_memory = retain_freed_host_memory()
+        self.device_cache = allocate_kv_cache(model_config, num_device_blocks, block_size, device)
+        # Pinned host memory lets device<->host copies run asynchronously on CUDA.
+        self.host_cache = allocate_kv_cache(
+            model_config, max(num_host_blocks, 0), block_size, "cpu", pin_memory=self.is_cuda
+        )
+        self.sampler = Sampler(model_config.eos_token_id)
+        self.last_swap_s = 0.0  # time of the last step's block copies (for calibration)
+
+    # -- swap ------------------------------------------------------------------------
+    def copy_blocks(self, mapping: list[tuple[int, int]], to_host: bool) -> None:
+        """Copy KV blocks between pools for every layer: (source, destination) ids."""
+        if not mapping:
+            return
+        src = torch.tensor([s for s, _ in mapping], dtype=torch.long)
+        dst = torch.tensor([d for _, d in mapping], dtype=torch.long)
+        source_cache, target_cache = (
+            (self.device_cache, self.host_cache) if to_host else (self.host_cache, self.device_cache)
+        )
+        src = src.to(source_cache[0][0].device)
+        dst = dst.to(target_cache[0][0].device)
+        # Host -> device may be asynchronous (the device-side index_copy_ is ordered after
+        # it on the stream); device -> host must not be: the CPU-side index_copy_ reads
+        # the copied blocks at once.
+        non_blocking = self.is_cuda and not to_host
+        for (src_k, src_v), (dst_k, dst_v) in zip(source_cache, target_cache, strict=True):
+            for source, target in ((src_k, dst_k), (src_v, dst_v)):
+                blocks = source.index_select(0, src).to(target.device, non_blocking=non_blocking)
+                target.index_copy_(0, dst, blocks)
+
+    def warm_up(self, num_tokens: int, num_seqs: int, context_len: int) -> float:
+        """Run the two largest steps this engine can be given, before any request holds
+        a block, and return the seconds they took: one prefill of ``num_tokens`` tokens
+        in one sequence, and one decode of ``num_seqs`` sequences over ``context_len``
+        tokens of context each.
+
+        A process's first steps of a new largest size grow the host heap, and every
+        page of that growth faults in on first touch. Measured served at the default
+        profile's rate, that made a fresh server's first burst ~2x slower to admit than
+        the same burst in a process that had run it before (its E2E p50 1.9x), and its
+        first 1024-token prefill 0.30 s against 0.11 s a minute later. Paying it once
+        at start-up takes that out of every measured run (vLLM's start-up profiling
+        run does the same on the GPU).
+
+        The scratch K/V written here is never read: a block's slots are written by the
+        prefill of the sequence that is given it. The decode's sequences share one
+        block table (reads only; their one new slot each is the same scratch slot)."""
+        capacity = self.device_cache[0][0].shape[0] * self.block_size
+        started = time.perf_counter()
+        shapes = []
+        if min(num_tokens, capacity) >= 1:
+            n = min(num_tokens, capacity)
+            shapes.append(([n], [n]))
+        if num_seqs >= 1 and min(context_len, capacity) >= 1:
+            n = min(context_len, capacity)
+            shapes.append(([1] * num_seqs, [n] * num_seqs))
+        for query_lens, seq_lens in shapes:
+            blocks = list(range(-(-max(seq_lens) // self.block_size)))
+            metadata, positions = AttentionMetadata.build(
+                query_lens, seq_lens, [blocks] * len(seq_lens), self.block_size, self.device,
+                [True] * len(seq_lens),
+            )
+            tokens = torch.zeros(sum(query_lens), dtype=torch.long).to(self.device)
+            with torch.inference_mode():
+                self.model(tokens, positions, self.device_cache, metadata)
+            self._synchronize()
+        return time.perf_counter() - started
+
+    def _synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    # -- the step ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        started = time.perf_counter()
+        swap_out_s = swap_in_s = 0.0
+        if out.blocks_to_swap_out:
+            self.copy_blocks(out.blocks_to_swap_out, to_host=True)  # blocking: nothing to sync
+            swap_out_s = time.perf_counter() - started
+        if out.blocks_to_swap_in:
+            self.copy_blocks(out.blocks_to_swap_in, to_host=False)
+            self._synchronize()
+            swap_in_s = time.perf_counter() - started - swap_out_s
+        self.last_swap_s = swap_out_s + swap_in_s
+        seqs = out.seqs
+        if not seqs:
+            return StepResult([], time.perf_counter() - started, swap_out_s, swap_in_s)
+
+        input_ids: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        samples: list[bool] = []
+        for seq in seqs:
+            start = seq.num_computed_tokens
+            end = start + seq.num_scheduled_tokens
+            input_ids.extend(_new_token_ids(seq, start, end))
+            query_lens.append(end - start)
+            seq_lens.append(end)
+            samples.append(end == seq.num_tokens)
+        sampled: list[int | None] = [None] * len(seqs)
+        # Logits only for sequences that sample (none for partial prefill chunks).
+        metadata, positions = AttentionMetadata.build(
+            query_lens, seq_lens, [seq.block_table for seq in seqs], self.block_size,
+            self.device, samples,
+        )
+        tokens = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=self.is_cuda)
+        logits = self.model(tokens, positions, self.device_cache, metadata)
+        self._synchronize()
+        forward_done = time.perf_counter()
+        sample_errors: dict[int, str] = {}
+        if any(samples):
+            rows = [i for i, s in enumerate(samples) if s]  # logits row -> index in seqs
+            sample = self.sampler.sample(logits, [seqs[i] for i in rows])
+            for i, token in zip(rows, sample.token_ids, strict=True):
+                sampled[i] = token
+            sample_errors = {rows[row]: error for row, error in sample.errors.items()}
+        ended = time.perf_counter()
+        forward_s = forward_done - started - swap_out_s - swap_in_s
+        return StepResult(sampled, ended - started, swap_out_s, swap_in_s, forward_s,
+                          ended - forward_done, sample_errors)
+
+
+# -- construction ------------------------------------------------------------------------
