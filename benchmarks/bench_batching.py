@@ -38,8 +38,10 @@ def workload(n: int, sigma: float, seed: int = 0) -> list[tuple[list[int], int]]
     rng = np.random.default_rng(seed)
     prompts = rng.integers(8, 33, n)
     outputs = np.clip(np.round(rng.lognormal(np.log(24), sigma, n)), 1, 400).astype(int)
-    return [([3 + (i * 31 + j) % 4000 for j in range(int(p))], int(o))
-            for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
+    return [
+        ([3 + (i * 31 + j) % 4000 for j in range(int(p))], int(o))
+        for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+    ]
 
 
 def run(batching: str, requests, model, max_num_seqs: int) -> tuple[int, float]:
@@ -49,9 +51,12 @@ def run(batching: str, requests, model, max_num_seqs: int) -> tuple[int, float]:
     )
     engine = build_torch_engine(config, WallClock(), model=model)
     start = time.perf_counter()
-    seqs = [engine.add_request(EngineRequest(
-                f"r{i}", prompt, SamplingParams(max_tokens=out, ignore_eos=True)))
-            for i, (prompt, out) in enumerate(requests)]
+    seqs = [
+        engine.add_request(
+            EngineRequest(f"r{i}", prompt, SamplingParams(max_tokens=out, ignore_eos=True))
+        )
+        for i, (prompt, out) in enumerate(requests)
+    ]
     while engine.has_unfinished():
         engine.step()
     elapsed = time.perf_counter() - start
@@ -63,7 +68,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1024)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--max-num-seqs", type=int, default=32)
-    parser.add_argument("--sigma", type=float, default=1.5, help="lognormal sigma of output lengths")
+    parser.add_argument(
+        "--sigma", type=float, default=1.5, help="lognormal sigma of output lengths"
+    )
     args = parser.parse_args()
     model = build_model(ModelConfig.preset(args.model))
     requests = workload(args.requests, args.sigma)
@@ -73,11 +80,15 @@ def main() -> None:
     assert tokens_c == tokens_s
     rate_c, rate_s = tokens_c / t_c, tokens_s / t_s
     ratio = rate_c / rate_s
-    print(f"{args.requests} requests, {tokens_c} output tokens, max_num_seqs {args.max_num_seqs}, "
-          f"output lengths lognormal(median 24, sigma {args.sigma}) capped at 400")
+    print(
+        f"{args.requests} requests, {tokens_c} output tokens, max_num_seqs {args.max_num_seqs}, "
+        f"output lengths lognormal(median 24, sigma {args.sigma}) capped at 400"
+    )
     print(f"continuous: {t_c:7.2f} s  {rate_c:9,.0f} output tokens/s")
     print(f"static:     {t_s:7.2f} s  {rate_s:9,.0f} output tokens/s")
-    print(f"ratio: {ratio:.2f}x   target >= {TARGET_RATIO}x   {'MET' if ratio >= TARGET_RATIO else 'MISSED'}")
+    print(
+        f"ratio: {ratio:.2f}x   target >= {TARGET_RATIO}x   {'MET' if ratio >= TARGET_RATIO else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ from harness.local_server import BackgroundServer, HttpClient, sim_engine
 def gzip_bomb(inflated_bytes: int) -> bytes:
     deflater = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     piece = bytes(1 << 20)
-    return b"".join(deflater.compress(piece) for _ in range(inflated_bytes >> 20)) + \
-        deflater.flush()
+    return (
+        b"".join(deflater.compress(piece) for _ in range(inflated_bytes >> 20)) + deflater.flush()
+    )
 
 
 def cpu_s() -> float:
@@ -42,20 +43,33 @@ def main() -> None:
         for key in ("k", "wrong"):
             t0, c0 = time.perf_counter(), cpu_s()
             status, _, _ = client.request(
-                "POST", "/v1/completions", bomb,
-                {"Authorization": f"Bearer {key}", "Content-Encoding": "gzip",
-                 "Content-Type": "application/json"})
-            print(f"  key {'valid' if key == 'k' else 'wrong'}: {status}, "
-                  f"{1e3 * (time.perf_counter() - t0):.0f} ms wall, "
-                  f"{1e3 * (cpu_s() - c0):.0f} ms CPU (was 2,600-3,300 ms CPU)")
+                "POST",
+                "/v1/completions",
+                bomb,
+                {
+                    "Authorization": f"Bearer {key}",
+                    "Content-Encoding": "gzip",
+                    "Content-Type": "application/json",
+                },
+            )
+            print(
+                f"  key {'valid' if key == 'k' else 'wrong'}: {status}, "
+                f"{1e3 * (time.perf_counter() - t0):.0f} ms wall, "
+                f"{1e3 * (cpu_s() - c0):.0f} ms CPU (was 2,600-3,300 ms CPU)"
+            )
         deep = "[" * 29 + "]" * 29
-        body = ('{"model":"tiny","prompt":"a b","max_tokens":1,"x":['
-                + ",".join([deep] * 15000) + "]}").encode()
+        body = (
+            '{"model":"tiny","prompt":"a b","max_tokens":1,"x":[' + ",".join([deep] * 15000) + "]}"
+        ).encode()
 
         def send() -> None:
             other = HttpClient(server.url)
-            other.request("POST", "/v1/completions", body,
-                          {"Authorization": "Bearer k", "Content-Type": "application/json"})
+            other.request(
+                "POST",
+                "/v1/completions",
+                body,
+                {"Authorization": "Bearer k", "Content-Type": "application/json"},
+            )
             other.close()
 
         senders = [threading.Thread(target=send) for _ in range(8)]
@@ -67,8 +81,10 @@ def main() -> None:
             client.request("GET", "/health")
             worst = max(worst, time.perf_counter() - t0)
             time.sleep(0.01)
-        print(f"/health worst latency under 8 x {len(body) / 1e3:.0f} KB deep bodies: "
-              f"{1e3 * worst:.0f} ms (was 2,160 ms)")
+        print(
+            f"/health worst latency under 8 x {len(body) / 1e3:.0f} KB deep bodies: "
+            f"{1e3 * worst:.0f} ms (was 2,160 ms)"
+        )
         client.close()
 
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 TARGET_RATE, AIM_RATE, LAG_LIMIT_S = 200, 500, 0.005
 
-PROFILE_TEMPLATE = '''
+PROFILE_TEMPLATE = """
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass
 from harness.loadgen.expose import expose
 
@@ -44,7 +44,7 @@ PROFILE = Profile(
     phases=(Phase(name="open", duration_s={seconds}, rate=1.0),),
 )
 expose(PROFILE, globals())
-'''
+"""
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -57,14 +57,35 @@ def locust_step(url: str, profile: Path, rate: float, records: Path, http_client
     from harness.loadgen.merge import merge_records
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [str(Path(sys.executable).parent / "locust"), "-f", str(profile), "--host", url,
-           "--headless", "--only-summary", "--records-dir", str(records), "--rate-scale",
-           str(rate), "--grace", "10", "--http-client", http_client, "--loglevel", "WARNING"]
+    cmd = [
+        str(Path(sys.executable).parent / "locust"),
+        "-f",
+        str(profile),
+        "--host",
+        url,
+        "--headless",
+        "--only-summary",
+        "--records-dir",
+        str(records),
+        "--rate-scale",
+        str(rate),
+        "--grace",
+        "10",
+        "--http-client",
+        http_client,
+        "--loglevel",
+        "WARNING",
+    ]
     subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     s = merge_records(records)
-    return {"rate": rate, "sent": s["rows"], "ok": s["status_counts"].get("ok", 0),
-            "p50_lag_s": s["send_lag_p50_s"], "p99_lag_s": s["send_lag_p99_s"],
-            "capped": s["in_flight_capped"]}
+    return {
+        "rate": rate,
+        "sent": s["rows"],
+        "ok": s["status_counts"].get("ok", 0),
+        "p50_lag_s": s["send_lag_p50_s"],
+        "p99_lag_s": s["send_lag_p99_s"],
+        "capped": s["in_flight_capped"],
+    }
 
 
 async def _aiohttp_run(url: str, rate: float, seconds: float) -> dict:
@@ -73,23 +94,39 @@ async def _aiohttp_run(url: str, rate: float, seconds: float) -> dict:
     from harness.loadgen.prompts import token_ids
     from harness.profiles import LengthDistribution, Phase, Profile, RequestClass, build_plan
 
-    profile = Profile(name="bench_loadgen", seed=1, classes=(RequestClass(
-        name="bench", prompt_tokens=LengthDistribution.fixed(32),
-        output_tokens=LengthDistribution.fixed(20)),),
-        phases=(Phase(name="open", duration_s=seconds, rate=rate),))
+    profile = Profile(
+        name="bench_loadgen",
+        seed=1,
+        classes=(
+            RequestClass(
+                name="bench",
+                prompt_tokens=LengthDistribution.fixed(32),
+                output_tokens=LengthDistribution.fixed(20),
+            ),
+        ),
+        phases=(Phase(name="open", duration_s=seconds, rate=rate),),
+    )
     specs = build_plan(profile).open_loop_requests()
     lags: list[float] = []
     ok = 0
     connector = aiohttp.TCPConnector(limit=1000)
     async with aiohttp.ClientSession(connector=connector) as session:
+
         async def one(spec, at):
             nonlocal ok
-            body = {"model": "tiny", "prompt": token_ids(spec.request_id, 32), "max_tokens": 20,
-                    "min_tokens": 20, "ignore_eos": True, "stream": True,
-                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+            body = {
+                "model": "tiny",
+                "prompt": token_ids(spec.request_id, 32),
+                "max_tokens": 20,
+                "min_tokens": 20,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            }
             lags.append(time.time() - at)
-            async with session.post(url + "/v1/completions", json=body,
-                                    headers={"X-Request-Id": spec.request_id}) as r:
+            async with session.post(
+                url + "/v1/completions", json=body, headers={"X-Request-Id": spec.request_id}
+            ) as r:
                 tokens = 0
                 async for line in r.content:
                     if line.startswith(b"data: {"):
@@ -99,8 +136,10 @@ async def _aiohttp_run(url: str, rate: float, seconds: float) -> dict:
                 ok += r.status == 200 and tokens == 20
 
         # warm up (one request: imports, the first connection), as Locust's probe does
-        async with session.post(url + "/v1/completions", json={
-                "model": "tiny", "prompt": [1000], "max_tokens": 2, "stream": True}) as r:
+        async with session.post(
+            url + "/v1/completions",
+            json={"model": "tiny", "prompt": [1000], "max_tokens": 2, "stream": True},
+        ) as r:
             await r.read()
         loop = asyncio.get_running_loop()
         start_wall = time.time() + 0.2
@@ -112,8 +151,14 @@ async def _aiohttp_run(url: str, rate: float, seconds: float) -> dict:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(spec, start_wall + spec.scheduled_at)))
         await asyncio.gather(*tasks)
-    return {"rate": rate, "sent": len(specs), "ok": ok, "p50_lag_s": percentile(lags, 50),
-            "p99_lag_s": percentile(lags, 99), "capped": 0}
+    return {
+        "rate": rate,
+        "sent": len(specs),
+        "ok": ok,
+        "p50_lag_s": percentile(lags, 50),
+        "p99_lag_s": percentile(lags, 99),
+        "capped": 0,
+    }
 
 
 def aiohttp_step(url: str, rate: float, seconds: float) -> dict:
@@ -121,8 +166,12 @@ def aiohttp_step(url: str, rate: float, seconds: float) -> dict:
 
 
 def sustained(step: dict) -> bool:
-    return (step["p99_lag_s"] is not None and step["p99_lag_s"] <= LAG_LIMIT_S
-            and step["capped"] == 0 and step["ok"] == step["sent"])
+    return (
+        step["p99_lag_s"] is not None
+        and step["p99_lag_s"] <= LAG_LIMIT_S
+        and step["capped"] == 0
+        and step["ok"] == step["sent"]
+    )
 
 
 def sweep(name: str, rates: list[float], run) -> float:
@@ -130,9 +179,12 @@ def sweep(name: str, rates: list[float], run) -> float:
     for rate in rates:
         step = run(rate)
         good = sustained(step)
-        print(f"  {name:<18} {rate:>6.0f} req/s: sent {step['sent']:>5}, ok {step['ok']:>5}, "
-              f"send lag p50 {step['p50_lag_s'] * 1e3:6.2f} ms p99 {step['p99_lag_s'] * 1e3:7.2f} ms"
-              f"{'' if good else '  <- not sustained'}", flush=True)
+        print(
+            f"  {name:<18} {rate:>6.0f} req/s: sent {step['sent']:>5}, ok {step['ok']:>5}, "
+            f"send lag p50 {step['p50_lag_s'] * 1e3:6.2f} ms p99 {step['p99_lag_s'] * 1e3:7.2f} ms"
+            f"{'' if good else '  <- not sustained'}",
+            flush=True,
+        )
         if not good:
             break
         best = rate
@@ -154,26 +206,44 @@ def main() -> None:
     CostModel.constant(0.0).save(tmp / "zero.json")
     profile = tmp / "bench_profile.py"
     profile.write_text(PROFILE_TEMPLATE.format(seconds=args.seconds))
-    print(f"bench_loadgen: {os.cpu_count()} cores; 20-token streams, 32-token prompts, "
-          f"Poisson, {args.seconds:g} s a step; sustained = p99 send lag <= 5 ms, all ok")
+    print(
+        f"bench_loadgen: {os.cpu_count()} cores; 20-token streams, 32-token prompts, "
+        f"Poisson, {args.seconds:g} s a step; sustained = p99 send lag <= 5 ms, all ok"
+    )
     results = {}
-    server_args = ["--executor", "sim", "--cost-model", str(tmp / "zero.json"),
-                   "--max-num-seqs", "1024", "--max-waiting", "4096", "--no-metrics"]
+    server_args = [
+        "--executor",
+        "sim",
+        "--cost-model",
+        str(tmp / "zero.json"),
+        "--max-num-seqs",
+        "1024",
+        "--max-waiting",
+        "4096",
+        "--no-metrics",
+    ]
     with CliServer(server_args) as server:
         for client in args.clients.split(","):
             if client.startswith("locust-"):
                 transport = client.split("-", 1)[1]
-                results[client] = sweep(client, rates, lambda r, t=transport: locust_step(
-                    server.url, profile, r, tmp / f"{t}-{r:g}", t))
+                results[client] = sweep(
+                    client,
+                    rates,
+                    lambda r, t=transport: locust_step(
+                        server.url, profile, r, tmp / f"{t}-{r:g}", t
+                    ),
+                )
             else:
-                results[client] = sweep(client, rates,
-                                        lambda r: aiohttp_step(server.url, r, args.seconds))
+                results[client] = sweep(
+                    client, rates, lambda r: aiohttp_step(server.url, r, args.seconds)
+                )
     print("\nhighest sustained open-loop rate (p99 send lag <= 5 ms, one process):")
     for client, rate in results.items():
         note = ""
         if client == "locust-fast":
             note = f"   target >= {TARGET_RATE}, aim >= {AIM_RATE}: " + (
-                "met aim" if rate >= AIM_RATE else "met target" if rate >= TARGET_RATE else "MISSED")
+                "met aim" if rate >= AIM_RATE else "met target" if rate >= TARGET_RATE else "MISSED"
+            )
         print(f"  {client:<18} {rate:>6.0f} req/s{note}")
     print("(the last rate of --rates bounds the figure; the server shares the cores)")
 

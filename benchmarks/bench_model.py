@@ -42,8 +42,11 @@ def paged_decode(model, config, batch: int, context: int, shuffled: bool = True)
     blocks_per_seq = -(-(context + 1) // BLOCK)
     num_blocks = batch * blocks_per_seq
     cache = allocate_kv_cache(config, num_blocks, BLOCK)
-    ids = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)) if shuffled \
+    ids = (
+        torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0))
+        if shuffled
         else torch.arange(num_blocks)
+    )
     tables = ids.view(batch, blocks_per_seq).tolist()
     metadata, positions = AttentionMetadata.build([1] * batch, [context + 1] * batch, tables, BLOCK)
     tokens = torch.randint(3, config.vocab_size, (batch,))
@@ -60,7 +63,9 @@ def dense_decode(model, config, batch: int, context: int):
 def prefill(model, config, num_tokens: int):
     num_blocks = -(-num_tokens // BLOCK)
     cache = allocate_kv_cache(config, num_blocks, BLOCK)
-    metadata, positions = AttentionMetadata.build([num_tokens], [num_tokens], [list(range(num_blocks))], BLOCK)
+    metadata, positions = AttentionMetadata.build(
+        [num_tokens], [num_tokens], [list(range(num_blocks))], BLOCK
+    )
     tokens = torch.randint(3, config.vocab_size, (num_tokens,))
     return lambda: model(tokens, positions, cache, metadata)
 
@@ -76,8 +81,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     config = ModelConfig.preset(args.model)
     model = build_model(config)
-    print(f"model {config.name}: {config.num_parameters / 1e6:.1f}M parameters, {torch.get_num_threads()} threads, "
-          f"context {args.context}")
+    print(
+        f"model {config.name}: {config.num_parameters / 1e6:.1f}M parameters, {torch.get_num_threads()} threads, "
+        f"context {args.context}"
+    )
     with torch.inference_mode():
         print(f"{'batch':>6} {'paged ms':>9} {'dense ms':>9} {'ratio':>6} {'decode tok/s':>13}")
         ratio_64 = None
@@ -87,7 +94,9 @@ def main() -> None:
             ratio = paged / dense
             if batch == 64:
                 ratio_64 = ratio
-            print(f"{batch:>6} {paged * 1e3:9.2f} {dense * 1e3:9.2f} {ratio:6.2f} {batch / paged:13,.0f}")
+            print(
+                f"{batch:>6} {paged * 1e3:9.2f} {dense * 1e3:9.2f} {ratio:6.2f} {batch / paged:13,.0f}"
+            )
         for tokens in (128, 512, 2048):
             t = timed(prefill(model, config, tokens), max(5, args.repeats // 3))
             print(f"prefill {tokens:>5} tokens: {t * 1e3:8.2f} ms  {tokens / t:10,.0f} tokens/s")

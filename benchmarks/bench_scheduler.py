@@ -25,9 +25,13 @@ TARGET_GROWTH = 1.5
 
 
 def build(policy: str, running: int, waiting: int, max_wait_s: float | None) -> Scheduler:
-    config = SchedulerConfig(max_num_seqs=running, max_num_batched_tokens=8192,
-                             max_model_len=1_000_000, scheduling_policy=policy,
-                             max_wait_s=max_wait_s)
+    config = SchedulerConfig(
+        max_num_seqs=running,
+        max_num_batched_tokens=8192,
+        max_model_len=1_000_000,
+        scheduling_policy=policy,
+        max_wait_s=max_wait_s,
+    )
     # Blocks for everyone to run for a long time without preemption.
     blocks = BlockManager(16, num_device_blocks=running * 200 + waiting * 4, num_host_blocks=0)
     scheduler = Scheduler(config, blocks, eos_token_id=2)
@@ -73,11 +77,15 @@ def main() -> None:
                 scheduler = build(policy, args.running, waiting, max_wait)
                 per_w[waiting] = time_steps(scheduler, args.steps)
                 verdict = "MET" if per_w[waiting] <= TARGET_MS else "MISSED"
-                print(f"{policy:9} {str(max_wait):>8} {waiting:>7} {per_w[waiting]:8.3f}   "
-                      f"<= {TARGET_MS} ms at R={args.running}: {verdict}")
+                print(
+                    f"{policy:9} {str(max_wait):>8} {waiting:>7} {per_w[waiting]:8.3f}   "
+                    f"<= {TARGET_MS} ms at R={args.running}: {verdict}"
+                )
             growth = per_w[10_000] / per_w[100]
-            print(f"{'':9} {'':>8} {'growth':>7} {growth:8.2f}x  <= {TARGET_GROWTH}x: "
-                  f"{'MET' if growth <= TARGET_GROWTH else 'MISSED'}")
+            print(
+                f"{'':9} {'':>8} {'growth':>7} {growth:8.2f}x  <= {TARGET_GROWTH}x: "
+                f"{'MET' if growth <= TARGET_GROWTH else 'MISSED'}"
+            )
 
 
 if __name__ == "__main__":

@@ -62,15 +62,17 @@ RANK_TIE = 0.15
 
 def schedule(rate_scale: float, duration_s: float, seed: int | None) -> list[RequestSpec]:
     profile = resolve_profile("default").with_rate_scale(rate_scale)
-    specs = [s for s in build_plan(profile, seed).open_loop_requests()
-             if s.scheduled_at < duration_s]
+    specs = [
+        s for s in build_plan(profile, seed).open_loop_requests() if s.scheduled_at < duration_s
+    ]
     # Exact output lengths in every run: the request asks for its true length.
     return [dataclasses.replace(s, max_tokens=s.output_tokens) for s in specs]
 
 
 def prompt_ids(spec: RequestSpec, vocab_size: int) -> list[int]:
-    return [3 + (spec.index * 7919 + i * 104729) % (vocab_size - 3)
-            for i in range(spec.prompt_tokens)]
+    return [
+        3 + (spec.index * 7919 + i * 104729) % (vocab_size - 3) for i in range(spec.prompt_tokens)
+    ]
 
 
 def engine_config(args) -> EngineConfig:
@@ -78,8 +80,9 @@ def engine_config(args) -> EngineConfig:
 
 
 # -- offline ----------------------------------------------------------------------------
-def run_offline(specs: list[RequestSpec], config: EngineConfig, threads: int,
-                steps_file: Path) -> pl.DataFrame:
+def run_offline(
+    specs: list[RequestSpec], config: EngineConfig, threads: int, steps_file: Path
+) -> pl.DataFrame:
     import torch
 
     from engine.factory import build_torch_engine
@@ -100,11 +103,19 @@ def run_offline(specs: list[RequestSpec], config: EngineConfig, threads: int,
         now = clock.now() - start
         while pending and pending[0].scheduled_at <= now:
             spec = pending.pop(0)
-            seqs[spec.request_id] = (spec, engine.add_request(EngineRequest(
-                spec.request_id, prompt_ids(spec, vocab),
-                SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
-                arrival_time=start + spec.scheduled_at, priority=spec.priority,
-                request_class=spec.class_name)))
+            seqs[spec.request_id] = (
+                spec,
+                engine.add_request(
+                    EngineRequest(
+                        spec.request_id,
+                        prompt_ids(spec, vocab),
+                        SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
+                        arrival_time=start + spec.scheduled_at,
+                        priority=spec.priority,
+                        request_class=spec.class_name,
+                    )
+                ),
+            )
         if engine.has_work():
             engine.step(idle_before_s=idle)
             idle = 0.0
@@ -117,9 +128,15 @@ def run_offline(specs: list[RequestSpec], config: EngineConfig, threads: int,
     for spec, seq in seqs.values():
         t = seq.timing
         arrival = start + spec.scheduled_at
-        rows.append({"request_id": spec.request_id, "class": spec.class_name,
-                     "output_tokens": seq.num_output_tokens,
-                     "ttft_s": t.first_token_time - arrival, "e2e_s": t.last_token_time - arrival})
+        rows.append(
+            {
+                "request_id": spec.request_id,
+                "class": spec.class_name,
+                "output_tokens": seq.num_output_tokens,
+                "ttft_s": t.first_token_time - arrival,
+                "e2e_s": t.last_token_time - arrival,
+            }
+        )
     return pl.DataFrame(rows)
 
 
@@ -139,17 +156,25 @@ async def replay(url: str, specs: list[RequestSpec], vocab: int) -> tuple[list[d
             scheduled = start + spec.scheduled_at
             await asyncio.sleep(max(0.0, scheduled - loop.time()))
             lags.append(loop.time() - scheduled)
-            body = {"model": "tiny", "prompt": prompt_ids(spec, vocab), "temperature": 0.0,
-                    "max_tokens": spec.max_tokens, "ignore_eos": True, "stream": True,
-                    "priority": spec.priority,
-                    "stream_options": {"include_usage": True}}
+            body = {
+                "model": "tiny",
+                "prompt": prompt_ids(spec, vocab),
+                "temperature": 0.0,
+                "max_tokens": spec.max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+                "priority": spec.priority,
+                "stream_options": {"include_usage": True},
+            }
             first = last = None
             first_unix = None
             tokens = 0
             sent_unix = time.time()
-            async with session.post(url + "/v1/completions", json=body,
-                                    headers={"X-Request-Id": spec.request_id,
-                                             "X-Request-Class": spec.class_name}) as response:
+            async with session.post(
+                url + "/v1/completions",
+                json=body,
+                headers={"X-Request-Id": spec.request_id, "X-Request-Class": spec.class_name},
+            ) as response:
                 assert response.status == 200, await response.text()
                 async for line in response.content:
                     if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
@@ -161,10 +186,17 @@ async def replay(url: str, specs: list[RequestSpec], vocab: int) -> tuple[list[d
                         last = loop.time()
                         if first is None:
                             first, first_unix = last, time.time()
-            rows.append({"request_id": spec.request_id, "class": spec.class_name,
-                         "output_tokens": tokens, "ttft_s": first - scheduled,
-                         "e2e_s": last - scheduled, "sent_unix": sent_unix,
-                         "first_unix": first_unix})
+            rows.append(
+                {
+                    "request_id": spec.request_id,
+                    "class": spec.class_name,
+                    "output_tokens": tokens,
+                    "ttft_s": first - scheduled,
+                    "e2e_s": last - scheduled,
+                    "sent_unix": sent_unix,
+                    "first_unix": first_unix,
+                }
+            )
 
         await asyncio.gather(*(one(s) for s in specs))
     return rows, float(np.percentile(lags, 99)) if lags else 0.0
@@ -175,10 +207,17 @@ def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.Dat
     from harness.local_server import HttpClient
 
     vocab = ModelConfig.preset("tiny").vocab_size
-    server_args = ["--executor", "torch", "--scheduling-policy", args.policy,
-                   "--record-steps", str(steps_file),
-                   "--record-requests", str(steps_file.with_name("requests.parquet")),
-                   *args.serve_args]
+    server_args = [
+        "--executor",
+        "torch",
+        "--scheduling-policy",
+        args.policy,
+        "--record-steps",
+        str(steps_file),
+        "--record-requests",
+        str(steps_file.with_name("requests.parquet")),
+        *args.serve_args,
+    ]
     with CliServer(server_args, start_timeout_s=120) as server:
         rows, lag_p99 = asyncio.run(replay(server.url, specs, vocab))
         epoch = json.loads(HttpClient(server.url).request("GET", "/health")[2])["clock_epoch_unix"]
@@ -195,15 +234,20 @@ def client_latency(served: pl.DataFrame, steps_file: Path) -> dict | None:
         return None
     epoch = json.loads(steps_file.with_name("epoch.json").read_text())["clock_epoch_unix"]
     engine = pl.read_parquet(requests_file).select(
-        "request_id", (pl.col("scheduled_at") + epoch).alias("arrival_unix"),
-        (pl.col("first_token_at") + epoch).alias("engine_first_unix"))
+        "request_id",
+        (pl.col("scheduled_at") + epoch).alias("arrival_unix"),
+        (pl.col("first_token_at") + epoch).alias("engine_first_unix"),
+    )
     joined = served.join(engine, on="request_id").select(
         (pl.col("arrival_unix") - pl.col("sent_unix")).alias("intake_s"),
-        (pl.col("first_unix") - pl.col("engine_first_unix")).alias("delivery_s"))
-    return {"intake_s": float(joined["intake_s"].median()),
-            "delivery_s": float(joined["delivery_s"].median()),
-            "client_latency_s": float((joined["intake_s"] + joined["delivery_s"]).median()),
-            "joined": joined.height}
+        (pl.col("first_unix") - pl.col("engine_first_unix")).alias("delivery_s"),
+    )
+    return {
+        "intake_s": float(joined["intake_s"].median()),
+        "delivery_s": float(joined["delivery_s"].median()),
+        "client_latency_s": float((joined["intake_s"] + joined["delivery_s"]).median()),
+        "joined": joined.height,
+    }
 
 
 # -- report -----------------------------------------------------------------------------
@@ -216,16 +260,19 @@ def percentiles(frame: pl.DataFrame) -> Percentiles:
         part = frame if cls == "all" else frame.filter(pl.col("class") == cls)
         for metric in ("ttft_s", "e2e_s"):
             values = part[metric].drop_nulls().to_numpy()
-            out[(cls, metric)] = {"p50": float(np.percentile(values, 50)),
-                                  "p95": float(np.percentile(values, 95))}
+            out[(cls, metric)] = {
+                "p50": float(np.percentile(values, 50)),
+                "p95": float(np.percentile(values, 95)),
+            }
     return out
 
 
 def across(runs: list[Percentiles]) -> tuple[Percentiles, Percentiles, Percentiles]:
     """(median, min, max) of each percentile over repeated runs of one schedule."""
+
     def reduce(fn) -> Percentiles:
-        return {k: {q: float(fn([r[k][q] for r in runs])) for q in ("p50", "p95")}
-                for k in runs[0]}
+        return {k: {q: float(fn([r[k][q] for r in runs])) for q in ("p50", "p95")} for k in runs[0]}
+
     return reduce(np.median), reduce(min), reduce(max)
 
 
@@ -239,8 +286,13 @@ def verdict(err: float, target: float) -> str:
     return "MET" if err <= target else "MISSED"
 
 
-def compare(name: str, got: Percentiles, ref: Percentiles, target: float,
-            band: tuple[Percentiles, Percentiles] | None = None) -> None:
+def compare(
+    name: str,
+    got: Percentiles,
+    ref: Percentiles,
+    target: float,
+    band: tuple[Percentiles, Percentiles] | None = None,
+) -> None:
     """``got`` against ``ref`` (the served median); ``band``: the served runs' range."""
     for key in sorted(ref):
         cls, metric = key
@@ -252,8 +304,10 @@ def compare(name: str, got: Percentiles, ref: Percentiles, target: float,
                 lo, hi = band[0][key][q], band[1][key][q]
                 inside = lo <= g <= hi
                 note = f"  served range {lo:.3f}..{hi:.3f}{' (inside)' if inside else ''}"
-            print(f"  {name:20} {cls:16} {metric:7} {q}: {g:8.3f} s vs {r:8.3f} s  "
-                  f"error {err:6.1%}  target <= {target:.0%}: {verdict(err, target)}{note}")
+            print(
+                f"  {name:20} {cls:16} {metric:7} {q}: {g:8.3f} s vs {r:8.3f} s  "
+                f"error {err:6.1%}  target <= {target:.0%}: {verdict(err, target)}{note}"
+            )
 
 
 def compare_paired(served: list[Percentiles], offline: list[Percentiles], target: float) -> None:
@@ -263,13 +317,16 @@ def compare_paired(served: list[Percentiles], offline: list[Percentiles], target
         if key[1] != "e2e_s":
             continue
         for q in ("p50", "p95"):
-            ratios = [s[key][q] / o[key][q] for s, o in zip(served, offline, strict=True)
-                      if o[key][q]]
+            ratios = [
+                s[key][q] / o[key][q] for s, o in zip(served, offline, strict=True) if o[key][q]
+            ]
             ratio = float(np.median(ratios))
             err = abs(ratio - 1)
-            print(f"  served/offline       {key[0]:16} e2e_s   {q}: ratio {ratio:6.3f} "
-                  f"(runs {min(ratios):.3f}..{max(ratios):.3f})  error {err:6.1%}  "
-                  f"target <= {target:.0%}: {verdict(err, target)}")
+            print(
+                f"  served/offline       {key[0]:16} e2e_s   {q}: ratio {ratio:6.3f} "
+                f"(runs {min(ratios):.3f}..{max(ratios):.3f})  error {err:6.1%}  "
+                f"target <= {target:.0%}: {verdict(err, target)}"
+            )
 
 
 def step_cycle(steps_file: Path, name: str = "served") -> None:
@@ -281,15 +338,17 @@ def step_cycle(steps_file: Path, name: str = "served") -> None:
     schedule_s = (f["execute_start"] - f["schedule_start"]).sum()
     execute_s = (f["execute_end"] - f["execute_start"]).sum()
     cycle = f["schedule_start"].shift(-1) - f["schedule_start"]
-    post = (f["schedule_start"].shift(-1) - f["execute_end"] - f["idle_before_s"].shift(-1))
+    post = f["schedule_start"].shift(-1) - f["execute_end"] - f["idle_before_s"].shift(-1)
     post_s = post.drop_nulls().sum()
     idle_s = f["idle_before_s"].sum()
     n = f.height
-    print(f"  {name} steps: {n}, mean batch {f['num_seqs'].mean():.1f} seqs, mean cycle {cycle.drop_nulls().mean() * 1e3:.2f} ms; per step: "
-          f"schedule {schedule_s / n * 1e3:.3f} ms, execute {execute_s / n * 1e3:.3f} ms "
-          f"(forward {f['forward_s'].mean() * 1e3:.3f}, sample {f['sample_s'].mean() * 1e3:.3f}), "
-          f"post-step (records, observers, hand-off, commands) {post_s / n * 1e3:.3f} ms; "
-          f"idle {idle_s:.1f} s in all")
+    print(
+        f"  {name} steps: {n}, mean batch {f['num_seqs'].mean():.1f} seqs, mean cycle {cycle.drop_nulls().mean() * 1e3:.2f} ms; per step: "
+        f"schedule {schedule_s / n * 1e3:.3f} ms, execute {execute_s / n * 1e3:.3f} ms "
+        f"(forward {f['forward_s'].mean() * 1e3:.3f}, sample {f['sample_s'].mean() * 1e3:.3f}), "
+        f"post-step (records, observers, hand-off, commands) {post_s / n * 1e3:.3f} ms; "
+        f"idle {idle_s:.1f} s in all"
+    )
 
 
 def ttft_parts(served: pl.DataFrame, steps_file: Path, sim: pl.DataFrame) -> None:
@@ -302,17 +361,22 @@ def ttft_parts(served: pl.DataFrame, steps_file: Path, sim: pl.DataFrame) -> Non
         return
     epoch = json.loads(steps_file.with_name("epoch.json").read_text())["clock_epoch_unix"]
     engine = pl.read_parquet(requests_file).select(
-        "request_id", "queue_s",
+        "request_id",
+        "queue_s",
         (pl.col("scheduled_at") + epoch).alias("arrival_unix"),
         (pl.col("first_token_at") - pl.col("first_scheduled_at")).alias("prefill_s"),
-        (pl.col("first_token_at") + epoch).alias("engine_first_unix"))
+        (pl.col("first_token_at") + epoch).alias("engine_first_unix"),
+    )
     joined = served.join(engine, on="request_id").with_columns(
         intake_s=pl.col("arrival_unix") - pl.col("sent_unix"),
-        delivery_s=pl.col("first_unix") - pl.col("engine_first_unix"))
-    simulated = sim.select("request_id", pl.col("ttft_s").alias("sim_ttft_s"),
-                           pl.col("queue_s").alias("sim_queue_s"),
-                           (pl.col("first_token_at") - pl.col("first_scheduled_at"))
-                           .alias("sim_prefill_s"))
+        delivery_s=pl.col("first_unix") - pl.col("engine_first_unix"),
+    )
+    simulated = sim.select(
+        "request_id",
+        pl.col("ttft_s").alias("sim_ttft_s"),
+        pl.col("queue_s").alias("sim_queue_s"),
+        (pl.col("first_token_at") - pl.col("first_scheduled_at")).alias("sim_prefill_s"),
+    )
     joined = joined.join(simulated, on="request_id")
     print("  median TTFT parts, ms (served = intake + queue + prefill + delivery | simulated):")
     for cls in sorted(joined["class"].unique()):
@@ -321,21 +385,26 @@ def ttft_parts(served: pl.DataFrame, steps_file: Path, sim: pl.DataFrame) -> Non
         def ms(column: str, part: pl.DataFrame = part) -> float:
             return float(part[column].median()) * 1e3
 
-        print(f"    {cls:16} served {ms('ttft_s'):7.2f} = {ms('intake_s'):5.2f} + "
-              f"{ms('queue_s'):6.2f} + {ms('prefill_s'):7.2f} + {ms('delivery_s'):5.2f}  | "
-              f"simulated {ms('sim_ttft_s'):7.2f}: queue {ms('sim_queue_s'):6.2f}, "
-              f"prefill {ms('sim_prefill_s'):7.2f}")
+        print(
+            f"    {cls:16} served {ms('ttft_s'):7.2f} = {ms('intake_s'):5.2f} + "
+            f"{ms('queue_s'):6.2f} + {ms('prefill_s'):7.2f} + {ms('delivery_s'):5.2f}  | "
+            f"simulated {ms('sim_ttft_s'):7.2f}: queue {ms('sim_queue_s'):6.2f}, "
+            f"prefill {ms('sim_prefill_s'):7.2f}"
+        )
 
 
-def simulate_schedule(specs: list[RequestSpec], config: EngineConfig,
-                      model: CostModel) -> pl.DataFrame:
-    result = simulate(resolve_profile("default"), config, model, requests=specs,
-                      record_decisions=False)
+def simulate_schedule(
+    specs: list[RequestSpec], config: EngineConfig, model: CostModel
+) -> pl.DataFrame:
+    result = simulate(
+        resolve_profile("default"), config, model, requests=specs, record_decisions=False
+    )
     return result.requests
 
 
-def served_apart(lo_a: float, hi_a: float, lo_b: float, hi_b: float, med_a: float,
-                 med_b: float, repeats: int) -> bool:
+def served_apart(
+    lo_a: float, hi_a: float, lo_b: float, hi_b: float, med_a: float, med_b: float, repeats: int
+) -> bool:
     """Do the served runs order policy a before b (a's p95 lower)? With three runs or
     more each, when their ranges are disjoint (two identical policies' ranges are
     disjoint by chance 1 time in 10 with three runs each, 1 in 3 with two); with fewer,
@@ -348,8 +417,9 @@ def served_apart(lo_a: float, hi_a: float, lo_b: float, hi_b: float, med_a: floa
 def max_waiting(run_dirs: list[Path]) -> int:
     """The most requests left waiting after any step of these served runs: 0 means no
     request ever waited for another, so the policy was never consulted."""
-    return max(int(pl.read_parquet(d / "steps.parquet")["num_waiting"].max() or 0)
-               for d in run_dirs)
+    return max(
+        int(pl.read_parquet(d / "steps.parquet")["num_waiting"].max() or 0) for d in run_dirs
+    )
 
 
 def rank_policies(args, specs: list[RequestSpec]) -> None:
@@ -368,78 +438,115 @@ def rank_policies(args, specs: list[RequestSpec]) -> None:
             served, _ = run_served(specs, args, tmp / "steps.parquet")
             served.write_parquet(tmp / "client.parquet")
             run_dirs[policy].append(tmp)
-            print(f"  {policy} run {rep + 1}/{args.repeats}: served records in {tmp}",
-                  flush=True)
+            print(f"  {policy} run {rep + 1}/{args.repeats}: served records in {tmp}", flush=True)
             served_runs[policy].append(percentiles(served))
     model = CostModel.load(args.cost_model) if args.cost_model else CostModel()
     sim_p, med, lo, hi = {}, {}, {}, {}
     for policy in policies:
         args.policy = policy
         sim = simulate_schedule(specs, engine_config(args), model)
-        sim_p[policy] = percentiles(sim.select("request_id", "class", "output_tokens",
-                                               "ttft_s", "e2e_s"))
+        sim_p[policy] = percentiles(
+            sim.select("request_id", "class", "output_tokens", "ttft_s", "e2e_s")
+        )
         med[policy], lo[policy], hi[policy] = across(served_runs[policy])
     waited = {p: max_waiting(run_dirs[p]) for p in policies}
-    print("  most requests waiting after any served step: "
-          + ", ".join(f"{p} {n}" for p, n in waited.items()))
+    print(
+        "  most requests waiting after any served step: "
+        + ", ".join(f"{p} {n}" for p, n in waited.items())
+    )
     keys = sorted(k for k in med[policies[0]] if k[0] != "all")
     agree = resolved = 0
     for key in keys:
         order = sorted(policies, key=lambda p: med[p][key]["p95"])
-        values = "  ".join(f"{p} {med[p][key]['p95']:.3f} ({lo[p][key]['p95']:.3f}.."
-                           f"{hi[p][key]['p95']:.3f})/{sim_p[p][key]['p95']:.3f}" for p in order)
+        values = "  ".join(
+            f"{p} {med[p][key]['p95']:.3f} ({lo[p][key]['p95']:.3f}.."
+            f"{hi[p][key]['p95']:.3f})/{sim_p[p][key]['p95']:.3f}"
+            for p in order
+        )
         print(f"  {key[0]:16} {key[1]:7} p95 served median (range)/simulated: {values}")
         for i, a in enumerate(order):
-            for b in order[i + 1:]:
-                apart = served_apart(lo[a][key]["p95"], hi[a][key]["p95"], lo[b][key]["p95"],
-                                     hi[b][key]["p95"], med[a][key]["p95"], med[b][key]["p95"],
-                                     args.repeats)
+            for b in order[i + 1 :]:
+                apart = served_apart(
+                    lo[a][key]["p95"],
+                    hi[a][key]["p95"],
+                    lo[b][key]["p95"],
+                    hi[b][key]["p95"],
+                    med[a][key]["p95"],
+                    med[b][key]["p95"],
+                    args.repeats,
+                )
                 sim_says = "<" if sim_p[a][key]["p95"] < sim_p[b][key]["p95"] else ">="
                 if apart and not (waited[a] or waited[b]):
-                    print(f"      {a} ~ {b}: served runs differ, but no request ever waited: "
-                          "the policies were never consulted (noise; simulated "
-                          f"{a} {sim_says} {b})")
+                    print(
+                        f"      {a} ~ {b}: served runs differ, but no request ever waited: "
+                        "the policies were never consulted (noise; simulated "
+                        f"{a} {sim_says} {b})"
+                    )
                 elif apart:
                     resolved += 1
                     agree += sim_says == "<"
-                    print(f"      {a} < {b} served (apart): simulated {a} {sim_says} {b}: "
-                          f"{'SAME' if sim_says == '<' else 'DIFFERENT'}")
+                    print(
+                        f"      {a} < {b} served (apart): simulated {a} {sim_says} {b}: "
+                        f"{'SAME' if sim_says == '<' else 'DIFFERENT'}"
+                    )
                 else:
                     print(f"      {a} ~ {b} served (ranges overlap: a tie, no order to match)")
-    print(f"  same order in {agree} of {resolved} policy pairs the served runs order "
-          f"(over {len(keys)} class x metric keys, {args.repeats} served runs per policy)")
+    print(
+        f"  same order in {agree} of {resolved} policy pairs the served runs order "
+        f"(over {len(keys)} class x metric keys, {args.repeats} served runs per policy)"
+    )
     for policy in policies:
-        print(f"simulated vs served, {policy}"
-              f"{' (median of the runs)' if args.repeats > 1 else ''}:")
-        compare(f"sim/served {policy}", sim_p[policy], med[policy], TARGET_SIM_VS_SERVED,
-                (lo[policy], hi[policy]) if args.repeats > 1 else None)
+        print(
+            f"simulated vs served, {policy}{' (median of the runs)' if args.repeats > 1 else ''}:"
+        )
+        compare(
+            f"sim/served {policy}",
+            sim_p[policy],
+            med[policy],
+            TARGET_SIM_VS_SERVED,
+            (lo[policy], hi[policy]) if args.repeats > 1 else None,
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rate-scale", type=float, default=0.3)
     parser.add_argument("--duration-s", type=float, default=40.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--policy", default="fcfs")
     parser.add_argument("--cost-model", type=Path, default=None)
     parser.add_argument("--skip-offline", action="store_true")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="served (and offline) runs of the schedule, alternating; "
-                             "figures are medians with the runs' range beside them")
-    parser.add_argument("--rank-policies", default=None,
-                        help="e.g. fcfs,sjf,priority: served and simulated runs of each, "
-                             "and whether the simulator ranks them as served runs do")
-    parser.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
-                        help="extra `schedscope serve` flags (last)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="served (and offline) runs of the schedule, alternating; "
+        "figures are medians with the runs' range beside them",
+    )
+    parser.add_argument(
+        "--rank-policies",
+        default=None,
+        help="e.g. fcfs,sjf,priority: served and simulated runs of each, "
+        "and whether the simulator ranks them as served runs do",
+    )
+    parser.add_argument(
+        "--serve-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="extra `schedscope serve` flags (last)",
+    )
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     specs = schedule(args.rate_scale, args.duration_s, args.seed)
     config = engine_config(args)
-    print(f"schedule: {len(specs)} requests over {args.duration_s:.0f} s at "
-          f"{args.rate_scale}x the default profile's rate, policy {args.policy}, "
-          f"{args.repeats} run(s) each")
+    print(
+        f"schedule: {len(specs)} requests over {args.duration_s:.0f} s at "
+        f"{args.rate_scale}x the default profile's rate, policy {args.policy}, "
+        f"{args.repeats} run(s) each"
+    )
     if args.rank_policies:
         rank_policies(args, specs)
         return
@@ -455,36 +562,51 @@ def main() -> None:
         served, lag_p99 = run_served(specs, args, steps_file)
         served.write_parquet(steps_file.with_name("client.parquet"))
         served_runs.append(served)
-        print(f"served  {rep + 1}/{args.repeats}: {time.perf_counter() - started:.1f} s wall, "
-              f"client send lag p99 {lag_p99 * 1e3:.1f} ms", flush=True)
+        print(
+            f"served  {rep + 1}/{args.repeats}: {time.perf_counter() - started:.1f} s wall, "
+            f"client send lag p99 {lag_p99 * 1e3:.1f} ms",
+            flush=True,
+        )
         step_cycle(steps_file)
         if not args.skip_offline:
             started = time.perf_counter()
             from harness.serve import serving_torch_threads
 
             threads = serving_torch_threads()
-            offline_runs.append(run_offline(specs, config, threads,
-                                            steps_file.with_name("offline_steps.parquet")))
-            print(f"offline {rep + 1}/{args.repeats}: {time.perf_counter() - started:.1f} s "
-                  f"wall ({threads} torch threads, as served)", flush=True)
+            offline_runs.append(
+                run_offline(specs, config, threads, steps_file.with_name("offline_steps.parquet"))
+            )
+            print(
+                f"offline {rep + 1}/{args.repeats}: {time.perf_counter() - started:.1f} s "
+                f"wall ({threads} torch threads, as served)",
+                flush=True,
+            )
             step_cycle(steps_file.with_name("offline_steps.parquet"), "offline")
     served_p = [percentiles(f) for f in served_runs]
     served_med, served_lo, served_hi = across(served_p)
 
     if offline_runs:
         print("served vs offline (E2E; the bar the server must clear):")
-        compare_paired(served_p, [percentiles(f) for f in offline_runs],
-                       TARGET_SERVED_VS_OFFLINE)
-        ratios = [throughput(s, specs) / throughput(o, specs)
-                  for s, o in zip(served_runs, offline_runs, strict=True)]
+        compare_paired(served_p, [percentiles(f) for f in offline_runs], TARGET_SERVED_VS_OFFLINE)
+        ratios = [
+            throughput(s, specs) / throughput(o, specs)
+            for s, o in zip(served_runs, offline_runs, strict=True)
+        ]
         ratio = float(np.median(ratios))
-        print(f"  throughput: served/offline {ratio:.3f} (runs {min(ratios):.3f}.."
-              f"{max(ratios):.3f}; served {throughput(served_runs[0], specs):.0f} tok/s in run 1), "
-              f"error {abs(ratio - 1):.1%}, target <= {TARGET_SERVED_VS_OFFLINE:.0%}: "
-              f"{verdict(abs(ratio - 1), TARGET_SERVED_VS_OFFLINE)}")
+        print(
+            f"  throughput: served/offline {ratio:.3f} (runs {min(ratios):.3f}.."
+            f"{max(ratios):.3f}; served {throughput(served_runs[0], specs):.0f} tok/s in run 1), "
+            f"error {abs(ratio - 1):.1%}, target <= {TARGET_SERVED_VS_OFFLINE:.0%}: "
+            f"{verdict(abs(ratio - 1), TARGET_SERVED_VS_OFFLINE)}"
+        )
 
-    models = {"built-in" if args.cost_model is None else str(args.cost_model):
-              CostModel.load(args.cost_model) if args.cost_model else CostModel()}
+    models = {
+        "built-in" if args.cost_model is None else str(args.cost_model): CostModel.load(
+            args.cost_model
+        )
+        if args.cost_model
+        else CostModel()
+    }
     if all(f.exists() for f in steps_files):
         from engine.sim.cost_fit import fit_from_steps
 
@@ -492,21 +614,29 @@ def main() -> None:
         models["fitted from served steps"] = fitted
         latencies = [client_latency(s, f) for s, f in zip(served_runs, steps_files, strict=True)]
         if all(latencies):
-            latency = {k: float(np.median([x[k] for x in latencies]))
-                       for k in ("intake_s", "delivery_s", "client_latency_s")}
-            print(f"outside the engine (median over runs): intake "
-                  f"{latency['intake_s'] * 1e3:.2f} ms, delivery {latency['delivery_s'] * 1e3:.2f} ms,"
-                  f" together {latency['client_latency_s'] * 1e3:.2f} ms")
+            latency = {
+                k: float(np.median([x[k] for x in latencies]))
+                for k in ("intake_s", "delivery_s", "client_latency_s")
+            }
+            print(
+                f"outside the engine (median over runs): intake "
+                f"{latency['intake_s'] * 1e3:.2f} ms, delivery {latency['delivery_s'] * 1e3:.2f} ms,"
+                f" together {latency['client_latency_s'] * 1e3:.2f} ms"
+            )
             models["fitted from served steps + client latency"] = dataclasses.replace(
-                fitted, client_latency_s=latency["client_latency_s"])
+                fitted, client_latency_s=latency["client_latency_s"]
+            )
     band = (served_lo, served_hi) if args.repeats > 1 else None
     for name, model in models.items():
         sim = simulate_schedule(specs, config, model)
-        print(f"simulated ({name}) vs served"
-              f"{' (median of the runs)' if args.repeats > 1 else ''}:")
-        compare("sim/served", percentiles(sim.select("request_id", "class", "output_tokens",
-                                                     "ttft_s", "e2e_s")),
-                served_med, TARGET_SIM_VS_SERVED, band)
+        print(f"simulated ({name}) vs served{' (median of the runs)' if args.repeats > 1 else ''}:")
+        compare(
+            "sim/served",
+            percentiles(sim.select("request_id", "class", "output_tokens", "ttft_s", "e2e_s")),
+            served_med,
+            TARGET_SIM_VS_SERVED,
+            band,
+        )
         ttft_parts(served_runs[0], steps_files[0], sim)
     print(f"(files: {tmp}; on a shared machine, believe a 5% change only across --repeats)")
 

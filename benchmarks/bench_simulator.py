@@ -35,13 +35,19 @@ def main() -> None:
     frame = result.requests
     tokens = int(frame["output_tokens"].sum())
     scaled = elapsed * 100_000 / args.requests
-    print(f"profile={profile.name} policy={args.policy} requests={frame.height} "
-          f"output_tokens={tokens} steps={result.num_steps} virtual_s={result.duration_s:.0f}")
+    print(
+        f"profile={profile.name} policy={args.policy} requests={frame.height} "
+        f"output_tokens={tokens} steps={result.num_steps} virtual_s={result.duration_s:.0f}"
+    )
     print(f"schedule generation: {t_plan:.2f} s")
-    print(f"simulation:          {elapsed:.2f} s  ({frame.height / elapsed:,.0f} requests/s, "
-          f"{tokens / elapsed:,.0f} tokens/s, {elapsed / max(result.num_steps, 1) * 1e6:.0f} us/step)")
-    print(f"per 100,000 requests: {scaled:.1f} s   target <= {TARGET_S_PER_100K:.0f} s   "
-          f"{'MET' if scaled <= TARGET_S_PER_100K else 'MISSED'}")
+    print(
+        f"simulation:          {elapsed:.2f} s  ({frame.height / elapsed:,.0f} requests/s, "
+        f"{tokens / elapsed:,.0f} tokens/s, {elapsed / max(result.num_steps, 1) * 1e6:.0f} us/step)"
+    )
+    print(
+        f"per 100,000 requests: {scaled:.1f} s   target <= {TARGET_S_PER_100K:.0f} s   "
+        f"{'MET' if scaled <= TARGET_S_PER_100K else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,14 @@ def client_main(url: str, streams: int, seconds: float, max_tokens: int, out) ->
 async def _clients(url: str, streams: int, seconds: float, max_tokens: int) -> dict:
     import aiohttp
 
-    body = {"model": "tiny", "prompt": "the quick brown fox", "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": "the quick brown fox",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     totals = {"tokens": 0, "events": 0, "requests": 0}
     deadline = time.perf_counter() + seconds
 
@@ -67,15 +73,20 @@ async def serve_and_measure(args) -> tuple[dict, dict, cProfile.Profile | None]:
     from engine.serving.tokenizer import HashTokenizer
     from harness.local_server import sim_engine
 
-    engine = sim_engine(step_s=0.0, num_device_blocks=65536, max_model_len=args.max_tokens + 16,
-                        max_num_seqs=256)
+    engine = sim_engine(
+        step_s=0.0, num_device_blocks=65536, max_model_len=args.max_tokens + 16, max_num_seqs=256
+    )
     async_engine = AsyncEngine(engine)
-    server = ApiServer(async_engine, HashTokenizer(4096),
-                       ServerSettings(host="127.0.0.1", port=0, shutdown_timeout_s=2.0))
+    server = ApiServer(
+        async_engine,
+        HashTokenizer(4096),
+        ServerSettings(host="127.0.0.1", port=0, shutdown_timeout_s=2.0),
+    )
     url = await server.start()
     results = multiprocessing.get_context("spawn").Queue()
     client = multiprocessing.get_context("spawn").Process(
-        target=client_main, args=(url, args.streams, args.seconds, args.max_tokens, results))
+        target=client_main, args=(url, args.streams, args.seconds, args.max_tokens, results)
+    )
     profile = cProfile.Profile() if args.profile else None
     client.start()
     steps_before = async_engine.stats.num_steps
@@ -98,21 +109,30 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--max-tokens", type=int, default=1024)
-    parser.add_argument("--profile", action="store_true",
-                        help="profile the server's event loop (costs throughput)")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile the server's event loop (costs throughput)"
+    )
     args = parser.parse_args()
 
     totals, engine, profile = asyncio.run(serve_and_measure(args))
     rate = totals["tokens"] / totals["seconds"]
-    print(f"bench_streaming: {args.streams} concurrent SSE streams, sim executor at zero step "
-          f"cost, {args.max_tokens} tokens per request; clients in a separate process")
+    print(
+        f"bench_streaming: {args.streams} concurrent SSE streams, sim executor at zero step "
+        f"cost, {args.max_tokens} tokens per request; clients in a separate process"
+    )
     print(f"  completed requests     {totals['requests']}")
-    print(f"  streamed tokens/s      {rate:10,.0f}   target >= {TARGET_TOKENS_PER_S:,}  "
-          f"{'OK' if rate >= TARGET_TOKENS_PER_S else 'BELOW TARGET'}")
-    print(f"  SSE events/s           {totals['events'] / totals['seconds']:10,.0f}   "
-          f"({totals['tokens'] / max(totals['events'], 1):.2f} tokens per event)")
-    print(f"  engine steps/s         {engine['steps'] / engine['elapsed']:10,.0f}   "
-          f"({totals['tokens'] / max(engine['steps'], 1):.1f} streamed tokens per step)")
+    print(
+        f"  streamed tokens/s      {rate:10,.0f}   target >= {TARGET_TOKENS_PER_S:,}  "
+        f"{'OK' if rate >= TARGET_TOKENS_PER_S else 'BELOW TARGET'}"
+    )
+    print(
+        f"  SSE events/s           {totals['events'] / totals['seconds']:10,.0f}   "
+        f"({totals['tokens'] / max(totals['events'], 1):.2f} tokens per event)"
+    )
+    print(
+        f"  engine steps/s         {engine['steps'] / engine['elapsed']:10,.0f}   "
+        f"({totals['tokens'] / max(engine['steps'], 1):.1f} streamed tokens per step)"
+    )
     if profile is not None:
         stream = io.StringIO()
         stats = pstats.Stats(profile, stream=stream).sort_stats("tottime")
@@ -121,8 +141,10 @@ def main() -> None:
         print("\n".join(stream.getvalue().splitlines()[6:22]))
         top = max(stats.stats.items(), key=lambda item: item[1][2])
         (filename, line, name), (_, _, tottime, _, _) = top
-        print(f"top item: {name} ({filename}:{line}), {tottime:.2f} s own time of "
-              f"{engine['elapsed']:.2f} s")
+        print(
+            f"top item: {name} ({filename}:{line}), {tottime:.2f} s own time of "
+            f"{engine['elapsed']:.2f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -34,9 +34,14 @@ AIM = 0.99
 def one_round(engine, tag: str, batch: int, tokens: int) -> float:
     """Output tokens per second for one closed batch, admission to last token."""
     for i in range(batch):
-        engine.add_request(EngineRequest(f"{tag}-{i}", list(range(10, 42)),
-                                         SamplingParams(max_tokens=tokens, ignore_eos=True),
-                                         request_class="bench"))
+        engine.add_request(
+            EngineRequest(
+                f"{tag}-{i}",
+                list(range(10, 42)),
+                SamplingParams(max_tokens=tokens, ignore_eos=True),
+                request_class="bench",
+            )
+        )
     started = time.perf_counter()
     while engine.has_unfinished():
         engine.step()
@@ -48,8 +53,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--torch-threads", type=int, default=0,
-                        help="0: what schedscope serve uses (one fewer than the cores)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="0: what schedscope serve uses (one fewer than the cores)",
+    )
     args = parser.parse_args()
     if not args.torch_threads:
         from harness.serve import serving_torch_threads
@@ -66,8 +75,9 @@ def main() -> None:
     instrumented = torch_engine(args.batch)
     metrics = install_metrics(instrumented, "tiny")
     trace_file = Path(tempfile.mkdtemp(prefix="schedscope-bench-")) / "spans.jsonl"
-    tracing = install_tracing(instrumented, TracingSettings(trace_file=trace_file,
-                                                            model_name="tiny"))
+    tracing = install_tracing(
+        instrumented, TracingSettings(trace_file=trace_file, model_name="tiny")
+    )
     metrics.watch_dropped_spans(lambda: tracing.num_dropped_spans)
 
     one_round(bare, "warm", args.batch, 8)  # first-call costs out of the measurement
@@ -76,20 +86,28 @@ def main() -> None:
     for r in range(args.rounds):
         # Alternate which goes first, so a drift in machine load favours neither.
         pair = [(bare, off), (instrumented, on)]
-        for engine, results in (pair if r % 2 == 0 else pair[::-1]):
+        for engine, results in pair if r % 2 == 0 else pair[::-1]:
             results.append(one_round(engine, f"r{r}", args.batch, args.tokens))
     stats = tracing.shutdown()
     ratio = statistics.median(on) / statistics.median(off)
     verdict = "met" if ratio >= TARGET else "NOT met"
-    print(f"torch tiny, batch {args.batch}, {args.tokens} output tokens, {args.rounds} "
-          f"alternating rounds, {args.torch_threads} torch threads")
-    print(f"  without telemetry: {statistics.median(off):8.0f} tokens/s "
-          f"(rounds {', '.join(f'{x:.0f}' for x in off)})")
-    print(f"  with spans+metrics: {statistics.median(on):7.0f} tokens/s "
-          f"(rounds {', '.join(f'{x:.0f}' for x in on)})")
+    print(
+        f"torch tiny, batch {args.batch}, {args.tokens} output tokens, {args.rounds} "
+        f"alternating rounds, {args.torch_threads} torch threads"
+    )
+    print(
+        f"  without telemetry: {statistics.median(off):8.0f} tokens/s "
+        f"(rounds {', '.join(f'{x:.0f}' for x in off)})"
+    )
+    print(
+        f"  with spans+metrics: {statistics.median(on):7.0f} tokens/s "
+        f"(rounds {', '.join(f'{x:.0f}' for x in on)})"
+    )
     print(f"  ratio {ratio:.3f}   target >= {TARGET:.2f} ({verdict}), aim >= {AIM:.2f}")
-    print(f"  spans: {stats['spans']} ended, {stats['exported_spans']} exported, "
-          f"{stats['dropped_spans']} dropped; trace file {trace_file.stat().st_size / 1e6:.1f} MB")
+    print(
+        f"  spans: {stats['spans']} ended, {stats['exported_spans']} exported, "
+        f"{stats['dropped_spans']} dropped; trace file {trace_file.stat().st_size / 1e6:.1f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def per_observation(n: int = 200_000) -> dict[str, float]:
     out["histogram observe + exemplar"] = (time.perf_counter() - t) / n
     t = time.perf_counter()
     for i in range(0, n, 32):
-        bulk.observe_many(values[i:i + 32])
+        bulk.observe_many(values[i : i + 32])
     out["bulk ITL per gap (32 a step)"] = (time.perf_counter() - t) / n
     return out
 
@@ -73,18 +73,26 @@ def torch_engine(batch: int):
     from engine.core.clock import WallClock
     from engine.factory import build_torch_engine
 
-    config = EngineConfig(SchedulerConfig(max_num_seqs=batch, max_model_len=2048),
-                          CacheConfig(block_size=16, num_gpu_blocks_override=2048,
-                                      num_cpu_blocks_override=0), model="tiny")
+    config = EngineConfig(
+        SchedulerConfig(max_num_seqs=batch, max_model_len=2048),
+        CacheConfig(block_size=16, num_gpu_blocks_override=2048, num_cpu_blocks_override=0),
+        model="tiny",
+    )
     return build_torch_engine(config, WallClock(), device="cpu")
 
 
 def fill(engine, batch: int, tag: str, max_tokens: int) -> None:
     for i in range(batch):
-        engine.add_request(EngineRequest(f"{tag}{i}", list(range(10, 42)),
-                                         SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
-    while any(s.num_computed_tokens < s.num_prompt_tokens
-              for s in engine.scheduler.requests.values()):
+        engine.add_request(
+            EngineRequest(
+                f"{tag}{i}",
+                list(range(10, 42)),
+                SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            )
+        )
+    while any(
+        s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.requests.values()
+    ):
         engine.step()  # prefills: not measured
 
 
@@ -119,13 +127,17 @@ def per_step(steps: int, batch: int, rounds: int = 5) -> None:
     step_off = statistics.median(off_times)
     step_on = statistics.median(on_times)
     observer = timed.seconds / timed.calls
-    print(f"torch decode step at batch {batch} ({len(off_times)} steps each): "
-          f"metrics off {step_off * 1e3:.3f} ms, on {step_on * 1e3:.3f} ms "
-          f"(on/off {step_on / step_off:.4f}; step-to-step noise dominates this)")
+    print(
+        f"torch decode step at batch {batch} ({len(off_times)} steps each): "
+        f"metrics off {step_off * 1e3:.3f} ms, on {step_on * 1e3:.3f} ms "
+        f"(on/off {step_on / step_off:.4f}; step-to-step noise dominates this)"
+    )
     fraction = observer / step_off
     verdict = "OK" if fraction <= TARGET_FRACTION else "OVER TARGET"
-    print(f"metrics observer: {observer * 1e6:.1f} us per step = {fraction * 100:.3f}% of a "
-          f"step (target <= {TARGET_FRACTION * 100:.0f}%): {verdict}")
+    print(
+        f"metrics observer: {observer * 1e6:.1f} us per step = {fraction * 100:.3f}% of a "
+        f"step (target <= {TARGET_FRACTION * 100:.0f}%): {verdict}"
+    )
     body_t = time.perf_counter()
     for _ in range(20):
         text, _ = metrics.render()
@@ -134,8 +146,10 @@ def per_step(steps: int, batch: int, rounds: int = 5) -> None:
     for _ in range(20):
         om, _ = metrics.render("application/openmetrics-text;version=1.0.0")
     om_s = (time.perf_counter() - body_t) / 20
-    print(f"render /metrics: text {text_s * 1e3:.2f} ms ({len(text)} bytes), "
-          f"OpenMetrics {om_s * 1e3:.2f} ms ({len(om)} bytes)")
+    print(
+        f"render /metrics: text {text_s * 1e3:.2f} ms ({len(text)} bytes), "
+        f"OpenMetrics {om_s * 1e3:.2f} ms ({len(om)} bytes)"
+    )
 
 
 def main() -> None:

@@ -32,11 +32,18 @@ TARGET_US_PER_SPAN = 15.0
 
 def closed_loop(concurrency: int, duration_s: float) -> Profile:
     return Profile(
-        name=f"closed{concurrency}", seed=1, description="closed loop",
-        classes=(RequestClass(name="chat", weight=1.0,
-                              prompt_tokens=LengthDistribution.lognormal(200, 0.6, max=1024),
-                              output_tokens=LengthDistribution.lognormal(70, 0.6),
-                              max_tokens=256),),
+        name=f"closed{concurrency}",
+        seed=1,
+        description="closed loop",
+        classes=(
+            RequestClass(
+                name="chat",
+                weight=1.0,
+                prompt_tokens=LengthDistribution.lognormal(200, 0.6, max=1024),
+                output_tokens=LengthDistribution.lognormal(70, 0.6),
+                max_tokens=256,
+            ),
+        ),
         phases=(Phase(name="closed", duration_s=duration_s, concurrency=concurrency),),
     )
 
@@ -72,38 +79,51 @@ def main() -> None:
     config = EngineConfig(SchedulerConfig(scheduling_policy="fcfs"))
     with tempfile.TemporaryDirectory() as tmp:
         trace_file = Path(tmp) / "spans.jsonl"
-        base_s, _, _ = min((timed_simulation(profile, config, None) for _ in range(2)),
-                           key=lambda r: r[0])
+        base_s, _, _ = min(
+            (timed_simulation(profile, config, None) for _ in range(2)), key=lambda r: r[0]
+        )
         traced_s, observer_s, result = min(
-            (timed_simulation(profile, config, trace_file) for _ in range(3)), key=lambda r: r[1])
+            (timed_simulation(profile, config, trace_file) for _ in range(3)), key=lambda r: r[1]
+        )
         stats = result.tracing
         num_decisions = len([x for x in result.decisions if x.kind not in ("wait", "idle_running")])
         engine_spans_per_s = stats["spans"] / result.duration_s
         decisions_per_s = num_decisions / result.duration_s
         per_span_us = observer_s / stats["spans"] * 1e6
-        print(f"concurrency={args.concurrency} virtual_s={result.duration_s:.1f} "
-              f"requests={result.requests.height} steps={result.num_steps} "
-              f"decisions={num_decisions} spans={stats['spans']} dropped={stats['dropped_spans']}")
-        print(f"engine rate at {args.concurrency} concurrent: {decisions_per_s:,.0f} decisions/s, "
-              f"{engine_spans_per_s:,.0f} spans/s (engine seconds)")
-        print(f"step-loop cost per span (time inside the span observer / spans): "
-              f"{per_span_us:.1f} us (target <= {TARGET_US_PER_SPAN:.0f} us)")
-        print(f"whole run, export and flush included: {base_s:.2f} s untraced -> "
-              f"{traced_s:.2f} s traced ({(traced_s - base_s) / stats['spans'] * 1e6:.1f} us "
-              f"per span)")
+        print(
+            f"concurrency={args.concurrency} virtual_s={result.duration_s:.1f} "
+            f"requests={result.requests.height} steps={result.num_steps} "
+            f"decisions={num_decisions} spans={stats['spans']} dropped={stats['dropped_spans']}"
+        )
+        print(
+            f"engine rate at {args.concurrency} concurrent: {decisions_per_s:,.0f} decisions/s, "
+            f"{engine_spans_per_s:,.0f} spans/s (engine seconds)"
+        )
+        print(
+            f"step-loop cost per span (time inside the span observer / spans): "
+            f"{per_span_us:.1f} us (target <= {TARGET_US_PER_SPAN:.0f} us)"
+        )
+        print(
+            f"whole run, export and flush included: {base_s:.2f} s untraced -> "
+            f"{traced_s:.2f} s traced ({(traced_s - base_s) / stats['spans'] * 1e6:.1f} us "
+            f"per span)"
+        )
 
         tracing = Tracing(TracingSettings(trace_file=Path(tmp) / "bare.jsonl"))
         tracer = tracing.tracer
         n = 20_000
         t0 = time.perf_counter()
         for i in range(n):
-            span = tracer.start_span("x", attributes={"a": i, "b": "v", "c": 1.5},
-                                     start_time=1_000 + i)
+            span = tracer.start_span(
+                "x", attributes={"a": i, "b": "v", "c": 1.5}, start_time=1_000 + i
+            )
             span.end(end_time=2_000 + i)
         bare_us = (time.perf_counter() - t0) / n * 1e6
         tracing.shutdown()
-        print(f"bare span start+end, 3 attributes, batch processor: {bare_us:.1f} us "
-              f"(target <= {TARGET_US_PER_SPAN:.0f} us)")
+        print(
+            f"bare span start+end, 3 attributes, batch processor: {bare_us:.1f} us "
+            f"(target <= {TARGET_US_PER_SPAN:.0f} us)"
+        )
 
         # Exporter throughput: encode and write real spans (a short traced run's).
         sample = _sample_spans(config)
@@ -117,9 +137,11 @@ def main() -> None:
         export_s = time.perf_counter() - t0
         exporter.shutdown()
         exporter_rate = written / export_s
-        print(f"OTLP-JSON lines exporter: {exporter_rate:,.0f} spans/s "
-              f"(target >= {engine_spans_per_s:,.0f} spans/s, the engine's rate at "
-              f"{args.concurrency} concurrent; {exporter_rate / engine_spans_per_s:.0f}x)")
+        print(
+            f"OTLP-JSON lines exporter: {exporter_rate:,.0f} spans/s "
+            f"(target >= {engine_spans_per_s:,.0f} spans/s, the engine's rate at "
+            f"{args.concurrency} concurrent; {exporter_rate / engine_spans_per_s:.0f}x)"
+        )
 
 
 def _sample_spans(config: EngineConfig, batch: int = 2048) -> list:
@@ -139,8 +161,9 @@ def _sample_spans(config: EngineConfig, batch: int = 2048) -> list:
 
     tracing.provider.add_span_processor(SimpleSpanProcessor(memory))
     for i in range(64):
-        engine.add_request(EngineRequest(f"r{i}", [5] * 200, SamplingParams(max_tokens=40),
-                                         arrival_time=0.0))
+        engine.add_request(
+            EngineRequest(f"r{i}", [5] * 200, SamplingParams(max_tokens=40), arrival_time=0.0)
+        )
     while engine.has_work():
         engine.step()
     tracing.shutdown()

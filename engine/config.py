@@ -59,8 +59,10 @@ class SchedulerConfig:
     )
     scheduling_policy: str = field(
         default="fcfs",
-        metadata=_help("Order of service: fcfs, sjf (shortest estimated job) or priority.",
-                       choices=SCHEDULING_POLICIES),
+        metadata=_help(
+            "Order of service: fcfs, sjf (shortest estimated job) or priority.",
+            choices=SCHEDULING_POLICIES,
+        ),
     )
     preemption_mode: str = field(
         default="auto",

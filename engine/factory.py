@@ -35,9 +35,13 @@ def build_engine(
     wall clock — the whole pipeline at scale without compute. With either, the cost
     model also prices swap against recompute for ``--preemption-mode auto``."""
     if executor == "sim":
-        return build_simulated_engine(config, cost_model, clock or WallClock(), default_kv_plan(config))
+        return build_simulated_engine(
+            config, cost_model, clock or WallClock(), default_kv_plan(config)
+        )
     if executor == "torch":
-        return build_torch_engine(config, clock or WallClock(), device=device, cost_model=cost_model)
+        return build_torch_engine(
+            config, clock or WallClock(), device=device, cost_model=cost_model
+        )
     raise ValueError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
 
 
@@ -72,8 +76,14 @@ def build_torch_engine(
     from engine.worker.loading import prepare_torch_runner
 
     prepared = prepare_torch_runner(config, device, model, warm_up)
-    engine = LLMEngine(config, prepared.runner, clock or WallClock(), prepared.kv_plan,
-                       prepared.model_config.eos_token_id, cost_model=cost_model)
+    engine = LLMEngine(
+        config,
+        prepared.runner,
+        clock or WallClock(),
+        prepared.kv_plan,
+        prepared.model_config.eos_token_id,
+        cost_model=cost_model,
+    )
     engine.model_config = prepared.model_config
     engine.model_dir = prepared.model_dir
     return engine

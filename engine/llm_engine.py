@@ -58,8 +58,13 @@ class LLMEngine:
         self.block_manager = BlockManager(
             cache.block_size, plan.num_device_blocks, plan.num_host_blocks, cache.watermark
         )
-        self.scheduler = Scheduler(self.config.scheduler, self.block_manager, self.eos_token_id,
-                                   self.cost_model, first_step=first_step)
+        self.scheduler = Scheduler(
+            self.config.scheduler,
+            self.block_manager,
+            self.eos_token_id,
+            self.cost_model,
+            first_step=first_step,
+        )
 
     @property
     def clock_epoch_unix(self) -> float:
@@ -95,8 +100,9 @@ class LLMEngine:
         try:
             result = self.executor.execute(out)
         except Exception as exc:  # a failed step fails its requests, not the engine
-            record = self._failed_step(out, schedule_start, execute_start,
-                                       f"{type(exc).__name__}: {exc}")
+            record = self._failed_step(
+                out, schedule_start, execute_start, f"{type(exc).__name__}: {exc}"
+            )
         else:
             clock.advance(result.duration_s)
             ended = clock.now()
@@ -120,32 +126,43 @@ class LLMEngine:
         decisions = scheduler.fail(failed, now, error, d.REASON_ENGINE_ERROR)
         pending, ended = scheduler.drain_pending()
         self.reset_scheduler()
-        record = StepRecord(scheduler.num_steps, now, now, now, now, error=error,
-                            decisions=pending + decisions, finished=ended + failed)
+        record = StepRecord(
+            scheduler.num_steps,
+            now,
+            now,
+            now,
+            now,
+            error=error,
+            decisions=pending + decisions,
+            finished=ended + failed,
+        )
         self._snapshot_pools(record)
         self.observers.notify(record)
         return record
 
-    def _failed_step(self, out: SchedulerOutput, schedule_start: float, execute_start: float,
-                     error: str) -> StepRecord:
+    def _failed_step(
+        self, out: SchedulerOutput, schedule_start: float, execute_start: float, error: str
+    ) -> StepRecord:
         ended = self.clock.now()
         failed = list(out.seqs)
         # Requests swapped in or out in this step may not have had their blocks copied:
         # their KV cannot be trusted either.
         moved = {x.request_id for x in out.decisions if x.kind in (d.SWAP_OUT, d.SWAP_IN)}
         requests = self.scheduler.requests
-        failed += [seq for rid in moved
-                   if (seq := requests.get(rid)) is not None and seq not in failed]
-        record = self._record(out, StepResult([None] * len(out.seqs), 0.0), schedule_start,
-                              execute_start, ended)
+        failed += [
+            seq for rid in moved if (seq := requests.get(rid)) is not None and seq not in failed
+        ]
+        record = self._record(
+            out, StepResult([None] * len(out.seqs), 0.0), schedule_start, execute_start, ended
+        )
         record.error = error
-        record.decisions.extend(self.scheduler.fail(failed, ended, error,
-                                                    d.REASON_EXECUTOR_ERROR))
+        record.decisions.extend(self.scheduler.fail(failed, ended, error, d.REASON_EXECUTOR_ERROR))
         record.finished.extend(failed)
         return record
 
-    def _fail_samples(self, out: SchedulerOutput, errors: dict[int, str], record: StepRecord,
-                      now: float) -> None:
+    def _fail_samples(
+        self, out: SchedulerOutput, errors: dict[int, str], record: StepRecord, now: float
+    ) -> None:
         """Fail, each alone, the sequences whose token could not be sampled; the rest
         of the step stands. Before ``update``, which then skips them (no longer
         running); after ``_record``, which reads their scheduled counts."""
@@ -156,21 +173,37 @@ class LLMEngine:
                 record.decisions.extend(failed)
                 record.finished.append(seq)
 
-    def _record(self, out: SchedulerOutput, result: StepResult, schedule_start: float,
-                execute_start: float, ended: float) -> StepRecord:
+    def _record(
+        self,
+        out: SchedulerOutput,
+        result: StepResult,
+        schedule_start: float,
+        execute_start: float,
+        ended: float,
+    ) -> StepRecord:
         """The step's record, read before ``update`` resets the scheduled counts."""
         record = StepRecord(
-            out.step, schedule_start, execute_start, ended, ended,
-            num_prefill_tokens=out.num_prefill_tokens, num_decode_seqs=out.num_decode_seqs,
+            out.step,
+            schedule_start,
+            execute_start,
+            ended,
+            ended,
+            num_prefill_tokens=out.num_prefill_tokens,
+            num_decode_seqs=out.num_decode_seqs,
             num_decode_context_tokens=out.num_decode_context_tokens,
             prefill_attention_work=out.prefill_attention_work,
             prefill_padded_attention_work=out.prefill_padded_attention_work,
-            num_waiting=out.num_waiting, num_running=out.num_running,
+            num_waiting=out.num_waiting,
+            num_running=out.num_running,
             num_swapped=out.num_swapped,
-            blocks_to_swap_out=out.blocks_to_swap_out, blocks_to_swap_in=out.blocks_to_swap_in,
-            swap_out_s=result.swap_out_s, swap_in_s=result.swap_in_s,
-            forward_s=result.forward_s, sample_s=result.sample_s,
-            decisions=out.decisions, finished=list(out.ended_between_steps),
+            blocks_to_swap_out=out.blocks_to_swap_out,
+            blocks_to_swap_in=out.blocks_to_swap_in,
+            swap_out_s=result.swap_out_s,
+            swap_in_s=result.swap_in_s,
+            forward_s=result.forward_s,
+            sample_s=result.sample_s,
+            decisions=out.decisions,
+            finished=list(out.ended_between_steps),
             wake_at=out.wake_at,
         )
         scheduled = record.scheduled

@@ -26,7 +26,6 @@ MOVED_MODULES: dict[str, str] = {
     "engine.cost_model": "engine.core.cost_model",
     "engine.prefill_groups": "engine.core.prefill_groups",
     "engine.token_timing": "engine.core.token_timing",
-
     "engine.policy": "engine.core.sched.policy",
     "engine.waiting_queue": "engine.core.sched.waiting_queue",
     "engine.admission": "engine.core.sched.admission",

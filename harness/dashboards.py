@@ -51,6 +51,7 @@ _QUANTILES = (0.5, 0.9, 0.99)
 
 # -- PromQL helpers -------------------------------------------------------------------------
 
+
 def _sel(metric: str, extra: str = "") -> str:
     return f"{metric}{{{_SEL}{', ' + extra if extra else ''}}}"
 
@@ -64,8 +65,10 @@ def _rate(metric: str, by: str = "model_name") -> str:
 
 
 def _quantile(q: float, histogram: str, by: str = "model_name") -> str:
-    return (f"histogram_quantile({q}, sum by (le, {by}) "
-            f"(rate({_sel(histogram + '_bucket')}[$__rate_interval])))")
+    return (
+        f"histogram_quantile({q}, sum by (le, {by}) "
+        f"(rate({_sel(histogram + '_bucket')}[$__rate_interval])))"
+    )
 
 
 def _mean(histogram: str, by: str = "model_name") -> str:
@@ -78,6 +81,7 @@ def _either(v1: str, v0: str) -> str:
 
 
 # -- panel specs ----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Target:
@@ -108,7 +112,9 @@ def _quantile_targets(v1: str, v0: str | None = None, by: str = "model_name") ->
         expr = _quantile(q, v1, by)
         if v0 is not None:
             expr = _either(expr, _quantile(q, v0, by))
-        legend = f"p{round(q * 100)} " + " ".join(f"{{{{{label.strip()}}}}}" for label in by.split(","))
+        legend = f"p{round(q * 100)} " + " ".join(
+            f"{{{{{label.strip()}}}}}" for label in by.split(",")
+        )
         targets.append(Target(expr, legend, exemplar=True))
     return tuple(targets)
 
@@ -116,311 +122,398 @@ def _quantile_targets(v1: str, v0: str | None = None, by: str = "model_name") ->
 _BOTH = "Engines: schedscope, vLLM V0 and vLLM V1 (a name both generations share)."
 
 SCHEDULER_ROWS: tuple[Row, ...] = (
-    Row("Queues", (
-        Panel(
-            "Queue depth: running, waiting, swapped",
-            "Requests running (admitted, holding KV blocks), waiting to be admitted, and swapped "
-            "out to host memory. Engines: running and waiting from schedscope, vLLM V0 and V1; "
-            "swapped from schedscope and vLLM V0 only (vllm:num_requests_swapped; V1 is "
-            "recompute-only and has no swapped queue, so that line is empty there). "
-            "Healthy: waiting returns to zero between bursts and running stays near the batch you "
-            "sized. Unhealthy: waiting grows without bound (arrivals exceed capacity: raise "
-            "--max-num-seqs or --gpu-memory-utilization, or shed load), or swapped stays above "
-            "zero (KV pool too small for the batch: lower --max-num-seqs or raise "
-            "--gpu-memory-utilization).",
-            (
-                Target(_gauge("vllm:num_requests_running"), "running {{model_name}}"),
-                Target(_gauge("vllm:num_requests_waiting"), "waiting {{model_name}}"),
-                Target(_gauge("vllm:num_requests_swapped"), "swapped {{model_name}}"),
+    Row(
+        "Queues",
+        (
+            Panel(
+                "Queue depth: running, waiting, swapped",
+                "Requests running (admitted, holding KV blocks), waiting to be admitted, and swapped "
+                "out to host memory. Engines: running and waiting from schedscope, vLLM V0 and V1; "
+                "swapped from schedscope and vLLM V0 only (vllm:num_requests_swapped; V1 is "
+                "recompute-only and has no swapped queue, so that line is empty there). "
+                "Healthy: waiting returns to zero between bursts and running stays near the batch you "
+                "sized. Unhealthy: waiting grows without bound (arrivals exceed capacity: raise "
+                "--max-num-seqs or --gpu-memory-utilization, or shed load), or swapped stays above "
+                "zero (KV pool too small for the batch: lower --max-num-seqs or raise "
+                "--gpu-memory-utilization).",
+                (
+                    Target(_gauge("vllm:num_requests_running"), "running {{model_name}}"),
+                    Target(_gauge("vllm:num_requests_waiting"), "waiting {{model_name}}"),
+                    Target(_gauge("vllm:num_requests_swapped"), "swapped {{model_name}}"),
+                ),
+            ),
+            Panel(
+                "Waiting requests by reason",
+                "Why waiting requests are not admitted (vllm:num_requests_waiting_by_reason: V1's "
+                "reasons capacity and deferred, plus schedscope's own). Engines: schedscope and vLLM "
+                "V1 only; vLLM V0 has no such metric and shows no data here. "
+                "Healthy: mostly empty, short spikes of capacity during bursts. Unhealthy: a standing "
+                "capacity backlog means the KV pool or seat count is the limit (raise "
+                "--gpu-memory-utilization or --max-num-seqs); a deferred backlog under priority or "
+                "SJF means the policy is holding requests back (--scheduling-policy, --aging-rate, "
+                "--max-wait-s).",
+                (
+                    Target(
+                        _gauge("vllm:num_requests_waiting_by_reason", "model_name, reason"),
+                        "{{reason}} {{model_name}}",
+                    ),
+                ),
             ),
         ),
-        Panel(
-            "Waiting requests by reason",
-            "Why waiting requests are not admitted (vllm:num_requests_waiting_by_reason: V1's "
-            "reasons capacity and deferred, plus schedscope's own). Engines: schedscope and vLLM "
-            "V1 only; vLLM V0 has no such metric and shows no data here. "
-            "Healthy: mostly empty, short spikes of capacity during bursts. Unhealthy: a standing "
-            "capacity backlog means the KV pool or seat count is the limit (raise "
-            "--gpu-memory-utilization or --max-num-seqs); a deferred backlog under priority or "
-            "SJF means the policy is holding requests back (--scheduling-policy, --aging-rate, "
-            "--max-wait-s).",
-            (Target(_gauge("vllm:num_requests_waiting_by_reason", "model_name, reason"),
-                    "{{reason}} {{model_name}}"),),
-        ),
-    )),
-    Row("KV cache", (
-        Panel(
-            "KV cache usage: device and host",
-            "Fraction of KV blocks in use. Engines: device from vllm:kv_cache_usage_perc (vLLM "
-            "V1, schedscope) or vllm:gpu_cache_usage_perc (vLLM V0), whichever the engine has; "
-            "host from vllm:cpu_cache_usage_perc, filled by schedscope and vLLM V0 only (V1 has "
-            "no host swap pool). Healthy: device usage high but below 1 with headroom for decode growth; "
-            "host near 0. Unhealthy: device pinned at 1 while preemptions rise (pool too small: "
-            "raise --gpu-memory-utilization or lower --max-num-seqs); host usage at 1 means "
-            "swaps will fall back to recompute (raise --swap-space).",
-            (
-                Target(_either(_gauge("vllm:kv_cache_usage_perc"), _gauge("vllm:gpu_cache_usage_perc")),
-                       "device {{model_name}}"),
-                Target(_gauge("vllm:cpu_cache_usage_perc"), "host {{model_name}}"),
+    ),
+    Row(
+        "KV cache",
+        (
+            Panel(
+                "KV cache usage: device and host",
+                "Fraction of KV blocks in use. Engines: device from vllm:kv_cache_usage_perc (vLLM "
+                "V1, schedscope) or vllm:gpu_cache_usage_perc (vLLM V0), whichever the engine has; "
+                "host from vllm:cpu_cache_usage_perc, filled by schedscope and vLLM V0 only (V1 has "
+                "no host swap pool). Healthy: device usage high but below 1 with headroom for decode growth; "
+                "host near 0. Unhealthy: device pinned at 1 while preemptions rise (pool too small: "
+                "raise --gpu-memory-utilization or lower --max-num-seqs); host usage at 1 means "
+                "swaps will fall back to recompute (raise --swap-space).",
+                (
+                    Target(
+                        _either(
+                            _gauge("vllm:kv_cache_usage_perc"), _gauge("vllm:gpu_cache_usage_perc")
+                        ),
+                        "device {{model_name}}",
+                    ),
+                    Target(_gauge("vllm:cpu_cache_usage_perc"), "host {{model_name}}"),
+                ),
+                unit="percentunit",
             ),
-            unit="percentunit",
-        ),
-        Panel(
-            "KV blocks free / total by pool",
-            "schedscope's block pools: free and total blocks, device and host. Engines: "
-            "schedscope only. Healthy: device free blocks dip under load and recover; host total "
-            "is large enough that swap-outs fit. Unhealthy: device free at 0 for long stretches "
-            "(raise --gpu-memory-utilization, lower --max-num-seqs); host total small or host "
-            "free at 0 during preemptions (raise --swap-space).",
-            (
-                Target(_gauge("schedscope_kv_blocks_free", "model_name, pool"), "free {{pool}}"),
-                Target(_gauge("schedscope_kv_blocks_capacity", "model_name, pool"), "total {{pool}}"),
-            ),
-        ),
-    )),
-    Row("Preemptions and decisions", (
-        Panel(
-            "Preemptions per second by mode",
-            "Preemptions by mode (swap or recompute) and reason, swap fallbacks (a swap preemption "
-            "that found no host room and recomputed instead: trap 2), and vLLM's total. Engines: "
-            "by mode and fallbacks from schedscope only; the total (vllm:num_preemptions_total) "
-            "from schedscope, vLLM V0 and V1. Healthy: zero or rare, short spikes. Unhealthy: a "
-            "steady rate means the KV pool cannot hold the batch (lower --max-num-seqs, raise "
-            "--gpu-memory-utilization); swap fallbacks mean --swap-space is too small (raise it, "
-            "or choose --preemption-mode recompute deliberately).",
-            (
-                Target(_rate("schedscope_preemptions_total", "model_name, mode"), "{{mode}}"),
-                Target(_rate("schedscope_swap_fallbacks_total", "model_name, reason"),
-                       "swap fallback: {{reason}}"),
-                Target(_rate("vllm:num_preemptions_total"), "all (vllm) {{model_name}}"),
-            ),
-            unit="ops",
-        ),
-        Panel(
-            "Scheduler decisions per second by kind",
-            "Every decision the scheduler took, by kind (admit, preempt, swap-out, swap-in, "
-            "recompute, reject, ...). Engines: schedscope only. Healthy: admits track the arrival "
-            "rate; preempt, swap and reject near zero. Unhealthy: rejects mean the queue cap or "
-            "the model length refuses requests (--max-waiting, --max-model-len); preempt and swap "
-            "churn means the batch outgrows the KV pool (--max-num-seqs, "
-            "--gpu-memory-utilization, --swap-space).",
-            (Target(_rate("schedscope_decisions_total", "model_name, kind"), "{{kind}}"),),
-            unit="ops",
-        ),
-        Panel(
-            "Scheduler decisions per second by reason",
-            "The same decisions split by kind and reason: why a request waited, was preempted or "
-            "was rejected when the KV pool was full (trap 4). Engines: schedscope only. Healthy: "
-            "few non-admit reasons. Unhealthy: one reason dominating names the knob: no free "
-            "blocks (--gpu-memory-utilization, --max-num-seqs), token budget "
-            "(--max-num-batched-tokens), no host room (--swap-space).",
-            (Target(_rate("schedscope_decisions_total", "model_name, kind, reason"),
-                    "{{kind}}: {{reason}}"),),
-            unit="ops",
-        ),
-        Panel(
-            "Scheduler configuration",
-            "The knobs the engine runs with (schedscope_scheduler_config_info labels: policy, "
-            "preemption mode, ...). Engines: schedscope only. Healthy: one row per instance, the "
-            "values you meant to deploy. Unhealthy: instances disagreeing, or a policy or "
-            "preemption mode you did not intend (--scheduling-policy, --preemption-mode).",
-            (Target(_gauge("schedscope_scheduler_config_info",
-                           "model_name, instance, policy, preemption_mode"), "{{policy}}"),),
-            kind="table",
-        ),
-    )),
-    Row("Batching and token budget", (
-        Panel(
-            "Idle-running sequences vs running",
-            "Trap 1: sequences admitted (running, holding KV blocks) that the token budget left "
-            "out of the step, against all running sequences; and idle sequence-steps per second. "
-            "Engines: idle from schedscope only; running from schedscope, vLLM V0 and V1. "
-            "Healthy: idle near 0, every running sequence is in every step. Unhealthy: idle a "
-            "large share of running, typically after raising --max-num-seqs without "
-            "--max-num-batched-tokens: raise --max-num-batched-tokens or lower --max-num-seqs.",
-            (
-                Target(_gauge("schedscope_idle_running_sequences"), "idle running {{model_name}}"),
-                Target(_gauge("vllm:num_requests_running"), "running {{model_name}}"),
-                Target(_rate("schedscope_idle_running_sequence_steps_total"),
-                       "idle sequence-steps/s {{model_name}}"),
+            Panel(
+                "KV blocks free / total by pool",
+                "schedscope's block pools: free and total blocks, device and host. Engines: "
+                "schedscope only. Healthy: device free blocks dip under load and recover; host total "
+                "is large enough that swap-outs fit. Unhealthy: device free at 0 for long stretches "
+                "(raise --gpu-memory-utilization, lower --max-num-seqs); host total small or host "
+                "free at 0 during preemptions (raise --swap-space).",
+                (
+                    Target(
+                        _gauge("schedscope_kv_blocks_free", "model_name, pool"), "free {{pool}}"
+                    ),
+                    Target(
+                        _gauge("schedscope_kv_blocks_capacity", "model_name, pool"),
+                        "total {{pool}}",
+                    ),
+                ),
             ),
         ),
-        Panel(
-            "Batch tokens per step vs max_num_batched_tokens",
-            "Tokens scheduled per engine step (p50, p99) against the token budget. Engines: quantiles from "
-            "vllm:iteration_tokens_total (schedscope, vLLM V0 and V1) or, where absent, "
-            "schedscope_batch_tokens; the budget line (schedscope_token_budget_tokens) from "
-            "schedscope only. Healthy: p99 reaches the budget under load (steps are full) and "
-            "p50 well below it when load is light. Unhealthy: p99 flat at the budget while "
-            "waiting or idle-running grows (raise --max-num-batched-tokens); steps far below the "
-            "budget with a full queue (the seat count limits: raise --max-num-seqs).",
-            (
-                Target(_either(_quantile(0.5, "vllm:iteration_tokens_total"),
-                               _quantile(0.5, "schedscope_batch_tokens")), "p50 {{model_name}}"),
-                Target(_either(_quantile(0.99, "vllm:iteration_tokens_total"),
-                               _quantile(0.99, "schedscope_batch_tokens")), "p99 {{model_name}}"),
-                Target(_gauge("schedscope_token_budget_tokens"), "budget {{model_name}}"),
+    ),
+    Row(
+        "Preemptions and decisions",
+        (
+            Panel(
+                "Preemptions per second by mode",
+                "Preemptions by mode (swap or recompute) and reason, swap fallbacks (a swap preemption "
+                "that found no host room and recomputed instead: trap 2), and vLLM's total. Engines: "
+                "by mode and fallbacks from schedscope only; the total (vllm:num_preemptions_total) "
+                "from schedscope, vLLM V0 and V1. Healthy: zero or rare, short spikes. Unhealthy: a "
+                "steady rate means the KV pool cannot hold the batch (lower --max-num-seqs, raise "
+                "--gpu-memory-utilization); swap fallbacks mean --swap-space is too small (raise it, "
+                "or choose --preemption-mode recompute deliberately).",
+                (
+                    Target(_rate("schedscope_preemptions_total", "model_name, mode"), "{{mode}}"),
+                    Target(
+                        _rate("schedscope_swap_fallbacks_total", "model_name, reason"),
+                        "swap fallback: {{reason}}",
+                    ),
+                    Target(_rate("vllm:num_preemptions_total"), "all (vllm) {{model_name}}"),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "Scheduler decisions per second by kind",
+                "Every decision the scheduler took, by kind (admit, preempt, swap-out, swap-in, "
+                "recompute, reject, ...). Engines: schedscope only. Healthy: admits track the arrival "
+                "rate; preempt, swap and reject near zero. Unhealthy: rejects mean the queue cap or "
+                "the model length refuses requests (--max-waiting, --max-model-len); preempt and swap "
+                "churn means the batch outgrows the KV pool (--max-num-seqs, "
+                "--gpu-memory-utilization, --swap-space).",
+                (Target(_rate("schedscope_decisions_total", "model_name, kind"), "{{kind}}"),),
+                unit="ops",
+            ),
+            Panel(
+                "Scheduler decisions per second by reason",
+                "The same decisions split by kind and reason: why a request waited, was preempted or "
+                "was rejected when the KV pool was full (trap 4). Engines: schedscope only. Healthy: "
+                "few non-admit reasons. Unhealthy: one reason dominating names the knob: no free "
+                "blocks (--gpu-memory-utilization, --max-num-seqs), token budget "
+                "(--max-num-batched-tokens), no host room (--swap-space).",
+                (
+                    Target(
+                        _rate("schedscope_decisions_total", "model_name, kind, reason"),
+                        "{{kind}}: {{reason}}",
+                    ),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "Scheduler configuration",
+                "The knobs the engine runs with (schedscope_scheduler_config_info labels: policy, "
+                "preemption mode, ...). Engines: schedscope only. Healthy: one row per instance, the "
+                "values you meant to deploy. Unhealthy: instances disagreeing, or a policy or "
+                "preemption mode you did not intend (--scheduling-policy, --preemption-mode).",
+                (
+                    Target(
+                        _gauge(
+                            "schedscope_scheduler_config_info",
+                            "model_name, instance, policy, preemption_mode",
+                        ),
+                        "{{policy}}",
+                    ),
+                ),
+                kind="table",
             ),
         ),
-        Panel(
-            "Step duration",
-            "Wall time of one engine step (schedule, execute, postprocess), p50/p90/p99. Engines: "
-            "schedscope only. Healthy: steady, rising gently with batch size. Unhealthy: p99 far "
-            "above p50 means some steps carry long prefills that stall every decode in them "
-            "(lower --max-num-batched-tokens to chunk prefills finer).",
-            _quantile_targets("schedscope_step_duration_seconds"),
-            unit="s",
-        ),
-        Panel(
-            "Token throughput and finished requests",
-            "Prompt and generation tokens per second and requests finished per second by reason. "
-            + _BOTH + " Healthy: generation tokens/s flat under steady load, finishes mostly stop "
-            "or length. Unhealthy: throughput falling while waiting grows (preemption or "
-            "recompute churn: --max-num-seqs, --swap-space), or abort/error finishes.",
-            (
-                Target(_rate("vllm:prompt_tokens_total"), "prompt tokens/s {{model_name}}"),
-                Target(_rate("vllm:generation_tokens_total"), "generation tokens/s {{model_name}}"),
-                Target(_rate("vllm:request_success_total", "model_name, finished_reason"),
-                       "finished/s {{finished_reason}}"),
+    ),
+    Row(
+        "Batching and token budget",
+        (
+            Panel(
+                "Idle-running sequences vs running",
+                "Trap 1: sequences admitted (running, holding KV blocks) that the token budget left "
+                "out of the step, against all running sequences; and idle sequence-steps per second. "
+                "Engines: idle from schedscope only; running from schedscope, vLLM V0 and V1. "
+                "Healthy: idle near 0, every running sequence is in every step. Unhealthy: idle a "
+                "large share of running, typically after raising --max-num-seqs without "
+                "--max-num-batched-tokens: raise --max-num-batched-tokens or lower --max-num-seqs.",
+                (
+                    Target(
+                        _gauge("schedscope_idle_running_sequences"), "idle running {{model_name}}"
+                    ),
+                    Target(_gauge("vllm:num_requests_running"), "running {{model_name}}"),
+                    Target(
+                        _rate("schedscope_idle_running_sequence_steps_total"),
+                        "idle sequence-steps/s {{model_name}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Batch tokens per step vs max_num_batched_tokens",
+                "Tokens scheduled per engine step (p50, p99) against the token budget. Engines: quantiles from "
+                "vllm:iteration_tokens_total (schedscope, vLLM V0 and V1) or, where absent, "
+                "schedscope_batch_tokens; the budget line (schedscope_token_budget_tokens) from "
+                "schedscope only. Healthy: p99 reaches the budget under load (steps are full) and "
+                "p50 well below it when load is light. Unhealthy: p99 flat at the budget while "
+                "waiting or idle-running grows (raise --max-num-batched-tokens); steps far below the "
+                "budget with a full queue (the seat count limits: raise --max-num-seqs).",
+                (
+                    Target(
+                        _either(
+                            _quantile(0.5, "vllm:iteration_tokens_total"),
+                            _quantile(0.5, "schedscope_batch_tokens"),
+                        ),
+                        "p50 {{model_name}}",
+                    ),
+                    Target(
+                        _either(
+                            _quantile(0.99, "vllm:iteration_tokens_total"),
+                            _quantile(0.99, "schedscope_batch_tokens"),
+                        ),
+                        "p99 {{model_name}}",
+                    ),
+                    Target(_gauge("schedscope_token_budget_tokens"), "budget {{model_name}}"),
+                ),
+            ),
+            Panel(
+                "Step duration",
+                "Wall time of one engine step (schedule, execute, postprocess), p50/p90/p99. Engines: "
+                "schedscope only. Healthy: steady, rising gently with batch size. Unhealthy: p99 far "
+                "above p50 means some steps carry long prefills that stall every decode in them "
+                "(lower --max-num-batched-tokens to chunk prefills finer).",
+                _quantile_targets("schedscope_step_duration_seconds"),
+                unit="s",
+            ),
+            Panel(
+                "Token throughput and finished requests",
+                "Prompt and generation tokens per second and requests finished per second by reason. "
+                + _BOTH
+                + " Healthy: generation tokens/s flat under steady load, finishes mostly stop "
+                "or length. Unhealthy: throughput falling while waiting grows (preemption or "
+                "recompute churn: --max-num-seqs, --swap-space), or abort/error finishes.",
+                (
+                    Target(_rate("vllm:prompt_tokens_total"), "prompt tokens/s {{model_name}}"),
+                    Target(
+                        _rate("vllm:generation_tokens_total"), "generation tokens/s {{model_name}}"
+                    ),
+                    Target(
+                        _rate("vllm:request_success_total", "model_name, finished_reason"),
+                        "finished/s {{finished_reason}}",
+                    ),
+                ),
             ),
         ),
-    )),
+    ),
 )
 
 STALLS_LATENCY_ROWS: tuple[Row, ...] = (
-    Row("Stalls", (
-        Panel(
-            "Stalls per second by cause",
-            "Inter-token gaps longer than the stall threshold, attributed to one cause "
-            "(swapped_out, recompute, preempted_waiting, prefill_interference, token_budget, "
-            "other). Engines: schedscope only. Healthy: near zero. Unhealthy: recompute (raise "
-            "--swap-space, or --preemption-mode swap), swapped_out or preempted_waiting (KV pool "
-            "too small: --gpu-memory-utilization, --max-num-seqs), prefill_interference (lower "
-            "--max-num-batched-tokens), token_budget (trap 1: raise --max-num-batched-tokens).",
-            (Target(_rate("schedscope_stalls_total", "model_name, cause"), "{{cause}}"),),
-            unit="ops",
-        ),
-        Panel(
-            "Stall time by cause",
-            "Seconds of stall per second (sum of schedscope_stall_duration_seconds) by cause, and "
-            "p99 stall length with exemplars that link to the stalled request's trace. Engines: "
-            "schedscope only. Healthy: a small fraction of a second per second. Unhealthy: "
-            "multi-second recompute stalls are trap 2 (raise --swap-space); long "
-            "preempted_waiting stalls mean the pool is oversubscribed (--max-num-seqs, "
-            "--gpu-memory-utilization).",
-            (
-                Target(_rate("schedscope_stall_duration_seconds_sum", "model_name, cause"),
-                       "stall s/s {{cause}}"),
-                Target(_quantile(0.99, "schedscope_stall_duration_seconds", "cause"),
-                       "p99 {{cause}}", exemplar=True),
+    Row(
+        "Stalls",
+        (
+            Panel(
+                "Stalls per second by cause",
+                "Inter-token gaps longer than the stall threshold, attributed to one cause "
+                "(swapped_out, recompute, preempted_waiting, prefill_interference, token_budget, "
+                "other). Engines: schedscope only. Healthy: near zero. Unhealthy: recompute (raise "
+                "--swap-space, or --preemption-mode swap), swapped_out or preempted_waiting (KV pool "
+                "too small: --gpu-memory-utilization, --max-num-seqs), prefill_interference (lower "
+                "--max-num-batched-tokens), token_budget (trap 1: raise --max-num-batched-tokens).",
+                (Target(_rate("schedscope_stalls_total", "model_name, cause"), "{{cause}}"),),
+                unit="ops",
             ),
-            unit="s",
-        ),
-    )),
-    Row("Latency", (
-        Panel(
-            "Time to first token",
-            "TTFT quantiles (vllm:time_to_first_token_seconds); exemplar dots open the request's "
-            "trace. " + _BOTH + " Healthy: p99 within your TTFT SLO and close to p50. Unhealthy: "
-            "p99 climbing with queue depth (queueing: --max-num-seqs, --gpu-memory-utilization), "
-            "or a long p99 under SJF/priority (starvation: --scheduling-policy, --aging-rate, "
-            "--max-wait-s).",
-            _quantile_targets("vllm:time_to_first_token_seconds"),
-            unit="s",
-        ),
-        Panel(
-            "Inter-token latency",
-            "Gap between consecutive output tokens. Engines: vLLM V1 and schedscope "
-            "(vllm:inter_token_latency_seconds) or vLLM V0 (vllm:time_per_output_token_seconds, "
-            "which V0 observed per token). Healthy: p99 a small multiple of p50. Unhealthy: a p99 "
-            "of seconds is a stall (see the stall panels): recompute (--swap-space, "
-            "--preemption-mode) or long prefills in the same step (--max-num-batched-tokens).",
-            _quantile_targets("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-            unit="s",
-        ),
-        Panel(
-            "Time per output token (per request)",
-            "Each request's mean decode time per token. Engines: vLLM V1 and schedscope "
-            "(vllm:request_time_per_output_token_seconds) or vLLM V0 "
-            "(vllm:time_per_output_token_seconds, the name V0's dashboard plots as TPOT). "
-            "Healthy: flat under steady load. Unhealthy: rising with running requests (batch too "
-            "large for the step time you need: lower --max-num-seqs) or with preemptions "
-            "(--swap-space, --gpu-memory-utilization).",
-            _quantile_targets("vllm:request_time_per_output_token_seconds",
-                              "vllm:time_per_output_token_seconds"),
-            unit="s",
-        ),
-        Panel(
-            "End-to-end request latency",
-            "E2E quantiles (vllm:e2e_request_latency_seconds). " + _BOTH + " Healthy: tracks "
-            "output length times TPOT plus TTFT. Unhealthy: a long tail beyond that is queueing "
-            "or stalls: check queue time and the stall panels (--max-num-seqs, --swap-space, "
-            "--scheduling-policy).",
-            _quantile_targets("vllm:e2e_request_latency_seconds"),
-            unit="s",
-        ),
-        Panel(
-            "Request queue time",
-            "Time from arrival to first scheduling (vllm:request_queue_time_seconds). " + _BOTH
-            + " Healthy: near zero except during bursts. Unhealthy: p99 growing steadily "
-            "(capacity: --max-num-seqs, --gpu-memory-utilization, --max-num-batched-tokens).",
-            _quantile_targets("vllm:request_queue_time_seconds"),
-            unit="s",
-        ),
-    )),
-    Row("Fairness", (
-        Panel(
-            "Queue time by request class",
-            "Trap 3: p50/p90/p99 queue wait per request class (schedscope_queue_time_seconds). "
-            "Engines: schedscope only. Healthy: long and short classes wait within a small factor "
-            "of each other. Unhealthy: the long class's p99 far above the short class's under "
-            "SJF or priority is starvation: set --aging-rate or --max-wait-s, or change "
-            "--scheduling-policy to fcfs.",
-            _quantile_targets("schedscope_queue_time_seconds", by="class"),
-            unit="s",
-        ),
-    )),
-    Row("Preemption cost", (
-        Panel(
-            "Recomputed tokens per second",
-            "Trap 2: tokens re-prefilled because a recompute preemption threw their KV away, "
-            "against all prompt tokens prefilled. Engines: recomputed from schedscope only; "
-            "prompt tokens from schedscope, vLLM V0 and V1. Healthy: zero or a sliver of prompt "
-            "tokens. Unhealthy: a visible share of prefill work is recompute: raise --swap-space "
-            "(swap fallbacks), use --preemption-mode swap, or lower --max-num-seqs.",
-            (
-                Target(_rate("schedscope_recomputed_tokens_total"), "recomputed {{model_name}}"),
-                Target(_rate("vllm:prompt_tokens_total"), "prompt {{model_name}}"),
+            Panel(
+                "Stall time by cause",
+                "Seconds of stall per second (sum of schedscope_stall_duration_seconds) by cause, and "
+                "p99 stall length with exemplars that link to the stalled request's trace. Engines: "
+                "schedscope only. Healthy: a small fraction of a second per second. Unhealthy: "
+                "multi-second recompute stalls are trap 2 (raise --swap-space); long "
+                "preempted_waiting stalls mean the pool is oversubscribed (--max-num-seqs, "
+                "--gpu-memory-utilization).",
+                (
+                    Target(
+                        _rate("schedscope_stall_duration_seconds_sum", "model_name, cause"),
+                        "stall s/s {{cause}}",
+                    ),
+                    Target(
+                        _quantile(0.99, "schedscope_stall_duration_seconds", "cause"),
+                        "p99 {{cause}}",
+                        exemplar=True,
+                    ),
+                ),
+                unit="s",
             ),
         ),
-        Panel(
-            "Swap bandwidth",
-            "Bytes per second copied device to host (out) and host to device (in), and blocks per "
-            "second (right axis). Engines: schedscope only (vLLM V1 does not swap). Healthy: "
-            "zero, or short bursts well under the copy bandwidth. Unhealthy: sustained swap "
-            "traffic means the batch outgrows the pool (lower --max-num-seqs, raise "
-            "--gpu-memory-utilization); swap-out without swap-in means host space is full "
-            "(--swap-space).",
-            (
-                Target(_rate("schedscope_swap_bytes_total", "model_name, direction"),
-                       "bytes/s {{direction}}"),
-                Target(_rate("schedscope_swap_blocks_total", "model_name, direction"),
-                       "blocks/s {{direction}}"),
+    ),
+    Row(
+        "Latency",
+        (
+            Panel(
+                "Time to first token",
+                "TTFT quantiles (vllm:time_to_first_token_seconds); exemplar dots open the request's "
+                "trace. "
+                + _BOTH
+                + " Healthy: p99 within your TTFT SLO and close to p50. Unhealthy: "
+                "p99 climbing with queue depth (queueing: --max-num-seqs, --gpu-memory-utilization), "
+                "or a long p99 under SJF/priority (starvation: --scheduling-policy, --aging-rate, "
+                "--max-wait-s).",
+                _quantile_targets("vllm:time_to_first_token_seconds"),
+                unit="s",
             ),
-            unit="Bps",
-            overrides={"B": "short"},
+            Panel(
+                "Inter-token latency",
+                "Gap between consecutive output tokens. Engines: vLLM V1 and schedscope "
+                "(vllm:inter_token_latency_seconds) or vLLM V0 (vllm:time_per_output_token_seconds, "
+                "which V0 observed per token). Healthy: p99 a small multiple of p50. Unhealthy: a p99 "
+                "of seconds is a stall (see the stall panels): recompute (--swap-space, "
+                "--preemption-mode) or long prefills in the same step (--max-num-batched-tokens).",
+                _quantile_targets(
+                    "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
+                ),
+                unit="s",
+            ),
+            Panel(
+                "Time per output token (per request)",
+                "Each request's mean decode time per token. Engines: vLLM V1 and schedscope "
+                "(vllm:request_time_per_output_token_seconds) or vLLM V0 "
+                "(vllm:time_per_output_token_seconds, the name V0's dashboard plots as TPOT). "
+                "Healthy: flat under steady load. Unhealthy: rising with running requests (batch too "
+                "large for the step time you need: lower --max-num-seqs) or with preemptions "
+                "(--swap-space, --gpu-memory-utilization).",
+                _quantile_targets(
+                    "vllm:request_time_per_output_token_seconds",
+                    "vllm:time_per_output_token_seconds",
+                ),
+                unit="s",
+            ),
+            Panel(
+                "End-to-end request latency",
+                "E2E quantiles (vllm:e2e_request_latency_seconds). " + _BOTH + " Healthy: tracks "
+                "output length times TPOT plus TTFT. Unhealthy: a long tail beyond that is queueing "
+                "or stalls: check queue time and the stall panels (--max-num-seqs, --swap-space, "
+                "--scheduling-policy).",
+                _quantile_targets("vllm:e2e_request_latency_seconds"),
+                unit="s",
+            ),
+            Panel(
+                "Request queue time",
+                "Time from arrival to first scheduling (vllm:request_queue_time_seconds). "
+                + _BOTH
+                + " Healthy: near zero except during bursts. Unhealthy: p99 growing steadily "
+                "(capacity: --max-num-seqs, --gpu-memory-utilization, --max-num-batched-tokens).",
+                _quantile_targets("vllm:request_queue_time_seconds"),
+                unit="s",
+            ),
         ),
-        Panel(
-            "Dropped spans",
-            "Spans the tracer dropped (its export queue was full), per second. Engines: "
-            "schedscope only. Healthy: zero, every request's stall attribution is complete. "
-            "Unhealthy: above zero, per-request explanations have holes: trace less (sampling) or "
-            "size the span queue for the load; if it drops under load spikes, lower "
-            "--max-num-seqs for the run being traced.",
-            (Target(_rate("schedscope_dropped_spans_total"), "dropped/s {{model_name}}"),),
-            unit="ops",
+    ),
+    Row(
+        "Fairness",
+        (
+            Panel(
+                "Queue time by request class",
+                "Trap 3: p50/p90/p99 queue wait per request class (schedscope_queue_time_seconds). "
+                "Engines: schedscope only. Healthy: long and short classes wait within a small factor "
+                "of each other. Unhealthy: the long class's p99 far above the short class's under "
+                "SJF or priority is starvation: set --aging-rate or --max-wait-s, or change "
+                "--scheduling-policy to fcfs.",
+                _quantile_targets("schedscope_queue_time_seconds", by="class"),
+                unit="s",
+            ),
         ),
-    )),
+    ),
+    Row(
+        "Preemption cost",
+        (
+            Panel(
+                "Recomputed tokens per second",
+                "Trap 2: tokens re-prefilled because a recompute preemption threw their KV away, "
+                "against all prompt tokens prefilled. Engines: recomputed from schedscope only; "
+                "prompt tokens from schedscope, vLLM V0 and V1. Healthy: zero or a sliver of prompt "
+                "tokens. Unhealthy: a visible share of prefill work is recompute: raise --swap-space "
+                "(swap fallbacks), use --preemption-mode swap, or lower --max-num-seqs.",
+                (
+                    Target(
+                        _rate("schedscope_recomputed_tokens_total"), "recomputed {{model_name}}"
+                    ),
+                    Target(_rate("vllm:prompt_tokens_total"), "prompt {{model_name}}"),
+                ),
+            ),
+            Panel(
+                "Swap bandwidth",
+                "Bytes per second copied device to host (out) and host to device (in), and blocks per "
+                "second (right axis). Engines: schedscope only (vLLM V1 does not swap). Healthy: "
+                "zero, or short bursts well under the copy bandwidth. Unhealthy: sustained swap "
+                "traffic means the batch outgrows the pool (lower --max-num-seqs, raise "
+                "--gpu-memory-utilization); swap-out without swap-in means host space is full "
+                "(--swap-space).",
+                (
+                    Target(
+                        _rate("schedscope_swap_bytes_total", "model_name, direction"),
+                        "bytes/s {{direction}}",
+                    ),
+                    Target(
+                        _rate("schedscope_swap_blocks_total", "model_name, direction"),
+                        "blocks/s {{direction}}",
+                    ),
+                ),
+                unit="Bps",
+                overrides={"B": "short"},
+            ),
+            Panel(
+                "Dropped spans",
+                "Spans the tracer dropped (its export queue was full), per second. Engines: "
+                "schedscope only. Healthy: zero, every request's stall attribution is complete. "
+                "Unhealthy: above zero, per-request explanations have holes: trace less (sampling) or "
+                "size the span queue for the load; if it drops under load spikes, lower "
+                "--max-num-seqs for the run being traced.",
+                (Target(_rate("schedscope_dropped_spans_total"), "dropped/s {{model_name}}"),),
+                unit="ops",
+            ),
+        ),
+    ),
 )
 
 DASHBOARDS: Mapping[str, tuple[str, str, tuple[Row, ...]]] = {
@@ -441,38 +534,80 @@ DASHBOARDS: Mapping[str, tuple[str, str, tuple[Row, ...]]] = {
 
 # -- building -------------------------------------------------------------------------------
 
+
 def _variables() -> list[dash.QueryVariable | dash.DatasourceVariable]:
     def label_variable(name: str, label: str, query: str) -> dash.QueryVariable:
-        return (dash.QueryVariable(name).label(label).datasource(_DATASOURCE).query(query)
-                .refresh(dashmodel.VariableRefresh.ON_TIME_RANGE_CHANGED)
-                .sort(dashmodel.VariableSort.ALPHABETICAL_ASC)
-                .multi(True).include_all(True).all_value(".*"))
+        return (
+            dash.QueryVariable(name)
+            .label(label)
+            .datasource(_DATASOURCE)
+            .query(query)
+            .refresh(dashmodel.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dashmodel.VariableSort.ALPHABETICAL_ASC)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+        )
 
     return [
         dash.DatasourceVariable("datasource").label("Datasource").type("prometheus"),
-        label_variable("model_name", "Model", "label_values(vllm:num_requests_running, model_name)"),
-        label_variable("instance", "Instance",
-                       'label_values(vllm:num_requests_running{model_name=~"$model_name"}, instance)'),
+        label_variable(
+            "model_name", "Model", "label_values(vllm:num_requests_running, model_name)"
+        ),
+        label_variable(
+            "instance",
+            "Instance",
+            'label_values(vllm:num_requests_running{model_name=~"$model_name"}, instance)',
+        ),
     ]
 
 
 def _panel_builder(panel: Panel, panel_id: int):
     if panel.kind == "table":
-        builder = (table.Panel().id(panel_id).span(24).height(5)
-                   .align(common.FieldTextAlignment.AUTO).inspect(False).show_header(True)
-                   .with_transformation(dashmodel.DataTransformerConfig(
-                       id_val="labelsToFields", options={"mode": "columns"})))
+        builder = (
+            table.Panel()
+            .id(panel_id)
+            .span(24)
+            .height(5)
+            .align(common.FieldTextAlignment.AUTO)
+            .inspect(False)
+            .show_header(True)
+            .with_transformation(
+                dashmodel.DataTransformerConfig(
+                    id_val="labelsToFields", options={"mode": "columns"}
+                )
+            )
+        )
     else:
-        builder = (timeseries.Panel().id(panel_id).span(12).height(8)
-                   .line_width(1).fill_opacity(10).show_points(common.VisibilityMode.NEVER)
-                   .legend(_legend())
-                   .tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
-                            .sort(common.SortOrder.DESCENDING)))
-    builder = (builder.title(panel.title).description(panel.description)
-               .datasource(_DATASOURCE).unit(panel.unit))
+        builder = (
+            timeseries.Panel()
+            .id(panel_id)
+            .span(12)
+            .height(8)
+            .line_width(1)
+            .fill_opacity(10)
+            .show_points(common.VisibilityMode.NEVER)
+            .legend(_legend())
+            .tooltip(
+                common_builders.VizTooltipOptions()
+                .mode(common.TooltipDisplayMode.MULTI)
+                .sort(common.SortOrder.DESCENDING)
+            )
+        )
+    builder = (
+        builder.title(panel.title)
+        .description(panel.description)
+        .datasource(_DATASOURCE)
+        .unit(panel.unit)
+    )
     for index, target in enumerate(panel.targets):
-        query = (prometheus.Dataquery().ref_id(chr(ord("A") + index)).expr(target.expr)
-                 .legend_format(target.legend).datasource(_DATASOURCE))
+        query = (
+            prometheus.Dataquery()
+            .ref_id(chr(ord("A") + index))
+            .expr(target.expr)
+            .legend_format(target.legend)
+            .datasource(_DATASOURCE)
+        )
         if panel.kind == "table":
             query = query.instant().format(prommodel.PromQueryFormat.TABLE)
         else:
@@ -481,29 +616,49 @@ def _panel_builder(panel: Panel, panel_id: int):
             query = query.exemplar(True)
         builder = builder.with_target(query)
     for ref_id, unit in panel.overrides.items():
-        builder = builder.override_by_query(ref_id, [
-            dashmodel.DynamicConfigValue(id_val="unit", value=unit),
-            dashmodel.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
-        ])
+        builder = builder.override_by_query(
+            ref_id,
+            [
+                dashmodel.DynamicConfigValue(id_val="unit", value=unit),
+                dashmodel.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
+            ],
+        )
     return builder
 
 
 def _legend() -> common_builders.VizLegendOptions:
-    return (common_builders.VizLegendOptions().show_legend(True)
-            .display_mode(common.LegendDisplayMode.TABLE).placement(common.LegendPlacement.BOTTOM)
-            .calcs(["mean", "max"]))
+    return (
+        common_builders.VizLegendOptions()
+        .show_legend(True)
+        .display_mode(common.LegendDisplayMode.TABLE)
+        .placement(common.LegendPlacement.BOTTOM)
+        .calcs(["mean", "max"])
+    )
 
 
 def build_dashboard(uid: str) -> dashmodel.Dashboard:
     """The SDK model of one dashboard (``uid`` from :data:`DASHBOARDS`)."""
     title, description, rows = DASHBOARDS[uid]
-    builder = (dash.Dashboard(title).uid(uid).description(description)
-               .tags(["schedscope", "vllm", "scheduler"]).editable()
-               .time("now-30m", "now").refresh("10s").timezone("browser")
-               .tooltip(dashmodel.DashboardCursorSync.CROSSHAIR)
-               .variables(_variables())
-               .link(dash.DashboardLink("schedscope dashboards").type(dashmodel.DashboardLinkType.DASHBOARDS)
-                     .tags(["schedscope"]).as_dropdown(True).include_vars(True).keep_time(True)))
+    builder = (
+        dash.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["schedscope", "vllm", "scheduler"])
+        .editable()
+        .time("now-30m", "now")
+        .refresh("10s")
+        .timezone("browser")
+        .tooltip(dashmodel.DashboardCursorSync.CROSSHAIR)
+        .variables(_variables())
+        .link(
+            dash.DashboardLink("schedscope dashboards")
+            .type(dashmodel.DashboardLinkType.DASHBOARDS)
+            .tags(["schedscope"])
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
+    )
     panel_id = 1
     for row in rows:
         builder = builder.with_row(dash.Row(row.title).id(panel_id))
@@ -541,6 +696,7 @@ def write_dashboards(out_dir: Path) -> list[Path]:
 
 # -- the queries, for checks against a real Prometheus ---------------------------------------
 
+
 @dataclass(frozen=True)
 class PanelQuery:
     dashboard_uid: str
@@ -556,6 +712,7 @@ _VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 def substitute(expr: str, substitutions: Mapping[str, str]) -> str:
     """Replace ``$name`` and ``${name}`` in ``expr``; a variable not in ``substitutions``
     raises KeyError (so no query with a ``$`` in it ever reaches Prometheus)."""
+
     def replace(match: re.Match) -> str:
         name = match.group(1) or match.group(2)
         if name not in substitutions:
@@ -565,8 +722,9 @@ def substitute(expr: str, substitutions: Mapping[str, str]) -> str:
     return _VARIABLE.sub(replace, expr)
 
 
-def panel_queries(substitutions: Mapping[str, str] | None = None, *,
-                  raw: bool = False) -> list[PanelQuery]:
+def panel_queries(
+    substitutions: Mapping[str, str] | None = None, *, raw: bool = False
+) -> list[PanelQuery]:
     """Every PromQL expression every panel of every dashboard runs, in panel order.
 
     Contract (relied on by the proof test that runs each query against a real Prometheus):
@@ -589,6 +747,13 @@ def panel_queries(substitutions: Mapping[str, str] | None = None, *,
         for panel in dashboard_dict(uid)["panels"]:
             for target in panel.get("targets", []):
                 expr = target["expr"] if raw else substitute(target["expr"], values)
-                queries.append(PanelQuery(uid, panel["title"], target["refId"], expr,
-                                          bool(target.get("exemplar", False))))
+                queries.append(
+                    PanelQuery(
+                        uid,
+                        panel["title"],
+                        target["refId"],
+                        expr,
+                        bool(target.get("exemplar", False)),
+                    )
+                )
     return queries

@@ -16,10 +16,19 @@ from engine.core.decisions import Decision
 from engine.records.step_record import StepRecord
 
 SCHEMA = {
-    "kind": pl.String, "time": pl.Float64, "step": pl.Int64, "request_id": pl.String,
-    "reason": pl.String, "mode": pl.String, "beneficiary": pl.String,
-    "num_blocks": pl.Int64, "num_tokens": pl.Int64, "request_ids": pl.List(pl.String),
-    "detail": pl.String, "predicted_swap_s": pl.Float64, "predicted_recompute_s": pl.Float64,
+    "kind": pl.String,
+    "time": pl.Float64,
+    "step": pl.Int64,
+    "request_id": pl.String,
+    "reason": pl.String,
+    "mode": pl.String,
+    "beneficiary": pl.String,
+    "num_blocks": pl.Int64,
+    "num_tokens": pl.Int64,
+    "request_ids": pl.List(pl.String),
+    "detail": pl.String,
+    "predicted_swap_s": pl.Float64,
+    "predicted_recompute_s": pl.Float64,
 }
 
 

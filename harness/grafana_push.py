@@ -40,8 +40,14 @@ class PushResult:
     url: str | None
 
 
-def push_dashboards(grafana_url: str, token: str | None, dashboards: Iterable[dict], *,
-                    folder_uid: str | None = None, timeout_s: float = 10.0) -> list[PushResult]:
+def push_dashboards(
+    grafana_url: str,
+    token: str | None,
+    dashboards: Iterable[dict],
+    *,
+    folder_uid: str | None = None,
+    timeout_s: float = 10.0,
+) -> list[PushResult]:
     """Post each dashboard JSON model to ``grafana_url`` (``/api/dashboards/db``, overwrite).
 
     ``token`` is a Grafana service-account token or API key (sent as ``Authorization:
@@ -49,48 +55,76 @@ def push_dashboards(grafana_url: str, token: str | None, dashboards: Iterable[di
     """
     parsed = urlparse(grafana_url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise PushError(f"--grafana-url {grafana_url!r} is not an http(s) URL "
-                        "(e.g. http://localhost:3000)")
+        raise PushError(
+            f"--grafana-url {grafana_url!r} is not an http(s) URL (e.g. http://localhost:3000)"
+        )
     api = GrafanaApi.from_url(grafana_url, credential=token or None, timeout=timeout_s)
     redact = _redactor(token)
 
     try:
         info = api.health.check()
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message naming its cause
-        raise PushError(redact(_explain(exc, grafana_url, token, "GET /api/frontend/settings"))) from None
+        raise PushError(
+            redact(_explain(exc, grafana_url, token, "GET /api/frontend/settings"))
+        ) from None
     if not isinstance(info, dict) or "version" not in info:
-        raise PushError(f"{grafana_url} does not look like Grafana: GET /api/frontend/settings "
-                        "answered without Grafana's buildInfo (check --grafana-url, including any "
-                        "path prefix)")
+        raise PushError(
+            f"{grafana_url} does not look like Grafana: GET /api/frontend/settings "
+            "answered without Grafana's buildInfo (check --grafana-url, including any "
+            "path prefix)"
+        )
 
     results = []
     for model in dashboards:
-        payload: dict = {"dashboard": {**model, "id": None}, "overwrite": True,
-                         "message": "schedscope dashboards push"}
+        payload: dict = {
+            "dashboard": {**model, "id": None},
+            "overwrite": True,
+            "message": "schedscope dashboards push",
+        }
         if folder_uid:
             payload["folderUid"] = folder_uid
         try:
             answer = api.dashboard.update_dashboard(payload)
         except Exception as exc:  # noqa: BLE001
-            raise PushError(redact(_explain(exc, grafana_url, token,
-                                            f"POST /api/dashboards/db (uid {model.get('uid')})"))) from None
+            raise PushError(
+                redact(
+                    _explain(
+                        exc, grafana_url, token, f"POST /api/dashboards/db (uid {model.get('uid')})"
+                    )
+                )
+            ) from None
         answer = answer if isinstance(answer, dict) else {}
-        results.append(PushResult(uid=answer.get("uid", model.get("uid")), title=model.get("title", ""),
-                                  version=answer.get("version"), url=answer.get("url")))
+        results.append(
+            PushResult(
+                uid=answer.get("uid", model.get("uid")),
+                title=model.get("title", ""),
+                version=answer.get("version"),
+                url=answer.get("url"),
+            )
+        )
     return results
 
 
 def _explain(exc: Exception, url: str, token: str | None, what: str) -> str:
-    token_hint = (f"the token in {TOKEN_ENV}" if token else f"{TOKEN_ENV} is not set and the request "
-                  "had no credentials")
+    token_hint = (
+        f"the token in {TOKEN_ENV}"
+        if token
+        else f"{TOKEN_ENV} is not set and the request had no credentials"
+    )
     if isinstance(exc, GrafanaUnauthorizedError):
-        return f"Grafana at {url} rejected the credentials (401 Unauthorized on {what}): {token_hint}"
+        return (
+            f"Grafana at {url} rejected the credentials (401 Unauthorized on {what}): {token_hint}"
+        )
     if isinstance(exc, GrafanaClientError) and exc.status_code == 403:
-        return (f"Grafana at {url} refused {what} (403 Forbidden): {token_hint} lacks permission "
-                "(dashboards need an Editor or Admin service-account token)")
+        return (
+            f"Grafana at {url} refused {what} (403 Forbidden): {token_hint} lacks permission "
+            "(dashboards need an Editor or Admin service-account token)"
+        )
     if isinstance(exc, GrafanaClientError) and exc.status_code == 404:
-        return (f"{url} does not look like Grafana: {what} returned 404 (check --grafana-url, "
-                "including any path prefix)")
+        return (
+            f"{url} does not look like Grafana: {what} returned 404 (check --grafana-url, "
+            "including any path prefix)"
+        )
     if isinstance(exc, GrafanaClientError):
         return f"Grafana at {url} refused {what}: {exc.message}"
     if isinstance(exc, GrafanaServerError):
@@ -99,8 +133,10 @@ def _explain(exc: Exception, url: str, token: str | None, what: str) -> str:
         return f"Grafana at {url} did not answer {what} in time (check --grafana-url)"
     if isinstance(exc, niquests.exceptions.ConnectionError):
         reason = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc))
-        return (f"cannot connect to Grafana at {url} (check --grafana-url): "
-                f"{reason.group(1).strip() if reason else _short(exc)}")
+        return (
+            f"cannot connect to Grafana at {url} (check --grafana-url): "
+            f"{reason.group(1).strip() if reason else _short(exc)}"
+        )
     if isinstance(exc, json.JSONDecodeError | ValueError | AttributeError):
         # AttributeError: grafana-client's health check read a text/* answer as a dict.
         return f"{url} does not look like Grafana: {what} did not answer JSON (check --grafana-url)"

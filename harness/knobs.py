@@ -18,7 +18,10 @@ import typer
 
 from engine.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
 
-KNOB_SECTIONS: tuple[tuple[str, type], ...] = (("scheduler", SchedulerConfig), ("cache", CacheConfig))
+KNOB_SECTIONS: tuple[tuple[str, type], ...] = (
+    ("scheduler", SchedulerConfig),
+    ("cache", CacheConfig),
+)
 
 
 def flag_name(field_name: str) -> str:
@@ -35,8 +38,12 @@ def _knob_parameter(f: dataclasses.Field, hint: typing.Any) -> inspect.Parameter
         decls = [f"{flag_name(f.name)}/--no-{f.name.replace('_', '-')}"]
     else:
         decls = [flag_name(f.name)]
-    option = typer.Option(default, *decls, help=meta.get("help", ""), rich_help_panel="Engine knobs", **extra)
-    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=hint)
+    option = typer.Option(
+        default, *decls, help=meta.get("help", ""), rich_help_panel="Engine knobs", **extra
+    )
+    return inspect.Parameter(
+        f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=hint
+    )
 
 
 def knob_parameters(exclude: frozenset[str] = frozenset()) -> list[inspect.Parameter]:
@@ -58,8 +65,9 @@ def build_engine_config(values: dict[str, typing.Any]) -> EngineConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         sections[section] = cls(**{k: v for k, v in values.items() if k in names})
     model_default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "model")
-    return EngineConfig(sections["scheduler"], sections["cache"],
-                        model=values.get("model", model_default))
+    return EngineConfig(
+        sections["scheduler"], sections["cache"], model=values.get("model", model_default)
+    )
 
 
 def with_engine_knobs(exclude: frozenset[str] = frozenset()):
@@ -85,8 +93,11 @@ def with_engine_knobs(exclude: frozenset[str] = frozenset()):
             return fn(engine_config=engine_config, knob_values=values, **kwargs)
 
         wrapper.__signature__ = sig.replace(parameters=own + knobs)
-        annotations = {k: v for k, v in typing.get_type_hints(fn).items()
-                       if k not in ("engine_config", "knob_values")}
+        annotations = {
+            k: v
+            for k, v in typing.get_type_hints(fn).items()
+            if k not in ("engine_config", "knob_values")
+        }
         annotations.update({p.name: p.annotation for p in knobs})
         wrapper.__annotations__ = annotations
         del wrapper.__wrapped__  # typer must read our signature, not fn's

@@ -43,13 +43,21 @@ def constant_step_cost(step_s: float) -> CostModel:
     return CostModel.constant(step_s)
 
 
-def sim_engine(step_s: float = 0.0, num_device_blocks: int = 4096, num_host_blocks: int = 256,
-               block_size: int = 16, **scheduler_knobs) -> LLMEngine:
+def sim_engine(
+    step_s: float = 0.0,
+    num_device_blocks: int = 4096,
+    num_host_blocks: int = 256,
+    block_size: int = 16,
+    **scheduler_knobs,
+) -> LLMEngine:
     """A simulated engine on the wall clock with fixed pool sizes."""
     config = EngineConfig(
         SchedulerConfig(**scheduler_knobs),
-        CacheConfig(block_size=block_size, num_gpu_blocks_override=num_device_blocks,
-                    num_cpu_blocks_override=num_host_blocks),
+        CacheConfig(
+            block_size=block_size,
+            num_gpu_blocks_override=num_device_blocks,
+            num_cpu_blocks_override=num_host_blocks,
+        ),
     )
     return build_simulated_engine(config, constant_step_cost(step_s), clock=WallClock())
 
@@ -58,16 +66,21 @@ class BackgroundServer:
     """Starts on ``__enter__`` (bound to 127.0.0.1, a free port), drains and stops on
     ``__exit__``; ``url`` is the base URL."""
 
-    def __init__(self, engine: LLMEngine, tokenizer, settings: ServerSettings | None = None,
-                 extra_routes: Iterable[web.AbstractRouteDef] = ()) -> None:
-        self.settings = settings or ServerSettings(host="127.0.0.1", port=0,
-                                                   shutdown_timeout_s=2.0)
+    def __init__(
+        self,
+        engine: LLMEngine,
+        tokenizer,
+        settings: ServerSettings | None = None,
+        extra_routes: Iterable[web.AbstractRouteDef] = (),
+    ) -> None:
+        self.settings = settings or ServerSettings(host="127.0.0.1", port=0, shutdown_timeout_s=2.0)
         self.async_engine = AsyncEngine(engine)
         self._tokenizer = tokenizer
         self._extra_routes = list(extra_routes)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="schedscope-server",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="schedscope-server", daemon=True
+        )
         self.server: ApiServer | None = None
         self.url = ""
 
@@ -77,8 +90,9 @@ class BackgroundServer:
         return self
 
     async def _start(self) -> str:
-        self.server = ApiServer(self.async_engine, self._tokenizer, self.settings,
-                                self._extra_routes)
+        self.server = ApiServer(
+            self.async_engine, self._tokenizer, self.settings, self._extra_routes
+        )
         return await self.server.start()
 
     def call(self, coro, timeout: float = 60):
@@ -87,8 +101,10 @@ class BackgroundServer:
 
     def health(self) -> dict:
         """The /health body, read directly (no HTTP)."""
+
         async def read() -> dict:
             return health_body(self.server.state)
+
         return self.call(read(), timeout=10)
 
     def __exit__(self, *exc) -> None:
@@ -109,8 +125,13 @@ class HttpClient:
         self.host, self.port, self.timeout = parts.hostname, parts.port, timeout
         self._conn = None
 
-    def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
         for attempt in (0, 1):
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
@@ -129,8 +150,12 @@ class HttpClient:
         raise AssertionError("unreachable")
 
     def post_json(self, path: str, body, headers: dict[str, str] | None = None):
-        return self.request("POST", path, json.dumps(body).encode(),
-                            {"Content-Type": "application/json", **(headers or {})})
+        return self.request(
+            "POST",
+            path,
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json", **(headers or {})},
+        )
 
     def close(self) -> None:
         if self._conn is not None:
@@ -144,8 +169,13 @@ class CliServer:
     has not ended within ``stop_timeout_s``. Its output goes to a temporary file (a full
     pipe would block it), readable as ``output()``."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 start_timeout_s: float = 60.0, stop_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        start_timeout_s: float = 60.0,
+        stop_timeout_s: float = 30.0,
+    ) -> None:
         self.args = args
         self.env = env
         self.start_timeout_s = start_timeout_s
@@ -159,7 +189,10 @@ class CliServer:
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "harness.cli", "serve", "--port", "0", *self.args],
-            cwd=root, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=root,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + self.start_timeout_s
         while not self.url:
@@ -167,7 +200,9 @@ class CliServer:
                 if line.startswith("schedscope serving on "):
                     self.url = line.split()[-1]
             if self.process.poll() is not None and not self.url:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.output()}")
+                raise RuntimeError(
+                    f"server exited with {self.process.returncode}:\n{self.output()}"
+                )
             if time.monotonic() > deadline:
                 self.__exit__()
                 raise TimeoutError(f"server did not start:\n{self.output()}")

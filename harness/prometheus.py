@@ -44,8 +44,13 @@ class PrometheusServer:
     ``__enter__`` returns once every target has been scraped successfully (Prometheus
     throttles target discovery: the first sample lands ~5 s after start)."""
 
-    def __init__(self, targets: list[str], scrape_interval_s: float = 1.0,
-                 data_dir: Path | None = None, start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        targets: list[str],
+        scrape_interval_s: float = 1.0,
+        data_dir: Path | None = None,
+        start_timeout_s: float = 30.0,
+    ) -> None:
         self.targets = targets
         self.scrape_interval_s = scrape_interval_s
         self.start_timeout_s = start_timeout_s
@@ -57,15 +62,19 @@ class PrometheusServer:
     def config_text(self) -> str:
         interval = f"{self.scrape_interval_s:g}s"
         targets = ", ".join(json.dumps(t) for t in self.targets)
-        return (f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
-                f"scrape_configs:\n  - job_name: schedscope\n    metrics_path: /metrics\n"
-                f"    static_configs:\n      - targets: [{targets}]\n")
+        return (
+            f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+            f"scrape_configs:\n  - job_name: schedscope\n    metrics_path: /metrics\n"
+            f"    static_configs:\n      - targets: [{targets}]\n"
+        )
 
     def __enter__(self) -> PrometheusServer:
         binary = find_prometheus()
         if binary is None:
-            raise PrometheusError("the prometheus binary is not installed (Debian: apt-get "
-                                  "install -y --no-install-recommends prometheus)")
+            raise PrometheusError(
+                "the prometheus binary is not installed (Debian: apt-get "
+                "install -y --no-install-recommends prometheus)"
+            )
         self.dir.mkdir(parents=True, exist_ok=True)
         config = self.dir / "prometheus.yml"
         config.write_text(self.config_text())
@@ -73,10 +82,16 @@ class PrometheusServer:
         self.url = f"http://127.0.0.1:{port}"
         self._log = (self.dir / "prometheus.log").open("w")
         self.process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--enable-feature=exemplar-storage",
-             "--storage.tsdb.retention.time=1d"],
-            stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--enable-feature=exemplar-storage",
+                "--storage.tsdb.retention.time=1d",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         try:
             self._wait_for_targets()
@@ -89,8 +104,9 @@ class PrometheusServer:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if self.process.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {self.process.returncode}:\n"
-                                      f"{self.log_tail()}")
+                raise PrometheusError(
+                    f"prometheus exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
             try:
                 active = self.api("/api/v1/targets")["activeTargets"]
                 if active and all(t["health"] == "up" for t in active):
@@ -98,14 +114,18 @@ class PrometheusServer:
             except (OSError, PrometheusError):
                 pass  # not listening yet
             if time.monotonic() > deadline:
-                raise PrometheusError(f"targets not up within {self.start_timeout_s:g} s:\n"
-                                      f"{self.log_tail()}")
+                raise PrometheusError(
+                    f"targets not up within {self.start_timeout_s:g} s:\n{self.log_tail()}"
+                )
             time.sleep(0.2)
 
     def log_tail(self, lines: int = 20) -> str:
         path = self.dir / "prometheus.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) \
-            if path.exists() else ""
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.exists()
+            else ""
+        )
 
     def api(self, path: str, **params) -> dict | list:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
@@ -124,8 +144,9 @@ class PrometheusServer:
         return data["result"] if isinstance(data, dict) else data
 
     def query_exemplars(self, expr: str, start: float, end: float) -> list[dict]:
-        return self.api("/api/v1/query_exemplars", query=expr, start=f"{start:.3f}",
-                        end=f"{end:.3f}")
+        return self.api(
+            "/api/v1/query_exemplars", query=expr, start=f"{start:.3f}", end=f"{end:.3f}"
+        )
 
     def __exit__(self, *exc) -> None:
         if self.process is not None and self.process.poll() is None:

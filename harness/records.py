@@ -57,7 +57,6 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-
 def record_status(seq: Sequence) -> str:
     return seq.status.record_status
 
@@ -129,7 +128,9 @@ class RequestRecorder:
         write_parquet(requests_frame(rows), path)
 
 
-def stall_threshold(median_itl_s: float | None, floor_s: float = 0.25, factor: float = 5.0) -> float:
+def stall_threshold(
+    median_itl_s: float | None, floor_s: float = 0.25, factor: float = 5.0
+) -> float:
     """METRICS.md: the larger of 250 ms and 5x the run's median ITL."""
     if median_itl_s is None:
         return floor_s
@@ -147,7 +148,9 @@ def add_stalls(rows: list[dict], threshold_s: float) -> None:
 
 
 def requests_frame(rows: list[dict]) -> pl.DataFrame:
-    return pl.DataFrame(rows, schema=REQUEST_SCHEMA, orient="row" if rows and isinstance(rows[0], list) else None)
+    return pl.DataFrame(
+        rows, schema=REQUEST_SCHEMA, orient="row" if rows and isinstance(rows[0], list) else None
+    )
 
 
 def write_parquet(frame: pl.DataFrame, path: Path) -> None:

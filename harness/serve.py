@@ -38,8 +38,10 @@ def tokenizer_for(model: str) -> Tokenizer:
     if (path / "config.json").is_file():
         config = ModelConfig.from_json(path / "config.json")
         return load_tokenizer(path, config.vocab_size, config.eos_token_id)
-    raise ConfigError(f"model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor "
-                      "a directory with a config.json")
+    raise ConfigError(
+        f"model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor "
+        "a directory with a config.json"
+    )
 
 
 def serving_torch_threads() -> int:
@@ -83,25 +85,30 @@ def serve(
     from engine.api import ServerSettings
 
     if executor not in EXECUTORS:
-        raise typer.BadParameter(f"expected one of {', '.join(EXECUTORS)}, got {executor!r}",
-                                 param_hint="--executor")
+        raise typer.BadParameter(
+            f"expected one of {', '.join(EXECUTORS)}, got {executor!r}", param_hint="--executor"
+        )
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"must be in [0, 65535], got {port}", param_hint="--port")
     if max_body_bytes < 1:
-        raise typer.BadParameter(f"must be >= 1, got {max_body_bytes}",
-                                 param_hint="--max-body-bytes")
+        raise typer.BadParameter(
+            f"must be >= 1, got {max_body_bytes}", param_hint="--max-body-bytes"
+        )
     if not shutdown_timeout_s >= 0:
-        raise typer.BadParameter(f"must be >= 0, got {shutdown_timeout_s}",
-                                 param_hint="--shutdown-timeout-s")
+        raise typer.BadParameter(
+            f"must be >= 0, got {shutdown_timeout_s}", param_hint="--shutdown-timeout-s"
+        )
     if api_key is not None and not api_key:
         raise typer.BadParameter("must not be empty", param_hint="--api-key")
     for value, flag in ((header_timeout_s, "--header-timeout"), (body_timeout_s, "--body-timeout")):
         if not (value > 0 and math.isfinite(value)):
-            raise typer.BadParameter(f"must be a number of seconds > 0, got {value}",
-                                     param_hint=flag)
+            raise typer.BadParameter(
+                f"must be a number of seconds > 0, got {value}", param_hint=flag
+            )
     if max_connections < 1:
-        raise typer.BadParameter(f"must be >= 1, got {max_connections}",
-                                 param_hint="--max-connections")
+        raise typer.BadParameter(
+            f"must be >= 1, got {max_connections}", param_hint="--max-connections"
+        )
     try:
         model = CostModel.load(cost_model) if cost_model else None
     except CostModelError as exc:
@@ -113,43 +120,82 @@ def serve(
 
     if torch_threads < 0:
         raise typer.BadParameter(f"must be >= 0, got {torch_threads}", param_hint="--torch-threads")
-    for path, flag in ((record_steps, "--record-steps"), (record_requests, "--record-requests"),
-                       (record_decisions, "--record-decisions")):
+    for path, flag in (
+        (record_steps, "--record-steps"),
+        (record_requests, "--record-requests"),
+        (record_decisions, "--record-decisions"),
+    ):
         if path is not None:
             _check_writable(path, flag)
     if trace_file is not None:
         _check_writable(trace_file, "--trace-file")
     if otlp_traces_endpoint is not None and not otlp_traces_endpoint.startswith(
-            ("http://", "https://")):
-        raise typer.BadParameter(f"expected an http(s) URL, got {otlp_traces_endpoint!r}",
-                                 param_hint="--otlp-traces-endpoint")
+        ("http://", "https://")
+    ):
+        raise typer.BadParameter(
+            f"expected an http(s) URL, got {otlp_traces_endpoint!r}",
+            param_hint="--otlp-traces-endpoint",
+        )
     from engine.telemetry.tracing import resolve_tracing
 
-    tracing = resolve_tracing(trace_file, otlp_traces_endpoint, no_tracing,
-                              model_name=served_model_name or engine_config.model)
+    tracing = resolve_tracing(
+        trace_file,
+        otlp_traces_endpoint,
+        no_tracing,
+        model_name=served_model_name or engine_config.model,
+    )
     if engine_core not in ENGINE_CORES:
-        raise typer.BadParameter(f"expected one of {', '.join(ENGINE_CORES)}, got {engine_core!r}",
-                                 param_hint="--engine-core")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+        raise typer.BadParameter(
+            f"expected one of {', '.join(ENGINE_CORES)}, got {engine_core!r}",
+            param_hint="--engine-core",
+        )
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     threads = (torch_threads or serving_torch_threads()) if executor == "torch" else 0
     if threads:
         log.info("torch intra-op threads: %d of %d cores", threads, os.cpu_count() or 1)
     log.info("tracing: %s", _describe_tracing(tracing))
     settings = ServerSettings(
-        served_model_name=served_model_name or engine_config.model, host=host, port=port,
-        api_key=api_key, max_body_bytes=max_body_bytes, shutdown_timeout_s=shutdown_timeout_s,
-        header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-        max_connections=max_connections, metrics=metrics,
+        served_model_name=served_model_name or engine_config.model,
+        host=host,
+        port=port,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        shutdown_timeout_s=shutdown_timeout_s,
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        max_connections=max_connections,
+        metrics=metrics,
     )
     raise_open_file_limit()
     if engine_core == "process":
-        return _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
-                                          record_requests, tokenizer, settings, tracing,
-                                          record_decisions)
-    return _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
-                                     record_requests, tokenizer, settings, tracing,
-                                     record_decisions)
+        return _serve_with_engine_process(
+            engine_config,
+            executor,
+            model,
+            threads,
+            record_steps,
+            record_requests,
+            tokenizer,
+            settings,
+            tracing,
+            record_decisions,
+        )
+    return _serve_with_engine_thread(
+        engine_config,
+        executor,
+        model,
+        threads,
+        record_steps,
+        record_requests,
+        tokenizer,
+        settings,
+        tracing,
+        record_decisions,
+    )
 
 
 def _describe_tracing(tracing) -> str:
@@ -185,25 +231,42 @@ def _check_writable(path: Path, flag: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise typer.BadParameter(f"cannot create {path.parent}: {exc.strerror}",
-                                 param_hint=flag) from None
-    if path.is_dir() or not os.access(path.parent, os.W_OK) or (
-            path.exists() and not os.access(path, os.W_OK)):
+        raise typer.BadParameter(
+            f"cannot create {path.parent}: {exc.strerror}", param_hint=flag
+        ) from None
+    if (
+        path.is_dir()
+        or not os.access(path.parent, os.W_OK)
+        or (path.exists() and not os.access(path, os.W_OK))
+    ):
         raise typer.BadParameter(f"cannot write {path}", param_hint=flag)
 
 
-def _serve_with_engine_process(engine_config, executor, model, threads, record_steps,
-                               record_requests, tokenizer, settings, tracing=None,
-                               record_decisions=None) -> int:
+def _serve_with_engine_process(
+    engine_config,
+    executor,
+    model,
+    threads,
+    record_steps,
+    record_requests,
+    tokenizer,
+    settings,
+    tracing=None,
+    record_decisions=None,
+) -> int:
     from engine.api import run_server
     from engine.serving.engine_core import EngineCoreSpec
     from engine.serving.process_engine import EngineProcessError, ProcessEngine
 
-    spec = EngineCoreSpec(engine_config, executor, model.to_dict() if model else None, threads,
-                          record_writers=record_writer_specs(record_steps, record_requests,
-                                                             record_decisions),
-                          tracing=tracing,
-                          metrics_model_name=settings.served_model_name if settings.metrics else None)
+    spec = EngineCoreSpec(
+        engine_config,
+        executor,
+        model.to_dict() if model else None,
+        threads,
+        record_writers=record_writer_specs(record_steps, record_requests, record_decisions),
+        tracing=tracing,
+        metrics_model_name=settings.served_model_name if settings.metrics else None,
+    )
     engine = ProcessEngine(spec)
     try:
         engine.launch()
@@ -220,9 +283,18 @@ def _serve_with_engine_process(engine_config, executor, model, threads, record_s
         return 1
 
 
-def _serve_with_engine_thread(engine_config, executor, model, threads, record_steps,
-                              record_requests, tokenizer, settings, tracing=None,
-                              record_decisions=None) -> int:
+def _serve_with_engine_thread(
+    engine_config,
+    executor,
+    model,
+    threads,
+    record_steps,
+    record_requests,
+    tokenizer,
+    settings,
+    tracing=None,
+    record_decisions=None,
+) -> int:
     from engine.api import run_server
     from engine.records.writers import install_record_writers, write_records
     from engine.serving.async_engine import AsyncEngine
@@ -235,15 +307,21 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
         llm_engine = build_engine(engine_config, executor, cost_model=model)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
-    log.info("%s executor, model %s; %s", executor, engine_config.model,
-             llm_engine.kv_plan.describe(engine_config.cache.block_size))
+    log.info(
+        "%s executor, model %s; %s",
+        executor,
+        engine_config.model,
+        llm_engine.kv_plan.describe(engine_config.cache.block_size),
+    )
     if settings.metrics:
         from engine.telemetry.metrics import install_metrics
 
         install_metrics(llm_engine, settings.served_model_name)
     writers = install_record_writers(
-        llm_engine.observers, engine_config,
-        record_writer_specs(record_steps, record_requests, record_decisions))
+        llm_engine.observers,
+        engine_config,
+        record_writer_specs(record_steps, record_requests, record_decisions),
+    )
     async_engine = AsyncEngine(llm_engine)
     traced = None
     if tracing is not None:
@@ -262,8 +340,12 @@ def _serve_with_engine_thread(engine_config, executor, model, threads, record_st
     finally:
         if traced is not None:
             stats = traced.shutdown()
-            log.info("spans: %d ended, %d exported, %d dropped", stats["spans"],
-                     stats["exported_spans"], stats["dropped_spans"])
+            log.info(
+                "spans: %d ended, %d exported, %d dropped",
+                stats["spans"],
+                stats["exported_spans"],
+                stats["dropped_spans"],
+            )
         write_records(writers)
 
 
@@ -279,13 +361,17 @@ def _decision_log(config: EngineConfig) -> DecisionLog:
     return DecisionLog()
 
 
-def record_writer_specs(record_steps: Path | None, record_requests: Path | None,
-                        record_decisions: Path | None) -> tuple[RecordWriterSpec, ...]:
+def record_writer_specs(
+    record_steps: Path | None, record_requests: Path | None, record_decisions: Path | None
+) -> tuple[RecordWriterSpec, ...]:
     """The engine's record writers for ``--record-steps``, ``--record-requests`` and
     ``--record-decisions`` (the factories are module-level: the engine process
     unpickles them)."""
-    chosen = ((record_steps, _step_log, "step records"),
-              (record_requests, _request_log, "request records"),
-              (record_decisions, _decision_log, "decisions"))
-    return tuple(RecordWriterSpec(make, path, name) for path, make, name in chosen
-                 if path is not None)
+    chosen = (
+        (record_steps, _step_log, "step records"),
+        (record_requests, _request_log, "request records"),
+        (record_decisions, _decision_log, "decisions"),
+    )
+    return tuple(
+        RecordWriterSpec(make, path, name) for path, make, name in chosen if path is not None
+    )

@@ -128,15 +128,17 @@ def simulate(
     num_open = len(open_specs)
 
     def add(spec: RequestSpec, at: float) -> None:
-        engine.add_request(EngineRequest(
-            spec.request_id,
-            [PROMPT_TOKEN_ID] * spec.prompt_tokens,
-            SamplingParams(max_tokens=spec.max_tokens),
-            arrival_time=at,
-            priority=spec.priority,
-            request_class=spec.class_name,
-            oracle_output_tokens=spec.output_tokens,
-        ))
+        engine.add_request(
+            EngineRequest(
+                spec.request_id,
+                [PROMPT_TOKEN_ID] * spec.prompt_tokens,
+                SamplingParams(max_tokens=spec.max_tokens),
+                arrival_time=at,
+                priority=spec.priority,
+                request_class=spec.class_name,
+                oracle_output_tokens=spec.output_tokens,
+            )
+        )
 
     def user_done(seq: Sequence) -> None:
         """A closed-loop user's request ended: it sends its next one."""
@@ -186,7 +188,9 @@ def simulate(
             if record.is_empty and engine.has_unfinished():
                 empty_in_a_row += 1
                 if empty_in_a_row > MAX_EMPTY_STEPS_IN_A_ROW:
-                    raise SimulationError(f"engine made no progress for {empty_in_a_row} steps at t={now}")
+                    raise SimulationError(
+                        f"engine made no progress for {empty_in_a_row} steps at t={now}"
+                    )
                 targets = [t for t in (record.wake_at, next_arrival_time()) if t is not None]
                 if not targets:
                     raise SimulationError(f"engine idle with unfinished requests at t={now}")
@@ -287,12 +291,22 @@ def run_simulations(
         if trace_file is not None:
             from engine.telemetry.tracing import TracingSettings
 
-            tracing = TracingSettings(trace_file=Path(trace_file), model_name=config.model,
-                                      service_name=os.environ.get("OTEL_SERVICE_NAME") or "schedscope-simulate",
-                                      resource_attributes=(("schedscope.policy", name),))
-        result = simulate(profile, config, cost_model, seed=used_seed, requests=requests,
-                          record_decisions=write_decisions, tracing=tracing,
-                          truncate_trace_file=number == 0)
+            tracing = TracingSettings(
+                trace_file=Path(trace_file),
+                model_name=config.model,
+                service_name=os.environ.get("OTEL_SERVICE_NAME") or "schedscope-simulate",
+                resource_attributes=(("schedscope.policy", name),),
+            )
+        result = simulate(
+            profile,
+            config,
+            cost_model,
+            seed=used_seed,
+            requests=requests,
+            record_decisions=write_decisions,
+            tracing=tracing,
+            truncate_trace_file=number == 0,
+        )
         target = out_dir if len(configs) == 1 else out_dir / name
         target.mkdir(parents=True, exist_ok=True)
         write_parquet(result.requests, target / "requests.parquet")
@@ -304,11 +318,14 @@ def run_simulations(
             from harness.spans import read_spans, write_spans_parquet
 
             frame = read_spans(trace_file)
-            write_spans_parquet(frame.filter(pl.col("resource.schedscope.policy") == name),
-                                target / "spans.parquet")
+            write_spans_parquet(
+                frame.filter(pl.col("resource.schedscope.policy") == name), target / "spans.parquet"
+            )
             extra_tracing = {"tracing": {**result.tracing, "trace_file": str(trace_file)}}
         summary = policy_summary(
-            result.requests, result.duration_s, profile,
+            result.requests,
+            result.duration_s,
+            profile,
             extra={
                 "config": dataclasses.asdict(config),
                 "duration_s": result.duration_s,

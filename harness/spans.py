@@ -20,8 +20,7 @@ from pathlib import Path
 
 import polars as pl
 
-KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer",
-         5: "consumer"}
+KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 STATUS_CODES = {0: "unset", 1: "ok", 2: "error"}
 
 ATTR_PREFIX = "attr."
@@ -42,8 +41,7 @@ FIXED_SCHEMA: dict[str, pl.DataType] = {
     "status": pl.String,
     "status_message": pl.String,
     "scope": pl.String,
-    "events": pl.List(pl.Struct({"name": pl.String, "time": pl.Float64,
-                                 "attributes": pl.String})),
+    "events": pl.List(pl.Struct({"name": pl.String, "time": pl.Float64, "attributes": pl.String})),
 }
 
 
@@ -105,10 +103,14 @@ def span_rows(request: dict) -> list[dict]:
                     "status": STATUS_CODES.get(int(status.get("code", 0)), "unset"),
                     "status_message": status.get("message") or None,
                     "scope": scope,
-                    "events": [{"name": e.get("name", ""),
-                                "time": int(e.get("timeUnixNano", 0)) / 1e9,
-                                "attributes": json.dumps(key_values(e.get("attributes")))}
-                               for e in span.get("events", [])],
+                    "events": [
+                        {
+                            "name": e.get("name", ""),
+                            "time": int(e.get("timeUnixNano", 0)) / 1e9,
+                            "attributes": json.dumps(key_values(e.get("attributes"))),
+                        }
+                        for e in span.get("events", [])
+                    ],
                 }
                 row.update(resource_columns)
                 row.update({ATTR_PREFIX + k: v for k, v in attributes.items()})
@@ -127,24 +129,28 @@ def read_spans(path: Path | str) -> pl.DataFrame:
             try:
                 rows.extend(span_rows(json.loads(line)))
             except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: not an OTLP-JSON trace export: {exc}") \
-                    from None
+                raise ValueError(f"{path}:{number}: not an OTLP-JSON trace export: {exc}") from None
     return spans_frame(rows)
 
 
 def spans_frame(rows: list[dict]) -> pl.DataFrame:
-    extra = sorted({k for row in rows for k in row} - FIXED_SCHEMA.keys(),
-                   key=lambda k: (not k.startswith(RESOURCE_PREFIX), k))
-    columns = {name: pl.Series(name, [row.get(name) for row in rows], dtype=dtype)
-               for name, dtype in FIXED_SCHEMA.items()}
+    extra = sorted(
+        {k for row in rows for k in row} - FIXED_SCHEMA.keys(),
+        key=lambda k: (not k.startswith(RESOURCE_PREFIX), k),
+    )
+    columns = {
+        name: pl.Series(name, [row.get(name) for row in rows], dtype=dtype)
+        for name, dtype in FIXED_SCHEMA.items()
+    }
     for name in extra:
         values = [row.get(name) for row in rows]
         try:
             columns[name] = pl.Series(name, values, strict=False)
         except (TypeError, ValueError, pl.exceptions.PolarsError):
             # mixed kinds under one name: keep them all, as text
-            columns[name] = pl.Series(name, [None if v is None else str(v) for v in values],
-                                      dtype=pl.String)
+            columns[name] = pl.Series(
+                name, [None if v is None else str(v) for v in values], dtype=pl.String
+            )
     return pl.DataFrame(columns)
 
 

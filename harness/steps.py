@@ -55,8 +55,9 @@ class StepLog:
         self.columns: dict[str, list] = {name: [] for name in STEP_SCHEMA}
         self._idle_carry = 0.0
         # Columns that are a StepRecord attribute of the same name.
-        self._same_named = [(name, self.columns[name]) for name in STEP_SCHEMA
-                            if name not in _DERIVED]
+        self._same_named = [
+            (name, self.columns[name]) for name in STEP_SCHEMA if name not in _DERIVED
+        ]
 
     def write(self, path) -> None:
         from harness.records import write_parquet

@@ -32,7 +32,11 @@ def group_summary(frame: pl.DataFrame, duration_s: float, slos: dict[str, dict])
     ok = frame.filter(pl.col("status") == "ok")
     counts = {s: int((frame["status"] == s).sum()) for s in ("ok", "error", "rejected", "aborted")}
     duration = max(duration_s, 1e-9)
-    good = int(frame.select(slo_met_expr(frame.columns, slos)).to_series().sum()) if frame.height else 0
+    good = (
+        int(frame.select(slo_met_expr(frame.columns, slos)).to_series().sum())
+        if frame.height
+        else 0
+    )
     summary = {
         "requests": frame.height,
         "counts": counts,
@@ -64,7 +68,9 @@ def policy_summary(
     }
     out = {"overall": group_summary(frame, duration_s, slos), "classes": {}}
     for name in sorted(frame["class"].unique().to_list()):
-        out["classes"][name] = group_summary(frame.filter(pl.col("class") == name), duration_s, slos)
+        out["classes"][name] = group_summary(
+            frame.filter(pl.col("class") == name), duration_s, slos
+        )
     # Starvation: p99 queue wait of the longest class over the shortest (by mean prompt+output).
     sizes = {c.name: c for c in profile.classes}
     present = [n for n in out["classes"] if n in sizes]

@@ -7,8 +7,9 @@ from __future__ import annotations
 from harness.profiles import LengthDistribution, RequestClass, Slo
 
 
-def chat_classes(short_weight: float = 0.8, long_weight: float = 0.2
-                 ) -> tuple[RequestClass, RequestClass]:
+def chat_classes(
+    short_weight: float = 0.8, long_weight: float = 0.2
+) -> tuple[RequestClass, RequestClass]:
     """``short_chat`` (~70 output tokens, TTFT 1 s / TPOT 100 ms SLOs) and
     ``long_generation`` (~400 output tokens, TTFT 5 s / E2E 60 s), in these weights."""
     return (

@@ -103,8 +103,10 @@ def make_engine(
     config = EngineConfig(
         SchedulerConfig(**scheduler_knobs),
         CacheConfig(
-            block_size=block_size, num_gpu_blocks_override=gpu_blocks,
-            num_cpu_blocks_override=cpu_blocks, watermark=watermark,
+            block_size=block_size,
+            num_gpu_blocks_override=gpu_blocks,
+            num_cpu_blocks_override=cpu_blocks,
+            watermark=watermark,
         ),
     )
     engine = build_simulated_engine(config, cost_model=cost_model or constant_cost())
@@ -115,10 +117,16 @@ def make_engine(
 
 
 def add(engine: LLMEngine, req: Req) -> Sequence:
-    return engine.add_request(EngineRequest(
-        req.id, list(range(10, 10 + req.prompt_len)), SamplingParams(max_tokens=req.max_tokens),
-        arrival_time=req.arrival, priority=req.priority, oracle_output_tokens=req.oracle,
-    ))
+    return engine.add_request(
+        EngineRequest(
+            req.id,
+            list(range(10, 10 + req.prompt_len)),
+            SamplingParams(max_tokens=req.max_tokens),
+            arrival_time=req.arrival,
+            priority=req.priority,
+            oracle_output_tokens=req.oracle,
+        )
+    )
 
 
 @dataclass
@@ -130,8 +138,11 @@ class Trace:
     decisions: list[Decision] = field(default_factory=list)
 
     def of(self, kind: str, request_id: str | None = None) -> list[Decision]:
-        return [x for x in self.decisions
-                if x.kind == kind and (request_id is None or x.request_id == request_id)]
+        return [
+            x
+            for x in self.decisions
+            if x.kind == kind and (request_id is None or x.request_id == request_id)
+        ]
 
     def admission_order(self) -> list[str]:
         return [x.request_id for x in self.decisions if x.kind == d.ADMIT]

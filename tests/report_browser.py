@@ -41,9 +41,20 @@ DOM_CHECK = """(() => {
 async def _inspect(url: str, screenshot: Path, chromium: str, timeout_s: float) -> dict:
     profile = tempfile.mkdtemp(prefix="schedscope-chromium-")
     proc = subprocess.Popen(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
-         f"--user-data-dir={profile}", "--window-size=1400,1000", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "--window-size=1400,1000",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         ws_url = None
         loop = asyncio.get_running_loop()
@@ -94,12 +105,17 @@ async def _inspect(url: str, screenshot: Path, chromium: str, timeout_s: float) 
                 await asyncio.sleep(1.0)  # let Plotly finish drawing
                 result = await call("Runtime.evaluate", expression=DOM_CHECK, returnByValue=True)
                 dom = json.loads(result["result"]["result"]["value"])
-                shot = await call("Page.captureScreenshot", format="png", captureBeyondViewport=False)
+                shot = await call(
+                    "Page.captureScreenshot", format="png", captureBeyondViewport=False
+                )
                 screenshot.write_bytes(base64.b64decode(shot["result"]["data"]))
                 task.cancel()
         errors = []
         for e in events:
-            if e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"):
+            if e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] in (
+                "error",
+                "assert",
+            ):
                 errors.append(json.dumps(e["params"].get("args"))[:500])
             elif e["method"] == "Runtime.exceptionThrown":
                 errors.append(json.dumps(e["params"]["exceptionDetails"])[:500])

@@ -20,8 +20,9 @@ _seq_nos = itertools.count()
 
 def make_seq(num_tokens: int, name: str | None = None) -> Sequence:
     seq_no = next(_seq_nos)
-    return Sequence(EngineRequest(name or f"s{seq_no}", list(range(num_tokens)), SamplingParams(),
-                                  0.0), seq_no)
+    return Sequence(
+        EngineRequest(name or f"s{seq_no}", list(range(num_tokens)), SamplingParams(), 0.0), seq_no
+    )
 
 
 def prefilled(bm: BlockManager, num_tokens: int) -> Sequence:
@@ -311,7 +312,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 BlockManagerMachine.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=40, deadline=None, derandomize=True,
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestBlockManagerMachine = BlockManagerMachine.TestCase

@@ -22,9 +22,16 @@ def synthetic_seconds(model: CostModel, shapes: list[StepShape]) -> np.ndarray:
 
 
 def test_fit_recovers_a_linear_cost_model_exactly():
-    truth = CostModel(step_overhead_s=3e-4, prefill_token_s=4e-5, decode_seq_s=9e-5,
-                      decode_context_token_s=2e-7, prefill_attention_s=1e-8, swap_block_s=6e-6,
-                      prefill_seq_s=2e-4, mixed_step_s=7e-4)
+    truth = CostModel(
+        step_overhead_s=3e-4,
+        prefill_token_s=4e-5,
+        decode_seq_s=9e-5,
+        decode_context_token_s=2e-7,
+        prefill_attention_s=1e-8,
+        swap_block_s=6e-6,
+        prefill_seq_s=2e-4,
+        mixed_step_s=7e-4,
+    )
     grid = training_grid()
     x = np.array([s.features() for s in grid])
     coef = fit(x, synthetic_seconds(truth, grid))
@@ -48,12 +55,32 @@ def test_fit_never_returns_negative_coefficients():
 
 def test_calibrate_command_writes_a_cost_model_the_simulator_uses(tmp_path):
     torch.manual_seed(0)
-    config = ModelConfig(name="calib", vocab_size=256, hidden_size=32, num_layers=1,
-                         num_heads=2, num_kv_heads=1, intermediate_size=64)
+    config = ModelConfig(
+        name="calib",
+        vocab_size=256,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+    )
     model_dir = save_checkpoint(build_model(config), config, tmp_path / "ckpt")
     out = tmp_path / "cost.json"
-    result = CliRunner().invoke(app, ["calibrate", "--model", str(model_dir), "--quick",
-                                      "--repeats", "1", "--device", "cpu", "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--model",
+            str(model_dir),
+            "--quick",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["source"] == "calibrated"
@@ -64,12 +91,24 @@ def test_calibrate_command_writes_a_cost_model_the_simulator_uses(tmp_path):
     fitted = CostModel.load(out)
     assert all(getattr(fitted, name) >= 0 for name in FEATURES)
     assert fitted.predict(0, 8, 8 * 100) > 0
-    sim = CliRunner().invoke(app, ["simulate", "--cost-model", str(out), "--num-requests", "50",
-                                   "--out", str(tmp_path / "sim")])
+    sim = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--cost-model",
+            str(out),
+            "--num-requests",
+            "50",
+            "--out",
+            str(tmp_path / "sim"),
+        ],
+    )
     assert sim.exit_code == 0, sim.output
 
 
 def test_calibrate_names_a_bad_model(tmp_path):
-    result = CliRunner().invoke(app, ["calibrate", "--model", "gigantic", "--out", str(tmp_path / "c.json")])
+    result = CliRunner().invoke(
+        app, ["calibrate", "--model", "gigantic", "--out", str(tmp_path / "c.json")]
+    )
     assert result.exit_code == 2
     assert "gigantic" in result.output

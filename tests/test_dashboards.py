@@ -25,45 +25,74 @@ DASHBOARD_DIR = ROOT / "dashboards"
 # The metric names the engine exposes (issue 10's list; METRICS.md). An independent copy:
 # a typo in a panel query must not be "fixed" by the same typo here.
 SHARED = {
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
-    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
 }
 SHARED_HISTOGRAMS = {
-    "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-    "vllm:request_decode_time_seconds", "vllm:request_prompt_tokens",
-    "vllm:request_generation_tokens", "vllm:iteration_tokens_total",
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:iteration_tokens_total",
 }
 V0_ONLY = {"vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc", "vllm:num_requests_swapped"}
 V0_ONLY_HISTOGRAMS = {"vllm:time_per_output_token_seconds"}
 V1_ONLY = {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting_by_reason"}
 V1_ONLY_HISTOGRAMS = {
-    "vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds",
-    "vllm:request_inference_time_seconds", "vllm:request_num_preemptions",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_num_preemptions",
 }
 SCHEDSCOPE = {
-    "schedscope_decisions_total", "schedscope_preemptions_total",
-    "schedscope_swap_fallbacks_total", "schedscope_stalls_total",
-    "schedscope_idle_running_sequences", "schedscope_idle_running_sequence_steps_total",
-    "schedscope_swap_bytes_total", "schedscope_swap_blocks_total",
-    "schedscope_recomputed_tokens_total", "schedscope_kv_blocks_free", "schedscope_kv_blocks_capacity",
-    "schedscope_token_budget_tokens", "schedscope_scheduler_config_info",
+    "schedscope_decisions_total",
+    "schedscope_preemptions_total",
+    "schedscope_swap_fallbacks_total",
+    "schedscope_stalls_total",
+    "schedscope_idle_running_sequences",
+    "schedscope_idle_running_sequence_steps_total",
+    "schedscope_swap_bytes_total",
+    "schedscope_swap_blocks_total",
+    "schedscope_recomputed_tokens_total",
+    "schedscope_kv_blocks_free",
+    "schedscope_kv_blocks_capacity",
+    "schedscope_token_budget_tokens",
+    "schedscope_scheduler_config_info",
     "schedscope_dropped_spans_total",
 }
 SCHEDSCOPE_HISTOGRAMS = {
-    "schedscope_stall_duration_seconds", "schedscope_queue_time_seconds",
-    "schedscope_step_duration_seconds", "schedscope_batch_tokens",
+    "schedscope_stall_duration_seconds",
+    "schedscope_queue_time_seconds",
+    "schedscope_step_duration_seconds",
+    "schedscope_batch_tokens",
 }
 HISTOGRAMS = SHARED_HISTOGRAMS | V0_ONLY_HISTOGRAMS | V1_ONLY_HISTOGRAMS | SCHEDSCOPE_HISTOGRAMS
 PLAIN = SHARED | V0_ONLY | V1_ONLY | SCHEDSCOPE
 # A V0 name and the V1 name(s) that replaced it: a query over one must also query the other.
 RENAMED = {
     "vllm:gpu_cache_usage_perc": {"vllm:kv_cache_usage_perc"},
-    "vllm:time_per_output_token_seconds": {"vllm:inter_token_latency_seconds",
-                                           "vllm:request_time_per_output_token_seconds"},
+    "vllm:time_per_output_token_seconds": {
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    },
 }
-KNOBS = ("--max-num-seqs", "--max-num-batched-tokens", "--swap-space", "--gpu-memory-utilization",
-         "--preemption-mode", "--scheduling-policy", "--aging-rate", "--max-wait-s")
+KNOBS = (
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--swap-space",
+    "--gpu-memory-utilization",
+    "--preemption-mode",
+    "--scheduling-policy",
+    "--aging-rate",
+    "--max-wait-s",
+)
 
 METRIC = re.compile(r"\b(vllm:[a-z0-9_:]+|schedscope_[a-z0-9_]+)")
 
@@ -73,8 +102,12 @@ def committed(uid: str) -> Path:
 
 
 def all_panels() -> list[tuple[str, dict]]:
-    return [(uid, panel) for uid in dashboards.DASHBOARDS
-            for panel in dashboards.dashboard_dict(uid)["panels"] if panel["type"] != "row"]
+    return [
+        (uid, panel)
+        for uid in dashboards.DASHBOARDS
+        for panel in dashboards.dashboard_dict(uid)["panels"]
+        if panel["type"] != "row"
+    ]
 
 
 def metric_names(expr: str) -> set[str]:
@@ -87,7 +120,8 @@ def test_committed_json_is_what_the_generator_writes(uid):
     assert path.exists(), f"{path} is missing: run `schedscope dashboards build`"
     assert path.read_text(encoding="utf-8") == dashboards.dashboard_text(uid), (
         f"{path.relative_to(ROOT)} is stale (harness/dashboards.py changed): "
-        "run `schedscope dashboards build` and commit the result")
+        "run `schedscope dashboards build` and commit the result"
+    )
 
 
 def test_build_command_writes_the_committed_files(tmp_path):
@@ -96,8 +130,9 @@ def test_build_command_writes_the_committed_files(tmp_path):
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert written == sorted(dashboards.dashboard_filename(uid) for uid in dashboards.DASHBOARDS)
     for uid in dashboards.DASHBOARDS:
-        assert ((tmp_path / "out" / dashboards.dashboard_filename(uid)).read_text()
-                == committed(uid).read_text())
+        assert (tmp_path / "out" / dashboards.dashboard_filename(uid)).read_text() == committed(
+            uid
+        ).read_text()
 
 
 @pytest.mark.parametrize("uid", list(dashboards.DASHBOARDS))
@@ -153,8 +188,9 @@ def test_every_panel_says_healthy_unhealthy_engines_and_a_knob():
 def test_every_query_is_scoped_by_the_variables():
     for query in dashboards.panel_queries(raw=True):
         for selector in re.findall(r"(?:vllm:|schedscope_)[a-z0-9_:]+(\{[^}]*\})?", query.expr):
-            assert 'model_name=~"$model_name"' in selector and 'instance=~"$instance"' in selector, (
-                f"{query.panel_title}/{query.ref_id}: {query.expr}")
+            assert (
+                'model_name=~"$model_name"' in selector and 'instance=~"$instance"' in selector
+            ), f"{query.panel_title}/{query.ref_id}: {query.expr}"
 
 
 def test_every_metric_a_panel_queries_exists():
@@ -168,8 +204,12 @@ def test_every_metric_a_panel_queries_exists():
                 assert name in PLAIN, f"{query.panel_title}: unknown metric {name}"
             seen.add(base)
     # The traps' metrics are on a panel.
-    for needed in ("schedscope_idle_running_sequences", "schedscope_recomputed_tokens_total",
-                   "schedscope_queue_time_seconds", "schedscope_swap_fallbacks_total"):
+    for needed in (
+        "schedscope_idle_running_sequences",
+        "schedscope_recomputed_tokens_total",
+        "schedscope_queue_time_seconds",
+        "schedscope_swap_fallbacks_total",
+    ):
         assert needed in seen
 
 
@@ -179,13 +219,17 @@ def test_v0_v1_renamed_metrics_are_queried_together():
         for v0, v1s in RENAMED.items():
             if v0 in names or names & v1s:
                 assert v0 in names and names & v1s and " or " in query.expr, (
-                    f"{query.panel_title}/{query.ref_id} queries one generation only: {query.expr}")
+                    f"{query.panel_title}/{query.ref_id} queries one generation only: {query.expr}"
+                )
 
 
 def test_generation_only_metrics_are_named_in_the_description():
     for _, panel in all_panels():
-        names = {re.sub(r"_(bucket|sum|count)$", "", n)
-                 for t in panel["targets"] for n in metric_names(t["expr"])}
+        names = {
+            re.sub(r"_(bucket|sum|count)$", "", n)
+            for t in panel["targets"]
+            for n in metric_names(t["expr"])
+        }
         text = panel["description"]
         if names & (V0_ONLY | V0_ONLY_HISTOGRAMS):
             assert "V0" in text, panel["title"]
@@ -194,8 +238,12 @@ def test_generation_only_metrics_are_named_in_the_description():
 
 
 def test_latency_quantiles_use_histogram_quantile_with_exemplars():
-    latency = {"vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-               "vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds"}
+    latency = {
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+    }
     found = set()
     for query in dashboards.panel_queries():
         names = {re.sub(r"_bucket$", "", n) for n in metric_names(query.expr)}
@@ -211,8 +259,9 @@ def test_panel_queries_substitutes_every_variable():
     queries = dashboards.panel_queries()
     assert queries and all("$" not in q.expr for q in queries)
     assert any("[1m]" in q.expr for q in queries)
-    concrete = dashboards.panel_queries({"model_name": "tiny", "instance": "127.0.0.1:8000",
-                                         "__rate_interval": "30s"})
+    concrete = dashboards.panel_queries(
+        {"model_name": "tiny", "instance": "127.0.0.1:8000", "__rate_interval": "30s"}
+    )
     assert all('model_name=~"tiny"' in q.expr for q in concrete if "model_name=~" in q.expr)
     assert any("[30s]" in q.expr for q in concrete)
     raw = dashboards.panel_queries(raw=True)
@@ -224,10 +273,13 @@ def test_panel_queries_substitutes_every_variable():
 
 
 def _promtool() -> str:
-    path = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
+    path = shutil.which("promtool") or (
+        "/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None
+    )
     if path is None:
-        message = ("promtool not found (Debian: apt-get install -y --no-install-recommends "
-                   "prometheus)")
+        message = (
+            "promtool not found (Debian: apt-get install -y --no-install-recommends prometheus)"
+        )
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(message + "; CI must run this check")
         pytest.skip(message)
@@ -239,8 +291,9 @@ def _check_rules(tmp_path: Path, exprs: list[str]) -> subprocess.CompletedProces
     rules = [{"record": f"schedscope_dashboard_query_{i}", "expr": e} for i, e in enumerate(exprs)]
     path = tmp_path / "dashboard_queries.rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
-    return subprocess.run([_promtool(), "check", "rules", str(path)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [_promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_every_query_parses_with_promtool(tmp_path):
@@ -251,5 +304,7 @@ def test_every_query_parses_with_promtool(tmp_path):
 
 
 def test_promtool_check_catches_a_broken_query(tmp_path):
-    result = _check_rules(tmp_path, ["sum by (le (rate(vllm:e2e_request_latency_seconds_bucket[1m]))"])
+    result = _check_rules(
+        tmp_path, ["sum by (le (rate(vllm:e2e_request_latency_seconds_bucket[1m]))"]
+    )
     assert result.returncode != 0

@@ -21,9 +21,13 @@ def load(relative: str) -> dict:
 
 def test_there_are_yaml_files_and_they_all_parse():
     names = {p.relative_to(DIR).as_posix() for p in YAML_FILES}
-    assert {"docker-compose.yml", "prometheus.yml", "tempo.yaml",
-            "provisioning/datasources/datasources.yml",
-            "provisioning/dashboards/dashboards.yml"} <= names
+    assert {
+        "docker-compose.yml",
+        "prometheus.yml",
+        "tempo.yaml",
+        "provisioning/datasources/datasources.yml",
+        "provisioning/dashboards/dashboards.yml",
+    } <= names
     for path in YAML_FILES:
         assert isinstance(yaml.safe_load(path.read_text()), dict), path
 
@@ -99,6 +103,10 @@ def test_promtool_accepts_the_prometheus_config():
 
     from test_dashboards import _promtool
 
-    result = subprocess.run([_promtool(), "check", "config", str(DIR / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [_promtool(), "check", "config", str(DIR / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -41,8 +41,12 @@ class FakeGrafana:
 
     async def _record(self, request: web.Request) -> dict:
         body = await request.json() if request.can_read_body else None
-        entry = {"method": request.method, "path": request.path,
-                 "authorization": request.headers.get("Authorization"), "json": body}
+        entry = {
+            "method": request.method,
+            "path": request.path,
+            "authorization": request.headers.get("Authorization"),
+            "json": body,
+        }
         self.requests.append(entry)
         return entry
 
@@ -60,7 +64,8 @@ class FakeGrafana:
         if self.mode == "html":
             return web.Response(text="<html>hello</html>", content_type="text/html")
         return self._auth_error(entry) or web.json_response(
-            {"buildInfo": {"version": "11.6.0", "edition": "Open Source"}})
+            {"buildInfo": {"version": "11.6.0", "edition": "Open Source"}}
+        )
 
     async def save(self, request: web.Request) -> web.Response:
         entry = await self._record(request)
@@ -70,12 +75,24 @@ class FakeGrafana:
         body = entry["json"]
         uid = body["dashboard"]["uid"]
         if uid in self.saved and not body.get("overwrite"):
-            return web.json_response({"message": "A dashboard with the same uid already exists",
-                                      "status": "name-exists"}, status=412)
+            return web.json_response(
+                {
+                    "message": "A dashboard with the same uid already exists",
+                    "status": "name-exists",
+                },
+                status=412,
+            )
         version = self.saved.get(uid, {}).get("version", 0) + 1
         self.saved[uid] = {"version": version, "dashboard": body["dashboard"]}
-        return web.json_response({"id": list(self.saved).index(uid) + 1, "uid": uid,
-                                  "url": f"/d/{uid}/x", "status": "success", "version": version})
+        return web.json_response(
+            {
+                "id": list(self.saved).index(uid) + 1,
+                "uid": uid,
+                "url": f"/d/{uid}/x",
+                "status": "success",
+                "version": version,
+            }
+        )
 
 
 @pytest.fixture()
@@ -93,8 +110,9 @@ def grafana():
         fake.url = f"http://127.0.0.1:{port}"
         started.set()
 
-    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()),
-                              daemon=True)
+    thread = threading.Thread(
+        target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True
+    )
     thread.start()
     assert started.wait(10)
     yield fake
@@ -132,11 +150,14 @@ def test_push_is_idempotent_by_uid_and_overwrites(grafana, caplog):
         assert post["json"]["dashboard"]["uid"] in uids
         assert post["json"]["dashboard"]["id"] is None
         assert post["authorization"] == f"Bearer {TOKEN}"
-    assert [p["json"]["dashboard"]["uid"] for p in posts[: len(uids)]] == \
-           [p["json"]["dashboard"]["uid"] for p in posts[len(uids):]]
+    assert [p["json"]["dashboard"]["uid"] for p in posts[: len(uids)]] == [
+        p["json"]["dashboard"]["uid"] for p in posts[len(uids) :]
+    ]
     # What Grafana stores is exactly the generated dashboard.
     for uid, entry in grafana.saved.items():
-        assert {k: v for k, v in entry["dashboard"].items() if k != "id"} == dashboards.dashboard_dict(uid)
+        assert {
+            k: v for k, v in entry["dashboard"].items() if k != "id"
+        } == dashboards.dashboard_dict(uid)
     for uid in uids:
         assert f"pushed {uid} (version 2)" in second.output
     assert_token_hidden(first, caplog)
@@ -146,7 +167,9 @@ def test_push_is_idempotent_by_uid_and_overwrites(grafana, caplog):
 def test_folder_uid_is_sent(grafana):
     result = push(grafana.url, TOKEN, "--folder-uid", "schedscope")
     assert result.exit_code == 0, result.output
-    assert all(r["json"]["folderUid"] == "schedscope" for r in grafana.requests if r["method"] == "POST")
+    assert all(
+        r["json"]["folderUid"] == "schedscope" for r in grafana.requests if r["method"] == "POST"
+    )
 
 
 def test_bad_token_is_a_clear_error(grafana, caplog):
@@ -154,7 +177,9 @@ def test_bad_token_is_a_clear_error(grafana, caplog):
     wrong = "glsa_WrongToken_fedcba9876543210"
     result = push(grafana.url, wrong)
     assert result.exit_code == 1
-    assert "401" in result.output and "GRAFANA_TOKEN" in result.output and grafana.url in result.output
+    assert (
+        "401" in result.output and "GRAFANA_TOKEN" in result.output and grafana.url in result.output
+    )
     assert wrong not in result.output and wrong not in caplog.text
     assert not grafana.saved
 
@@ -170,7 +195,11 @@ def test_token_without_permission_is_a_clear_error(grafana, caplog):
     grafana.mode = "forbidden"
     result = push(grafana.url)
     assert result.exit_code == 1
-    assert "403" in result.output and "permission" in result.output and "GRAFANA_TOKEN" in result.output
+    assert (
+        "403" in result.output
+        and "permission" in result.output
+        and "GRAFANA_TOKEN" in result.output
+    )
     assert_token_hidden(result, caplog)
 
 
@@ -182,7 +211,9 @@ def test_connection_refused_names_the_url(caplog):
     url = f"http://127.0.0.1:{port}"
     result = push(url)
     assert result.exit_code == 1
-    assert f"cannot connect to Grafana at {url}" in result.output and "--grafana-url" in result.output
+    assert (
+        f"cannot connect to Grafana at {url}" in result.output and "--grafana-url" in result.output
+    )
     assert_token_hidden(result, caplog)
 
 

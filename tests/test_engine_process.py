@@ -56,8 +56,11 @@ def test_a_ctrl_c_to_the_process_group_drains_instead_of_killing_the_engine(tmp_
     with CliServer(["--executor", "sim", "--cost-model", str(slow)]) as server:
         core = engine_process(server)
         result: list = []
-        request = threading.Thread(target=lambda: result.append(HttpClient(server.url).post_json(
-            "/v1/completions", {**BODY, "max_tokens": 100})))
+        request = threading.Thread(
+            target=lambda: result.append(
+                HttpClient(server.url).post_json("/v1/completions", {**BODY, "max_tokens": 100})
+            )
+        )
         request.start()
         deadline = time.monotonic() + 10
         while health(server.url)[1]["num_running"] < 1:
@@ -79,9 +82,10 @@ def test_a_dead_engine_process_fails_in_flight_requests_and_health_says_so(tmp_p
         host, port = server.url.removeprefix("http://").split(":")
         raw = json.dumps({**BODY, "max_tokens": 500, "stream": True}).encode()
         sock = socket.create_connection((host, int(port)), timeout=10)
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: " + str(len(raw)).encode()
-                     + b"\r\n\r\n" + raw)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/json\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+        )
         received = sock.recv(65536)
         assert received.startswith(b"HTTP/1.1 200")
         core.kill()
@@ -100,8 +104,9 @@ def test_a_dead_engine_process_fails_in_flight_requests_and_health_says_so(tmp_p
 
 
 def test_a_configuration_the_engine_process_refuses_exits_2_naming_it():
-    result = CliRunner().invoke(app, ["serve", "--executor", "sim",
-                                      "--gpu-memory-utilization", "0.001"])
+    result = CliRunner().invoke(
+        app, ["serve", "--executor", "sim", "--gpu-memory-utilization", "0.001"]
+    )
     assert result.exit_code == 2, result.output
     assert "gpu_memory_utilization" in result.output
 
@@ -111,7 +116,8 @@ def test_both_engine_cores_serve_the_same_tokens():
     for core in ("process", "thread"):
         with CliServer(["--executor", "torch", "--engine-core", core]) as server:
             status, _, raw = HttpClient(server.url).post_json(
-                "/v1/completions", {**BODY, "temperature": 0.0, "max_tokens": 8})
+                "/v1/completions", {**BODY, "temperature": 0.0, "max_tokens": 8}
+            )
         assert status == 200
         texts[core] = json.loads(raw)["choices"][0]["text"]
     # greedy, seeded weights: the same text from both
@@ -144,8 +150,9 @@ def test_an_add_pending_when_the_engine_process_dies_is_refused_as_unavailable()
         engine._outputs = receive
         engine._process = type("Dead", (), {"exitcode": -9})()
         accepted = engine._loop.create_future()
-        engine._pending_adds[0] = _Add(EngineRequest("x", [1, 2]), _Stream(asyncio.Queue()),
-                                       accepted)
+        engine._pending_adds[0] = _Add(
+            EngineRequest("x", [1, 2]), _Stream(asyncio.Queue()), accepted
+        )
         await asyncio.to_thread(engine._read)
         with pytest.raises(EngineDeadError, match="engine process exited"):
             await asyncio.wait_for(accepted, 5)
@@ -158,8 +165,9 @@ def test_an_add_pending_when_the_engine_process_dies_is_refused_as_unavailable()
 def test_an_unwritable_record_path_is_refused_before_serving(tmp_path, flag):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    result = CliRunner().invoke(app, ["serve", "--executor", "sim", flag,
-                                      str(blocker / "steps.parquet")])
+    result = CliRunner().invoke(
+        app, ["serve", "--executor", "sim", flag, str(blocker / "steps.parquet")]
+    )
     assert result.exit_code == 2, result.output
     assert flag in result.output
 
@@ -179,13 +187,16 @@ def test_a_request_that_cannot_be_sampled_fails_alone_across_the_engine_process(
 
     good = SamplingParams(max_tokens=6, ignore_eos=True)
     poisoned = SamplingParams(max_tokens=6, min_tokens=3, temperature=1e39)
-    config = EngineConfig(SchedulerConfig(max_num_seqs=16),
-                          CacheConfig(num_gpu_blocks_override=128, num_cpu_blocks_override=0))
+    config = EngineConfig(
+        SchedulerConfig(max_num_seqs=16),
+        CacheConfig(num_gpu_blocks_override=128, num_cpu_blocks_override=0),
+    )
 
     async def scenario():
         engine = ProcessEngine(EngineCoreSpec(config, "torch", torch_threads=1))
         engine.start()
         try:
+
             async def run(request_id, params):
                 tokens, last = [], None
                 request = EngineRequest(request_id, list(range(5, 25)), params)
@@ -194,9 +205,14 @@ def test_a_request_that_cannot_be_sampled_fails_alone_across_the_engine_process(
                     last = out
                 return tokens, last
 
-            results = await asyncio.wait_for(asyncio.gather(
-                *(run(f"g{i}", good) for i in range(4)), run("poisoned", poisoned),
-                *(run(f"g{i}", good) for i in range(4, 8))), 120)
+            results = await asyncio.wait_for(
+                asyncio.gather(
+                    *(run(f"g{i}", good) for i in range(4)),
+                    run("poisoned", poisoned),
+                    *(run(f"g{i}", good) for i in range(4, 8)),
+                ),
+                120,
+            )
             return results, engine.stats
         finally:
             await engine.shutdown()

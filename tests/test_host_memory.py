@@ -47,8 +47,9 @@ PROBE = textwrap.dedent("""
 
 def _steady_state_faults(mode: str) -> int:
     """Minor page faults over the last 4 of 10 rounds."""
-    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
-                          timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=120, check=True
+    )
     return int(done.stdout.strip().splitlines()[-1])
 
 
@@ -91,8 +92,13 @@ WARM_UP_PROBE = textwrap.dedent("""
 
 
 def _first_prefill_faults(warm_up: str) -> int:
-    done = subprocess.run([sys.executable, "-c", WARM_UP_PROBE, warm_up], capture_output=True,
-                          text=True, timeout=180, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", WARM_UP_PROBE, warm_up],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
     return int(done.stdout.strip().splitlines()[-1])
 
 

@@ -31,26 +31,46 @@ PROFILE_FILE = ROOT / "tests" / "data" / "locust_small.py"
 LOCUST = str(Path(sys.executable).parent / "locust")
 
 
-def run_locust(url: str, records: Path, *extra: str, timeout: float = 90,
-               background: bool = False, failures: bool = False):
+def run_locust(
+    url: str,
+    records: Path,
+    *extra: str,
+    timeout: float = 90,
+    background: bool = False,
+    failures: bool = False,
+):
     """Locust exits 1 when any request failed (its --exit-code-on-error): pass
     ``failures=True`` where failures are the point."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [LOCUST, "-f", str(PROFILE_FILE), "--host", url, "--headless", "--only-summary",
-           "--records-dir", str(records), "--grace", "10", *extra]
+    cmd = [
+        LOCUST,
+        "-f",
+        str(PROFILE_FILE),
+        "--host",
+        url,
+        "--headless",
+        "--only-summary",
+        "--records-dir",
+        str(records),
+        "--grace",
+        "10",
+        *extra,
+    ]
     if background:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == (1 if failures else 0), done.stdout + done.stderr
     return done.stdout + done.stderr
 
 
 def metric_sum(url: str, name: str) -> float:
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$",
-                                                      text, re.M))
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
+    )
 
 
 def plan_open_ids(duration_scale: float = 1.0, rate_scale: float = 1.0):
@@ -90,7 +110,9 @@ def test_records_complete_and_joined_with_the_server(tmp_path):
     # Every scheduled open-loop request has exactly one row, at its scheduled instant.
     open_rows = frame.filter(pl.col("phase_kind") == "open")
     expected = plan_open_ids()
-    assert dict(zip(open_rows["request_id"], open_rows["schedule_offset_s"], strict=True)) == expected
+    assert (
+        dict(zip(open_rows["request_id"], open_rows["schedule_offset_s"], strict=True)) == expected
+    )
     assert frame.filter(pl.col("phase_kind") == "closed").height > 0
     assert summary["status_counts"] == {"ok": frame.height}
     # The server's own counter: every row plus the one probe request.
@@ -110,11 +132,14 @@ def test_records_complete_and_joined_with_the_server(tmp_path):
     assert (f["n_itl"] == f["output_tokens"] - 1).all()
     # Rows join the engine's records by request id, and the clocks agree.
     engine = pl.read_parquet(engine_records)
-    joined = frame.join(engine.select("request_id", pl.col("scheduled_at").alias("arrival")),
-                        on="request_id", how="inner")
+    joined = frame.join(
+        engine.select("request_id", pl.col("scheduled_at").alias("arrival")),
+        on="request_id",
+        how="inner",
+    )
     assert joined.height == frame.height
     epoch = summary["server_clock_epoch_unix"]
-    skew = (joined["arrival"] + epoch - joined["sent_at"])
+    skew = joined["arrival"] + epoch - joined["sent_at"]
     assert skew.min() >= -0.005 and skew.max() < 0.5
     assert not summary["generator_limited"]
 
@@ -126,8 +151,12 @@ def test_two_processes_send_the_same_schedule(tmp_path):
     one, two = merge_records(tmp_path / "one"), merge_records(tmp_path / "two")
     assert two["workers"] == 2
     frames = [pl.read_parquet(tmp_path / d / "requests.parquet") for d in ("one", "two")]
-    opens = [f.filter(pl.col("phase_kind") == "open").select("request_id", "schedule_offset_s")
-             .sort("request_id") for f in frames]
+    opens = [
+        f.filter(pl.col("phase_kind") == "open")
+        .select("request_id", "schedule_offset_s")
+        .sort("request_id")
+        for f in frames
+    ]
     assert opens[0].equals(opens[1])
     assert set(frames[1]["worker"]) == {0, 1}
     # request i went to worker i mod 2
@@ -147,15 +176,24 @@ def test_generator_limited_run_is_flagged(tmp_path):
     # through 4 slots within --grace on a loaded machine (~5 s here, was ~15 s).
     cost = step_cost_model(tmp_path, 0.0005)
     with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
-        out = run_locust(server.url, tmp_path / "rec", "--rate-scale", "100",
-                         "--duration-scale", "0.25", "--max-in-flight", "4")
+        out = run_locust(
+            server.url,
+            tmp_path / "rec",
+            "--rate-scale",
+            "100",
+            "--duration-scale",
+            "0.25",
+            "--max-in-flight",
+            "4",
+        )
     summary = merge_records(tmp_path / "rec")
     assert summary["generator_limited"] is True
     assert summary["in_flight_capped"] > 0 and summary["send_lag_p99_s"] > 0.010
     assert "GENERATOR-LIMITED" in out
     frame = pl.read_parquet(tmp_path / "rec" / "requests.parquet")
     assert set(frame.filter(pl.col("phase_kind") == "open")["request_id"]) == set(
-        plan_open_ids(0.25, 100))
+        plan_open_ids(0.25, 100)
+    )
     capped = frame.filter(pl.col("in_flight_capped"))
     # Latency from the schedule includes the wait; from the send it does not.
     assert (capped["ttft_s"] > capped["ttft_from_sent_s"]).all()
@@ -175,7 +213,9 @@ def test_429s_are_rejected_rows(tmp_path):
     assert rejected["error"].null_count() == 0
     assert rejected.height == rejections
     assert summary["status_counts"].get("ok", 0) + summary["probe_requests"] == successes
-    assert set(frame.filter(pl.col("phase_kind") == "open")["request_id"]) == set(plan_open_ids(0.5))
+    assert set(frame.filter(pl.col("phase_kind") == "open")["request_id"]) == set(
+        plan_open_ids(0.5)
+    )
 
 
 def test_server_shutdown_mid_run_gives_error_and_aborted_rows(tmp_path):

@@ -35,13 +35,23 @@ def server():
 
 def counter(url: str, name: str) -> float:
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(
-        rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M))
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
+    )
 
 
 def test_the_library_is_all_here():
-    assert {"mixed", "burst", "ramp", "spike", "priority", "starvation", "swap_pressure",
-            "replay"} <= set(PROFILES)
+    assert {
+        "mixed",
+        "burst",
+        "ramp",
+        "spike",
+        "priority",
+        "starvation",
+        "swap_pressure",
+        "replay",
+    } <= set(PROFILES)
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -50,11 +60,27 @@ def test_a_shipped_profile_runs_under_locust_with_complete_records(server, tmp_p
     records = tmp_path / "records"
     before = counter(server.url, "vllm:request_success_total")
     done = subprocess.run(
-        [LOCUST, "-f", str(path), "--host", server.url, "--headless", "--only-summary",
-         "--duration-scale", str(DURATION_SCALE), "--records-dir", str(records),
-         "--grace", "20"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, timeout=120)
+        [
+            LOCUST,
+            "-f",
+            str(path),
+            "--host",
+            server.url,
+            "--headless",
+            "--only-summary",
+            "--duration-scale",
+            str(DURATION_SCALE),
+            "--records-dir",
+            str(records),
+            "--grace",
+            "20",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     successes = counter(server.url, "vllm:request_success_total") - before
     summary = merge_records(records)
@@ -62,6 +88,8 @@ def test_a_shipped_profile_runs_under_locust_with_complete_records(server, tmp_p
     plan = build_plan(resolve_profile(name).with_duration_scale(DURATION_SCALE))
     expected = {s.request_id for s in plan.open_loop_requests()}
     got = set(frame.filter(pl.col("phase_kind") == "open")["request_id"])
-    assert got == expected, f"missing {sorted(expected - got)[:5]}, extra {sorted(got - expected)[:5]}"
+    assert got == expected, (
+        f"missing {sorted(expected - got)[:5]}, extra {sorted(got - expected)[:5]}"
+    )
     assert summary["status_counts"] == {"ok": frame.height}, summary["status_counts"]
     assert successes == frame.height + summary["probe_requests"]

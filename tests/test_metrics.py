@@ -49,10 +49,13 @@ def check_against_trace(metrics: EngineMetrics, trace) -> None:
     assert value(metrics, "vllm:num_preemptions_total") == len(preempts)
     for (mode, reason), n in Counter((x.mode, x.reason) for x in preempts).items():
         assert value(metrics, "schedscope_preemptions_total", mode=mode, reason=reason) == n
-    fallbacks = sum(x.mode == "recompute" and x.detail == d.REASON_SWAP_SPACE_EXHAUSTED
-                    for x in preempts)
-    assert value(metrics, "schedscope_swap_fallbacks_total",
-                 reason=d.REASON_SWAP_SPACE_EXHAUSTED) == fallbacks
+    fallbacks = sum(
+        x.mode == "recompute" and x.detail == d.REASON_SWAP_SPACE_EXHAUSTED for x in preempts
+    )
+    assert (
+        value(metrics, "schedscope_swap_fallbacks_total", reason=d.REASON_SWAP_SPACE_EXHAUSTED)
+        == fallbacks
+    )
     steps = trace.steps
     out_blocks = sum(len(r.blocks_to_swap_out) for r in steps)
     in_blocks = sum(len(r.blocks_to_swap_in) for r in steps)
@@ -62,26 +65,36 @@ def check_against_trace(metrics: EngineMetrics, trace) -> None:
     assert value(metrics, "schedscope_swap_bytes_total", direction="out") == out_blocks * per_block
     assert value(metrics, "schedscope_swap_bytes_total", direction="in") == in_blocks * per_block
     seqs = list(trace.seqs.values())
-    assert value(metrics, "schedscope_recomputed_tokens_total") == sum(
-        s.num_recomputed_tokens for s in seqs) == sum(r.num_recompute_tokens for r in steps)
+    assert (
+        value(metrics, "schedscope_recomputed_tokens_total")
+        == sum(s.num_recomputed_tokens for s in seqs)
+        == sum(r.num_recompute_tokens for r in steps)
+    )
     assert value(metrics, "schedscope_idle_running_sequence_steps_total") == sum(
-        r.num_idle_running for r in steps)
+        r.num_idle_running for r in steps
+    )
     assert value(metrics, "vllm:generation_tokens_total") == sum(s.num_output_tokens for s in seqs)
     assert value(metrics, "vllm:prompt_tokens_total") == sum(
-        s.num_prompt_tokens for s in seqs if s.first_scheduled_time is not None)
+        s.num_prompt_tokens for s in seqs if s.first_scheduled_time is not None
+    )
     # vLLM's admission counter has no engine label
-    assert (metrics.registry.get_sample_value(
-        "vllm:admission_rejections_total", {"model_name": "tiny", "reason": d.REASON_QUEUE_FULL})
-        == sum(
-        x.kind == d.REJECT and x.reason == d.REASON_QUEUE_FULL for x in decisions))
+    assert metrics.registry.get_sample_value(
+        "vllm:admission_rejections_total", {"model_name": "tiny", "reason": d.REASON_QUEUE_FULL}
+    ) == sum(x.kind == d.REJECT and x.reason == d.REASON_QUEUE_FULL for x in decisions)
     # histograms: one observation per request that entered the engine
     entered = [s for s in seqs if s.status is not SequenceStatus.FINISHED_REJECTED]
-    for name in ("vllm:e2e_request_latency_seconds", "vllm:request_prompt_tokens",
-                 "vllm:request_generation_tokens", "vllm:request_params_max_tokens",
-                 "vllm:request_num_preemptions", "vllm:request_prefill_kv_computed_tokens"):
+    for name in (
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+        "vllm:request_params_max_tokens",
+        "vllm:request_num_preemptions",
+        "vllm:request_prefill_kv_computed_tokens",
+    ):
         assert value(metrics, name + "_count") == len(entered), name
     assert value(metrics, "vllm:request_num_preemptions_sum") == sum(
-        s.num_preemptions for s in entered)
+        s.num_preemptions for s in entered
+    )
     with_token = [s for s in entered if s.num_output_tokens]
     assert value(metrics, "vllm:time_to_first_token_seconds_count") == len(with_token)
     assert value(metrics, "vllm:request_decode_time_seconds_count") == len(with_token)
@@ -89,18 +102,22 @@ def check_against_trace(metrics: EngineMetrics, trace) -> None:
     assert value(metrics, "vllm:inter_token_latency_seconds_count") == gaps
     assert value(metrics, "vllm:time_per_output_token_seconds_count") == gaps
     assert value(metrics, "vllm:request_time_per_output_token_seconds_count") == sum(
-        s.num_output_tokens > 1 for s in entered)
+        s.num_output_tokens > 1 for s in entered
+    )
     ttft_sum = sum(s.first_token_time - s.arrival_time for s in with_token)
     assert value(metrics, "vllm:time_to_first_token_seconds_sum") == pytest.approx(ttft_sum)
     success = Counter(s.finish_reason for s in entered)
     for reason, n in success.items():
         assert value(metrics, "vllm:request_success_total", finished_reason=reason) == n
     scheduled = [s for s in seqs if s.first_scheduled_time is not None]
-    queued = sum(value(metrics, "schedscope_queue_time_seconds_count", **{"class": c})
-                 for c in {s.request_class or "" for s in scheduled})
+    queued = sum(
+        value(metrics, "schedscope_queue_time_seconds_count", **{"class": c})
+        for c in {s.request_class or "" for s in scheduled}
+    )
     assert queued == len(scheduled)
     assert value(metrics, "schedscope_step_duration_seconds_count") == sum(
-        bool(r.scheduled) for r in steps)
+        bool(r.scheduled) for r in steps
+    )
     last = steps[-1]
     assert value(metrics, "vllm:num_requests_running") == last.num_running
     assert value(metrics, "schedscope_kv_blocks_capacity", pool="device") == last.num_device_blocks
@@ -108,26 +125,45 @@ def check_against_trace(metrics: EngineMetrics, trace) -> None:
     assert trace.engine.observers.num_errors == 0
 
 
-@pytest.mark.parametrize("mode,cpu_blocks", [("auto", 64), ("swap", 64), ("recompute", 64),
-                                             ("swap", 0)])
+@pytest.mark.parametrize(
+    "mode,cpu_blocks", [("auto", 64), ("swap", 64), ("recompute", 64), ("swap", 0)]
+)
 def test_counters_equal_the_decisions_of_a_run_that_preempts(mode, cpu_blocks):
-    engine = make_engine(block_size=4, gpu_blocks=20, cpu_blocks=cpu_blocks,
-                         scheduling_policy="priority", preemption_mode=mode, cost_model=COSTS)
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=20,
+        cpu_blocks=cpu_blocks,
+        scheduling_policy="priority",
+        preemption_mode=mode,
+        cost_model=COSTS,
+    )
     metrics = install_metrics(engine, "tiny")
     trace = drive(engine, [L, S, H])
     assert trace.of(d.PREEMPT)
     check_against_trace(metrics, trace)
     if cpu_blocks == 0:  # trap 2: every swap wanted fell back to recompute
-        assert value(metrics, "schedscope_swap_fallbacks_total",
-                     reason=d.REASON_SWAP_SPACE_EXHAUSTED) >= 1
+        assert (
+            value(metrics, "schedscope_swap_fallbacks_total", reason=d.REASON_SWAP_SPACE_EXHAUSTED)
+            >= 1
+        )
     else:
-        assert value(metrics, "schedscope_swap_blocks_total", direction="out") > 0 or mode == "recompute"
+        assert (
+            value(metrics, "schedscope_swap_blocks_total", direction="out") > 0
+            or mode == "recompute"
+        )
 
 
 def test_idle_running_and_queue_full_rejections_are_counted():
     # trap 1: many sequences admitted, a small token budget leaves most out of each step
-    engine = make_engine(block_size=4, gpu_blocks=512, max_num_seqs=64, max_model_len=16,
-                         max_num_batched_tokens=16, enable_chunked_prefill=False, max_waiting=26)
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=512,
+        max_num_seqs=64,
+        max_model_len=16,
+        max_num_batched_tokens=16,
+        enable_chunked_prefill=False,
+        max_waiting=26,
+    )
     metrics = install_metrics(engine, "tiny")
     reqs = [Req(f"r{i:02}", 0.0, prompt_len=4, max_tokens=12) for i in range(30)]
     trace = drive(engine, reqs)
@@ -138,27 +174,42 @@ def test_idle_running_and_queue_full_rejections_are_counted():
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    requests=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 8),
-                                st.floats(0, 0.2)), min_size=1, max_size=10),
-    gpu_blocks=st.integers(12, 40), cpu_blocks=st.sampled_from([0, 4, 64]),
+    requests=st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 8), st.floats(0, 0.2)),
+        min_size=1,
+        max_size=10,
+    ),
+    gpu_blocks=st.integers(12, 40),
+    cpu_blocks=st.sampled_from([0, 4, 64]),
     mode=st.sampled_from(["swap", "recompute", "auto"]),
     policy=st.sampled_from(["fcfs", "priority", "sjf"]),
 )
-def test_counters_equal_the_records_for_any_small_run(requests, gpu_blocks, cpu_blocks, mode,
-                                                      policy):
-    engine = make_engine(block_size=4, gpu_blocks=gpu_blocks, cpu_blocks=cpu_blocks,
-                         scheduling_policy=policy, preemption_mode=mode, max_model_len=64)
+def test_counters_equal_the_records_for_any_small_run(
+    requests, gpu_blocks, cpu_blocks, mode, policy
+):
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=gpu_blocks,
+        cpu_blocks=cpu_blocks,
+        scheduling_policy=policy,
+        preemption_mode=mode,
+        max_model_len=64,
+    )
     metrics = install_metrics(engine, "tiny")
-    reqs = [Req(f"q{i}", arrival, prompt_len=p, max_tokens=m, priority=prio)
-            for i, (p, m, prio, arrival) in enumerate(requests)]
+    reqs = [
+        Req(f"q{i}", arrival, prompt_len=p, max_tokens=m, priority=prio)
+        for i, (p, m, prio, arrival) in enumerate(requests)
+    ]
     trace = drive(engine, reqs)
     check_against_trace(metrics, trace)
 
 
 # -- stall attribution, in constructed scenarios ----------------------------------------
 def _seq(request_id: str, seq_no: int) -> Sequence:
-    seq = Sequence(EngineRequest(request_id, [1, 2, 3, 4], SamplingParams(max_tokens=50),
-                                 arrival_time=0.0), seq_no)
+    seq = Sequence(
+        EngineRequest(request_id, [1, 2, 3, 4], SamplingParams(max_tokens=50), arrival_time=0.0),
+        seq_no,
+    )
     seq.first_scheduled_time = 0.0
     return seq
 
@@ -172,8 +223,16 @@ class Scenario:
         self.step = 0
 
     def record(self, at: float, scheduled=(), decisions=()) -> StepRecord:
-        record = StepRecord(self.step, at, at, at, at, decisions=list(decisions),
-                            num_device_blocks=64, num_free_device_blocks=32)
+        record = StepRecord(
+            self.step,
+            at,
+            at,
+            at,
+            at,
+            decisions=list(decisions),
+            num_device_blocks=64,
+            num_free_device_blocks=32,
+        )
         for seq, kind, n, token in scheduled:
             record.scheduled.append(ScheduledSeq(seq, seq.request_id, kind, n, 0, token))
             if kind == DECODE:
@@ -198,30 +257,41 @@ def _stall_case(events: set[str]) -> tuple[Scenario, Sequence]:
     sc.record(0.2, [(a, DECODE, 1, 8)])  # a short gap: no stall
     between = []
     if "token_budget" in events:
-        between.append(sc.decision(d.IDLE_RUNNING, a, reason=d.REASON_TOKEN_BUDGET,
-                                   request_ids=("A",)))
+        between.append(
+            sc.decision(d.IDLE_RUNNING, a, reason=d.REASON_TOKEN_BUDGET, request_ids=("A",))
+        )
     if "preempt" in events:
-        between.append(sc.decision(d.PREEMPT, a, reason=d.REASON_OUT_OF_BLOCKS,
-                                   mode="swap" if "swap" in events else "recompute"))
+        between.append(
+            sc.decision(
+                d.PREEMPT,
+                a,
+                reason=d.REASON_OUT_OF_BLOCKS,
+                mode="swap" if "swap" in events else "recompute",
+            )
+        )
     if "swap" in events:
         between.append(sc.decision(d.SWAP_OUT, a, reason=d.REASON_OUT_OF_BLOCKS))
     sc.record(0.5, [(b, PREFILL, 4, None)], between)
-    last = [(a, RECOMPUTE if "recompute" in events else DECODE,
-             4 if "recompute" in events else 1, 9)]
+    last = [
+        (a, RECOMPUTE if "recompute" in events else DECODE, 4 if "recompute" in events else 1, 9)
+    ]
     if "interference" in events:
         last.append((b, PREFILL, 100, None))
     sc.record(1.5, last)
     return sc, a
 
 
-@pytest.mark.parametrize("events,cause", [
-    ({"swap", "preempt", "recompute", "interference", "token_budget"}, "swapped_out"),
-    ({"preempt", "recompute", "interference", "token_budget"}, "recompute"),
-    ({"preempt", "interference", "token_budget"}, "preempted_waiting"),
-    ({"interference", "token_budget"}, "prefill_interference"),
-    ({"token_budget"}, "token_budget"),
-    (set(), "other"),
-])
+@pytest.mark.parametrize(
+    "events,cause",
+    [
+        ({"swap", "preempt", "recompute", "interference", "token_budget"}, "swapped_out"),
+        ({"preempt", "recompute", "interference", "token_budget"}, "recompute"),
+        ({"preempt", "interference", "token_budget"}, "preempted_waiting"),
+        ({"interference", "token_budget"}, "prefill_interference"),
+        ({"token_budget"}, "token_budget"),
+        (set(), "other"),
+    ],
+)
 def test_a_stall_is_attributed_to_the_first_cause_in_precedence(events, cause):
     sc, a = _stall_case(events)
     m = sc.metrics
@@ -230,8 +300,11 @@ def test_a_stall_is_attributed_to_the_first_cause_in_precedence(events, cause):
     assert value(m, "schedscope_stall_duration_seconds_sum", cause=cause) == pytest.approx(1.3)
     assert value(m, "vllm:inter_token_latency_seconds_count") == 2  # 0.1 and 1.3
     om = m.render("application/openmetrics-text; version=1.0.0")[0].decode()
-    ids = re.findall(r'schedscope_stall_duration_seconds_bucket\{[^}]*\} 1\.0 # '
-                     r'\{trace_id="([0-9a-f]{32})"\}', om)
+    ids = re.findall(
+        r"schedscope_stall_duration_seconds_bucket\{[^}]*\} 1\.0 # "
+        r'\{trace_id="([0-9a-f]{32})"\}',
+        om,
+    )
     assert ids and set(ids) == {format_trace_id(request_trace_id(a))}
 
 
@@ -241,8 +314,7 @@ def test_a_small_step_of_another_prefill_is_no_interference():
     others = [_seq(f"D{i}", 2 + i) for i in range(8)]
     sc.record(0.1, [(a, PREFILL, 4, 7)] + [(s, PREFILL, 4, 1) for s in others])
     # 8 decodes + A's decode + B's 4-token chunk: B's prefill does not dominate
-    sc.record(1.0, [(a, DECODE, 1, 8), (b, PREFILL, 4, None)]
-              + [(s, DECODE, 1, 2) for s in others])
+    sc.record(1.0, [(a, DECODE, 1, 8), (b, PREFILL, 4, None)] + [(s, DECODE, 1, 2) for s in others])
     assert value(sc.metrics, "schedscope_stalls_total", cause="other") == 9
 
 
@@ -250,13 +322,27 @@ def test_a_small_step_of_another_prefill_is_no_interference():
 def test_waiting_by_reason_maps_static_batch_to_deferred_and_the_rest_to_capacity():
     sc = Scenario()
     a = _seq("A", 0)
-    rec = StepRecord(0, 0, 0, 0, 0, num_waiting=3,
-                     decisions=[sc.decision(d.WAIT, a, reason=d.REASON_STATIC_BATCH)])
+    rec = StepRecord(
+        0,
+        0,
+        0,
+        0,
+        0,
+        num_waiting=3,
+        decisions=[sc.decision(d.WAIT, a, reason=d.REASON_STATIC_BATCH)],
+    )
     sc.metrics(rec)
     assert value(sc.metrics, "vllm:num_requests_waiting_by_reason", reason="deferred") == 3
     assert value(sc.metrics, "vllm:num_requests_waiting_by_reason", reason="capacity") == 0
-    rec = StepRecord(1, 0, 0, 0, 0, num_waiting=2,
-                     decisions=[sc.decision(d.WAIT, a, reason=d.REASON_OUT_OF_BLOCKS)])
+    rec = StepRecord(
+        1,
+        0,
+        0,
+        0,
+        0,
+        num_waiting=2,
+        decisions=[sc.decision(d.WAIT, a, reason=d.REASON_OUT_OF_BLOCKS)],
+    )
     sc.metrics(rec)
     assert value(sc.metrics, "vllm:num_requests_waiting_by_reason", reason="deferred") == 0
     assert value(sc.metrics, "vllm:num_requests_waiting_by_reason", reason="capacity") == 2
@@ -277,12 +363,23 @@ def test_config_info_gauges():
     engine = make_engine(block_size=4, gpu_blocks=20, cpu_blocks=8, max_num_seqs=7)
     m = install_metrics(engine, "tiny")
     assert engine.metrics is m
-    info = m.registry.get_sample_value("schedscope_scheduler_config_info", {
-        **LABELS, "policy": "fcfs", "preemption_mode": "auto", "max_num_seqs": "7",
-        "max_num_batched_tokens": str(engine.config.scheduler.token_budget),
-        "max_model_len": "2048", "enable_chunked_prefill": "True", "batching": "continuous",
-        "max_waiting": "None", "aging_rate": "0.0", "max_wait_s": "None",
-        "sjf_size_estimator": "request"})
+    info = m.registry.get_sample_value(
+        "schedscope_scheduler_config_info",
+        {
+            **LABELS,
+            "policy": "fcfs",
+            "preemption_mode": "auto",
+            "max_num_seqs": "7",
+            "max_num_batched_tokens": str(engine.config.scheduler.token_budget),
+            "max_model_len": "2048",
+            "enable_chunked_prefill": "True",
+            "batching": "continuous",
+            "max_waiting": "None",
+            "aging_rate": "0.0",
+            "max_wait_s": "None",
+            "sjf_size_estimator": "request",
+        },
+    )
     assert info == 1
     text = m.render()[0].decode()
     line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info{"))
@@ -292,20 +389,35 @@ def test_config_info_gauges():
 
 
 # -- exposition ----------------------------------------------------------------------------
-@pytest.mark.parametrize("accept,expected", [
-    (None, False), ("", False), ("text/plain;version=0.0.4", False), ("*/*", False),
-    ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
-     "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1", True),  # Prometheus, exemplars on
-    ("application/openmetrics-text; version=0.0.1", True),
-    ("text/plain, application/openmetrics-text;q=0", False),
-])
+@pytest.mark.parametrize(
+    "accept,expected",
+    [
+        (None, False),
+        ("", False),
+        ("text/plain;version=0.0.4", False),
+        ("*/*", False),
+        (
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+            "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+            True,
+        ),  # Prometheus, exemplars on
+        ("application/openmetrics-text; version=0.0.1", True),
+        ("text/plain, application/openmetrics-text;q=0", False),
+    ],
+)
 def test_openmetrics_is_negotiated_from_accept(accept, expected):
     assert wants_openmetrics(accept) is expected
 
 
 def _run_with_metrics():
-    engine = make_engine(block_size=4, gpu_blocks=20, cpu_blocks=64, scheduling_policy="priority",
-                         preemption_mode="auto", cost_model=COSTS)
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=20,
+        cpu_blocks=64,
+        scheduling_policy="priority",
+        preemption_mode="auto",
+        cost_model=COSTS,
+    )
     metrics = install_metrics(engine, "tiny")
     trace = drive(engine, [L, S, H])
     return metrics, trace
@@ -322,10 +434,15 @@ def test_exemplars_only_in_openmetrics_and_they_name_real_requests():
     # vLLM's colons survive in sample lines (prometheus_client's default escaping drops them)
     assert "\nvllm:time_to_first_token_seconds_bucket{" in om
     expected = {format_trace_id(request_trace_id(s)) for s in trace.seqs.values()}
-    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-                 "vllm:request_queue_time_seconds", "schedscope_queue_time_seconds"):
-        ids = re.findall(re.escape(name) + r'_bucket\{[^}]*\} \S+ # \{trace_id="([0-9a-f]{32})"\}',
-                         om)
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "schedscope_queue_time_seconds",
+    ):
+        ids = re.findall(
+            re.escape(name) + r'_bucket\{[^}]*\} \S+ # \{trace_id="([0-9a-f]{32})"\}', om
+        )
         assert ids and set(ids) <= expected, name
 
 
@@ -341,14 +458,17 @@ def promtool() -> str | None:
 #: Warnings that vLLM's own names carry (the colon, and its _total histogram).
 ALLOWED_LINT = (
     re.compile(r"^\S+ metric names should not contain ':'$"),
-    re.compile(r'^vllm:iteration_tokens_total non-counter metrics should not have "_total" '
-               r"suffix$"),
+    re.compile(
+        r'^vllm:iteration_tokens_total non-counter metrics should not have "_total" '
+        r"suffix$"
+    ),
 )
 
 
 def check_with_promtool(text: bytes) -> None:
-    result = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True,
-                            timeout=60)
+    result = subprocess.run(
+        [promtool(), "check", "metrics"], input=text, capture_output=True, timeout=60
+    )
     lines = (result.stdout + result.stderr).decode().splitlines()
     problems = [x for x in lines if x.strip() and not any(p.match(x) for p in ALLOWED_LINT)]
     assert not problems, problems
@@ -368,13 +488,26 @@ def test_request_classes_from_clients_cannot_grow_the_exposition_without_bound()
     engine = make_engine(block_size=4, gpu_blocks=512, max_num_seqs=128, max_model_len=64)
     metrics = install_metrics(engine, "tiny")
     for i in range(100):
-        engine.add_request(EngineRequest(f"r{i}", [5, 6, 7], SamplingParams(max_tokens=2),
-                                         arrival_time=0.0, request_class=f"class-{i}"))
+        engine.add_request(
+            EngineRequest(
+                f"r{i}",
+                [5, 6, 7],
+                SamplingParams(max_tokens=2),
+                arrival_time=0.0,
+                request_class=f"class-{i}",
+            )
+        )
     while engine.has_unfinished():
         engine.step()
-    series = {s.labels["class"] for family in metrics.registry.collect()
-              if family.name == "schedscope_queue_time_seconds"
-              for s in family.samples if s.name.endswith("_count")}
+    series = {
+        s.labels["class"]
+        for family in metrics.registry.collect()
+        if family.name == "schedscope_queue_time_seconds"
+        for s in family.samples
+        if s.name.endswith("_count")
+    }
     assert len(series) == MAX_CLASS_LABELS + 1 and OTHER_CLASS in series
-    assert value(metrics, "schedscope_queue_time_seconds_count", **{"class": OTHER_CLASS}) == \
-        100 - MAX_CLASS_LABELS
+    assert (
+        value(metrics, "schedscope_queue_time_seconds_count", **{"class": OTHER_CLASS})
+        == 100 - MAX_CLASS_LABELS
+    )

@@ -18,47 +18,76 @@ from harness.local_server import BackgroundServer, CliServer, HttpClient, sim_en
 #: Every name a dashboard may query, as exposed (counters with their _total).
 EXPOSED = {
     "counter": [
-        "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-        "vllm:request_success_total", "vllm:admission_rejections_total",
-        "schedscope_decisions_total", "schedscope_preemptions_total",
-        "schedscope_swap_fallbacks_total", "schedscope_stalls_total",
-        "schedscope_idle_running_sequence_steps_total", "schedscope_swap_bytes_total",
-        "schedscope_swap_blocks_total", "schedscope_recomputed_tokens_total",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:request_success_total",
+        "vllm:admission_rejections_total",
+        "schedscope_decisions_total",
+        "schedscope_preemptions_total",
+        "schedscope_swap_fallbacks_total",
+        "schedscope_stalls_total",
+        "schedscope_idle_running_sequence_steps_total",
+        "schedscope_swap_bytes_total",
+        "schedscope_swap_blocks_total",
+        "schedscope_recomputed_tokens_total",
         "schedscope_dropped_spans_total",
     ],
     "gauge": [
-        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc",
-        "vllm:cpu_cache_usage_perc", "vllm:num_requests_swapped", "vllm:kv_cache_usage_perc",
-        "vllm:num_requests_waiting_by_reason", "vllm:cache_config_info",
-        "schedscope_idle_running_sequences", "schedscope_kv_blocks_free",
-        "schedscope_kv_blocks_capacity", "schedscope_token_budget_tokens",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:cpu_cache_usage_perc",
+        "vllm:num_requests_swapped",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_waiting_by_reason",
+        "vllm:cache_config_info",
+        "schedscope_idle_running_sequences",
+        "schedscope_kv_blocks_free",
+        "schedscope_kv_blocks_capacity",
+        "schedscope_token_budget_tokens",
         "schedscope_scheduler_config_info",
     ],
     "histogram": [
-        "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-        "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
-        "vllm:request_decode_time_seconds", "vllm:request_prompt_tokens",
-        "vllm:request_generation_tokens", "vllm:iteration_tokens_total",
-        "vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens",
-        "vllm:request_params_n", "vllm:time_per_output_token_seconds",
-        "vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds",
-        "vllm:request_inference_time_seconds", "vllm:request_num_preemptions",
-        "vllm:request_prefill_kv_computed_tokens", "schedscope_stall_duration_seconds",
-        "schedscope_queue_time_seconds", "schedscope_step_duration_seconds",
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+        "vllm:iteration_tokens_total",
+        "vllm:request_max_num_generation_tokens",
+        "vllm:request_params_max_tokens",
+        "vllm:request_params_n",
+        "vllm:time_per_output_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+        "vllm:request_inference_time_seconds",
+        "vllm:request_num_preemptions",
+        "vllm:request_prefill_kv_computed_tokens",
+        "schedscope_stall_duration_seconds",
+        "schedscope_queue_time_seconds",
+        "schedscope_step_duration_seconds",
         "schedscope_batch_tokens",
     ],
 }
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
-                     "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 
 
 def check_names(text: str) -> None:
     types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
-    samples = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
-               if line and not line.startswith("#")}
+    samples = {
+        line.split("{")[0].split(" ")[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
     for kind, names in EXPOSED.items():
         for name in names:
             assert types.get(name) == kind, (name, types.get(name))
@@ -68,8 +97,10 @@ def check_names(text: str) -> None:
 
 def generate(client: HttpClient, **headers) -> None:
     status, _, body = client.post_json(
-        "/v1/completions", {"model": "tiny", "prompt": "hello there world", "max_tokens": 4},
-        headers)
+        "/v1/completions",
+        {"model": "tiny", "prompt": "hello there world", "max_tokens": 4},
+        headers,
+    )
     assert status == 200, body
 
 
@@ -77,10 +108,15 @@ def check_exemplars(body: bytes, content_type: str, trace_id: str) -> None:
     assert content_type.startswith("application/openmetrics-text; version=1.0.0")
     text = body.decode()
     assert text.endswith("# EOF\n")
-    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-                 "vllm:request_queue_time_seconds", "schedscope_queue_time_seconds"):
-        ids = re.findall(re.escape(name) + r'_bucket\{[^}]*\} \S+ # \{trace_id="([0-9a-f]{32})"\}',
-                         text)
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "schedscope_queue_time_seconds",
+    ):
+        ids = re.findall(
+            re.escape(name) + r'_bucket\{[^}]*\} \S+ # \{trace_id="([0-9a-f]{32})"\}', text
+        )
         assert ids == [trace_id] * len(ids) and ids, name
 
 
@@ -97,11 +133,13 @@ def test_thread_mode_serves_every_name_and_exemplars_of_the_request():
         text = body.decode()
         check_names(text)
         assert "trace_id" not in text
-        assert re.search(r'^vllm:generation_tokens_total\{engine="0",model_name="tiny"\} 4\.0$',
-                         text, re.M)
+        assert re.search(
+            r'^vllm:generation_tokens_total\{engine="0",model_name="tiny"\} 4\.0$', text, re.M
+        )
         assert client.request("GET", "/v1/models")[0] == 401  # the API stays guarded
-        status, headers, body = client.request("GET", "/metrics", headers={
-            "Accept": PROMETHEUS_ACCEPT})
+        status, headers, body = client.request(
+            "GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT}
+        )
         assert status == 200
         check_exemplars(body, headers["content-type"], TRACE_ID)
         client.close()
@@ -122,19 +160,27 @@ def test_engine_process_serves_metrics_rendered_in_the_child():
     with CliServer(["--executor", "sim", "--served-model-name", "m1"]) as server:
         client = HttpClient(server.url)
         status, _, body = client.post_json(
-            "/v1/completions", {"model": "m1", "prompt": "hello there world", "max_tokens": 4},
-            {"traceparent": TRACEPARENT})
+            "/v1/completions",
+            {"model": "m1", "prompt": "hello there world", "max_tokens": 4},
+            {"traceparent": TRACEPARENT},
+        )
         assert status == 200, body
         status, headers, body = client.request("GET", "/metrics")
         assert status == 200, body
         text = body.decode()
         check_names(text)
-        assert re.search(r'^vllm:generation_tokens_total\{engine="0",model_name="m1"\} 4\.0$',
-                         text, re.M)
-        assert re.search(r'^vllm:request_success_total\{engine="0",finished_reason="length",'
-                         r'model_name="m1"\} 1\.0$', text, re.M)
-        status, headers, body = client.request("GET", "/metrics", headers={
-            "Accept": PROMETHEUS_ACCEPT})
+        assert re.search(
+            r'^vllm:generation_tokens_total\{engine="0",model_name="m1"\} 4\.0$', text, re.M
+        )
+        assert re.search(
+            r'^vllm:request_success_total\{engine="0",finished_reason="length",'
+            r'model_name="m1"\} 1\.0$',
+            text,
+            re.M,
+        )
+        status, headers, body = client.request(
+            "GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT}
+        )
         assert status == 200
         check_exemplars(body, headers["content-type"], TRACE_ID)
         client.close()

@@ -33,8 +33,16 @@ from engine.worker.model_config import PRESETS, ModelConfig, RopeScaling
 
 TOL = 1e-5
 
-GQA = ModelConfig(name="t-gqa", vocab_size=512, hidden_size=64, num_layers=2, num_heads=8,
-                  num_kv_heads=2, intermediate_size=160, seed=3)
+GQA = ModelConfig(
+    name="t-gqa",
+    vocab_size=512,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=8,
+    num_kv_heads=2,
+    intermediate_size=160,
+    seed=3,
+)
 MHA = dataclasses.replace(GQA, name="t-mha", num_heads=4, num_kv_heads=4)
 MQA = dataclasses.replace(GQA, name="t-mqa", num_heads=4, num_kv_heads=1)
 
@@ -112,8 +120,14 @@ def run_schedule(model, block_size: int, seed: int):
     rng = np.random.default_rng(seed)
     cfg = model.config
     # (prompt chunk sizes, decode steps, first step)
-    plans = [([16, 13, 8], 4, 0), ([5], 6, 0), ([1], 5, 1), ([30, 40], 2, 1), ([9, 2], 3, 3),
-             ([3], 8, 2)]
+    plans = [
+        ([16, 13, 8], 4, 0),
+        ([5], 6, 0),
+        ([1], 5, 1),
+        ([30, 40], 2, 1),
+        ([9, 2], 3, 3),
+        ([3], 8, 2),
+    ]
     total_lens = [sum(chunks) + decodes for chunks, decodes, _ in plans]
     tables, num_blocks = shuffled_block_tables(rng, total_lens, block_size)
     kv = allocate_kv_cache(cfg, num_blocks, block_size)
@@ -178,8 +192,6 @@ def test_decode_groups_by_length(monkeypatch):
     assert [g.context_slots.shape[1] for g in meta.decode] == [4, 8, 64, 200]
     meta, _ = AttentionMetadata.build([1] * 3, [64, 61, 63], [list(range(16))] * 3, block_size=4)
     assert len(meta.decode) == 1  # same bucket
-
-
 
 
 def test_model_dense_reference_matches_functional_reference():
@@ -352,8 +364,12 @@ def test_apply_rope_is_rotate_half_rotation():
 
 
 def test_llama3_rope_scaling():
-    config = ModelConfig(hidden_size=256, num_heads=2, rope_theta=500000.0,
-                         rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192))
+    config = ModelConfig(
+        hidden_size=256,
+        num_heads=2,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
+    )
     plain = rope_inv_freq(dataclasses.replace(config, rope_scaling=None))
     scaled = rope_inv_freq(config)
     wavelen = 2 * math.pi / plain
@@ -386,8 +402,14 @@ def test_presets():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"hidden_size": 100, "num_heads": 8}, "hidden_size \\(100\\) must be divisible by num_heads"),
-        ({"num_heads": 8, "num_kv_heads": 3}, "num_heads \\(8\\) must be divisible by num_kv_heads"),
+        (
+            {"hidden_size": 100, "num_heads": 8},
+            "hidden_size \\(100\\) must be divisible by num_heads",
+        ),
+        (
+            {"num_heads": 8, "num_kv_heads": 3},
+            "num_heads \\(8\\) must be divisible by num_kv_heads",
+        ),
         ({"num_layers": 0}, "num_layers must be a positive integer"),
         ({"vocab_size": -5}, "vocab_size must be a positive integer"),
         ({"dtype": "int8"}, "dtype must be one of"),
@@ -403,11 +425,23 @@ def test_config_validation(overrides, message):
 
 def test_config_from_json(tmp_path):
     path = tmp_path / "m.json"
-    path.write_text(json.dumps({"name": "custom", "hidden_size": 128, "num_heads": 4,
-                                "num_kv_heads": 1, "num_layers": 2}))
+    path.write_text(
+        json.dumps(
+            {
+                "name": "custom",
+                "hidden_size": 128,
+                "num_heads": 4,
+                "num_kv_heads": 1,
+                "num_layers": 2,
+            }
+        )
+    )
     config = ModelConfig.from_json(path)
     assert (config.name, config.hidden_size, config.head_dim, config.vocab_size) == (
-        "custom", 128, 32, ModelConfig().vocab_size
+        "custom",
+        128,
+        32,
+        ModelConfig().vocab_size,
     )
     path.write_text(json.dumps({"hidden_size": 128, "num_hiden_layers": 2}))
     with pytest.raises(ValueError, match="unknown ModelConfig keys \\['num_hiden_layers'\\]"):

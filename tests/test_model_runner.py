@@ -15,8 +15,16 @@ from engine.worker.model import build_model
 from engine.worker.model_config import ModelConfig
 
 # A model small enough for many steps on 2 cores, with GQA; random weights from a seed.
-MODEL = ModelConfig(name="test", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4,
-                    num_kv_heads=2, intermediate_size=128, seed=3)
+MODEL = ModelConfig(
+    name="test",
+    vocab_size=512,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+    seed=3,
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +60,11 @@ GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
 @pytest.fixture(scope="module")
 def reference(model):
     """Every request alone, never preempted: the tokens it must always produce."""
-    engine = make_engine(model, SchedulerConfig(max_num_seqs=1),
-                         CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0))
+    engine = make_engine(
+        model,
+        SchedulerConfig(max_num_seqs=1),
+        CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0),
+    )
     seqs = run(engine, GREEDY)
     assert all(s.num_preemptions == 0 for s in seqs)
     return [s.output_token_ids for s in seqs]
@@ -84,7 +95,8 @@ def test_preemption_is_lossless(model, reference, mode):
 
 def test_chunked_prefill_and_batching_do_not_change_tokens(model, reference):
     engine = make_engine(
-        model, SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=16),
+        model,
+        SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=16),
         CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0),
     )
     seqs = run(engine, GREEDY)
@@ -92,38 +104,62 @@ def test_chunked_prefill_and_batching_do_not_change_tokens(model, reference):
 
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch(model):
-    params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.9, top_k=50, seed=11,
-                            ignore_eos=True)
-    big = make_engine(model, SchedulerConfig(max_num_seqs=6),
-                      CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0))
-    alone = make_engine(model, SchedulerConfig(max_num_seqs=1),
-                        CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0))
+    params = SamplingParams(
+        max_tokens=20, temperature=0.8, top_p=0.9, top_k=50, seed=11, ignore_eos=True
+    )
+    big = make_engine(
+        model,
+        SchedulerConfig(max_num_seqs=6),
+        CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0),
+    )
+    alone = make_engine(
+        model,
+        SchedulerConfig(max_num_seqs=1),
+        CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0),
+    )
     a = [s.output_token_ids for s in run(big, params)]
     b = [s.output_token_ids for s in run(alone, params)]
     assert a == b
-    greedy = [s.output_token_ids for s in run(
-        make_engine(model, SchedulerConfig(), CacheConfig(num_gpu_blocks_override=200,
-                                                          num_cpu_blocks_override=0)),
-        SamplingParams(max_tokens=20, ignore_eos=True))]
+    greedy = [
+        s.output_token_ids
+        for s in run(
+            make_engine(
+                model,
+                SchedulerConfig(),
+                CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0),
+            ),
+            SamplingParams(max_tokens=20, ignore_eos=True),
+        )
+    ]
     assert a != greedy  # temperature really samples
 
 
 def test_stop_tokens_and_min_tokens(model, reference):
     first = reference[0][0]
     # The first greedy token is a stop token: the request stops right there...
-    engine = make_engine(model, SchedulerConfig(), CacheConfig(num_gpu_blocks_override=200,
-                                                               num_cpu_blocks_override=0))
-    seq = engine.add_request(EngineRequest(
-        "s", prompts(1)[0], SamplingParams(max_tokens=40, stop_token_ids=(first,))))
+    engine = make_engine(
+        model,
+        SchedulerConfig(),
+        CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0),
+    )
+    seq = engine.add_request(
+        EngineRequest("s", prompts(1)[0], SamplingParams(max_tokens=40, stop_token_ids=(first,)))
+    )
     while engine.has_unfinished():
         engine.step()
     assert seq.status is SequenceStatus.FINISHED_STOPPED
     assert seq.output_token_ids == [first]
     # ...unless min_tokens masks it: then the request never samples it before 5 tokens.
-    engine = make_engine(model, SchedulerConfig(), CacheConfig(num_gpu_blocks_override=200,
-                                                               num_cpu_blocks_override=0))
-    seq = engine.add_request(EngineRequest("m", prompts(1)[0], SamplingParams(
-        max_tokens=8, min_tokens=5, stop_token_ids=(first,))))
+    engine = make_engine(
+        model,
+        SchedulerConfig(),
+        CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0),
+    )
+    seq = engine.add_request(
+        EngineRequest(
+            "m", prompts(1)[0], SamplingParams(max_tokens=8, min_tokens=5, stop_token_ids=(first,))
+        )
+    )
     while engine.has_unfinished():
         engine.step()
     assert first not in seq.output_token_ids[:5]
@@ -131,8 +167,9 @@ def test_stop_tokens_and_min_tokens(model, reference):
 
 
 def test_block_copies_move_kv_exactly(model):
-    engine = make_engine(model, SchedulerConfig(), CacheConfig(num_gpu_blocks_override=8,
-                                                               num_cpu_blocks_override=8))
+    engine = make_engine(
+        model, SchedulerConfig(), CacheConfig(num_gpu_blocks_override=8, num_cpu_blocks_override=8)
+    )
     runner = engine.executor
     k, v = runner.device_cache[0]
     k[3].normal_()
@@ -145,8 +182,9 @@ def test_block_copies_move_kv_exactly(model):
 
 
 def test_failed_step_fails_its_requests_and_the_engine_goes_on(model):
-    engine = make_engine(model, SchedulerConfig(), CacheConfig(num_gpu_blocks_override=64,
-                                                               num_cpu_blocks_override=0))
+    engine = make_engine(
+        model, SchedulerConfig(), CacheConfig(num_gpu_blocks_override=64, num_cpu_blocks_override=0)
+    )
     runner = engine.executor
     real_execute = runner.execute
     calls = {"n": 0}
@@ -164,8 +202,9 @@ def test_failed_step_fails_its_requests_and_the_engine_goes_on(model):
     assert outcome.error and "device fell over" in outcome.error
     assert bad.status is SequenceStatus.FINISHED_ERROR
     assert engine.block_manager.num_free_device_blocks == 64
-    good = engine.add_request(EngineRequest(
-        "good", prompts(1)[0], SamplingParams(max_tokens=3, ignore_eos=True)))
+    good = engine.add_request(
+        EngineRequest("good", prompts(1)[0], SamplingParams(max_tokens=3, ignore_eos=True))
+    )
     while engine.has_unfinished():
         engine.step()
     assert good.status is SequenceStatus.FINISHED_LENGTH
@@ -183,12 +222,17 @@ POISONS = {
 def isolation_batch(poison: SamplingParams | None) -> list[tuple[str, list[int], SamplingParams]]:
     """Nine requests (one poisoned), or the same eight good ones (same prompts) alone."""
     good = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in range(4)]
-    good += [SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=s,
-                            ignore_eos=True) for s in range(4)]
+    good += [
+        SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=s, ignore_eos=True)
+        for s in range(4)
+    ]
     batch = [(f"g{i}", p) for i, p in enumerate(good)]
     batch.insert(4, ("poisoned", poison))
-    return [(rid, prompt, params) for (rid, params), prompt in zip(batch, prompts(9), strict=True)
-            if params is not None]
+    return [
+        (rid, prompt, params)
+        for (rid, params), prompt in zip(batch, prompts(9), strict=True)
+        if params is not None
+    ]
 
 
 @pytest.mark.parametrize("poison", POISONS.values(), ids=POISONS.keys())
@@ -196,12 +240,17 @@ def test_a_poisoned_request_fails_alone_and_its_batch_goes_on(model, poison):
     from engine.core import decisions as d
 
     def run_batch(poison):
-        engine = make_engine(model, SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024),
-                             CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0))
+        engine = make_engine(
+            model,
+            SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024),
+            CacheConfig(num_gpu_blocks_override=200, num_cpu_blocks_override=0),
+        )
         records = []
         engine.observers.add(records.append)
-        seqs = {rid: engine.add_request(EngineRequest(rid, prompt, params))
-                for rid, prompt, params in isolation_batch(poison)}
+        seqs = {
+            rid: engine.add_request(EngineRequest(rid, prompt, params))
+            for rid, prompt, params in isolation_batch(poison)
+        }
         while engine.has_work():
             engine.step()
             engine.scheduler.check_invariants()  # blocks conserved, queues consistent
@@ -217,13 +266,14 @@ def test_a_poisoned_request_fails_alone_and_its_batch_goes_on(model, poison):
     assert bad.error.startswith("sampling failed: ")
     fails = [(r.step, x) for r in records for x in r.decisions if x.kind == d.FAIL]
     assert [(step, x.request_id, x.reason, x.detail) for step, x in fails] == [
-        (1, "poisoned", d.REASON_SAMPLING_ERROR, bad.error)]
+        (1, "poisoned", d.REASON_SAMPLING_ERROR, bad.error)
+    ]
     assert bad in records[0].finished
     ended = [s.request_id for r in records for s in r.finished]
     assert sorted(ended) == sorted([*seqs, "poisoned"])  # each ends in exactly one record
-    assert all(s.finish_reason == "length" and len(s.output_token_ids) == 10
-               for s in seqs.values())
+    assert all(s.finish_reason == "length" and len(s.output_token_ids) == 10 for s in seqs.values())
     # ...and with exactly the tokens they get in a batch without the poisoned request.
     alone, _ = run_batch(None)
     assert {rid: s.output_token_ids for rid, s in seqs.items()} == {
-        rid: s.output_token_ids for rid, s in alone.items()}
+        rid: s.output_token_ids for rid, s in alone.items()
+    }

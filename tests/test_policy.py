@@ -22,11 +22,25 @@ from engine.core.sched.policy import FcfsPolicy, PriorityPolicy, SjfPolicy, make
 from engine.core.sequence import Sequence
 
 
-def seq(arrival: float = 0.0, prompt: int = 4, max_tokens: int = 16, priority: int = 0,
-        oracle: int | None = None, seq_no: int = 0) -> Sequence:
-    return Sequence(EngineRequest(f"r{seq_no}", list(range(prompt)),
-                                  SamplingParams(max_tokens=max_tokens), arrival, priority,
-                                  oracle_output_tokens=oracle), seq_no)
+def seq(
+    arrival: float = 0.0,
+    prompt: int = 4,
+    max_tokens: int = 16,
+    priority: int = 0,
+    oracle: int | None = None,
+    seq_no: int = 0,
+) -> Sequence:
+    return Sequence(
+        EngineRequest(
+            f"r{seq_no}",
+            list(range(prompt)),
+            SamplingParams(max_tokens=max_tokens),
+            arrival,
+            priority,
+            oracle_output_tokens=oracle,
+        ),
+        seq_no,
+    )
 
 
 # -- keys --------------------------------------------------------------------------------
@@ -58,8 +72,9 @@ def test_priority_key_is_priority_plus_aging() -> None:
 
 
 def test_make_policy_follows_the_config() -> None:
-    p = make_policy(SchedulerConfig(scheduling_policy="sjf", aging_rate=2.0,
-                                    sjf_size_estimator="oracle"))
+    p = make_policy(
+        SchedulerConfig(scheduling_policy="sjf", aging_rate=2.0, sjf_size_estimator="oracle")
+    )
     assert isinstance(p, SjfPolicy) and p.aging_rate == 2.0 and p.estimator == "oracle"
     p = make_policy(SchedulerConfig(scheduling_policy="priority", aging_rate=0.25))
     assert isinstance(p, PriorityPolicy) and p.aging_rate == 0.25
@@ -70,7 +85,8 @@ def test_make_policy_follows_the_config() -> None:
 # below is exact in floating point, so ties are real ties on both sides.
 requests = st.lists(
     st.tuples(st.integers(0, 40), st.integers(0, 64), st.integers(1, 64), st.integers(0, 5)),
-    min_size=1, max_size=12,
+    min_size=1,
+    max_size=12,
 )
 
 
@@ -111,15 +127,18 @@ def test_budget_not_a_multiple_of_block_size_with_chunking_names_both_knobs() ->
     assert "max_num_batched_tokens (20)" in message and "block_size (16)" in message
     assert "chunked prefill" in message
     # without chunking a budget need not be a multiple of the block size
-    EngineConfig(SchedulerConfig(max_num_batched_tokens=2050, enable_chunked_prefill=False),
-                 CacheConfig(block_size=16))
+    EngineConfig(
+        SchedulerConfig(max_num_batched_tokens=2050, enable_chunked_prefill=False),
+        CacheConfig(block_size=16),
+    )
     EngineConfig(SchedulerConfig(max_num_batched_tokens=32), CacheConfig(block_size=16))
 
 
 def test_budget_below_max_model_len_without_chunking_is_refused() -> None:
     with pytest.raises(ConfigError) as err:
-        SchedulerConfig(enable_chunked_prefill=False, max_num_batched_tokens=512,
-                        max_model_len=1024)
+        SchedulerConfig(
+            enable_chunked_prefill=False, max_num_batched_tokens=512, max_model_len=1024
+        )
     message = str(err.value)
     assert "max_num_batched_tokens (512)" in message and "max_model_len (1024)" in message
     assert "enable_chunked_prefill" in message

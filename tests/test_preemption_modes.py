@@ -17,9 +17,15 @@ from engine.core import decisions as d
 from engine.core.cost_model import FEATURES, CostModel
 from engine.core.sequence import SequenceStatus
 
-COSTS = CostModel(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": 1 / 64,
-                     "prefill_token_s": 1e-6, "prefill_attention_s": 1e-6,
-                     "swap_block_s": 1e-4})
+COSTS = CostModel(
+    **{
+        **dict.fromkeys(FEATURES, 0.0),
+        "step_overhead_s": 1 / 64,
+        "prefill_token_s": 1e-6,
+        "prefill_attention_s": 1e-6,
+        "swap_block_s": 1e-4,
+    }
+)
 
 L = Req("L", 0.0, prompt_len=60, max_tokens=20, priority=5)
 S = Req("S", 0.0, prompt_len=3, max_tokens=20, priority=6)
@@ -27,8 +33,14 @@ H = Req("H", 0.05, prompt_len=70, max_tokens=2, priority=0)
 
 
 def run(mode: str, cpu_blocks: int = 64):
-    engine = make_engine(block_size=4, gpu_blocks=20, cpu_blocks=cpu_blocks,
-                         scheduling_policy="priority", preemption_mode=mode, cost_model=COSTS)
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=20,
+        cpu_blocks=cpu_blocks,
+        scheduling_policy="priority",
+        preemption_mode=mode,
+        cost_model=COSTS,
+    )
     trace = drive(engine, [L, S, H])
     for_h = [x for x in trace.of(d.PREEMPT) if x.beneficiary == "H"]
     assert [x.request_id for x in for_h] == ["S", "L"], for_h  # worst first
@@ -69,13 +81,17 @@ def test_auto_recomputes_the_short_context_and_swaps_the_long_one():
 def test_swap_swaps_both_whatever_they_cost():
     _, preempts = run("swap")
     assert {x.request_id: (x.mode, x.detail) for x in preempts.values()} == {
-        "S": ("swap", ""), "L": ("swap", "")}
+        "S": ("swap", ""),
+        "L": ("swap", ""),
+    }
 
 
 def test_recompute_recomputes_both_whatever_they_cost():
     _, preempts = run("recompute")
     assert {x.request_id: (x.mode, x.detail) for x in preempts.values()} == {
-        "S": ("recompute", ""), "L": ("recompute", "")}
+        "S": ("recompute", ""),
+        "L": ("recompute", ""),
+    }
 
 
 def test_auto_swaps_only_while_the_host_pool_has_room():
@@ -83,4 +99,7 @@ def test_auto_swaps_only_while_the_host_pool_has_room():
     recomputes, and says that swap space ran out; S recomputes because it is cheaper."""
     _, preempts = run("auto", cpu_blocks=0)
     assert (preempts["S"].mode, preempts["S"].detail) == ("recompute", d.REASON_RECOMPUTE_CHEAPER)
-    assert (preempts["L"].mode, preempts["L"].detail) == ("recompute", d.REASON_SWAP_SPACE_EXHAUSTED)
+    assert (preempts["L"].mode, preempts["L"].detail) == (
+        "recompute",
+        d.REASON_SWAP_SPACE_EXHAUSTED,
+    )

@@ -67,8 +67,12 @@ def test_the_scheduler_output_counts_the_work_of_the_groups_the_model_builds():
     specs = [(1024, 0, 1024), (150, 0, 150), (300, 900, 300), (120, 0, 120), (40, 0, 40)]
     query_lens, seq_lens = [], []
     for i, (prompt, computed, scheduled) in enumerate(specs):
-        request = EngineRequest(f"r{i}", list(range(3, 3 + prompt + computed)),
-                                SamplingParams(max_tokens=4), arrival_time=0.0)
+        request = EngineRequest(
+            f"r{i}",
+            list(range(3, 3 + prompt + computed)),
+            SamplingParams(max_tokens=4),
+            arrival_time=0.0,
+        )
         seq = Sequence(request, i)
         seq.num_computed_tokens = computed
         out.add(seq, scheduled)
@@ -76,8 +80,12 @@ def test_the_scheduler_output_counts_the_work_of_the_groups_the_model_builds():
         seq_lens.append(computed + scheduled)
     tables = [list(range(-(-n // 16))) for n in seq_lens]
     meta, _ = AttentionMetadata.build(query_lens, seq_lens, tables, 16)
-    model_work = sum(g.context_slots.shape[0] * g.max_query_len * max(
-        seq_lens[i] for i in _seq_indices(meta, g, query_lens)) for g in meta.prefill)
+    model_work = sum(
+        g.context_slots.shape[0]
+        * g.max_query_len
+        * max(seq_lens[i] for i in _seq_indices(meta, g, query_lens))
+        for g in meta.prefill
+    )
     assert len(meta.prefill) >= 2
     assert out.prefill_padded_attention_work == model_work
 

@@ -89,7 +89,9 @@ def test_poisson_count_within_99ci_and_windows_are_poisson():
 @pytest.mark.parametrize("burstiness", [0.25, 0.5, 1.0, 2.0, 4.0])
 def test_gamma_burstiness_gives_the_intended_cv(burstiness):
     rate, duration = 50.0, 1000.0  # ~50,000 gaps
-    plan = build_plan(profile(Phase(name="p", duration_s=duration, rate=rate, burstiness=burstiness)))
+    plan = build_plan(
+        profile(Phase(name="p", duration_s=duration, rate=rate, burstiness=burstiness))
+    )
     gaps = np.diff(times_of(plan))
     cv = gaps.std() / gaps.mean()
     assert cv == pytest.approx(1 / math.sqrt(burstiness), rel=0.05)
@@ -134,7 +136,9 @@ def test_ramp_counts_per_window_follow_the_linear_rate(r0, r1):
     duration = 400.0
     windows = 20
     # Many repetitions of one ramp give enough arrivals per window.
-    p = profile(*(Phase(name=f"r{k}", duration_s=duration, rate=r0, rate_end=r1) for k in range(10)))
+    p = profile(
+        *(Phase(name=f"r{k}", duration_s=duration, rate=r0, rate_end=r1) for k in range(10))
+    )
     plan = build_plan(p)
     edges = np.linspace(0, duration, windows + 1)
     observed = np.zeros(windows)
@@ -155,7 +159,9 @@ def test_ramp_counts_per_window_follow_the_linear_rate(r0, r1):
 def test_ramp_keeps_burstiness_in_rescaled_time(burstiness):
     # Time-rescaling: the gaps of Lambda(t_i) are the unit-mean gamma gaps.
     r0, r1, d = 1.0, 40.0, 2000.0
-    plan = build_plan(profile(Phase(name="r", duration_s=d, rate=r0, rate_end=r1, burstiness=burstiness)))
+    plan = build_plan(
+        profile(Phase(name="r", duration_s=d, rate=r0, rate_end=r1, burstiness=burstiness))
+    )
     t = times_of(plan)
     u = r0 * t + (r1 - r0) / d * t**2 / 2
     gaps = np.diff(u)
@@ -220,8 +226,13 @@ def phases(draw):
     rate = draw(st.floats(0.1, 40))
     b = draw(st.sampled_from([0.1, 0.5, 1.0, 3.0]))
     if kind == "ramp":
-        return Phase(name=name, duration_s=duration, rate=rate, rate_end=draw(st.floats(0.1, 40)),
-                     burstiness=b)
+        return Phase(
+            name=name,
+            duration_s=duration,
+            rate=rate,
+            rate_end=draw(st.floats(0.1, 40)),
+            burstiness=b,
+        )
     return Phase(name=name, duration_s=duration, rate=rate, burstiness=b)
 
 
@@ -276,7 +287,10 @@ def write_jsonl(path: Path, header: list[str], rows: list[tuple]) -> Path:
 
 def replay_profile(trace: ReplayTrace, **phase_kw) -> Profile:
     return Profile(
-        name="rp", seed=0, classes=classes(1.0, 1.0), phases=(Phase(name="t", trace=trace, **phase_kw),)
+        name="rp",
+        seed=0,
+        classes=classes(1.0, 1.0),
+        phases=(Phase(name="t", trace=trace, **phase_kw),),
     )
 
 
@@ -298,23 +312,36 @@ def check_replay(p: Profile, offsets, prompts, outputs, time_scale=1.0, cls=None
 
 @pytest.mark.parametrize("writer, suffix", [(write_csv, "csv"), (write_jsonl, "jsonl")])
 def test_replay_azure_layout_exact(tmp_path, writer, suffix):
-    path = writer(tmp_path / f"azure.{suffix}", ["TIMESTAMP", "ContextTokens", "GeneratedTokens"],
-                  AZURE_ROWS)
+    path = writer(
+        tmp_path / f"azure.{suffix}", ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], AZURE_ROWS
+    )
     trace = ReplayTrace(file=path)
     assert trace.layout == "azure"
     p = replay_profile(trace)
-    specs = check_replay(p, AZURE_OFFSETS, [r[1] for r in AZURE_ROWS], [r[2] for r in AZURE_ROWS],
-                         cls=["c0"] * 5)
+    specs = check_replay(
+        p, AZURE_OFFSETS, [r[1] for r in AZURE_ROWS], [r[2] for r in AZURE_ROWS], cls=["c0"] * 5
+    )
     assert {s.priority for s in specs} == {0}
     fast = replay_profile(ReplayTrace(file=path, time_scale=2.0))
     check_replay(fast, AZURE_OFFSETS, [r[1] for r in AZURE_ROWS], [r[2] for r in AZURE_ROWS], 2.0)
     # --rate-scale on a trace phase is its speed.
-    check_replay(p.with_rate_scale(4.0), AZURE_OFFSETS, [r[1] for r in AZURE_ROWS],
-                 [r[2] for r in AZURE_ROWS], 4.0)
+    check_replay(
+        p.with_rate_scale(4.0),
+        AZURE_OFFSETS,
+        [r[1] for r in AZURE_ROWS],
+        [r[2] for r in AZURE_ROWS],
+        4.0,
+    )
 
 
-BURSTGPT_HEADER = ["Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens",
-                   "Log Type"]
+BURSTGPT_HEADER = [
+    "Timestamp",
+    "Model",
+    "Request tokens",
+    "Response tokens",
+    "Total tokens",
+    "Log Type",
+]
 BURSTGPT_ROWS = [
     (5.0, "ChatGPT", 472, 18, 490, "Conversation log"),
     (45.0, "ChatGPT", 1087, 0, 1087, "Conversation log"),  # failed: skipped
@@ -330,38 +357,63 @@ def test_replay_burstgpt_layout_filters_and_skips(tmp_path, writer, suffix):
     trace = ReplayTrace(file=path, default_class="c1")
     assert trace.layout == "burstgpt" and trace.num_skipped == 1
     kept = [r for r in BURSTGPT_ROWS if r[3] > 0]
-    specs = check_replay(replay_profile(trace), [r[0] - 5.0 for r in kept], [r[2] for r in kept],
-                         [r[3] for r in kept], cls=["c1"] * 4)
+    specs = check_replay(
+        replay_profile(trace),
+        [r[0] - 5.0 for r in kept],
+        [r[2] for r in kept],
+        [r[3] for r in kept],
+        cls=["c1"] * 4,
+    )
     assert {s.priority for s in specs} == {1}
     chatgpt = [r for r in kept if r[1] == "ChatGPT" and r[5] == "Conversation log"]
     filtered = ReplayTrace(file=path, model="ChatGPT", log_type="Conversation log")
-    check_replay(replay_profile(filtered), [r[0] - 5.0 for r in chatgpt],
-                 [r[2] for r in chatgpt], [r[3] for r in chatgpt])
+    check_replay(
+        replay_profile(filtered),
+        [r[0] - 5.0 for r in chatgpt],
+        [r[2] for r in chatgpt],
+        [r[3] for r in chatgpt],
+    )
 
 
-PLAIN_ROWS = [(10.0, 100, 10, "c1"), (10.5, 200, 20, ""), (12.0, 300, 30, "c0"),
-              (11.0, 400, 40, "c1"), (20.0, 500, 50, "c0")]
+PLAIN_ROWS = [
+    (10.0, 100, 10, "c1"),
+    (10.5, 200, 20, ""),
+    (12.0, 300, 30, "c0"),
+    (11.0, 400, 40, "c1"),
+    (20.0, 500, 50, "c0"),
+]
 
 
 @pytest.mark.parametrize("writer, suffix", [(write_csv, "csv"), (write_jsonl, "jsonl")])
 @pytest.mark.parametrize("time_col", ["arrival_s", "timestamp"])
 def test_replay_plain_layout_classes_start_and_limit(tmp_path, writer, suffix, time_col):
-    path = writer(tmp_path / f"plain.{suffix}", [time_col, "prompt_tokens", "output_tokens", "class"],
-                  PLAIN_ROWS)
+    path = writer(
+        tmp_path / f"plain.{suffix}",
+        [time_col, "prompt_tokens", "output_tokens", "class"],
+        PLAIN_ROWS,
+    )
     trace = ReplayTrace(file=path)
     assert trace.layout == "plain"
     # Sorted by time (the row at 11.0 comes before 12.0); an empty class is the default.
     order = sorted(PLAIN_ROWS, key=lambda r: r[0])
-    check_replay(replay_profile(trace), [r[0] - 10 for r in order], [r[1] for r in order],
-                 [r[2] for r in order], cls=[r[3] or "c0" for r in order])
+    check_replay(
+        replay_profile(trace),
+        [r[0] - 10 for r in order],
+        [r[1] for r in order],
+        [r[2] for r in order],
+        cls=[r[3] or "c0" for r in order],
+    )
     # start_s skips trace seconds (before scaling); limit keeps the first n after it.
     part = ReplayTrace(file=path, start_s=0.75, limit=2, time_scale=0.5)
     check_replay(replay_profile(part), [0.0, 1.0], [400, 300], [40, 30], 0.5, cls=["c1", "c0"])
 
 
 def test_replay_phase_window_and_duration_scale(tmp_path):
-    path = write_csv(tmp_path / "t.csv", ["arrival_s", "prompt_tokens", "output_tokens"],
-                     [(float(i), 10, 5) for i in range(11)])
+    path = write_csv(
+        tmp_path / "t.csv",
+        ["arrival_s", "prompt_tokens", "output_tokens"],
+        [(float(i), 10, 5) for i in range(11)],
+    )
     p = replay_profile(ReplayTrace(file=path))
     # Default duration: the span (10 s) plus one mean gap.
     assert p.phases[0].duration_s == 11.0
@@ -370,8 +422,12 @@ def test_replay_phase_window_and_duration_scale(tmp_path):
     cut = replay_profile(ReplayTrace(file=path), duration_s=3.0)
     assert [s.scheduled_at for s in build_plan(cut).open_loop_requests()] == [0.0, 1.0, 2.0]
     # A trace phase after another phase starts at that phase's end.
-    two = Profile(name="x", seed=0, classes=classes(1.0),
-                  phases=(Phase(name="warm", duration_s=5, rate=2), Phase(name="t", trace=p.phases[0].trace)))
+    two = Profile(
+        name="x",
+        seed=0,
+        classes=classes(1.0),
+        phases=(Phase(name="warm", duration_s=5, rate=2), Phase(name="t", trace=p.phases[0].trace)),
+    )
     replayed = build_plan(two).phases[1].requests
     assert [r.scheduled_at for r in replayed] == pytest.approx([5.0 + i for i in range(11)])
     # sample_requests cycles the trace.
@@ -386,8 +442,11 @@ def write_toml(path: Path, text: str) -> Path:
 
 
 def test_replay_in_toml_relative_path_and_round_trip(tmp_path):
-    write_csv(tmp_path / "trace.csv", ["arrival_s", "prompt_tokens", "output_tokens", "class"],
-              [(0.0, 10, 5, "a"), (0.5, 20, 6, "b")])
+    write_csv(
+        tmp_path / "trace.csv",
+        ["arrival_s", "prompt_tokens", "output_tokens", "class"],
+        [(0.0, 10, 5, "a"), (0.5, 20, 6, "b")],
+    )
     path = tmp_path / "replay.toml"
     path.write_text(
         'name = "r"\nseed = 0\n'
@@ -397,13 +456,26 @@ def test_replay_in_toml_relative_path_and_round_trip(tmp_path):
     )
     p = load_profile(path)
     specs = build_plan(p).open_loop_requests()
-    assert [(s.scheduled_at, s.class_name, s.priority) for s in specs] == [(0.0, "a", 0), (0.25, "b", 3)]
+    assert [(s.scheduled_at, s.class_name, s.priority) for s in specs] == [
+        (0.0, "a", 0),
+        (0.25, "b", 3),
+    ]
     assert profile_from_dict(profile_to_dict(p)) == p
     # Shorthand: a bare path is a trace at its defaults.
-    short = load_profile(write_toml(path, path.read_text().replace(
-        'trace = { file = "trace.csv", time_scale = 2.0 }', 'trace = "trace.csv"')))
+    short = load_profile(
+        write_toml(
+            path,
+            path.read_text().replace(
+                'trace = { file = "trace.csv", time_scale = 2.0 }', 'trace = "trace.csv"'
+            ),
+        )
+    )
     assert [s.scheduled_at for s in build_plan(short).open_loop_requests()] == [0.0, 0.5]
-    bad = path.read_text().replace('trace = "trace.csv"', 'trace = { file = "trace.csv", time_scale = 2.0 }').replace("time_scale", "time_scal")
+    bad = (
+        path.read_text()
+        .replace('trace = "trace.csv"', 'trace = { file = "trace.csv", time_scale = 2.0 }')
+        .replace("time_scale", "time_scal")
+    )
     path.write_text(bad)
     with pytest.raises(ProfileError, match=r"phases\[0\]\.trace\.time_scal: unknown key"):
         load_profile(path)
@@ -412,17 +484,42 @@ def test_replay_in_toml_relative_path_and_round_trip(tmp_path):
 @pytest.mark.parametrize(
     "header, rows, suffix, message",
     [
-        (["TIMESTAMP", "ContextTokens", "GeneratedTokens"], [("2023-11-16 18:15:46.5", 1, 2),
-         ("yesterday", 3, 4)], "csv", r"line 3, column 'TIMESTAMP': expected a datetime"),
-        (["Timestamp", "Request tokens", "Response tokens"], [(1.0, 5, 2), (2.0, "many", 4)],
-         "csv", r"line 3, column 'Request tokens': expected an integer, got 'many'"),
-        (["arrival_s", "prompt_tokens", "output_tokens"], [(1.0, 5, 2), (2.0, 5, -4)],
-         "jsonl", r"line 2, column 'output_tokens': must be >= 0"),
-        (["arrival_s", "prompt_tokens", "output_tokens"], [(1.0, 5, 2), ("", 5, 4)],
-         "csv", r"line 3, column 'arrival_s': missing value"),
-        (["arrival_s", "prompt_tokens", "output_tokens", "class"], [(1.0, 5, 2, "c0"),
-         (2.0, 5, 4, "nosuch")], "csv", r"line 3, column 'class': 'nosuch' is not a class"),
-        (["when", "prompt", "output"], [(1.0, 5, 2)], "csv", r"line 2: cannot tell the trace layout"),
+        (
+            ["TIMESTAMP", "ContextTokens", "GeneratedTokens"],
+            [("2023-11-16 18:15:46.5", 1, 2), ("yesterday", 3, 4)],
+            "csv",
+            r"line 3, column 'TIMESTAMP': expected a datetime",
+        ),
+        (
+            ["Timestamp", "Request tokens", "Response tokens"],
+            [(1.0, 5, 2), (2.0, "many", 4)],
+            "csv",
+            r"line 3, column 'Request tokens': expected an integer, got 'many'",
+        ),
+        (
+            ["arrival_s", "prompt_tokens", "output_tokens"],
+            [(1.0, 5, 2), (2.0, 5, -4)],
+            "jsonl",
+            r"line 2, column 'output_tokens': must be >= 0",
+        ),
+        (
+            ["arrival_s", "prompt_tokens", "output_tokens"],
+            [(1.0, 5, 2), ("", 5, 4)],
+            "csv",
+            r"line 3, column 'arrival_s': missing value",
+        ),
+        (
+            ["arrival_s", "prompt_tokens", "output_tokens", "class"],
+            [(1.0, 5, 2, "c0"), (2.0, 5, 4, "nosuch")],
+            "csv",
+            r"line 3, column 'class': 'nosuch' is not a class",
+        ),
+        (
+            ["when", "prompt", "output"],
+            [(1.0, 5, 2)],
+            "csv",
+            r"line 2: cannot tell the trace layout",
+        ),
         (["arrival_s", "prompt_tokens", "output_tokens"], [(1.0, 0, 2)], "csv", "no requests"),
     ],
 )
@@ -435,7 +532,9 @@ def test_replay_errors_name_file_line_and_column(tmp_path, header, rows, suffix,
 
 
 def test_replay_validation(tmp_path):
-    path = write_csv(tmp_path / "t.csv", ["arrival_s", "prompt_tokens", "output_tokens"], [(0, 1, 1)])
+    path = write_csv(
+        tmp_path / "t.csv", ["arrival_s", "prompt_tokens", "output_tokens"], [(0, 1, 1)]
+    )
     with pytest.raises(ProfileError, match="cannot read"):
         ReplayTrace(file=tmp_path / "missing.csv")
     with pytest.raises(ProfileError, match="format: unknown trace format 'azur'"):
@@ -544,8 +643,11 @@ def test_swap_pressure_swaps_and_recomputes():
 def test_replay_profile_reads_its_trace_from_the_environment(tmp_path, monkeypatch):
     sample = resolve_profile("replay")
     assert build_plan(sample).num_open_requests == 313
-    path = write_csv(tmp_path / "mine.csv", ["Timestamp", "Request tokens", "Response tokens"],
-                     [(100.0, 50, 5), (101.0, 60, 6), (103.0, 70, 7)])
+    path = write_csv(
+        tmp_path / "mine.csv",
+        ["Timestamp", "Request tokens", "Response tokens"],
+        [(100.0, 50, 5), (101.0, 60, 6), (103.0, 70, 7)],
+    )
     monkeypatch.setenv("SCHEDSCOPE_REPLAY_TRACE", str(path))
     monkeypatch.setenv("SCHEDSCOPE_REPLAY_TIME_SCALE", "2")
     p = resolve_profile("replay")
@@ -561,8 +663,9 @@ def test_loading_every_profile_does_not_import_locust():
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('locust', 'gevent', 'harness'))))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
     modules = json.loads(out.stdout)
     assert not [m for m in modules if m.startswith(("locust", "gevent", "harness.loadgen"))]
 
@@ -571,8 +674,9 @@ def test_cli_duration_scale_and_default_alias(tmp_path):
     from harness.cli import app
 
     out = tmp_path / "o"
-    result = CliRunner().invoke(app, ["simulate", "--profile", "default", "--duration-scale", "0.1",
-                                      "--out", str(out)])
+    result = CliRunner().invoke(
+        app, ["simulate", "--profile", "default", "--duration-scale", "0.1", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["profile"] == "mixed"
@@ -588,8 +692,9 @@ def test_cli_duration_scale_and_default_alias(tmp_path):
 def test_bursty_ramp_arrivals_stay_in_order():
     """Regression (found by test_plan_invariants): gamma gaps near 0 made the ramp's
     inverse rate map round one ulp out of order."""
-    phase = Phase(name="p0", duration_s=9.0, rate=1.5556099674237314, rate_end=4.0703125,
-                  burstiness=0.1)
+    phase = Phase(
+        name="p0", duration_s=9.0, rate=1.5556099674237314, rate_end=4.0703125, burstiness=0.1
+    )
     p = Profile(name="h", seed=0, classes=classes(0.5, 0.3, 0.2), phases=(phase,))
     t = [s.scheduled_at for s in build_plan(p).open_loop_requests()]
     assert t == sorted(t)

@@ -45,10 +45,20 @@ if find_prometheus() is None:
 def cost_model(tmp_path_factory) -> Path:
     """8 ms steps: a request preempted for a few dozen steps stalls past 250 ms."""
     path = tmp_path_factory.mktemp("cost") / "cost.json"
-    path.write_text(json.dumps({"step_overhead_s": 0.008, "prefill_token_s": 0.0,
-                                "decode_seq_s": 0.0, "decode_context_token_s": 0.0,
-                                "prefill_attention_s": 0.0, "swap_block_s": 0.0,
-                                "prefill_seq_s": 0.0, "mixed_step_s": 0.0}))
+    path.write_text(
+        json.dumps(
+            {
+                "step_overhead_s": 0.008,
+                "prefill_token_s": 0.0,
+                "decode_seq_s": 0.0,
+                "decode_context_token_s": 0.0,
+                "prefill_attention_s": 0.0,
+                "swap_block_s": 0.0,
+                "prefill_seq_s": 0.0,
+                "mixed_step_s": 0.0,
+            }
+        )
+    )
     return path
 
 
@@ -61,8 +71,9 @@ class Load:
         self.stop = threading.Event()
         self.num_done = 0
         self.num_errors = 0
-        self.threads = [threading.Thread(target=self._user, args=(i,), daemon=True)
-                        for i in range(8)]
+        self.threads = [
+            threading.Thread(target=self._user, args=(i,), daemon=True) for i in range(8)
+        ]
 
     def _user(self, index: int) -> None:
         rng = random.Random(index)
@@ -72,10 +83,16 @@ class Load:
             words = rng.randint(60, 120) if long else rng.randint(5, 30)
             headers = {"X-Request-Class": "long" if long else "short"}
             if rng.random() < 0.5:
-                headers["traceparent"] = f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01"
-            body = {"model": MODEL, "prompt": " ".join(["w"] * words), "stream": True,
-                    "max_tokens": rng.randint(60, 120) if long else rng.randint(8, 30),
-                    "ignore_eos": True}
+                headers["traceparent"] = (
+                    f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01"
+                )
+            body = {
+                "model": MODEL,
+                "prompt": " ".join(["w"] * words),
+                "stream": True,
+                "max_tokens": rng.randint(60, 120) if long else rng.randint(8, 30),
+                "ignore_eos": True,
+            }
             try:
                 status, _, _ = client.post_json("/v1/completions", body, headers)
             except OSError:
@@ -97,10 +114,26 @@ class Load:
 
 @pytest.fixture(scope="module")
 def scraped(cost_model):
-    args = ["--executor", "sim", "--cost-model", str(cost_model), "--served-model-name", MODEL,
-            "--num-gpu-blocks-override", "40", "--num-cpu-blocks-override", "12",
-            "--block-size", "16", "--max-num-seqs", "8", "--max-model-len", "512",
-            "--preemption-mode", "swap"]
+    args = [
+        "--executor",
+        "sim",
+        "--cost-model",
+        str(cost_model),
+        "--served-model-name",
+        MODEL,
+        "--num-gpu-blocks-override",
+        "40",
+        "--num-cpu-blocks-override",
+        "12",
+        "--block-size",
+        "16",
+        "--max-num-seqs",
+        "8",
+        "--max-model-len",
+        "512",
+        "--preemption-mode",
+        "swap",
+    ]
     with CliServer(args) as server:
         target = server.url.removeprefix("http://")
         with Load(server.url) as load, PrometheusServer([target]) as prometheus:
@@ -118,15 +151,19 @@ def test_every_dashboard_panel_returns_data_from_a_live_engine(scraped):
     empty = []
     for query in panel_queries({"model_name": MODEL}):
         if not has_data(prometheus.query(query.expr)):
-            empty.append(f"{query.dashboard_uid} / {query.panel_title} [{query.ref_id}]: "
-                         f"{query.expr}")
+            empty.append(
+                f"{query.dashboard_uid} / {query.panel_title} [{query.ref_id}]: {query.expr}"
+            )
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 
 def test_every_query_of_vllms_published_dashboard_returns_data(scraped):
     prometheus, _ = scraped
-    queries = [line for line in VLLM_QUERIES.read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    queries = [
+        line
+        for line in VLLM_QUERIES.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert len(queries) == 29
     empty = []
     for expr in queries:
@@ -136,10 +173,15 @@ def test_every_query_of_vllms_published_dashboard_returns_data(scraped):
     assert not empty, "vLLM dashboard queries without data:\n" + "\n".join(empty)
 
 
-@pytest.mark.parametrize("histogram", [
-    "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
-    "vllm:request_queue_time_seconds_bucket", "schedscope_stall_duration_seconds_bucket",
-])
+@pytest.mark.parametrize(
+    "histogram",
+    [
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:request_queue_time_seconds_bucket",
+        "schedscope_stall_duration_seconds_bucket",
+    ],
+)
 def test_prometheus_stores_exemplars_with_trace_ids(scraped, histogram):
     prometheus, _ = scraped
     now = time.time()

@@ -48,20 +48,33 @@ def test_jain_index():
 def _requests(n=None, ttft=None, classes=None, status=None, **cols) -> pl.DataFrame:
     ttft = ttft if ttft is not None else [0.1] * (n or 1)
     n = len(ttft)
-    base = {"request_id": [f"r{i}" for i in range(n)], "class": classes or ["a"] * n,
-            "status": status or ["ok"] * n, "prompt_tokens": [10] * n, "output_tokens": [11] * n,
-            "max_tokens": [20] * n, "scheduled_at": [float(i) for i in range(n)],
-            "ttft_s": ttft, "tpot_s": [0.01] * n, "e2e_s": [None if t is None else t + 0.1 for t in ttft],
-            "queue_s": [0.0] * n}
+    base = {
+        "request_id": [f"r{i}" for i in range(n)],
+        "class": classes or ["a"] * n,
+        "status": status or ["ok"] * n,
+        "prompt_tokens": [10] * n,
+        "output_tokens": [11] * n,
+        "max_tokens": [20] * n,
+        "scheduled_at": [float(i) for i in range(n)],
+        "ttft_s": ttft,
+        "tpot_s": [0.01] * n,
+        "e2e_s": [None if t is None else t + 0.1 for t in ttft],
+        "queue_s": [0.0] * n,
+    }
     base.update(cols)
     return tables.load_requests(pl.LazyFrame(base), {})
 
 
 def test_goodput_counts_requests_meeting_every_slo_of_their_class():
-    frame = pl.DataFrame({
-        "class": ["a", "a", "a", "b", "b"], "status": ["ok", "ok", "error", "ok", "ok"],
-        "ttft_s": [0.5, 1.5, 0.1, 9.0, 1.0], "tpot_s": [0.05, 0.05, 0.05, 0.5, None],
-        "e2e_s": [2.0, 2.0, 2.0, 10.0, 30.0]})
+    frame = pl.DataFrame(
+        {
+            "class": ["a", "a", "a", "b", "b"],
+            "status": ["ok", "ok", "error", "ok", "ok"],
+            "ttft_s": [0.5, 1.5, 0.1, 9.0, 1.0],
+            "tpot_s": [0.05, 0.05, 0.05, 0.5, None],
+            "e2e_s": [2.0, 2.0, 2.0, 10.0, 30.0],
+        }
+    )
     slos = {"a": {"ttft_s": 1.0, "tpot_s": 0.1}, "b": {"e2e_s": 20.0}}
     met = frame.select(slo_met_expr(frame.columns, slos)).to_series().to_list()
     assert met == [True, False, False, True, False]
@@ -69,9 +82,17 @@ def test_goodput_counts_requests_meeting_every_slo_of_their_class():
     frame = frame.with_columns(slo_ttft_s=pl.lit(2.0))
     met = frame.select(slo_met_expr(frame.columns, slos)).to_series().to_list()
     assert met[1] is True
-    lazy = pl.LazyFrame({"request_id": ["x", "y"], "class": ["a", "a"], "status": ["ok", "ok"],
-                         "ttft_s": [0.5, 2.0], "tpot_s": [0.01, 0.01], "e2e_s": [1.0, 3.0],
-                         "output_tokens": [5, 5]})
+    lazy = pl.LazyFrame(
+        {
+            "request_id": ["x", "y"],
+            "class": ["a", "a"],
+            "status": ["ok", "ok"],
+            "ttft_s": [0.5, 2.0],
+            "tpot_s": [0.01, 0.01],
+            "e2e_s": [1.0, 3.0],
+            "output_tokens": [5, 5],
+        }
+    )
     g = tables.group_stats(tables.load_requests(lazy, slos), 4.0, None)
     assert g["goodput_rps"] == pytest.approx(0.25)
     assert g["slo_attainment"] == pytest.approx(0.5)
@@ -79,57 +100,100 @@ def test_goodput_counts_requests_meeting_every_slo_of_their_class():
 
 # -- stall attribution: one hand-built case per cause ------------------------------------
 
+
 def _stall_data(spans=None, steps=None, decisions=None) -> PolicyData:
     # r0 has one stall per case, each [10k, 10k + 1] with k = case number
-    requests = pl.LazyFrame({
-        "request_id": ["r0"], "class": ["a"],
-        "stalls": [[{"start_s": 10.0 * k, "duration_s": 1.0} for k in range(1, 7)]]})
-    return PolicyData(run="t", policy="fcfs", path=None, requests=requests,  # type: ignore[arg-type]
-                      spans=spans, steps=steps, decisions=decisions)
+    requests = pl.LazyFrame(
+        {
+            "request_id": ["r0"],
+            "class": ["a"],
+            "stalls": [[{"start_s": 10.0 * k, "duration_s": 1.0} for k in range(1, 7)]],
+        }
+    )
+    return PolicyData(
+        run="t",
+        policy="fcfs",
+        path=None,
+        requests=requests,  # type: ignore[arg-type]
+        spans=spans,
+        steps=steps,
+        decisions=decisions,
+    )
 
 
 def _span(name, start, end, **attrs):
-    return {"name": name, "request_id": "r0", "start": start, "end": end,
-            "attr.schedscope.preempt.mode": attrs.get("mode"),
-            "attr.schedscope.prefill.kind": attrs.get("kind")}
+    return {
+        "name": name,
+        "request_id": "r0",
+        "start": start,
+        "end": end,
+        "attr.schedscope.preempt.mode": attrs.get("mode"),
+        "attr.schedscope.prefill.kind": attrs.get("kind"),
+    }
 
 
 def test_stall_attribution_one_case_per_cause():
-    spans = pl.LazyFrame([
-        _span("preempt", 10.2, 10.8, mode="swap"),          # 1: swapped_out
-        _span("swap_out", 10.2, 10.21),
-        _span("preempt", 20.2, 20.5, mode="recompute"),     # 2: recompute
-        _span("prefill", 20.5, 20.9, kind="recompute"),
-        _span("preempt", 30.3, 30.9),                       # 3: preempted_waiting
-        _span("decode", 0.0, 70.0),
-    ])
+    spans = pl.LazyFrame(
+        [
+            _span("preempt", 10.2, 10.8, mode="swap"),  # 1: swapped_out
+            _span("swap_out", 10.2, 10.21),
+            _span("preempt", 20.2, 20.5, mode="recompute"),  # 2: recompute
+            _span("prefill", 20.5, 20.9, kind="recompute"),
+            _span("preempt", 30.3, 30.9),  # 3: preempted_waiting
+            _span("decode", 0.0, 70.0),
+        ]
+    )
     # 4: the step ending the gap at 41.0 was prefill-dominated; 5: not dominated
-    steps = pl.LazyFrame({"execute_end": [41.0, 51.0, 61.0, 11.0],
-                          "num_prefill_tokens": [900, 0, 10, 900],
-                          "num_decode_seqs": [40, 40, 40, 40]})
+    steps = pl.LazyFrame(
+        {
+            "execute_end": [41.0, 51.0, 61.0, 11.0],
+            "num_prefill_tokens": [900, 0, 10, 900],
+            "num_decode_seqs": [40, 40, 40, 40],
+        }
+    )
     # 5: an idle_running decision listed r0 inside [50, 51]; also inside 1 (lower rank there)
-    decisions = pl.LazyFrame({"kind": ["idle_running", "idle_running", "admit"],
-                              "time": [50.5, 10.5, 0.0], "request_id": [None, None, "r0"],
-                              "request_ids": [["r1", "r0"], ["r0"], None]})
+    decisions = pl.LazyFrame(
+        {
+            "kind": ["idle_running", "idle_running", "admit"],
+            "time": [50.5, 10.5, 0.0],
+            "request_id": [None, None, "r0"],
+            "request_ids": [["r1", "r0"], ["r0"], None],
+        }
+    )
     data = _stall_data(pl.LazyFrame(spans.collect()), steps, decisions)
     out, sources = stalls.attribute(data, pl.DataFrame({"request_id": ["r0"], "class": ["a"]}), 0.5)
-    assert out["cause"].to_list() == ["swapped_out", "recompute", "preempted_waiting",
-                                      "prefill_interference", "token_budget", "other"]
-    assert sources == {"preemptions": "spans", "token_budget": "decisions",
-                       "prefill_interference": "steps"}
+    assert out["cause"].to_list() == [
+        "swapped_out",
+        "recompute",
+        "preempted_waiting",
+        "prefill_interference",
+        "token_budget",
+        "other",
+    ]
+    assert sources == {
+        "preemptions": "spans",
+        "token_budget": "decisions",
+        "prefill_interference": "steps",
+    }
     # the threshold: gaps at or below it are not stalls
     out, _ = stalls.attribute(data, pl.DataFrame({"request_id": ["r0"], "class": ["a"]}), 1.0)
     assert out.height == 0
 
 
 def test_stall_attribution_from_decisions_when_spans_are_missing():
-    decisions = pl.LazyFrame({"kind": ["preempt", "preempt", "preempt"],
-                              "time": [10.5, 20.5, 30.5], "request_id": ["r0", "r0", "r0"],
-                              "mode": ["swap", "recompute", None],
-                              "request_ids": [None, None, None]},
-                             schema_overrides={"request_ids": pl.List(pl.String)})
-    out, sources = stalls.attribute(_stall_data(decisions=decisions),
-                                    pl.DataFrame({"request_id": ["r0"], "class": ["a"]}), 0.5)
+    decisions = pl.LazyFrame(
+        {
+            "kind": ["preempt", "preempt", "preempt"],
+            "time": [10.5, 20.5, 30.5],
+            "request_id": ["r0", "r0", "r0"],
+            "mode": ["swap", "recompute", None],
+            "request_ids": [None, None, None],
+        },
+        schema_overrides={"request_ids": pl.List(pl.String)},
+    )
+    out, sources = stalls.attribute(
+        _stall_data(decisions=decisions), pl.DataFrame({"request_id": ["r0"], "class": ["a"]}), 0.5
+    )
     assert out["cause"].to_list()[:4] == ["swapped_out", "recompute", "preempted_waiting", "other"]
     assert sources["preemptions"] == "decisions"
 
@@ -142,19 +206,42 @@ def test_stall_threshold_default():
 
 # -- diagnosis: each trap constructed, and silence on healthy data -----------------------
 
-CONFIG = {"scheduler": {"scheduling_policy": "fcfs", "max_num_seqs": 256,
-                        "max_num_batched_tokens": 64, "aging_rate": 0.0, "max_wait_s": None,
-                        "enable_chunked_prefill": True},
-          "cache": {"swap_space": 0.01, "block_size": 16, "gpu_memory_utilization": 0.9}}
+CONFIG = {
+    "scheduler": {
+        "scheduling_policy": "fcfs",
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 64,
+        "aging_rate": 0.0,
+        "max_wait_s": None,
+        "enable_chunked_prefill": True,
+    },
+    "cache": {"swap_space": 0.01, "block_size": 16, "gpu_memory_utilization": 0.9},
+}
 
 
 def _diag(frame, steps=None, decisions=None, policy="fcfs", fcfs_long=None, stall_frame=None):
     config = {**CONFIG, "scheduler": {**CONFIG["scheduler"], "scheduling_policy": policy}}
-    data = PolicyData(run="t", policy=policy, path=None, requests=frame.lazy(),  # type: ignore[arg-type]
-                      steps=steps, decisions=decisions, info={"config": config})
-    st = stall_frame if stall_frame is not None else pl.DataFrame(
-        schema={"request_id": pl.String, "class": pl.String, "duration_s": pl.Float64,
-                "cause": pl.String})
+    data = PolicyData(
+        run="t",
+        policy=policy,
+        path=None,
+        requests=frame.lazy(),  # type: ignore[arg-type]
+        steps=steps,
+        decisions=decisions,
+        info={"config": config},
+    )
+    st = (
+        stall_frame
+        if stall_frame is not None
+        else pl.DataFrame(
+            schema={
+                "request_id": pl.String,
+                "class": pl.String,
+                "duration_s": pl.Float64,
+                "cause": pl.String,
+            }
+        )
+    )
     groups = tables.policy_groups(frame, 100.0, None)
     starv = tables.starvation(groups, frame)
     facts = diagnosis.engine_facts(data, frame)
@@ -162,29 +249,50 @@ def _diag(frame, steps=None, decisions=None, policy="fcfs", fcfs_long=None, stal
 
 
 def _steps(idle=0, free=500):
-    return pl.LazyFrame({"num_idle_running": [idle] * 10, "num_running": [100] * 10,
-                         "num_free_device_blocks": [free] * 10, "num_device_blocks": [1000] * 10,
-                         "num_free_host_blocks": [10] * 10, "num_swapped": [0] * 10,
-                         "num_waiting": [0] * 10})
+    return pl.LazyFrame(
+        {
+            "num_idle_running": [idle] * 10,
+            "num_running": [100] * 10,
+            "num_free_device_blocks": [free] * 10,
+            "num_device_blocks": [1000] * 10,
+            "num_free_host_blocks": [10] * 10,
+            "num_swapped": [0] * 10,
+            "num_waiting": [0] * 10,
+        }
+    )
 
 
 def _decisions(rows):
-    return pl.LazyFrame(rows, schema={"kind": pl.String, "reason": pl.String, "mode": pl.String,
-                                      "detail": pl.String}, orient="row")
+    return pl.LazyFrame(
+        rows,
+        schema={"kind": pl.String, "reason": pl.String, "mode": pl.String, "detail": pl.String},
+        orient="row",
+    )
 
 
 def _healthy(n=100, queue_long=0.1, queue_short=0.1):
     classes = ["short"] * (n - 10) + ["long"] * 10
-    return _requests(ttft=[0.1] * n, classes=classes,
-                     queue_s=[queue_short] * (n - 10) + [queue_long] * 10,
-                     prompt_tokens=[10] * (n - 10) + [1000] * 10)
+    return _requests(
+        ttft=[0.1] * n,
+        classes=classes,
+        queue_s=[queue_short] * (n - 10) + [queue_long] * 10,
+        prompt_tokens=[10] * (n - 10) + [1000] * 10,
+    )
 
 
 def test_healthy_run_flags_nothing():
     frame = _healthy()
     assert _diag(frame, _steps(), _decisions([("admit", "policy_order", None, None)])) == []
-    assert _diag(frame, _steps(), _decisions([("admit", "policy_order", None, None)]),
-                 policy="sjf", fcfs_long=0.1) == []
+    assert (
+        _diag(
+            frame,
+            _steps(),
+            _decisions([("admit", "policy_order", None, None)]),
+            policy="sjf",
+            fcfs_long=0.1,
+        )
+        == []
+    )
     # a handful of preemptions (below 2% of requests) is not a trap
     assert _diag(frame, _steps(), _decisions([("preempt", "out_of_blocks", "swap", "")])) == []
 
@@ -211,8 +319,11 @@ def test_trap_starvation_under_sjf_only():
 
 
 def test_trap_memory_pressure():
-    frame = _requests(ttft=[0.1] * 99 + [None], status=["ok"] * 99 + ["rejected"],
-                      error=[None] * 99 + ["exceeds_kv_pool"])
+    frame = _requests(
+        ttft=[0.1] * 99 + [None],
+        status=["ok"] * 99 + ["rejected"],
+        error=[None] * 99 + ["exceeds_kv_pool"],
+    )
     decisions = _decisions([("reject", "exceeds_kv_pool", None, None)])
     assert _diag(frame, _steps(free=0), decisions) == ["memory_pressure"]
     decisions = _decisions([("preempt", "out_of_blocks", "swap", "swap_cheaper")] * 5)
@@ -245,20 +356,24 @@ def test_verdicts_pair_served_cells_by_schedule_offset_not_wall_clock():
     classes = ["long" if i % 6 == 0 else "short" for i in range(n)]
 
     def cell(start: float, queue: float, ttft: float) -> dict:
-        frame = _requests(ttft=[ttft] * n, classes=classes, queue_s=[queue] * n,
-                          schedule_offset_s=offsets,
-                          scheduled_at=[start + o for o in offsets])
+        frame = _requests(
+            ttft=[ttft] * n,
+            classes=classes,
+            queue_s=[queue] * n,
+            schedule_offset_s=offsets,
+            scheduled_at=[start + o for o in offsets],
+        )
         return {"frame": frame, "duration_s": 30.0}
 
     policies = {"fcfs": cell(1.8e9, 2.0, 0.5), "sjf": cell(1.8e9 + 45.0, 15.0, 0.1)}
-    entry = next(c for c in against_fcfs(policies, "short", "long")
-                 if c["class"] == "long")
+    entry = next(c for c in against_fcfs(policies, "short", "long") if c["class"] == "long")
     assert entry["ci95_of_difference"] is not None and entry["beyond_noise"], entry
     assert verdicts(policies, "short")["short_ttft"]["beyond_noise"]
     # Simulated records (no offsets) share the virtual clock's axis: still paired.
     for p in policies.values():
-        p["frame"] = p["frame"].with_columns(scheduled_at=pl.col("schedule_offset_s"),
-                                             schedule_offset_s=pl.lit(None, pl.Float64))
+        p["frame"] = p["frame"].with_columns(
+            scheduled_at=pl.col("schedule_offset_s"), schedule_offset_s=pl.lit(None, pl.Float64)
+        )
     entry = next(c for c in against_fcfs(policies, "short", "long") if c["class"] == "long")
     assert entry["beyond_noise"], entry
 

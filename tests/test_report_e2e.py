@@ -39,8 +39,19 @@ def default_run(tmp_path_factory) -> Path:
     # 1.2x: the burst's queue makes priority preempt (its stalls are the report's to
     # attribute); since prefill attention is grouped by size, no inter-token gap of fcfs
     # or sjf reaches the 250 ms stall floor at this load.
-    _cli("simulate", "--profile", "default", "--policy", "fcfs,sjf,priority", "--rate-scale", "1.2",
-         "--trace-file", str(run / "spans.jsonl"), "--out", str(run))
+    _cli(
+        "simulate",
+        "--profile",
+        "default",
+        "--policy",
+        "fcfs,sjf,priority",
+        "--rate-scale",
+        "1.2",
+        "--trace-file",
+        str(run / "spans.jsonl"),
+        "--out",
+        str(run),
+    )
     _report(run)
     return run
 
@@ -55,16 +66,30 @@ def test_report_files_and_summary(default_run: Path):
     for p in summary["policies"].values():
         assert set(p["classes"]) == {"short_chat", "long_generation"}
         g = p["classes"]["short_chat"]
-        for key in ("requests", "counts", "throughput_rps", "output_tokens_per_s", "goodput_rps",
-                    "slo_attainment", "metrics", "itl_s", "preemptions", "stalls_by_cause",
-                    "jain_index", "generator_lag_s"):
+        for key in (
+            "requests",
+            "counts",
+            "throughput_rps",
+            "output_tokens_per_s",
+            "goodput_rps",
+            "slo_attainment",
+            "metrics",
+            "itl_s",
+            "preemptions",
+            "stalls_by_cause",
+            "jain_index",
+            "generator_lag_s",
+        ):
             assert key in g, key
         for metric in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
             assert {"p50", "p95", "p99", "max", "mean"} <= set(g["metrics"][metric])
         assert g["generator_lag_s"] is None  # a simulation has no generator lag
         if p["overall"]["stalls"]:  # evidence is looked up for the stalls there are
-            assert p["stall_sources"] == {"preemptions": "spans", "token_budget": "decisions",
-                                          "prefill_interference": "steps"}
+            assert p["stall_sources"] == {
+                "preemptions": "spans",
+                "token_budget": "decisions",
+                "prefill_interference": "steps",
+            }
         assert p["config"]["scheduler"]["scheduling_policy"] in summary["policies"]
     assert set(summary["verdicts"]) == {"short_ttft", "tail_e2e", "goodput", "fairness"}
     for v in summary["verdicts"].values():
@@ -82,8 +107,11 @@ def test_report_files_and_summary(default_run: Path):
 
 def test_headline_sjf_lowers_short_class_mean_ttft_in_words(default_run: Path):
     summary = json.loads((default_run / "summary.json").read_text())
-    sjf = next(c for c in summary["against_fcfs"]
-               if c["policy"] == "sjf" and c["metric"].startswith("mean TTFT"))
+    sjf = next(
+        c
+        for c in summary["against_fcfs"]
+        if c["policy"] == "sjf" and c["metric"].startswith("mean TTFT")
+    )
     assert sjf["class"] == "short_chat"
     assert sjf["lower_than_fcfs"], sjf
     text = (default_run / "report.md").read_text()
@@ -142,8 +170,17 @@ def test_missing_files_are_reported_and_the_rest_renders(default_run: Path, tmp_
 
 def test_several_runs_side_by_side(default_run: Path, tmp_path):
     other = tmp_path / "other"
-    _cli("simulate", "--profile", "default", "--policy", "fcfs,sjf", "--rate-scale", "0.3",
-         "--out", str(other))
+    _cli(
+        "simulate",
+        "--profile",
+        "default",
+        "--policy",
+        "fcfs,sjf",
+        "--rate-scale",
+        "0.3",
+        "--out",
+        str(other),
+    )
     out = tmp_path / "cmp"
     _cli("report", str(default_run), str(other), "--out", str(out))
     summary = json.loads((out / "summary.json").read_text())
@@ -162,26 +199,60 @@ def _traps(summary: dict) -> dict[str, list[str]]:
 def test_trap_starvation_and_max_wait_fix(tmp_path):
     profile = str(DATA / "report_starvation.toml")
     run = tmp_path / "starve"
-    _cli("simulate", "--profile", profile, "--policy", "fcfs,sjf", "--max-num-seqs", "4",
-         "--out", str(run))
+    _cli(
+        "simulate",
+        "--profile",
+        profile,
+        "--policy",
+        "fcfs,sjf",
+        "--max-num-seqs",
+        "4",
+        "--out",
+        str(run),
+    )
     summary = _report(run, "--profile", profile)
     assert _traps(summary) == {"sjf": ["starvation"]}
     finding = summary["diagnosis"][0]
-    assert finding["evidence"]["long_p99_queue_s"] > 2 * finding["evidence"]["fcfs_long_p99_queue_s"]
+    assert (
+        finding["evidence"]["long_p99_queue_s"] > 2 * finding["evidence"]["fcfs_long_p99_queue_s"]
+    )
     assert "--max-wait-s" in finding["knob"] and finding["worst_requests"]
     text = (run / "report.md").read_text()
     assert "SJF raises p99 queue wait of 'long' against FCFS" in text
     fixed = tmp_path / "fixed"
-    _cli("simulate", "--profile", profile, "--policy", "fcfs,sjf", "--max-num-seqs", "4",
-         "--max-wait-s", "3", "--out", str(fixed))
+    _cli(
+        "simulate",
+        "--profile",
+        profile,
+        "--policy",
+        "fcfs,sjf",
+        "--max-num-seqs",
+        "4",
+        "--max-wait-s",
+        "3",
+        "--out",
+        str(fixed),
+    )
     assert _traps(_report(fixed, "--profile", profile)) == {}
 
 
 def test_trap_idle_running(tmp_path):
     profile = str(DATA / "report_idle.toml")
     run = tmp_path / "idle"
-    _cli("simulate", "--profile", profile, "--no-enable-chunked-prefill", "--max-model-len", "64",
-         "--max-num-batched-tokens", "64", "--max-num-seqs", "256", "--out", str(run))
+    _cli(
+        "simulate",
+        "--profile",
+        profile,
+        "--no-enable-chunked-prefill",
+        "--max-model-len",
+        "64",
+        "--max-num-batched-tokens",
+        "64",
+        "--max-num-seqs",
+        "256",
+        "--out",
+        str(run),
+    )
     summary = _report(run, "--profile", profile)
     assert _traps(summary) == {"fcfs": ["idle_running"]}
     assert "--max-num-batched-tokens" in summary["diagnosis"][0]["knob"]
@@ -192,8 +263,21 @@ def test_trap_swap_fallback_and_memory_pressure(tmp_path):
     # A host pool of 32 blocks: some preemptions swap, the rest fall back to recompute
     # (with the built-in model: 4 swapped-out and 3 recompute stalls, 16 fallbacks; with
     # 8 blocks nearly every swap fell back, leaving no swapped-out stall to attribute).
-    _cli("simulate", "--profile", "default", "--rate-scale", "0.5", "--num-gpu-blocks-override",
-         "400", "--num-cpu-blocks-override", "32", "--preemption-mode", "swap", "--out", str(run))
+    _cli(
+        "simulate",
+        "--profile",
+        "default",
+        "--rate-scale",
+        "0.5",
+        "--num-gpu-blocks-override",
+        "400",
+        "--num-cpu-blocks-override",
+        "32",
+        "--preemption-mode",
+        "swap",
+        "--out",
+        str(run),
+    )
     summary = _report(run)
     assert _traps(summary) == {"fcfs": ["swap_fallback", "memory_pressure"]}
     fallback = summary["diagnosis"][0]
@@ -201,8 +285,17 @@ def test_trap_swap_fallback_and_memory_pressure(tmp_path):
     by_cause = summary["policies"]["fcfs"]["overall"]["stalls_by_cause"]
     assert by_cause["recompute"]["count"] > 0 and by_cause["swapped_out"]["count"] > 0
     small = tmp_path / "small"
-    _cli("simulate", "--profile", "default", "--rate-scale", "0.5", "--num-gpu-blocks-override",
-         "80", "--out", str(small))
+    _cli(
+        "simulate",
+        "--profile",
+        "default",
+        "--rate-scale",
+        "0.5",
+        "--num-gpu-blocks-override",
+        "80",
+        "--out",
+        str(small),
+    )
     summary = _report(small)
     assert _traps(summary) == {"fcfs": ["memory_pressure"]}
     assert summary["diagnosis"][0]["evidence"]["exceeds_kv_pool_rejections"] > 0

@@ -30,9 +30,13 @@ def test_closed_loop_user_rejected_at_once_backs_off_and_retries(seed):
     signal.alarm(20)
     try:
         # 8 closed-loop users for 30 s, at most 4 may wait: some are refused.
-        result = simulate(resolve_profile("default_py_example"),
-                          EngineConfig(SchedulerConfig(max_waiting=4)), CostModel(), seed=seed,
-                          record_decisions=False)
+        result = simulate(
+            resolve_profile("default_py_example"),
+            EngineConfig(SchedulerConfig(max_waiting=4)),
+            CostModel(),
+            seed=seed,
+            record_decisions=False,
+        )
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
@@ -48,8 +52,10 @@ def test_closed_loop_user_rejected_at_once_backs_off_and_retries(seed):
         if retry < 30:
             assert sent_at.count(retry) >= rejected["finished_at"].to_list().count(t), (t, retry)
     # a user has one request in the system at a time: never more than 8 at once
-    events = sorted([(t, 1) for t in closed["scheduled_at"]]
-                    + [(t, -1) for t in closed["finished_at"]], key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(t, 1) for t in closed["scheduled_at"]] + [(t, -1) for t in closed["finished_at"]],
+        key=lambda e: (e[0], e[1]),
+    )
     in_system = peak = 0
     for _, delta in events:
         in_system += delta
@@ -64,11 +70,22 @@ def test_priority_preemption_admits_its_beneficiary_in_the_same_step():
     watermark (and before this step's decodes take blocks), but the head is then
     admitted through can_allocate(..., use_watermark=True). The victim is evicted
     for nothing, low-priority requests keep decoding, and more victims follow."""
-    engine = make_engine(block_size=4, gpu_blocks=11, cpu_blocks=64, watermark=0.3,
-                         scheduling_policy="priority", max_num_seqs=8,
-                         enable_chunked_prefill=True, max_num_batched_tokens=2048)
-    reqs = [Req("L0", 0.0, 10, 11, priority=5), Req("L1", 0.0, 11, 13, priority=5),
-            Req("L2", 0.0, 2, 13, priority=5), Req("H", 0.02, 11, 4, priority=0)]
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=11,
+        cpu_blocks=64,
+        watermark=0.3,
+        scheduling_policy="priority",
+        max_num_seqs=8,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=2048,
+    )
+    reqs = [
+        Req("L0", 0.0, 10, 11, priority=5),
+        Req("L1", 0.0, 11, 13, priority=5),
+        Req("L2", 0.0, 2, 13, priority=5),
+        Req("H", 0.02, 11, 4, priority=0),
+    ]
     trace = drive(engine, reqs)
     for_h = [x for x in trace.decisions if x.kind == d.PREEMPT and x.beneficiary == "H"]
     admitted = next(x.step for x in trace.decisions if x.kind == d.ADMIT and x.request_id == "H")
@@ -87,17 +104,24 @@ def test_no_chunked_prefill_steps_that_admit_prefills_carry_no_decodes(seed):
     import random
 
     rnd = random.Random(seed)
-    engine = make_engine(block_size=4, gpu_blocks=rnd.randint(6, 14), cpu_blocks=64,
-                         watermark=0.0, enable_chunked_prefill=False,
-                         max_num_batched_tokens=2048, preemption_mode="swap")
-    reqs = [Req(f"R{i}", rnd.choice([0.0, 0.05, 0.1, 0.2, 0.3]), rnd.randint(1, 10),
-                rnd.randint(2, 14)) for i in range(rnd.randint(3, 7))]
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=rnd.randint(6, 14),
+        cpu_blocks=64,
+        watermark=0.0,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=2048,
+        preemption_mode="swap",
+    )
+    reqs = [
+        Req(f"R{i}", rnd.choice([0.0, 0.05, 0.1, 0.2, 0.3]), rnd.randint(1, 10), rnd.randint(2, 14))
+        for i in range(rnd.randint(3, 7))
+    ]
     trace = drive(engine, reqs)
     for step in trace.steps:
         admitted = [x.request_id for x in step.decisions if x.kind == d.ADMIT]
         assert not (admitted and step.num_decode_seqs), (
-            f"step {step.step} admits {admitted} and runs "
-            f"{step.num_decode_seqs} decodes"
+            f"step {step.step} admits {admitted} and runs {step.num_decode_seqs} decodes"
         )
 
 
@@ -111,9 +135,12 @@ def test_failed_step_also_fails_requests_whose_blocks_it_was_moving():
     from engine.factory import build_simulated_engine
 
     engine = build_simulated_engine(
-        EngineConfig(SchedulerConfig(max_num_seqs=4, preemption_mode="swap"),
-                     CacheConfig(block_size=4, num_gpu_blocks_override=6, num_cpu_blocks_override=16,
-                                 watermark=0.0)),
+        EngineConfig(
+            SchedulerConfig(max_num_seqs=4, preemption_mode="swap"),
+            CacheConfig(
+                block_size=4, num_gpu_blocks_override=6, num_cpu_blocks_override=16, watermark=0.0
+            ),
+        ),
         CostModel.constant(0.01),
     )
     real = engine.executor.execute

@@ -26,8 +26,14 @@ DATA = Path(__file__).parent / "data"
 
 def run_cli(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "harness.cli", "run", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def last_line(proc: subprocess.CompletedProcess) -> str:
@@ -36,8 +42,9 @@ def last_line(proc: subprocess.CompletedProcess) -> str:
 
 def test_served_torch_two_policies(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli(["--policy", "fcfs,sjf", "--duration-scale", "0.04", "--grace", "20",
-                    "--out", str(out)])
+    proc = run_cli(
+        ["--policy", "fcfs,sjf", "--duration-scale", "0.04", "--grace", "20", "--out", str(out)]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = Path(last_line(proc))
     assert report == out / "report.html" and report.is_file()
@@ -57,8 +64,18 @@ def test_served_torch_two_policies(tmp_path):
         # Every scheduled request has a row; client and server columns are joined.
         assert frame.height == info["scheduled_requests"] > 0
         assert frame["request_id"].n_unique() == frame.height
-        for column in ("ttft_s", "e2e_s", "sent_at", "itl_s", "queue_s", "preemptions",
-                       "stalls", "first_scheduled_at", "engine_ttft_s", "policy"):
+        for column in (
+            "ttft_s",
+            "e2e_s",
+            "sent_at",
+            "itl_s",
+            "queue_s",
+            "preemptions",
+            "stalls",
+            "first_scheduled_at",
+            "engine_ttft_s",
+            "policy",
+        ):
             assert column in frame.columns, column
         ok = frame.filter(pl.col("status") == "ok")
         assert ok.height == frame.height, frame["status"].value_counts()
@@ -73,8 +90,12 @@ def test_served_torch_two_policies(tmp_path):
         assert running["timestamp"].n_unique() >= 3
         assert json.loads(running["labels"][0])["model_name"] == "tiny"
         spans = pl.read_parquet(cell / "spans.parquet")
-        assert spans.filter(pl.col("name") == "llm_request")["request_id"].is_in(
-            frame["request_id"].implode()).sum() == frame.height
+        assert (
+            spans.filter(pl.col("name") == "llm_request")["request_id"]
+            .is_in(frame["request_id"].implode())
+            .sum()
+            == frame.height
+        )
         steps = pl.read_parquet(cell / "steps.parquet")
         assert steps.height > 0 and abs(steps["execute_end"].min() - ok["sent_at"].min()) < 60
         # Every request's admission is a decision (serve --record-decisions), on one clock.
@@ -93,9 +114,21 @@ def test_served_torch_two_policies(tmp_path):
     # A served cell calibrates the simulator: its step cycles, and the time its requests
     # spent outside the engine, from its client records (HTTP, the pipe, SSE: > 0).
     fitted = tmp_path / "fitted.json"
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "calibrate", "--from-steps",
-                           str(out / "fcfs"), "--out", str(fitted)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "calibrate",
+            "--from-steps",
+            str(out / "fcfs"),
+            "--out",
+            str(fitted),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     model = json.loads(fitted.read_text())
     assert model["source"] == "steps" and 0 < model["client_latency_s"] < 0.5, model
@@ -115,10 +148,25 @@ def test_target_external_server(tmp_path):
     its spans over OTLP/HTTP to the receiver the run starts (--target-otlp-port)."""
     out = tmp_path / "run"
     port = _free_port()
-    with CliServer(["--executor", "sim", "--otlp-traces-endpoint",
-                    f"http://127.0.0.1:{port}/v1/traces"]) as server:
-        proc = run_cli(["--target", server.url, "--label", "ext", "--duration-scale", "0.04",
-                        "--grace", "20", "--target-otlp-port", str(port), "--out", str(out)])
+    with CliServer(
+        ["--executor", "sim", "--otlp-traces-endpoint", f"http://127.0.0.1:{port}/v1/traces"]
+    ) as server:
+        proc = run_cli(
+            [
+                "--target",
+                server.url,
+                "--label",
+                "ext",
+                "--duration-scale",
+                "0.04",
+                "--grace",
+                "20",
+                "--target-otlp-port",
+                str(port),
+                "--out",
+                str(out),
+            ]
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert Path(last_line(proc)) == out / "report.html"
     cell = out / "ext"
@@ -157,12 +205,26 @@ def test_simulate(tmp_path):
 
 def test_server_that_fails_to_start_keeps_the_rest(tmp_path):
     run_file = tmp_path / "matrix.toml"
-    run_file.write_text('policies = ["fcfs"]\n'
-                        '[[knob_sets]]\nname = "good"\n'
-                        '[[knob_sets]]\nname = "bad"\nmodel = "no-such-model"\n')
+    run_file.write_text(
+        'policies = ["fcfs"]\n'
+        '[[knob_sets]]\nname = "good"\n'
+        '[[knob_sets]]\nname = "bad"\nmodel = "no-such-model"\n'
+    )
     out = tmp_path / "run"
-    proc = run_cli(["--run-file", str(run_file), "--executor", "sim", "--duration-scale",
-                    "0.03", "--grace", "10", "--out", str(out)])
+    proc = run_cli(
+        [
+            "--run-file",
+            str(run_file),
+            "--executor",
+            "sim",
+            "--duration-scale",
+            "0.03",
+            "--grace",
+            "10",
+            "--out",
+            str(out),
+        ]
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "server_start" in proc.stdout and "no-such-model" in proc.stdout  # its log tail
     assert Path(last_line(proc)) == out / "report.html"
@@ -180,8 +242,10 @@ def test_server_that_fails_to_start_keeps_the_rest(tmp_path):
 
 def test_run_file_matrix_simulated(tmp_path):
     run_file = tmp_path / "sweep.toml"
-    run_file.write_text('policies = ["fcfs", "sjf"]\nrate_scales = [0.5, 1.5]\n'
-                        'duration_scale = 0.2\n[knobs]\nmax-num-seqs = 64\n')
+    run_file.write_text(
+        'policies = ["fcfs", "sjf"]\nrate_scales = [0.5, 1.5]\n'
+        "duration_scale = 0.2\n[knobs]\nmax-num-seqs = 64\n"
+    )
     out = tmp_path / "sweep"
     proc = run_cli(["--simulate", "--run-file", str(run_file), "--out", str(out)], timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -206,12 +270,27 @@ def test_headline_mixed_sjf_lowers_short_ttft(tmp_path):
     """Served, sim executor, `mixed` shortened (18 s) at 1.5x its rate: a queue forms in
     the burst; SJF's short-class mean TTFT is below FCFS's, and the report says so."""
     out = tmp_path / "mixed"
-    proc = run_cli(["--executor", "sim", "--policy", "fcfs,sjf", "--duration-scale", "0.15",
-                    "--rate-scale", "1.5", "--grace", "30", "--out", str(out)])
+    proc = run_cli(
+        [
+            "--executor",
+            "sim",
+            "--policy",
+            "fcfs,sjf",
+            "--duration-scale",
+            "0.15",
+            "--rate-scale",
+            "1.5",
+            "--grace",
+            "30",
+            "--out",
+            str(out),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    entry = next(c for c in summary["against_fcfs"]
-                 if c["policy"] == "sjf" and c["class"] == "short_chat")
+    entry = next(
+        c for c in summary["against_fcfs"] if c["policy"] == "sjf" and c["class"] == "short_chat"
+    )
     assert entry["lower_than_fcfs"], entry
     assert "SJF lowers mean TTFT of 'short_chat' against FCFS" in (out / "report.md").read_text()
 
@@ -222,21 +301,34 @@ def test_headline_starvation_and_max_wait(tmp_path):
     beyond run-to-run noise, and the report says so in words; --max-wait-s 3 brings it
     back down."""
     profile = str(DATA / "run_starvation.toml")
-    common = ["--executor", "sim", "--profile", profile, "--duration-scale", "1",
-              "--max-num-seqs", "4", "--grace", "60"]
+    common = [
+        "--executor",
+        "sim",
+        "--profile",
+        profile,
+        "--duration-scale",
+        "1",
+        "--max-num-seqs",
+        "4",
+        "--grace",
+        "60",
+    ]
     out = tmp_path / "starve"
     proc = run_cli([*common, "--policy", "fcfs,sjf", "--out", str(out)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((out / "summary.json").read_text())
-    long_p99 = {p: summary["policies"][p]["classes"]["long"]["metrics"]["queue_s"]["p99"]
-                for p in ("fcfs", "sjf")}
+    long_p99 = {
+        p: summary["policies"][p]["classes"]["long"]["metrics"]["queue_s"]["p99"]
+        for p in ("fcfs", "sjf")
+    }
     # Served (two runs, the cost model before 2026-12-01's refit): 20.8 s vs 4.1 s,
     # 20.5 s vs 4.1 s (5.1x); simulated at today's built-in model 19.3 s vs 2.8 s (7x),
     # and 6x for an engine 30% slower than the model (the profile's comment). 3x leaves
     # that margin.
     assert long_p99["sjf"] > 3 * long_p99["fcfs"], long_p99
-    entry = next(c for c in summary["against_fcfs"]
-                 if c["policy"] == "sjf" and c["class"] == "long")
+    entry = next(
+        c for c in summary["against_fcfs"] if c["policy"] == "sjf" and c["class"] == "long"
+    )
     assert entry["beyond_noise"], entry
     md = (out / "report.md").read_text()
     assert "SJF raises p99 queue wait of 'long' against FCFS" in md
@@ -260,8 +352,20 @@ def test_prometheus_scrapes_the_cell_and_its_series_become_metrics_parquet(tmp_p
         assert os.environ.get("CI") != "true", "prometheus is required in CI"
         pytest.skip("prometheus is not installed (make test installs it)")
     out = tmp_path / "prom"
-    proc = run_cli(["--executor", "sim", "--policy", "fcfs", "--duration-scale", "0.05",
-                    "--prometheus", "--out", str(out)], timeout=240)
+    proc = run_cli(
+        [
+            "--executor",
+            "sim",
+            "--policy",
+            "fcfs",
+            "--duration-scale",
+            "0.05",
+            "--prometheus",
+            "--out",
+            str(out),
+        ],
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     info = json.loads((out / "fcfs" / "run.json").read_text())
     metrics = pl.read_parquet(out / "fcfs" / "metrics.parquet")

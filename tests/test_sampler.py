@@ -38,8 +38,10 @@ GOOD = (
 
 
 def seqs_for(params: list[SamplingParams]) -> list[Sequence]:
-    return [Sequence(EngineRequest(f"r{i}", [5, 6, 7], p, arrival_time=0.0), i)
-            for i, p in enumerate(params)]
+    return [
+        Sequence(EngineRequest(f"r{i}", [5, 6, 7], p, arrival_time=0.0), i)
+        for i, p in enumerate(params)
+    ]
 
 
 def logits_for(seed: int, rows: int) -> torch.Tensor:
@@ -95,9 +97,14 @@ def test_a_failed_row_does_not_advance_its_generator():
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.lists(st.tuples(st.booleans(), st.integers(0, len(GOOD) - 1),
-                               st.integers(0, len(POISONS) - 1)), min_size=1, max_size=9),
-       seed=st.integers(0, 2**16))
+@given(
+    rows=st.lists(
+        st.tuples(st.booleans(), st.integers(0, len(GOOD) - 1), st.integers(0, len(POISONS) - 1)),
+        min_size=1,
+        max_size=9,
+    ),
+    seed=st.integers(0, 2**16),
+)
 def test_any_mix_of_poisoned_and_good_rows(rows, seed):
     params = [POISONS[p] if poisoned else GOOD[g] for poisoned, g, p in rows]
     logits = logits_for(seed, len(params))
@@ -112,7 +119,8 @@ def test_any_mix_of_poisoned_and_good_rows(rows, seed):
 
 
 finite_or_not = st.one_of(
-    st.floats(-50, 50, width=32), st.sampled_from([math.inf, -math.inf, math.nan]))
+    st.floats(-50, 50, width=32), st.sampled_from([math.inf, -math.inf, math.nan])
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -121,17 +129,31 @@ def test_the_sampler_never_raises_for_any_values(data, num_rows):
     """Any temperature, top_p, top_k and min_tokens, over any logits (nan and inf
     included): every row gets a token id in range or an error, never an exception."""
     vocab = 8
-    params = [data.draw(st.builds(
-        SamplingParams, max_tokens=st.just(4), min_tokens=st.integers(0, 4),
-        temperature=st.one_of(st.just(0.0), st.floats(1e-320, 1e300)),
-        top_p=st.floats(1e-320, 1.0), top_k=st.integers(-1, vocab + 2),
-        seed=st.one_of(st.none(), st.integers(0, 100)),
-        stop_token_ids=st.lists(st.integers(0, vocab - 1), max_size=3).map(tuple),
-    )) for _ in range(num_rows)]
-    logits = torch.tensor(data.draw(st.lists(st.lists(finite_or_not, min_size=vocab,
-                                                      max_size=vocab),
-                                             min_size=num_rows, max_size=num_rows)),
-                          dtype=torch.float32)
+    params = [
+        data.draw(
+            st.builds(
+                SamplingParams,
+                max_tokens=st.just(4),
+                min_tokens=st.integers(0, 4),
+                temperature=st.one_of(st.just(0.0), st.floats(1e-320, 1e300)),
+                top_p=st.floats(1e-320, 1.0),
+                top_k=st.integers(-1, vocab + 2),
+                seed=st.one_of(st.none(), st.integers(0, 100)),
+                stop_token_ids=st.lists(st.integers(0, vocab - 1), max_size=3).map(tuple),
+            )
+        )
+        for _ in range(num_rows)
+    ]
+    logits = torch.tensor(
+        data.draw(
+            st.lists(
+                st.lists(finite_or_not, min_size=vocab, max_size=vocab),
+                min_size=num_rows,
+                max_size=num_rows,
+            )
+        ),
+        dtype=torch.float32,
+    )
     out = Sampler(EOS).sample(logits, seqs_for(params))
     assert len(out.token_ids) == num_rows
     for i, token in enumerate(out.token_ids):

@@ -86,14 +86,16 @@ def cases(draw, *, max_requests: int = 14) -> Case:
         else:
             max_tokens = draw(st.integers(1, max_model_len - prompt_len))
         oracle = draw(st.one_of(st.just(max_tokens), st.integers(1, max_tokens + 3)))
-        reqs.append(Req(
-            id=f"r{i}",
-            arrival=draw(st.integers(0, spread)) / 1024,
-            prompt_len=prompt_len,
-            max_tokens=max_tokens,
-            oracle=oracle,
-            priority=draw(st.integers(0, 3)),
-        ))
+        reqs.append(
+            Req(
+                id=f"r{i}",
+                arrival=draw(st.integers(0, spread)) / 1024,
+                prompt_len=prompt_len,
+                max_tokens=max_tokens,
+                oracle=oracle,
+                priority=draw(st.integers(0, 3)),
+            )
+        )
     aborts = []
     for req in reqs:
         if draw(st.integers(0, 4)) == 0:  # ~1 in 5 requests is aborted at some point
@@ -123,16 +125,30 @@ def recompute_cases(draw) -> Case:
     reqs = []
     for i in range(draw(st.integers(3, 10))):
         prompt_len = draw(st.integers(1, max_model_len // 3))
-        max_tokens = draw(st.integers((max_model_len - prompt_len) // 2, max_model_len - prompt_len))
-        reqs.append(Req(f"r{i}", draw(st.integers(0, 8)) / 1024, prompt_len, max_tokens,
-                        oracle=max_tokens, priority=draw(st.integers(0, 3))))
+        max_tokens = draw(
+            st.integers((max_model_len - prompt_len) // 2, max_model_len - prompt_len)
+        )
+        reqs.append(
+            Req(
+                f"r{i}",
+                draw(st.integers(0, 8)) / 1024,
+                prompt_len,
+                max_tokens,
+                oracle=max_tokens,
+                priority=draw(st.integers(0, 3)),
+            )
+        )
     return Case(knobs, block_size, gpu_blocks, 0, 0.0, reqs, [])
 
 
 def build(case: Case, cost_model: CostModel | None = None) -> LLMEngine:
     return make_engine(
-        block_size=case.block_size, gpu_blocks=case.gpu_blocks, cpu_blocks=case.cpu_blocks,
-        watermark=case.watermark, cost_model=cost_model or CostModel(), **case.knobs,
+        block_size=case.block_size,
+        gpu_blocks=case.gpu_blocks,
+        cpu_blocks=case.cpu_blocks,
+        watermark=case.watermark,
+        cost_model=cost_model or CostModel(),
+        **case.knobs,
     )
 
 
@@ -152,7 +168,8 @@ class StepChecker:
         self.busy_at_start = bool(sched.running or sched.swapped)
         self.waiting_at_start = sched.num_waiting
         self.pending_at_start = {
-            s.request_id: s.num_pending_recompute_tokens for s in sched.running}
+            s.request_id: s.num_pending_recompute_tokens for s in sched.running
+        }
         # max-wait admissions protected from preemption while this step is built
         self.protected_at_start = {s.request_id for s in sched.running if s.promoted}
 
@@ -208,8 +225,11 @@ class StepChecker:
             assert 0 <= dev < bm.num_device_blocks and 0 <= host < bm.num_host_blocks
 
         for x in out.decisions:
-            if x.kind == d.PREEMPT and x.mode == "recompute" and self.pending_at_start.get(
-                    x.request_id):
+            if (
+                x.kind == d.PREEMPT
+                and x.mode == "recompute"
+                and self.pending_at_start.get(x.request_id)
+            ):
                 event("recompute-preempted again while re-prefilling")
 
         check_victim_order(out, sched, self.protected_at_start)
@@ -237,14 +257,17 @@ def check_victim_order(record: StepRecord, sched, protected: set[str]) -> None:
     victims = [x for x in record.decisions if x.kind == d.PREEMPT]
     if not victims:
         return
-    joined = {x.request_id for x in record.decisions
-              if x.kind in (d.ADMIT, d.RECOMPUTE, d.SWAP_IN)}
+    joined = {x.request_id for x in record.decisions if x.kind in (d.ADMIT, d.RECOMPUTE, d.SWAP_IN)}
     finished_in_step = {e.request_id for e in record.scheduled}
-    kept = [r for r in (*sched.running, *(s for s in record.finished
-                                           if s.request_id in finished_in_step))
-            if r.request_id not in joined and r.request_id not in protected]
-    seqs = {s.request_id: s for s in (*sched.running, *sched.swapped, *sched.requests.values(),
-                                      *record.finished)}
+    kept = [
+        r
+        for r in (*sched.running, *(s for s in record.finished if s.request_id in finished_in_step))
+        if r.request_id not in joined and r.request_id not in protected
+    ]
+    seqs = {
+        s.request_id: s
+        for s in (*sched.running, *sched.swapped, *sched.requests.values(), *record.finished)
+    }
     for x in victims:
         victim = seqs[x.request_id]
         worse = [r.request_id for r in kept if policy_order(r) > policy_order(victim)]
@@ -261,10 +284,13 @@ def check_admission_order(record: StepRecord, sched, trace: Trace) -> None:
     reasons = [x.reason for x in admitted]
     if d.REASON_MAX_WAIT in reasons:
         last_max_wait = len(reasons) - 1 - reasons[::-1].index(d.REASON_MAX_WAIT)
-        assert all(r == d.REASON_MAX_WAIT for r in reasons[:last_max_wait + 1]), reasons
+        assert all(r == d.REASON_MAX_WAIT for r in reasons[: last_max_wait + 1]), reasons
     by_id = {s.request_id: s for s in trace.seqs.values()}
-    in_order = [by_id[x.request_id] for x in admitted
-                if x.reason in (d.REASON_POLICY_ORDER, d.REASON_STATIC_BATCH)]
+    in_order = [
+        by_id[x.request_id]
+        for x in admitted
+        if x.reason in (d.REASON_POLICY_ORDER, d.REASON_STATIC_BATCH)
+    ]
     keys = [policy_order(s) for s in in_order]
     assert keys == sorted(keys), f"admitted out of policy order: {[s.request_id for s in in_order]}"
     if in_order:
@@ -298,9 +324,15 @@ def check_preemption_mode(x: d.Decision, mode: str) -> None:
 def run_case(case: Case, cost_model: CostModel | None = None) -> tuple[LLMEngine, Trace]:
     engine = build(case, cost_model)
     checker = StepChecker(engine, case)
-    trace = drive(engine, case.reqs, case.aborts, max_steps=step_cap(case),
-                  max_stall_steps=stall_cap(case), before_step=checker.before,
-                  on_step=checker.after)
+    trace = drive(
+        engine,
+        case.reqs,
+        case.aborts,
+        max_steps=step_cap(case),
+        max_stall_steps=stall_cap(case),
+        before_step=checker.before,
+        on_step=checker.after,
+    )
     note_coverage(case, trace)
     return engine, trace
 
@@ -385,7 +417,8 @@ def check_end_state(engine: LLMEngine, trace: Trace, case: Case) -> None:
         assert seq.num_output_tokens == req.expected_output, (seq, req)
         assert len(seq.output_token_ids) == req.expected_output
         assert seq.status is (
-            SequenceStatus.FINISHED_STOPPED if req.oracle <= req.max_tokens
+            SequenceStatus.FINISHED_STOPPED
+            if req.oracle <= req.max_tokens
             else SequenceStatus.FINISHED_LENGTH
         )
         assert seq.num_computed_tokens == seq.num_tokens - 1
@@ -482,8 +515,16 @@ def max_wait_cases(draw, *, arrivals: str = "bursty", swap_only: bool = True) ->
         longest = min(max_model_len - 1, budget) if swap_only else max_model_len - 1
         prompt_len = draw(st.integers(1, longest))
         max_tokens = draw(st.integers(1, max_model_len - prompt_len))
-        reqs.append(Req(f"r{i}", arrival, prompt_len, max_tokens,
-                        oracle=draw(st.integers(1, max_tokens)), priority=draw(st.integers(0, 3))))
+        reqs.append(
+            Req(
+                f"r{i}",
+                arrival,
+                prompt_len,
+                max_tokens,
+                oracle=draw(st.integers(1, max_tokens)),
+                priority=draw(st.integers(0, 3)),
+            )
+        )
     aborts = []
     if not swap_only:
         for req in reqs:
@@ -534,14 +575,21 @@ def test_max_wait_admits_the_oldest_overdue_request_every_step(case: Case) -> No
         if oldest is None:
             return
         admitted = [
-            x for x in outcome.decisions
+            x
+            for x in outcome.decisions
             if x.kind in (d.ADMIT, d.RECOMPUTE) and x.request_id == oldest
         ]
         assert admitted, f"{oldest} overdue at {outcome.schedule_start} but not admitted"
         assert admitted[0].reason == d.REASON_MAX_WAIT
 
-    trace = drive(engine, case.reqs, max_steps=step_cap(case),
-                  max_stall_steps=stall_cap(case), before_step=before, on_step=after)
+    trace = drive(
+        engine,
+        case.reqs,
+        max_steps=step_cap(case),
+        max_stall_steps=stall_cap(case),
+        before_step=before,
+        on_step=after,
+    )
     note_coverage(case, trace)
     check_end_state(engine, trace, case)
 
@@ -577,8 +625,9 @@ def test_max_wait_bounds_every_waiting_interval(case: Case) -> None:
         late = [s.request_id for s in _waiting(engine) if s.waiting_since <= t - max_wait]
         assert not late, f"still waiting past max_wait_s after the step at {t}: {late}"
 
-    trace = drive(engine, case.reqs, max_steps=step_cap(case),
-                  max_stall_steps=stall_cap(case), on_step=after)
+    trace = drive(
+        engine, case.reqs, max_steps=step_cap(case), max_stall_steps=stall_cap(case), on_step=after
+    )
     note_coverage(case, trace)
     check_end_state(engine, trace, case)
     for req in case.reqs:

@@ -113,12 +113,20 @@ def test_memory_case_fcfs_waits_for_blocks() -> None:
 def test_memory_case_priority_preempts_the_worse_request_by_swap() -> None:
     engine = make_engine(block_size=4, gpu_blocks=8, cpu_blocks=8, scheduling_policy="priority")
     tables: dict[int, list[int]] = {}
-    trace = drive(engine, [X, Y],
-                  before_step=lambda tr: tables.__setitem__(
-                      len(tr.steps) + 1, list(tr.seqs["x"].block_table)))
+    trace = drive(
+        engine,
+        [X, Y],
+        before_step=lambda tr: tables.__setitem__(
+            len(tr.steps) + 1, list(tr.seqs["x"].block_table)
+        ),
+    )
     preempt = only(trace.of(d.PREEMPT))
     assert (preempt.request_id, preempt.reason, preempt.mode, preempt.beneficiary) == (
-        "x", d.REASON_PRIORITY, "swap", "y")
+        "x",
+        d.REASON_PRIORITY,
+        "swap",
+        "y",
+    )
     assert (preempt.step, preempt.num_blocks, preempt.detail) == (2, 6, "")
     swap_out = only(trace.of(d.SWAP_OUT, "x"))
     assert (swap_out.step, swap_out.num_blocks) == (2, 6)
@@ -138,12 +146,21 @@ def test_memory_case_priority_preempts_the_worse_request_by_swap() -> None:
 
 
 def test_memory_case_priority_preempts_by_recompute_when_configured() -> None:
-    engine = make_engine(block_size=4, gpu_blocks=8, cpu_blocks=8, scheduling_policy="priority",
-                         preemption_mode="recompute")
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=8,
+        cpu_blocks=8,
+        scheduling_policy="priority",
+        preemption_mode="recompute",
+    )
     trace = drive(engine, [X, Y])
     preempt = only(trace.of(d.PREEMPT))
     assert (preempt.request_id, preempt.reason, preempt.mode, preempt.beneficiary) == (
-        "x", d.REASON_PRIORITY, "recompute", "y")
+        "x",
+        d.REASON_PRIORITY,
+        "recompute",
+        "y",
+    )
     assert preempt.detail == ""  # chosen by the mode, not a fallback
     assert preempt.num_tokens == 24  # x's computed prompt is thrown away
     assert not trace.of(d.SWAP_OUT) and not trace.of(d.SWAP_IN)
@@ -169,11 +186,20 @@ B = Req("b", 0.0, prompt_len=4, max_tokens=8, oracle=8)
 def test_decode_growth_swaps_out_the_worst_running_request_then_swaps_it_in() -> None:
     engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=4, preemption_mode="swap")
     tables: dict[int, list[int]] = {}
-    trace = drive(engine, [A, B], before_step=lambda tr: tables.__setitem__(
-        len(tr.steps) + 1, list(tr.seqs["b"].block_table) if "b" in tr.seqs else []))
+    trace = drive(
+        engine,
+        [A, B],
+        before_step=lambda tr: tables.__setitem__(
+            len(tr.steps) + 1, list(tr.seqs["b"].block_table) if "b" in tr.seqs else []
+        ),
+    )
     preempt = only(trace.of(d.PREEMPT))
     assert (preempt.request_id, preempt.reason, preempt.mode, preempt.beneficiary) == (
-        "b", d.REASON_OUT_OF_BLOCKS, "swap", "a")
+        "b",
+        d.REASON_OUT_OF_BLOCKS,
+        "swap",
+        "a",
+    )
     swap_out = only(trace.of(d.SWAP_OUT, "b"))
     out = trace.step_of(preempt)
     assert swap_out.step == preempt.step and swap_out.num_blocks == 2
@@ -198,12 +224,15 @@ def test_swap_space_exhaustion_falls_back_to_recompute(host_blocks: int) -> None
     """Trap 2: too little swap space: the preemption recomputes instead (b holds 2
     blocks, the host pool has fewer), says so, and the engine keeps going. (``auto``
     with a full host pool: tests/test_preemption_modes.py.)"""
-    engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=host_blocks,
-                         preemption_mode="swap")
+    engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=host_blocks, preemption_mode="swap")
     trace = drive(engine, [A, B])
     preempt = only(trace.of(d.PREEMPT))
     assert (preempt.request_id, preempt.reason, preempt.mode, preempt.beneficiary) == (
-        "b", d.REASON_OUT_OF_BLOCKS, "recompute", "a")
+        "b",
+        d.REASON_OUT_OF_BLOCKS,
+        "recompute",
+        "a",
+    )
     assert preempt.detail == d.REASON_SWAP_SPACE_EXHAUSTED
     assert preempt.num_tokens == 8  # b's 4 prompt + 4 decoded tokens had KV
     assert not trace.of(d.SWAP_OUT) and not trace.step_of(preempt).blocks_to_swap_out
@@ -226,8 +255,11 @@ def test_rejections_finish_at_once_with_their_reason_and_never_loop() -> None:
     ok1 = add(engine, Req("ok1", prompt_len=4, max_tokens=2))
     ok2 = add(engine, Req("ok2", prompt_len=4, max_tokens=2))
     full = add(engine, Req("full", prompt_len=4, max_tokens=2))  # 2 already waiting
-    for seq, reason in ((long, d.REASON_EXCEEDS_MAX_MODEL_LEN), (big, d.REASON_EXCEEDS_KV_POOL),
-                        (full, d.REASON_QUEUE_FULL)):
+    for seq, reason in (
+        (long, d.REASON_EXCEEDS_MAX_MODEL_LEN),
+        (big, d.REASON_EXCEEDS_KV_POOL),
+        (full, d.REASON_QUEUE_FULL),
+    ):
         assert seq.status is SequenceStatus.FINISHED_REJECTED, seq
         assert seq.reject_reason == reason and seq.finish_reason == "rejected"
         assert seq.finished_time == 0.0
@@ -261,8 +293,14 @@ def test_continuous_batching_without_chunking_outgrows_the_token_budget() -> Non
     prefills carry no decodes, so the running set grows to max_num_seqs (64) while a
     decode step can run only max_num_batched_tokens (16) of them. The rest hold KV
     blocks and sit idle, step after step, recorded with reason ``token_budget``."""
-    engine = make_engine(block_size=4, gpu_blocks=512, max_num_seqs=64, max_model_len=16,
-                         max_num_batched_tokens=16, enable_chunked_prefill=False)
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=512,
+        max_num_seqs=64,
+        max_model_len=16,
+        max_num_batched_tokens=16,
+        enable_chunked_prefill=False,
+    )
     reqs = [Req(f"r{i:02}", 0.0, prompt_len=4, max_tokens=12, oracle=12) for i in range(64)]
     budget_idle = []
     prefill_idle = []
@@ -273,7 +311,8 @@ def test_continuous_batching_without_chunking_outgrows_the_token_budget() -> Non
         for x in out.decisions:
             if x.kind == d.IDLE_RUNNING:
                 (budget_idle if x.reason == d.REASON_TOKEN_BUDGET else prefill_idle).append(
-                    (out.num_running, len(x.request_ids)))
+                    (out.num_running, len(x.request_ids))
+                )
                 if x.reason == d.REASON_PREFILL_PRIORITY:
                     assert out.num_decode_seqs == 0  # prefill steps carry no decodes
 
@@ -289,9 +328,14 @@ def test_token_budget_leaves_admitted_requests_idle_running() -> None:
     """32 requests fit max_num_seqs (64) and the pool and are admitted as one
     (static) batch, but a 16-token budget runs only 16 tokens a step: the rest are
     running, hold their blocks, and idle; each step says which ones."""
-    engine = make_engine(block_size=4, gpu_blocks=256, max_num_seqs=64,
-                         max_num_batched_tokens=16, batching="static",
-                         static_batch_timeout_s=0.0)
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=256,
+        max_num_seqs=64,
+        max_num_batched_tokens=16,
+        batching="static",
+        static_batch_timeout_s=0.0,
+    )
     reqs = [Req(f"r{i:02}", 0.0, prompt_len=4, max_tokens=20, oracle=20) for i in range(32)]
     listed: dict[str, int] = {}
     steady = []
@@ -302,7 +346,8 @@ def test_token_budget_leaves_admitted_requests_idle_running() -> None:
         idle = [x for x in out.decisions if x.kind == d.IDLE_RUNNING]
         scheduled = {e.request_id for e in out.scheduled}
         running = {s.request_id for s in engine.scheduler.running} | {
-            s.request_id for s in outcome.finished}
+            s.request_id for s in outcome.finished
+        }
         if not idle:
             assert running == scheduled  # nobody left out
             return
@@ -330,8 +375,14 @@ def test_token_budget_leaves_admitted_requests_idle_running() -> None:
 
 
 def _long_request_queue_s(**knobs) -> tuple[float, Trace]:
-    engine = make_engine(block_size=4, gpu_blocks=64, max_num_seqs=1, scheduling_policy="sjf",
-                         max_model_len=128, **knobs)
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=64,
+        max_num_seqs=1,
+        scheduling_policy="sjf",
+        max_model_len=128,
+        **knobs,
+    )
     # a stream of short jobs (size 8, 4 steps each) arriving every 2 steps for ~3 s,
     # faster than they are served, and one long job (size 60) just after the first
     shorts = [Req(f"s{i:03}", i * 2 * STEP_S, prompt_len=4, max_tokens=4) for i in range(100)]
@@ -366,14 +417,18 @@ def test_long_request_starves_under_sjf_and_aging_or_max_wait_serve_it_earlier()
 
 def test_static_batching_admits_no_joins_while_a_batch_runs() -> None:
     engine = make_engine(max_num_seqs=2, batching="static", static_batch_timeout_s=0.05)
-    reqs = [Req("a", 0.0, max_tokens=4), Req("b", 0.0, max_tokens=4),
-            Req("c", STEP_S, max_tokens=4)]
+    reqs = [
+        Req("a", 0.0, max_tokens=4),
+        Req("b", 0.0, max_tokens=4),
+        Req("c", STEP_S, max_tokens=4),
+    ]
     trace = drive(engine, reqs)
     a, b, c = (trace.seqs[r] for r in "abc")
     # a full batch (max_num_seqs waiting) starts at once
     assert a.first_scheduled_time == b.first_scheduled_time == 0.0
     assert [(x.kind, x.reason) for x in trace.of(d.ADMIT)][:2] == [
-        (d.ADMIT, d.REASON_STATIC_BATCH)] * 2
+        (d.ADMIT, d.REASON_STATIC_BATCH)
+    ] * 2
     wait = only(trace.of(d.WAIT, "c"))
     assert wait.reason == d.REASON_STATIC_BATCH and wait.time == STEP_S
     batch_end = max(a.finished_time, b.finished_time)
@@ -393,6 +448,7 @@ def test_static_batching_starts_a_partial_batch_after_the_timeout() -> None:
         nonlocal first
         if first is None:
             first = outcome
+
     trace = drive(engine, reqs, on_step=on_step)
     # nothing runs while the batch is forming; the step says when to look again
     assert first.is_empty and first.wake_at == 0.05
@@ -438,7 +494,9 @@ def test_abort_of_swapped_waiting_and_running_requests_frees_their_blocks() -> N
     later, ended = sched.drain_pending()
     assert ended == [c, a]  # reported with the next step record
     assert [(x.kind, x.request_id, x.reason) for x in later] == [
-        (d.ABORT, "c", d.REASON_CLIENT), (d.ABORT, "a", d.REASON_CLIENT)]
+        (d.ABORT, "c", d.REASON_CLIENT),
+        (d.ABORT, "a", d.REASON_CLIENT),
+    ]
     assert engine.abort("a") is None and engine.abort("nope") is None
 
 
@@ -456,8 +514,9 @@ def test_chunked_prefill_splits_a_long_prompt_under_the_budget() -> None:
 
 
 def test_without_chunking_a_prompt_is_scheduled_whole() -> None:
-    engine = make_engine(block_size=4, enable_chunked_prefill=False, max_num_batched_tokens=64,
-                         max_model_len=64)
+    engine = make_engine(
+        block_size=4, enable_chunked_prefill=False, max_num_batched_tokens=64, max_model_len=64
+    )
     reqs = [Req("x", 0.0, prompt_len=40, max_tokens=3), Req("y", 0.0, prompt_len=40, max_tokens=2)]
     trace = drive(engine, reqs)
     records = engine.executor.records
@@ -481,12 +540,20 @@ def test_recompute_cost_counts_a_second_preemption_during_re_prefill() -> None:
     of its 12 tokens (budget 4) and is preempted again for z. It has thrown away
     11 + 4 = 15 computed tokens, so it runs 23 + 15 tokens in all and
     ``num_recomputed_tokens`` must say 15 (trap 2's recompute cost)."""
-    engine = make_engine(block_size=4, cpu_blocks=0, max_model_len=64, max_num_batched_tokens=4,
-                         max_num_seqs=1, scheduling_policy="priority",
-                         preemption_mode="recompute")
-    reqs = [Req("x", 0.0, prompt_len=4, max_tokens=20, priority=2),
-            Req("y", 8 * STEP_S, prompt_len=4, max_tokens=1, priority=1),
-            Req("z", 10 * STEP_S, prompt_len=4, max_tokens=1, priority=0)]
+    engine = make_engine(
+        block_size=4,
+        cpu_blocks=0,
+        max_model_len=64,
+        max_num_batched_tokens=4,
+        max_num_seqs=1,
+        scheduling_policy="priority",
+        preemption_mode="recompute",
+    )
+    reqs = [
+        Req("x", 0.0, prompt_len=4, max_tokens=20, priority=2),
+        Req("y", 8 * STEP_S, prompt_len=4, max_tokens=1, priority=1),
+        Req("z", 10 * STEP_S, prompt_len=4, max_tokens=1, priority=0),
+    ]
     trace = drive(engine, reqs)
     assert_all_finished_ok(trace, reqs)
     preempts = trace.of(d.PREEMPT, "x")
@@ -501,11 +568,20 @@ def test_static_batching_with_priority_swaps_a_request_back_in() -> None:
     (priority 0) arrives mid-batch. When a finishes, the batch must drain (swap b
     back in) before c can start a new batch. The engine must not deadlock with b
     waiting for the better c and c waiting for b's batch to end."""
-    engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=4, scheduling_policy="priority",
-                         max_num_seqs=2, batching="static", preemption_mode="swap")
-    reqs = [Req("a", 0.0, prompt_len=4, max_tokens=8, priority=0),
-            Req("b", 0.0, prompt_len=4, max_tokens=8, priority=1),
-            Req("c", STEP_S, prompt_len=4, max_tokens=2, priority=0)]
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=4,
+        cpu_blocks=4,
+        scheduling_policy="priority",
+        max_num_seqs=2,
+        batching="static",
+        preemption_mode="swap",
+    )
+    reqs = [
+        Req("a", 0.0, prompt_len=4, max_tokens=8, priority=0),
+        Req("b", 0.0, prompt_len=4, max_tokens=8, priority=1),
+        Req("c", STEP_S, prompt_len=4, max_tokens=2, priority=0),
+    ]
     trace = drive(engine, reqs, max_steps=500, max_stall_steps=100)
     assert only(trace.of(d.PREEMPT, "b")).mode == "swap"
     assert only(trace.of(d.SWAP_IN, "b"))
@@ -517,9 +593,16 @@ def test_max_wait_with_recompute_does_not_livelock() -> None:
     and max_wait_s of one step. Each overdue request preempts the other by
     recompute before its prefill completes, and the victim's new waiting interval
     is overdue one step later: neither ever produces a token."""
-    engine = make_engine(block_size=2, gpu_blocks=4, cpu_blocks=0, max_model_len=8,
-                         max_num_batched_tokens=2, max_num_seqs=1,
-                         preemption_mode="recompute", max_wait_s=STEP_S)
+    engine = make_engine(
+        block_size=2,
+        gpu_blocks=4,
+        cpu_blocks=0,
+        max_model_len=8,
+        max_num_batched_tokens=2,
+        max_num_seqs=1,
+        preemption_mode="recompute",
+        max_wait_s=STEP_S,
+    )
     reqs = [Req("a", 0.0, prompt_len=3, max_tokens=1), Req("b", 0.0, prompt_len=3, max_tokens=1)]
     trace = drive(engine, reqs, max_steps=500, max_stall_steps=100)
     assert_all_finished_ok(trace, reqs)

@@ -25,11 +25,19 @@ from harness.profiles import resolve_profile
 from harness.simulate import run_simulations, simulate
 
 #: Every parameter non-zero and different, so a fit that drops or swaps one shows.
-KNOWN = CostModel(step_overhead_s=2e-3, prefill_token_s=3e-5, decode_seq_s=2e-4,
-                  decode_context_token_s=5e-7, prefill_attention_s=4e-8, swap_block_s=3e-5,
-                  prefill_seq_s=7e-4, mixed_step_s=1.1e-3, prefill_padded_attention_s=2e-8,
-                  client_latency_s=0.0,
-                  source="synthetic")
+KNOWN = CostModel(
+    step_overhead_s=2e-3,
+    prefill_token_s=3e-5,
+    decode_seq_s=2e-4,
+    decode_context_token_s=5e-7,
+    prefill_attention_s=4e-8,
+    swap_block_s=3e-5,
+    prefill_seq_s=7e-4,
+    mixed_step_s=1.1e-3,
+    prefill_padded_attention_s=2e-8,
+    client_latency_s=0.0,
+    source="synthetic",
+)
 
 
 def test_one_hand_off_per_step_and_no_spinning_while_idle():
@@ -39,9 +47,16 @@ def test_one_hand_off_per_step_and_no_spinning_while_idle():
         url = server.url
 
         def client(i: int) -> None:
-            status, _, raw = HttpClient(url).post_json("/v1/completions", {
-                "model": "tiny", "prompt": f"stream {i}", "max_tokens": 20, "ignore_eos": True,
-                "stream": True})
+            status, _, raw = HttpClient(url).post_json(
+                "/v1/completions",
+                {
+                    "model": "tiny",
+                    "prompt": f"stream {i}",
+                    "max_tokens": 20,
+                    "ignore_eos": True,
+                    "stream": True,
+                },
+            )
             assert status == 200 and raw.count(b"data: ") >= 20
 
         handoffs_before = async_engine.num_handoffs
@@ -71,10 +86,17 @@ def test_one_hand_off_per_step_and_no_spinning_while_idle():
 def _simulated_steps(tmp_path):
     """A simulated run (virtual clock) of the default profile under the known model, on
     a pool small enough to swap: its steps.parquet."""
-    config = EngineConfig(SchedulerConfig(max_num_seqs=32),
-                          CacheConfig(num_gpu_blocks_override=400, num_cpu_blocks_override=400))
-    run_simulations(resolve_profile("default").with_rate_scale(2.0), {"fcfs": config}, KNOWN,
-                    tmp_path, num_requests=300)
+    config = EngineConfig(
+        SchedulerConfig(max_num_seqs=32),
+        CacheConfig(num_gpu_blocks_override=400, num_cpu_blocks_override=400),
+    )
+    run_simulations(
+        resolve_profile("default").with_rate_scale(2.0),
+        {"fcfs": config},
+        KNOWN,
+        tmp_path,
+        num_requests=300,
+    )
     return pl.read_parquet(tmp_path / "steps.parquet")
 
 
@@ -97,7 +119,9 @@ def test_fitting_step_records_recovers_the_cost_model_that_made_them(tmp_path):
 def test_calibrate_from_steps_on_the_command_line(tmp_path):
     _simulated_steps(tmp_path)
     out = tmp_path / "fitted.json"
-    result = CliRunner().invoke(app, ["calibrate", "--from-steps", str(tmp_path), "--out", str(out)])
+    result = CliRunner().invoke(
+        app, ["calibrate", "--from-steps", str(tmp_path), "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["source"] == "steps" and data["fit"]["holdout_points"] > 0
@@ -114,16 +138,20 @@ def test_calibrate_takes_client_latency_from_a_run_cells_client_records(tmp_path
 
     _simulated_steps(tmp_path)
     gaps = [0.002, 0.003, 0.004, 0.0031, 0.0029]
-    pl.DataFrame({
-        "request_id": [f"r{i}" for i in range(7)],
-        "status": ["ok"] * 5 + ["error", "ok"],
-        "engine_ttft_s": [0.01] * 5 + [0.01, None],
-        "ttft_from_sent_s": [0.01 + g for g in gaps] + [5.0, 0.5],
-    }).write_parquet(tmp_path / "requests.parquet")
+    pl.DataFrame(
+        {
+            "request_id": [f"r{i}" for i in range(7)],
+            "status": ["ok"] * 5 + ["error", "ok"],
+            "engine_ttft_s": [0.01] * 5 + [0.01, None],
+            "ttft_from_sent_s": [0.01 + g for g in gaps] + [5.0, 0.5],
+        }
+    ).write_parquet(tmp_path / "requests.parquet")
     latency, rows = client_latency_from_requests([pl.read_parquet(tmp_path / "requests.parquet")])
     assert latency == pytest.approx(0.003) and rows == 5
     out = tmp_path / "fitted.json"
-    result = CliRunner().invoke(app, ["calibrate", "--from-steps", str(tmp_path), "--out", str(out)])
+    result = CliRunner().invoke(
+        app, ["calibrate", "--from-steps", str(tmp_path), "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["client_latency_s"] == pytest.approx(0.003)
     assert "client latency: 3.00 ms" in result.output
@@ -144,8 +172,10 @@ def test_serve_records_its_steps_at_shutdown(tmp_path):
 
     path = tmp_path / "served" / "steps.parquet"
     with CliServer(["--executor", "sim", "--record-steps", str(path)]) as server:
-        status, _, _ = HttpClient(server.url).post_json("/v1/completions", {
-            "model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True})
+        status, _, _ = HttpClient(server.url).post_json(
+            "/v1/completions",
+            {"model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True},
+        )
         assert status == 200
         server.terminate()
         assert server.wait(30) == 0
@@ -160,8 +190,12 @@ def test_client_latency_is_added_to_client_side_times_only():
     profile = resolve_profile("default")
     instant = dataclasses.replace(CostModel(), client_latency_s=0.0)
     base = simulate(profile, EngineConfig(), instant, record_decisions=False).requests
-    slow = simulate(profile, EngineConfig(), dataclasses.replace(instant, client_latency_s=0.01),
-                    record_decisions=False).requests
+    slow = simulate(
+        profile,
+        EngineConfig(),
+        dataclasses.replace(instant, client_latency_s=0.01),
+        record_decisions=False,
+    ).requests
     for name in ("ttft_s", "ttft_from_sent_s", "e2e_s"):
         assert (slow[name] - base[name]).to_list() == pytest.approx([0.01] * base.height)
     for name in ("tpot_s", "queue_s", "finished_at"):  # the engine ran exactly the same
@@ -175,13 +209,16 @@ def test_serve_records_its_requests_at_shutdown(tmp_path, core):
     from harness.local_server import CliServer
 
     path = tmp_path / "requests.parquet"
-    with CliServer(["--executor", "sim", "--engine-core", core,
-                    "--record-requests", str(path)]) as server:
+    with CliServer(
+        ["--executor", "sim", "--engine-core", core, "--record-requests", str(path)]
+    ) as server:
         client = HttpClient(server.url)
         for i, cls in enumerate(["chat", "batch"]):
-            status, _, _ = client.post_json("/v1/completions", {
-                "model": "tiny", "prompt": "a b c", "max_tokens": 3 + i, "ignore_eos": True},
-                {"X-Request-Id": f"r{i}", "X-Request-Class": cls})
+            status, _, _ = client.post_json(
+                "/v1/completions",
+                {"model": "tiny", "prompt": "a b c", "max_tokens": 3 + i, "ignore_eos": True},
+                {"X-Request-Id": f"r{i}", "X-Request-Class": cls},
+            )
             assert status == 200
         server.terminate()
         assert server.wait(30) == 0

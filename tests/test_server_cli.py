@@ -20,10 +20,20 @@ from harness.local_server import CliServer, HttpClient
 def slow_cost_model(tmp_path) -> Path:
     """10 ms per step: a 200-token request is in flight for about two seconds."""
     path = tmp_path / "cost.json"
-    path.write_text(json.dumps({"step_overhead_s": 0.01, "prefill_token_s": 0.0,
-                                "decode_seq_s": 0.0, "decode_context_token_s": 0.0,
-                                "prefill_attention_s": 0.0, "swap_block_s": 0.0,
-                                "prefill_seq_s": 0.0, "mixed_step_s": 0.0}))
+    path.write_text(
+        json.dumps(
+            {
+                "step_overhead_s": 0.01,
+                "prefill_token_s": 0.0,
+                "decode_seq_s": 0.0,
+                "decode_context_token_s": 0.0,
+                "prefill_attention_s": 0.0,
+                "swap_block_s": 0.0,
+                "prefill_seq_s": 0.0,
+                "mixed_step_s": 0.0,
+            }
+        )
+    )
     return path
 
 
@@ -46,8 +56,18 @@ def running(url: str) -> int:
 
 
 def test_sigterm_lets_in_flight_requests_finish_and_refuses_new_ones(slow_cost_model):
-    with CliServer(["--executor", "sim", "--cost-model", str(slow_cost_model),
-                    "--shutdown-timeout-s", "10", "--served-model-name", "served"]) as server:
+    with CliServer(
+        [
+            "--executor",
+            "sim",
+            "--cost-model",
+            str(slow_cost_model),
+            "--shutdown-timeout-s",
+            "10",
+            "--served-model-name",
+            "served",
+        ]
+    ) as server:
         body = {"model": "served", "prompt": "a b", "max_tokens": 200, "ignore_eos": True}
         thread, result = in_background(HttpClient(server.url).post_json, "/v1/completions", body)
         wait_for(lambda: running(server.url) == 1)
@@ -70,16 +90,24 @@ def test_sigterm_lets_in_flight_requests_finish_and_refuses_new_ones(slow_cost_m
 
 
 def test_sigterm_aborts_what_is_left_at_the_bound(slow_cost_model):
-    with CliServer(["--executor", "sim", "--cost-model", str(slow_cost_model),
-                    "--shutdown-timeout-s", "0.5"], env={"SCHEDSCOPE_API_KEY": "k"}) as server:
+    with CliServer(
+        ["--executor", "sim", "--cost-model", str(slow_cost_model), "--shutdown-timeout-s", "0.5"],
+        env={"SCHEDSCOPE_API_KEY": "k"},
+    ) as server:
         auth = {"Authorization": "Bearer k"}
-        assert HttpClient(server.url).post_json(
-            "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 1})[0] == 401
+        assert (
+            HttpClient(server.url).post_json(
+                "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 1}
+            )[0]
+            == 401
+        )
         long = {"model": "tiny", "prompt": "a b", "max_tokens": 1000, "ignore_eos": True}
-        stream, streamed = in_background(HttpClient(server.url).post_json, "/v1/completions",
-                                         {**long, "stream": True}, auth)
-        plain, answered = in_background(HttpClient(server.url).post_json, "/v1/completions",
-                                        long, auth)
+        stream, streamed = in_background(
+            HttpClient(server.url).post_json, "/v1/completions", {**long, "stream": True}, auth
+        )
+        plain, answered = in_background(
+            HttpClient(server.url).post_json, "/v1/completions", long, auth
+        )
         wait_for(lambda: running(server.url) == 2)
         server.terminate()
         signalled = time.monotonic()
@@ -98,13 +126,16 @@ def test_sigterm_aborts_what_is_left_at_the_bound(slow_cost_model):
         assert time.monotonic() - signalled < 8
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--max-num-seqs", "0"], "max_num_seqs"),
-    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
-    (["--executor", "tpu"], "--executor"),
-    (["--port", "70000"], "--port"),
-    (["--max-body-bytes", "0"], "--max-body-bytes"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--max-num-seqs", "0"], "max_num_seqs"),
+        (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
+        (["--executor", "tpu"], "--executor"),
+        (["--port", "70000"], "--port"),
+        (["--max-body-bytes", "0"], "--max-body-bytes"),
+    ],
+)
 def test_bad_flags_exit_2_naming_the_flag(args, fragment):
     result = CliRunner().invoke(app, ["serve", "--executor", "sim", *args])
     assert result.exit_code == 2, result.output
@@ -121,9 +152,22 @@ def test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor(tm
     root = Path(__file__).resolve().parents[1]
     stderr = (tmp_path / "stderr.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "serve", "--executor", "torch", "--port", "0",
-         "--max-model-len", "256"],
-        cwd=root, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "serve",
+            "--executor",
+            "torch",
+            "--port",
+            "0",
+            "--max-model-len",
+            "256",
+        ],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
     )
     try:
         first = process.stdout.readline()
@@ -144,14 +188,17 @@ def test_record_decisions_writes_every_decision_at_shutdown(tmp_path, core):
     import polars as pl
 
     out = tmp_path / "decisions.parquet"
-    with CliServer(["--executor", "sim", "--engine-core", core, "--record-decisions",
-                    str(out)]) as server:
+    with CliServer(
+        ["--executor", "sim", "--engine-core", core, "--record-decisions", str(out)]
+    ) as server:
         client = HttpClient(server.url)
         for i in range(3):
             status, _, _ = client.request(
-                "POST", "/v1/completions",
+                "POST",
+                "/v1/completions",
                 json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 2}).encode(),
-                {"X-Request-Id": f"r{i}"})
+                {"X-Request-Id": f"r{i}"},
+            )
             assert status == 200
         client.close()
         server.terminate()

@@ -54,16 +54,22 @@ def scripted_server(step_s: float) -> tuple[BackgroundServer, ScriptedExecutor]:
 def scripted():
     server, executor = scripted_server(0.001)
     with server:
-        yield server, executor, openai.OpenAI(base_url=server.url + "/v1", api_key="x",
-                                              max_retries=0, timeout=30)
+        yield (
+            server,
+            executor,
+            openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=30),
+        )
 
 
 def idle_and_leak_free(server: BackgroundServer, timeout: float = 5.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         health = server.health()
-        if (health["num_in_flight"] == 0 and health["num_unfinished"] == 0
-                and health["num_free_device_blocks"] == health["num_device_blocks"]):
+        if (
+            health["num_in_flight"] == 0
+            and health["num_unfinished"] == 0
+            and health["num_free_device_blocks"] == health["num_device_blocks"]
+        ):
             return health
         assert time.monotonic() < deadline, health
         time.sleep(0.01)
@@ -74,12 +80,18 @@ def test_step_exception_fails_the_request_and_the_server_keeps_serving(scripted)
     failed_before = server.health()["num_failed_requests"]
     executor.fail_at["boom"] = 0
     with pytest.raises(openai.InternalServerError, match="injected failure in boom"):
-        client.completions.create(model="tiny", prompt="a b", max_tokens=5,
-                                  extra_headers={"X-Request-Id": "boom"})
+        client.completions.create(
+            model="tiny", prompt="a b", max_tokens=5, extra_headers={"X-Request-Id": "boom"}
+        )
 
     executor.fail_at["boom-stream"] = 3
-    stream = client.completions.create(model="tiny", prompt="a b", max_tokens=10, stream=True,
-                                       extra_headers={"X-Request-Id": "boom-stream"})
+    stream = client.completions.create(
+        model="tiny",
+        prompt="a b",
+        max_tokens=10,
+        stream=True,
+        extra_headers={"X-Request-Id": "boom-stream"},
+    )
     texts = []
     with pytest.raises(openai.APIError, match="injected failure in boom-stream"):
         for chunk in stream:
@@ -97,12 +109,14 @@ def test_raw_error_event_in_stream(scripted):
     server, executor, _ = scripted
     executor.fail_at["boom-raw"] = 1
     status, headers, body = HttpClient(server.url).post_json(
-        "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 5, "stream": True},
-        {"X-Request-Id": "boom-raw"})
+        "/v1/completions",
+        {"model": "tiny", "prompt": "a", "max_tokens": 5, "stream": True},
+        {"X-Request-Id": "boom-raw"},
+    )
     assert status == 200
     events = body.split(b"\n\n")
     assert events[-2:] == [b"data: [DONE]", b""]
-    error = json.loads(events[-3][len(b"data: "):])["error"]
+    error = json.loads(events[-3][len(b"data: ") :])["error"]
     assert error["code"] == "engine_error" and "boom-raw" in error["message"]
 
 
@@ -111,8 +125,12 @@ def test_stop_string_is_left_out_of_the_text(scripted):
     w = TOKENIZER.decode
     executor.scripts["stop-1"] = [5, 6, HALT, 7]
     completion = client.completions.create(
-        model="tiny", prompt="x", max_tokens=10, stop="halt",
-        extra_headers={"X-Request-Id": "stop-1"})
+        model="tiny",
+        prompt="x",
+        max_tokens=10,
+        stop="halt",
+        extra_headers={"X-Request-Id": "stop-1"},
+    )
     assert completion.choices[0].finish_reason == "stop"
     assert completion.choices[0].text == w([5, 6])
     assert completion.usage.completion_tokens == 3  # the stop token is generated, not shown
@@ -120,9 +138,14 @@ def test_stop_string_is_left_out_of_the_text(scripted):
     # Before min_tokens the stop word is ordinary text; streamed text matches.
     executor.scripts["stop-2"] = [5, HALT, 6, HALT, 7]
     stream = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=10,
-        stop=["halt"], stream=True, extra_body={"min_tokens": 4},
-        extra_headers={"X-Request-Id": "stop-2"})
+        model="tiny",
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=10,
+        stop=["halt"],
+        stream=True,
+        extra_body={"min_tokens": 4},
+        extra_headers={"X-Request-Id": "stop-2"},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert text == w([5, HALT, 6])
@@ -138,14 +161,18 @@ def test_client_leaving_before_acceptance_aborts():
         busy = HttpClient(server.url)
         import threading
 
-        runner = threading.Thread(target=busy.post_json, args=(
-            "/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 3}))
+        runner = threading.Thread(
+            target=busy.post_json,
+            args=("/v1/completions", {"model": "tiny", "prompt": "a", "max_tokens": 3}),
+        )
         runner.start()
         time.sleep(0.05)  # the engine is now inside a 0.2 s step
         body = json.dumps({"model": "tiny", "prompt": "b", "max_tokens": 20}).encode()
         with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                         b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             time.sleep(0.05)
         runner.join(5)
         # 20 steps of 0.2 s had the request run on; aborted, everything is idle at once.
@@ -156,6 +183,11 @@ def test_stream_failing_before_its_first_token_gets_a_500(scripted):
     _, executor, client = scripted
     executor.fail_at["boom-early"] = 0
     with pytest.raises(openai.InternalServerError, match="boom-early"):
-        for _ in client.completions.create(model="tiny", prompt="a", max_tokens=3, stream=True,
-                                           extra_headers={"X-Request-Id": "boom-early"}):
+        for _ in client.completions.create(
+            model="tiny",
+            prompt="a",
+            max_tokens=3,
+            stream=True,
+            extra_headers={"X-Request-Id": "boom-early"},
+        ):
             pass

@@ -25,10 +25,12 @@ LIMIT = 256 * 1024
 
 @pytest.fixture(scope="module")
 def server():
-    engine = sim_engine(step_s=0.01, num_device_blocks=2, max_model_len=64, max_num_seqs=1,
-                        max_waiting=1)
-    settings = ServerSettings(host="127.0.0.1", port=0, api_key=KEY, max_body_bytes=LIMIT,
-                              shutdown_timeout_s=1.0)
+    engine = sim_engine(
+        step_s=0.01, num_device_blocks=2, max_model_len=64, max_num_seqs=1, max_waiting=1
+    )
+    settings = ServerSettings(
+        host="127.0.0.1", port=0, api_key=KEY, max_body_bytes=LIMIT, shutdown_timeout_s=1.0
+    )
     with BackgroundServer(engine, HashTokenizer(4096), settings) as live:
         yield live
 
@@ -101,8 +103,9 @@ BAD_COMPLETIONS = [
 ]
 
 
-@pytest.mark.parametrize("body,fragment", BAD_COMPLETIONS,
-                         ids=[f"case{i}" for i in range(len(BAD_COMPLETIONS))])
+@pytest.mark.parametrize(
+    "body,fragment", BAD_COMPLETIONS, ids=[f"case{i}" for i in range(len(BAD_COMPLETIONS))]
+)
 def test_bad_completion_bodies_are_4xx(http, body, fragment):
     status, headers, data = http.request("POST", "/v1/completions", body, AUTH)
     assert 400 <= status < 500
@@ -117,14 +120,29 @@ BAD_CHATS = [
     ({"model": "tiny", "messages": [1]}, "must be an object"),
     ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "role"),
     ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, "content"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "only text parts"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}],
-      "max_completion_tokens": "3"}, "max_completion_tokens must be an integer"),
+    (
+        {
+            "model": "tiny",
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ],
+        },
+        "only text parts",
+    ),
+    (
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_completion_tokens": "3",
+        },
+        "max_completion_tokens must be an integer",
+    ),
 ]
 
 
-@pytest.mark.parametrize("body,fragment", BAD_CHATS, ids=[f"chat{i}" for i in range(len(BAD_CHATS))])
+@pytest.mark.parametrize(
+    "body,fragment", BAD_CHATS, ids=[f"chat{i}" for i in range(len(BAD_CHATS))]
+)
 def test_bad_chat_bodies_are_400(http, body, fragment):
     status, _, data = http.post_json("/v1/chat/completions", body, AUTH)
     assert_error(status, data, 400, fragment)
@@ -154,8 +172,11 @@ def test_oversize_body_is_413(http):
 
 
 def test_unknown_model_is_404(http):
-    status, _, data = http.post_json("/v1/chat/completions", {
-        "model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, AUTH)
+    status, _, data = http.post_json(
+        "/v1/chat/completions",
+        {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]},
+        AUTH,
+    )
     assert assert_error(status, data, 404, "does not exist")["code"] == "model_not_found"
 
 
@@ -171,8 +192,9 @@ def test_unknown_route_and_wrong_method(http):
 
 @pytest.mark.parametrize("value", ["x" * 129, "tab\there", "é-accent"])
 def test_bad_request_id_header(http, value):
-    status, _, data = http.request("POST", "/v1/completions", json.dumps(ok()).encode(),
-                                   {**AUTH, "X-Request-Id": value})
+    status, _, data = http.request(
+        "POST", "/v1/completions", json.dumps(ok()).encode(), {**AUTH, "X-Request-Id": value}
+    )
     assert_error(status, data, 400, "X-Request-Id")
 
 
@@ -183,8 +205,9 @@ def _stream_in_background(url: str, body: dict, request_id: str, started: thread
 
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-    conn.request("POST", "/v1/completions", json.dumps(body).encode(),
-                 {**AUTH, "X-Request-Id": request_id})
+    conn.request(
+        "POST", "/v1/completions", json.dumps(body).encode(), {**AUTH, "X-Request-Id": request_id}
+    )
     response = conn.getresponse()
     assert response.status == 200
     response.read(1)  # the first byte of the first event
@@ -203,8 +226,9 @@ def _wait_for(predicate, timeout: float = 10.0) -> None:
 def test_duplicate_in_flight_id_is_409_and_full_queue_is_429(server, http):
     long_body = ok(max_tokens=30, stream=True)  # 10 ms x 30 steps: ~0.3 s in flight
     started = threading.Event()
-    first = threading.Thread(target=_stream_in_background,
-                             args=(server.url, long_body, "dup", started))
+    first = threading.Thread(
+        target=_stream_in_background, args=(server.url, long_body, "dup", started)
+    )
     first.start()
     assert started.wait(10)
     status, headers, data = http.post_json("/v1/completions", ok(), {**AUTH, "X-Request-Id": "dup"})
@@ -212,8 +236,9 @@ def test_duplicate_in_flight_id_is_409_and_full_queue_is_429(server, http):
     assert headers["x-request-id"] == "dup"
 
     # "dup" runs (max_num_seqs=1); a second request waits (max_waiting=1); a third is refused.
-    waiting = threading.Thread(target=lambda: HttpClient(server.url).post_json(
-        "/v1/completions", ok(max_tokens=30), AUTH))
+    waiting = threading.Thread(
+        target=lambda: HttpClient(server.url).post_json("/v1/completions", ok(max_tokens=30), AUTH)
+    )
     waiting.start()
     _wait_for(lambda: server.health()["num_waiting"] == 1)
     status, headers, data = http.post_json("/v1/completions", ok(), AUTH)

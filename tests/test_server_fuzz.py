@@ -25,8 +25,12 @@ MAX_MODEL_LEN = 48
 
 
 def fuzz(max_examples: int) -> settings:
-    return settings(max_examples=max_examples, deadline=None,
-                    suppress_health_check=list(HealthCheck), database=None)
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +49,18 @@ def http(server):
 
 # -- strategies --------------------------------------------------------------------------
 leaves = (
-    st.none() | st.booleans() | st.integers(-3, 70) | st.integers(-(2**80), 2**80)
-    | st.floats() | st.text(max_size=12)
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 70)
+    | st.integers(-(2**80), 2**80)
+    | st.floats()
+    | st.text(max_size=12)
 )
 json_values = st.recursive(
     leaves,
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=8,
 )
 words = st.sampled_from(["a", "hello", "halt", "wörld", "🙂", "<|user|>", "x" * 30])
@@ -74,15 +83,24 @@ COMMON = {
     "n": st.just(1),
     "user": st.text(max_size=8),
 }
-COMPLETION = {**COMMON,
-              "prompt": text_prompt | st.lists(st.integers(0, 4095), min_size=1, max_size=8)}
-message = st.fixed_dictionaries({
-    "role": st.sampled_from(["system", "user", "assistant"]),
-    "content": text_prompt | st.lists(st.fixed_dictionaries({
-        "type": st.just("text"), "text": text_prompt}), max_size=2),
-})
-CHAT = {**COMMON, "messages": st.lists(message, min_size=1, max_size=3),
-        "max_completion_tokens": st.integers(1, 6)}
+COMPLETION = {
+    **COMMON,
+    "prompt": text_prompt | st.lists(st.integers(0, 4095), min_size=1, max_size=8),
+}
+message = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["system", "user", "assistant"]),
+        "content": text_prompt
+        | st.lists(
+            st.fixed_dictionaries({"type": st.just("text"), "text": text_prompt}), max_size=2
+        ),
+    }
+)
+CHAT = {
+    **COMMON,
+    "messages": st.lists(message, min_size=1, max_size=3),
+    "max_completion_tokens": st.integers(1, 6),
+}
 
 
 @st.composite
@@ -91,8 +109,11 @@ def bodies(draw, fields: dict, required: tuple[str, ...]) -> bytes:
     keys added; occasionally a top-level value that is not an object."""
     if draw(st.integers(0, 19)) == 0:
         return json.dumps(draw(json_values)).encode()
-    body = {name: draw(strategy) for name, strategy in fields.items()
-            if name in required or draw(st.booleans())}
+    body = {
+        name: draw(strategy)
+        for name, strategy in fields.items()
+        if name in required or draw(st.booleans())
+    }
     if not body.get("stream"):
         body.pop("stream_options", None)  # else most bodies fail on that one rule
     for name in draw(st.lists(st.sampled_from(sorted(fields)), max_size=3, unique=True)):
@@ -109,11 +130,12 @@ def raw_bytes(draw) -> bytes:
         return draw(st.binary(max_size=300))
     valid = json.dumps({"model": MODEL, "prompt": "a b", "max_tokens": 2}).encode()
     cut = draw(st.integers(0, len(valid)))
-    return valid[:cut] + draw(st.binary(max_size=8)) + valid[cut + draw(st.integers(0, 4)):]
+    return valid[:cut] + draw(st.binary(max_size=8)) + valid[cut + draw(st.integers(0, 4)) :]
 
 
-header_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E) | st.just("\t"),
-                      max_size=140)
+header_text = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E) | st.just("\t"), max_size=140
+)
 
 
 # -- checks ------------------------------------------------------------------------------
@@ -131,8 +153,9 @@ def check(status: int, headers: dict, data: bytes) -> None:
         chunks = [json.loads(e[6:]) for e in events[:-2]]
         assert all("error" not in c for c in chunks), chunks
         assert len({c["id"] for c in chunks}) == 1
-        assert any(c["choices"] and c["choices"][0]["finish_reason"] in ("stop", "length")
-                   for c in chunks)
+        assert any(
+            c["choices"] and c["choices"][0]["finish_reason"] in ("stop", "length") for c in chunks
+        )
     else:
         body = json.loads(data)
         assert body["choices"][0]["finish_reason"] in ("stop", "length")
@@ -146,8 +169,12 @@ def assert_idle_and_leak_free(server: BackgroundServer, http: HttpClient) -> Non
     while True:
         status, _, data = http.request("GET", "/health")
         health = json.loads(data)
-        if (status == 200 and health["num_in_flight"] == 0 and health["num_unfinished"] == 0
-                and health["num_free_device_blocks"] == health["num_device_blocks"]):
+        if (
+            status == 200
+            and health["num_in_flight"] == 0
+            and health["num_unfinished"] == 0
+            and health["num_free_device_blocks"] == health["num_device_blocks"]
+        ):
             break
         assert time.monotonic() < deadline, health
         time.sleep(0.02)
@@ -189,12 +216,21 @@ def test_fuzz_headers(server, http):
     body = json.dumps({"model": MODEL, "prompt": "a", "max_tokens": 1}).encode()
 
     @fuzz(250)
-    @given(request_id=st.none() | header_text, auth=st.none() | header_text,
-           content_type=st.none() | header_text)
+    @given(
+        request_id=st.none() | header_text,
+        auth=st.none() | header_text,
+        content_type=st.none() | header_text,
+    )
     def case(request_id, auth, content_type) -> None:
-        headers = {name: value for name, value in (
-            ("X-Request-Id", request_id), ("Authorization", auth), ("Content-Type", content_type),
-        ) if value is not None}
+        headers = {
+            name: value
+            for name, value in (
+                ("X-Request-Id", request_id),
+                ("Authorization", auth),
+                ("Content-Type", content_type),
+            )
+            if value is not None
+        }
         status, response_headers, data = http.request("POST", "/v1/completions", body, headers)
         check(status, response_headers, data)
         given_id = (request_id or "").strip(" \t")

@@ -25,9 +25,13 @@ def wait_idle_and_leak_free(url: str, timeout: float) -> dict:
         while True:
             status, _, data = http.request("GET", "/health")
             health = json.loads(data)
-            if (status == 200 and health["num_in_flight"] == 0 and health["num_unfinished"] == 0
-                    and health["num_free_device_blocks"] == health["num_device_blocks"]
-                    and health["num_free_host_blocks"] == health["num_host_blocks"]):
+            if (
+                status == 200
+                and health["num_in_flight"] == 0
+                and health["num_unfinished"] == 0
+                and health["num_free_device_blocks"] == health["num_device_blocks"]
+                and health["num_free_host_blocks"] == health["num_host_blocks"]
+            ):
                 return health
             assert time.monotonic() < deadline, f"not idle after {timeout} s: {health}"
             time.sleep(0.02)
@@ -50,8 +54,11 @@ def test_disconnect_storm_aborts_everything_and_leaks_nothing():
     body = {"model": "tiny", "prompt": "one two three", "max_tokens": 4000, "ignore_eos": True}
 
     async def streaming_client(session: aiohttp.ClientSession, i: int) -> int:
-        async with session.post(url + "/v1/completions", json={**body, "stream": True},
-                                headers={"X-Request-Id": f"storm-{i}"}) as response:
+        async with session.post(
+            url + "/v1/completions",
+            json={**body, "stream": True},
+            headers={"X-Request-Id": f"storm-{i}"},
+        ) as response:
             assert response.status == 200
             events = [await response.content.readuntil(b"\n\n") for _ in range(3)]
             response.close()  # drop the connection mid-stream
@@ -62,9 +69,12 @@ def test_disconnect_storm_aborts_everything_and_leaks_nothing():
         # loaded machine (a client gone before that is never an engine request to
         # abort), far short of the >= 8 s the request would run.
         with pytest.raises(asyncio.TimeoutError):
-            async with session.post(url + "/v1/completions", json=body,
-                                    headers={"X-Request-Id": f"impatient-{i}"},
-                                    timeout=aiohttp.ClientTimeout(total=3.0)) as response:
+            async with session.post(
+                url + "/v1/completions",
+                json=body,
+                headers={"X-Request-Id": f"impatient-{i}"},
+                timeout=aiohttp.ClientTimeout(total=3.0),
+            ) as response:
                 await response.read()
 
     async def storm() -> list[int]:
@@ -85,15 +95,26 @@ def test_disconnect_storm_aborts_everything_and_leaks_nothing():
         wait_idle_and_leak_free(url, timeout=30.0)
         assert sorted(aborted) == sorted(
             [f"storm-{i}" for i in range(NUM_STREAMS)]
-            + [f"impatient-{i}" for i in range(NUM_NON_STREAMING)])
+            + [f"impatient-{i}" for i in range(NUM_NON_STREAMING)]
+        )
 
 
 def test_overload_burst_answers_everything_with_200_or_429(tmp_path):
     cost_model = tmp_path / "cost.json"
-    cost_model.write_text(json.dumps({"step_overhead_s": 0.003, "prefill_token_s": 0.0,
-                                      "decode_seq_s": 0.0, "decode_context_token_s": 0.0,
-                                      "prefill_attention_s": 0.0, "swap_block_s": 0.0,
-                                "prefill_seq_s": 0.0, "mixed_step_s": 0.0}))
+    cost_model.write_text(
+        json.dumps(
+            {
+                "step_overhead_s": 0.003,
+                "prefill_token_s": 0.0,
+                "decode_seq_s": 0.0,
+                "decode_context_token_s": 0.0,
+                "prefill_attention_s": 0.0,
+                "swap_block_s": 0.0,
+                "prefill_seq_s": 0.0,
+                "mixed_step_s": 0.0,
+            }
+        )
+    )
     num_requests, duration_s = 1000, 3.0
     # Capacity: 4 running x 1 token per 3 ms step, 40 tokens each: ~30 requests/s.
     # Offered: 1,000 in 3 s = 333/s, ~10x.
@@ -102,8 +123,11 @@ def test_overload_burst_answers_everything_with_200_or_429(tmp_path):
     async def one(session, url, i: int) -> int:
         await asyncio.sleep(i * duration_s / num_requests)
         stream = i % 2 == 1
-        async with session.post(url + "/v1/completions", json={**body, "stream": stream},
-                                headers={"X-Request-Id": f"burst-{i}"}) as response:
+        async with session.post(
+            url + "/v1/completions",
+            json={**body, "stream": stream},
+            headers={"X-Request-Id": f"burst-{i}"},
+        ) as response:
             data = await response.read()
             if response.status == 200:
                 if stream:
@@ -125,15 +149,24 @@ def test_overload_burst_answers_everything_with_200_or_429(tmp_path):
     async def burst(url: str) -> tuple[list[int], list[dict]]:
         stop, samples = asyncio.Event(), []
         watcher = asyncio.create_task(watch(url, stop, samples))
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                         timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=60)
+        ) as session:
             statuses = await asyncio.gather(*(one(session, url, i) for i in range(num_requests)))
         stop.set()
         await watcher
         return statuses, samples
 
-    args = ["--executor", "sim", "--cost-model", str(cost_model), "--max-num-seqs", "4",
-            "--max-waiting", "8"]
+    args = [
+        "--executor",
+        "sim",
+        "--cost-model",
+        str(cost_model),
+        "--max-num-seqs",
+        "4",
+        "--max-waiting",
+        "8",
+    ]
     with CliServer(args) as server:
         statuses, samples = asyncio.run(burst(server.url))
         assert len(statuses) == num_requests

@@ -26,22 +26,25 @@ FILLER_TEXT = "w3"  # the sim executor's placeholder token (id 3), decoded
 
 @pytest.fixture(scope="module")
 def server():
-    with BackgroundServer(sim_engine(step_s=0.0005, max_model_len=MAX_MODEL_LEN),
-                          TOKENIZER) as live:
+    with BackgroundServer(
+        sim_engine(step_s=0.0005, max_model_len=MAX_MODEL_LEN), TOKENIZER
+    ) as live:
         yield live
         assert live.health()["num_unfinished"] == 0
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=30)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 def test_completion_usage_request_id_and_finish_reason(client):
     raw = client.completions.with_raw_response.create(
-        model=MODEL, prompt="the quick brown fox jumps", max_tokens=7,
-        extra_body={"ignore_eos": True}, extra_headers={"X-Request-Id": "client-req-1"},
+        model=MODEL,
+        prompt="the quick brown fox jumps",
+        max_tokens=7,
+        extra_body={"ignore_eos": True},
+        extra_headers={"X-Request-Id": "client-req-1"},
     )
     assert raw.headers["x-request-id"] == "client-req-1"
     completion = raw.parse()
@@ -63,8 +66,12 @@ def test_generated_request_id_is_echoed(client):
 
 def test_completion_stream_with_usage(client):
     stream = client.completions.create(
-        model=MODEL, prompt="one two three", max_tokens=9, stream=True,
-        stream_options={"include_usage": True}, extra_headers={"X-Request-Id": "stream-1"},
+        model=MODEL,
+        prompt="one two three",
+        max_tokens=9,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"X-Request-Id": "stream-1"},
     )
     chunks = list(stream)
     assert {c.id for c in chunks} == {"stream-1"}
@@ -90,10 +97,14 @@ def test_prompt_as_token_ids(client):
 
 
 def test_chat_completion(client):
-    messages = [{"role": "system", "content": "be brief"},
-                {"role": "user", "content": "hello there friend"}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello there friend"},
+    ]
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, max_completion_tokens=4,
+        model=MODEL,
+        messages=messages,
+        max_completion_tokens=4,
         extra_headers={"X-Request-Id": "chat-1"},
     )
     chat = raw.parse()
@@ -109,7 +120,10 @@ def test_chat_completion(client):
 
 def test_chat_stream(client):
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True,
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -124,9 +138,13 @@ def test_chat_stream(client):
 
 def test_stop_token_ids_and_min_tokens(client):
     completion = client.completions.create(
-        model=MODEL, prompt="x", max_tokens=10,
+        model=MODEL,
+        prompt="x",
+        max_tokens=10,
         extra_body={"stop_token_ids": [3], "min_tokens": 2, "priority": 3, "top_k": 5},
-        temperature=0.5, top_p=0.9, seed=7,
+        temperature=0.5,
+        top_p=0.9,
+        seed=7,
     )
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage.completion_tokens == 2
@@ -150,8 +168,16 @@ def test_models_list(client):
 def test_stop_strings_map_to_single_tokens():
     ctx = ServingContext((MODEL,), MAX_MODEL_LEN, TOKENIZER)
     req = parse_generate_request(
-        {"model": MODEL, "prompt": "a", "max_tokens": 3, "stop": ["hello", "end"],
-         "stop_token_ids": [9]}, "completion", ctx)
+        {
+            "model": MODEL,
+            "prompt": "a",
+            "max_tokens": 3,
+            "stop": ["hello", "end"],
+            "stop_token_ids": [9],
+        },
+        "completion",
+        ctx,
+    )
     hello, end = TOKENIZER.token_id("hello"), TOKENIZER.token_id("end")
     assert req.params.stop_token_ids == (9, hello, end)
     assert req.stop_string_token_ids == {hello, end}
@@ -160,10 +186,17 @@ def test_stop_strings_map_to_single_tokens():
 def test_sse_bytes_are_openai_format(server):
     async def run() -> tuple[aiohttp.ClientResponse, bytes]:
         async with aiohttp.ClientSession() as session:
-            async with session.post(server.url + "/v1/completions", json={
-                "model": MODEL, "prompt": "a b", "max_tokens": 4, "stream": True,
-                "stream_options": {"include_usage": True},
-            }, headers={"X-Request-Id": "sse-1"}) as response:
+            async with session.post(
+                server.url + "/v1/completions",
+                json={
+                    "model": MODEL,
+                    "prompt": "a b",
+                    "max_tokens": 4,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+                headers={"X-Request-Id": "sse-1"},
+            ) as response:
                 return response, await response.read()
 
     response, body = asyncio.run(run())
@@ -173,7 +206,7 @@ def test_sse_bytes_are_openai_format(server):
     assert body.endswith(b"\n\ndata: [DONE]\n\n")
     events = body.split(b"\n\n")
     assert events[-1] == b"" and events[-2] == b"data: [DONE]"
-    payloads = [json.loads(e[len(b"data: "):]) for e in events[:-2]]
+    payloads = [json.loads(e[len(b"data: ") :]) for e in events[:-2]]
     assert all(e.startswith(b"data: {") and b"\n" not in e for e in events[:-2])
     assert {p["id"] for p in payloads} == {"sse-1"}
     assert len(payloads) == 4 + 1 + 1  # 4 tokens, the finish chunk, the usage chunk
@@ -185,9 +218,19 @@ def test_health_and_version(server):
     status, headers, body = http.request("GET", "/health")
     health = json.loads(body)
     assert status == 200 and health["state"] == "running" and health["status"] == "ok"
-    for key in ("num_running", "num_waiting", "num_swapped", "num_in_flight", "num_steps",
-                "num_free_device_blocks", "num_device_blocks", "num_free_host_blocks",
-                "num_host_blocks", "num_failed_requests", "num_engine_errors"):
+    for key in (
+        "num_running",
+        "num_waiting",
+        "num_swapped",
+        "num_in_flight",
+        "num_steps",
+        "num_free_device_blocks",
+        "num_device_blocks",
+        "num_free_host_blocks",
+        "num_host_blocks",
+        "num_failed_requests",
+        "num_engine_errors",
+    ):
         assert isinstance(health[key], int), key
     assert health["num_device_blocks"] == 4096
     status, _, body = http.request("GET", "/version")

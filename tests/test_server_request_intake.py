@@ -21,8 +21,7 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def body(**fields) -> dict:
-    return {"model": "tiny", "prompt": "hello world", "max_tokens": 2, "ignore_eos": True,
-            **fields}
+    return {"model": "tiny", "prompt": "hello world", "max_tokens": 2, "ignore_eos": True, **fields}
 
 
 def recording_engine(step_s: float):
@@ -39,8 +38,11 @@ def ended(records: list[StepRecord], request_id: str):
 def test_a_request_sent_mid_step_queues_for_the_rest_of_that_step():
     engine, records = recording_engine(STEP_S)
     with BackgroundServer(engine, TOKENIZER) as server:
-        busy = threading.Thread(target=lambda: HttpClient(server.url).post_json(
-            "/v1/completions", body(max_tokens=6), {"X-Request-Id": "busy"}))
+        busy = threading.Thread(
+            target=lambda: HttpClient(server.url).post_json(
+                "/v1/completions", body(max_tokens=6), {"X-Request-Id": "busy"}
+            )
+        )
         busy.start()  # six 0.2 s steps
         deadline = time.monotonic() + 10
         while server.health()["num_steps"] < 1 and time.monotonic() < deadline:
@@ -48,8 +50,10 @@ def test_a_request_sent_mid_step_queues_for_the_rest_of_that_step():
         time.sleep(STEP_S / 2)  # now in the middle of the second step
         sent_unix = time.time()
         status, headers, _ = HttpClient(server.url).post_json(
-            "/v1/completions", body(), {"X-Request-Id": "late", "X-Request-Class": "chat",
-                                        "traceparent": TRACEPARENT})
+            "/v1/completions",
+            body(),
+            {"X-Request-Id": "late", "X-Request-Class": "chat", "traceparent": TRACEPARENT},
+        )
         busy.join(30)
         health = server.health()
     assert status == 200 and headers["x-request-id"] == "late"
@@ -84,14 +88,14 @@ def test_a_bad_request_class_is_a_400_naming_the_header():
     engine, records = recording_engine(0.0)
     with BackgroundServer(engine, TOKENIZER) as server:
         client = HttpClient(server.url)
-        for bad in ("has space", "x" * 65, "quote\"d", ""):
-            status, _, raw = client.post_json("/v1/completions", body(),
-                                              {"X-Request-Class": bad})
+        for bad in ("has space", "x" * 65, 'quote"d', ""):
+            status, _, raw = client.post_json("/v1/completions", body(), {"X-Request-Class": bad})
             error = json.loads(raw)["error"]
             assert status == 400, (bad, raw)
             assert error["param"] == "X-Request-Class" and "X-Request-Class" in error["message"]
-        status, _, _ = client.post_json("/v1/completions", body(),
-                                        {"X-Request-Id": "ok", "X-Request-Class": "batch/long-1"})
+        status, _, _ = client.post_json(
+            "/v1/completions", body(), {"X-Request-Id": "ok", "X-Request-Class": "batch/long-1"}
+        )
     assert status == 200 and ended(records, "ok").request_class == "batch/long-1"
 
 
@@ -99,10 +103,17 @@ def test_an_invalid_traceparent_is_ignored_not_refused():
     engine, records = recording_engine(0.0)
     with BackgroundServer(engine, TOKENIZER) as server:
         client = HttpClient(server.url)
-        for i, bad in enumerate(["junk", "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
-                                 TRACEPARENT.upper(), "ff" + TRACEPARENT[2:]]):
-            status, _, _ = client.post_json("/v1/completions", body(),
-                                            {"X-Request-Id": f"t{i}", "traceparent": bad})
+        for i, bad in enumerate(
+            [
+                "junk",
+                "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
+                TRACEPARENT.upper(),
+                "ff" + TRACEPARENT[2:],
+            ]
+        ):
+            status, _, _ = client.post_json(
+                "/v1/completions", body(), {"X-Request-Id": f"t{i}", "traceparent": bad}
+            )
             assert status == 200
     assert all(ended(records, f"t{i}").traceparent is None for i in range(4))
 
@@ -133,9 +144,10 @@ def test_reusing_the_id_of_a_client_that_just_left_never_ends_the_new_request():
         host, port = server.url.removeprefix("http://").split(":")
         raw = json.dumps(body(max_tokens=50, stream=True)).encode()
         sock = socket.create_connection((host, int(port)))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                     b"\r\nX-Request-Id: X\r\nContent-Length: " + str(len(raw)).encode()
-                     + b"\r\n\r\n" + raw)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nX-Request-Id: X\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+        )
         assert b"200" in sock.recv(4096).split(b"\r\n")[0]
         time.sleep(STEP_S * 1.5)  # mid-step, with tokens flowing
         sock.close()
@@ -144,8 +156,9 @@ def test_reusing_the_id_of_a_client_that_just_left_never_ends_the_new_request():
         retry_until = time.monotonic() + 10  # A's abort lands within a step or two
         while time.monotonic() < retry_until:
             time.sleep(0.005)
-            status, _, data = client.post_json("/v1/completions", body(max_tokens=3),
-                                               {"X-Request-Id": "X"})
+            status, _, data = client.post_json(
+                "/v1/completions", body(max_tokens=3), {"X-Request-Id": "X"}
+            )
             outcomes.append(status)
             if status != 409:
                 break

@@ -34,20 +34,26 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 #: Every character Python's str.isspace() or Unicode White_Space calls a space, the
 #: four ASCII separators on which they disagree (U+001C..U+001F), look-alikes that are
 #: neither (ZWSP, BOM), and the exported tokenizer's own vocabulary as whole pieces.
-SPACES = (" \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2005\u200a\u2028\u2029"
-          "\u202f\u205f\u3000\u200b\ufeff")
-TEXT = st.lists(st.one_of(
-    st.sampled_from(list(SPACES)),
-    st.characters(exclude_categories=("Cs",)),  # JSON cannot carry lone surrogates
-    st.sampled_from(["<s>", "</s>", "<pad>", "<unk>", "w3", "w17", "a</s>b", "<|user|>"]),
-), max_size=40).map("".join)
+SPACES = (
+    " \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2005\u200a\u2028\u2029"
+    "\u202f\u205f\u3000\u200b\ufeff"
+)
+TEXT = st.lists(
+    st.one_of(
+        st.sampled_from(list(SPACES)),
+        st.characters(exclude_categories=("Cs",)),  # JSON cannot carry lone surrogates
+        st.sampled_from(["<s>", "</s>", "<pad>", "<unk>", "w3", "w17", "a</s>b", "<|user|>"]),
+    ),
+    max_size=40,
+).map("".join)
 
 
 @pytest.fixture(scope="module")
 def server():
     started = time.time()
-    with BackgroundServer(sim_engine(step_s=0.0005, max_model_len=MAX_MODEL_LEN),
-                          TOKENIZER) as live:
+    with BackgroundServer(
+        sim_engine(step_s=0.0005, max_model_len=MAX_MODEL_LEN), TOKENIZER
+    ) as live:
         live.started = started
         yield live
         assert live.health()["num_unfinished"] == 0
@@ -62,16 +68,16 @@ def http(server):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=30)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
 @pytest.fixture(scope="module")
 def keyed():
     """A slow server behind an API key: 20 ms steps keep a stream in flight."""
     settings_ = ServerSettings(host="127.0.0.1", port=0, api_key=KEY, shutdown_timeout_s=2.0)
-    with BackgroundServer(sim_engine(step_s=0.02, max_model_len=MAX_MODEL_LEN), TOKENIZER,
-                          settings_) as live:
+    with BackgroundServer(
+        sim_engine(step_s=0.02, max_model_len=MAX_MODEL_LEN), TOKENIZER, settings_
+    ) as live:
         yield live
 
 
@@ -94,8 +100,13 @@ def tokenize(http, body, headers=None) -> dict:
     return out
 
 
-PROMPTS = ["the quick brown fox", "  héllo\twörld 🙂\n\nünïcode  ", "one\u3000two\xa0three",
-           "record\x1eseparated unit\x1fseparated", "<s> a</s>b <|user|>"]
+PROMPTS = [
+    "the quick brown fox",
+    "  héllo\twörld 🙂\n\nünïcode  ",
+    "one\u3000two\xa0three",
+    "record\x1eseparated unit\x1fseparated",
+    "<s> a</s>b <|user|>",
+]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -118,10 +129,15 @@ def test_words_split_on_unicode_white_space_only():
 
 MESSAGES = [
     [{"role": "user", "content": "hello there"}],
-    [{"role": "system", "content": "be brief"},
-     {"role": "user", "content": [{"type": "text", "text": "two"}, {"type": "text", "text": "parts"}]},
-     {"role": "assistant", "content": None},
-     {"role": "user", "content": "again\x1cglued"}],
+    [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "two"}, {"type": "text", "text": "parts"}],
+        },
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "again\x1cglued"},
+    ],
 ]
 
 
@@ -140,8 +156,9 @@ def test_tokenize_chat_count_is_the_chat_prompt_tokens(http, client, messages):
 def test_token_strs(http):
     out = tokenize(http, {"prompt": "to be\tor  not", "return_token_strs": True})
     assert out["token_strs"] == ["to", "be", "or", "not"]
-    chat = tokenize(http, {"messages": [{"role": "user", "content": "hi"}],
-                           "return_token_strs": True})
+    chat = tokenize(
+        http, {"messages": [{"role": "user", "content": "hi"}], "return_token_strs": True}
+    )
     assert chat["token_strs"] == ["<|user|>", "hi", "<|assistant|>"]
 
 
@@ -150,8 +167,9 @@ def test_empty_prompt_is_zero_tokens(http):
 
 
 def test_detokenize_round_trips_what_the_engine_decodes(http, client):
-    completion = client.completions.create(model=MODEL, prompt="a b c", max_tokens=6,
-                                           extra_body={"ignore_eos": True})
+    completion = client.completions.create(
+        model=MODEL, prompt="a b c", max_tokens=6, extra_body={"ignore_eos": True}
+    )
     generated = [3] * completion.usage.completion_tokens  # the sim executor's token
     status, out = post(http, "/detokenize", {"model": MODEL, "tokens": generated})
     assert status == 200 and out == {"prompt": completion.choices[0].text}
@@ -162,30 +180,46 @@ def test_detokenize_round_trips_what_the_engine_decodes(http, client):
     assert post(http, "/detokenize", {"tokens": []})[1] == {"prompt": ""}
 
 
-@pytest.mark.parametrize(("path", "body", "param"), [
-    ("/tokenize", {}, "prompt"),
-    ("/tokenize", {"prompt": ["a", "b"]}, "prompt"),
-    ("/tokenize", {"prompt": [5, 6]}, "prompt"),
-    ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "a"}]}, "messages"),
-    ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
-    ("/tokenize", {"prompt": "a", "return_token_strs": 1}, "return_token_strs"),
-    ("/tokenize", {"prompt": "a", "model": 7}, "model"),
-    ("/tokenize", {"messages": []}, "messages"),
-    ("/tokenize", {"messages": [{"role": "robot", "content": "a"}]}, "messages"),
-    ("/tokenize", {"messages": [{"role": "user", "content": 3}]}, "messages"),
-    ("/tokenize", {"messages": [{"role": "user", "content": "a"}], "tools": [{"x": 1}]}, "tools"),
-    ("/tokenize", {"messages": [{"role": "user", "content": "a"}], "chat_template": "{{x}}"},
-     "chat_template"),
-    ("/tokenize", {"messages": [{"role": "user", "content": "a"}],
-                   "add_generation_prompt": True, "continue_final_message": True},
-     "continue_final_message"),
-    ("/detokenize", {}, "tokens"),
-    ("/detokenize", {"tokens": "1 2"}, "tokens"),
-    ("/detokenize", {"tokens": [1, True]}, "tokens"),
-    ("/detokenize", {"tokens": [1, -1]}, "tokens"),
-    ("/detokenize", {"tokens": [4096]}, "tokens"),
-    ("/detokenize", {"tokens": [1.0]}, "tokens"),
-])
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": ["a", "b"]}, "prompt"),
+        ("/tokenize", {"prompt": [5, 6]}, "prompt"),
+        ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "a"}]}, "messages"),
+        ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
+        ("/tokenize", {"prompt": "a", "return_token_strs": 1}, "return_token_strs"),
+        ("/tokenize", {"prompt": "a", "model": 7}, "model"),
+        ("/tokenize", {"messages": []}, "messages"),
+        ("/tokenize", {"messages": [{"role": "robot", "content": "a"}]}, "messages"),
+        ("/tokenize", {"messages": [{"role": "user", "content": 3}]}, "messages"),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "a"}], "tools": [{"x": 1}]},
+            "tools",
+        ),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "a"}], "chat_template": "{{x}}"},
+            "chat_template",
+        ),
+        (
+            "/tokenize",
+            {
+                "messages": [{"role": "user", "content": "a"}],
+                "add_generation_prompt": True,
+                "continue_final_message": True,
+            },
+            "continue_final_message",
+        ),
+        ("/detokenize", {}, "tokens"),
+        ("/detokenize", {"tokens": "1 2"}, "tokens"),
+        ("/detokenize", {"tokens": [1, True]}, "tokens"),
+        ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+        ("/detokenize", {"tokens": [4096]}, "tokens"),
+        ("/detokenize", {"tokens": [1.0]}, "tokens"),
+    ],
+)
 def test_bad_requests_are_400_naming_the_field(http, path, body, param):
     status, out = post(http, path, body)
     assert status == 400, out
@@ -201,8 +235,9 @@ def test_bad_json_is_400(http, raw):
         assert status == 400 and json.loads(data)["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize(("path", "body"), [("/tokenize", {"prompt": "a"}),
-                                            ("/detokenize", {"tokens": [5]})])
+@pytest.mark.parametrize(
+    ("path", "body"), [("/tokenize", {"prompt": "a"}), ("/detokenize", {"tokens": [5]})]
+)
 def test_wrong_model_is_404(http, path, body):
     status, out = post(http, path, {**body, "model": "gpt-nope"})
     assert status == 404
@@ -254,13 +289,15 @@ def test_load_counts_requests_in_flight(keyed):
     assert json.loads(http.request("GET", "/load")[2]) == {"server_load": 0}
     client = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0, timeout=30)
     # 100 tokens of 20 ms steps: in flight for two seconds unless closed
-    with client.completions.create(model=MODEL, prompt="go", max_tokens=100, stream=True,
-                                   extra_body={"ignore_eos": True}) as stream:
+    with client.completions.create(
+        model=MODEL, prompt="go", max_tokens=100, stream=True, extra_body={"ignore_eos": True}
+    ) as stream:
         next(iter(stream))
         assert json.loads(http.request("GET", "/load")[2]) == {"server_load": 1}
     deadline = time.monotonic() + 10
-    while json.loads(http.request("GET", "/load")[2])["server_load"] and \
-            time.monotonic() < deadline:
+    while (
+        json.loads(http.request("GET", "/load")[2])["server_load"] and time.monotonic() < deadline
+    ):
         time.sleep(0.01)
     assert json.loads(http.request("GET", "/load")[2]) == {"server_load": 0}
     http.close()
@@ -277,9 +314,16 @@ def test_models_card_as_vllm(server, client):
     [perm] = body["permission"]
     assert perm.pop("id").startswith("modelperm-")
     assert perm == {
-        "object": "model_permission", "created": card.created, "allow_create_engine": False,
-        "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
-        "allow_view": True, "allow_fine_tuning": False, "organization": "*", "group": None,
+        "object": "model_permission",
+        "created": card.created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
         "is_blocking": False,
     }
     time.sleep(1.01)
@@ -288,7 +332,10 @@ def test_models_card_as_vllm(server, client):
 
 def test_exported_tokenizer_files(exported):
     assert sorted(p.name for p in exported.iterdir()) == [
-        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     config = json.loads((exported / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert config["eos_token"] == "</s>"
@@ -316,8 +363,10 @@ def test_export_copies_a_tokenizer_json(tmp_path):
     hf.save(str(source))
     path = export_hf_tokenizer(HFTokenizer(source), tmp_path / "out")
     assert path.read_bytes() == source.read_bytes()
-    assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())[
-        "tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert (
+        json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["tokenizer_class"]
+        == "PreTrainedTokenizerFast"
+    )
 
 
 def test_export_cli_refuses_an_unknown_model(tmp_path):

@@ -16,8 +16,10 @@ from harness.local_server import CliServer, HttpClient
 
 @pytest.fixture(scope="module")
 def server():
-    with CliServer(["--max-num-seqs", "8", "--swap-space", "0.01", "--device-memory", "0.25"],
-                   start_timeout_s=120) as live:
+    with CliServer(
+        ["--max-num-seqs", "8", "--swap-space", "0.01", "--device-memory", "0.25"],
+        start_timeout_s=120,
+    ) as live:
         yield live
         assert "device blocks" in live.output()  # the KV pool sizes are printed at start-up
 
@@ -29,10 +31,12 @@ def client(server):
 
 def test_greedy_completion_is_deterministic_and_counted(client):
     prompt = "the quick brown fox jumps over the lazy dog"
-    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
-                                      extra_body={"ignore_eos": True})
-    second = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
-                                       extra_body={"ignore_eos": True})
+    first = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
+    second = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert first.usage.prompt_tokens == 9
     assert first.usage.completion_tokens == 12
     assert first.choices[0].finish_reason == "length"
@@ -42,19 +46,47 @@ def test_greedy_completion_is_deterministic_and_counted(client):
 
 def test_streaming_matches_non_streaming(client):
     prompt = "one two three four five"
-    whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0,
-                                      extra_body={"ignore_eos": True}).choices[0].text
-    pieces = [chunk.choices[0].text for chunk in client.completions.create(
-        model="tiny", prompt=prompt, max_tokens=10, temperature=0, stream=True,
-        extra_body={"ignore_eos": True}) if chunk.choices]
+    whole = (
+        client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=10,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .text
+    )
+    pieces = [
+        chunk.choices[0].text
+        for chunk in client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        if chunk.choices
+    ]
     assert "".join(pieces) == whole
 
 
 def test_seeded_sampling_is_reproducible(client):
-    kwargs = dict(model="tiny", max_tokens=10, temperature=1.0, top_p=0.95, seed=1234,
-                  extra_body={"ignore_eos": True})
-    a = client.chat.completions.create(messages=[{"role": "user", "content": "hello there"}], **kwargs)
-    b = client.chat.completions.create(messages=[{"role": "user", "content": "hello there"}], **kwargs)
+    kwargs = dict(
+        model="tiny",
+        max_tokens=10,
+        temperature=1.0,
+        top_p=0.95,
+        seed=1234,
+        extra_body={"ignore_eos": True},
+    )
+    a = client.chat.completions.create(
+        messages=[{"role": "user", "content": "hello there"}], **kwargs
+    )
+    b = client.chat.completions.create(
+        messages=[{"role": "user", "content": "hello there"}], **kwargs
+    )
     assert a.choices[0].message.content == b.choices[0].message.content
     assert a.usage.completion_tokens == 10
 

@@ -27,15 +27,21 @@ def flat(output: str) -> str:
 
 def single_server_profile(rate: float, mean_output: float, duration_s: float, seed: int):
     """One class: 1-token prompts, geometric output lengths, Poisson arrivals."""
-    return profile_from_dict({
-        "name": "mg1", "seed": seed,
-        "classes": [{
-            "name": "only", "weight": 1,
-            "prompt_tokens": {"kind": "fixed", "value": 1},
-            "output_tokens": {"kind": "geometric", "mean": mean_output},
-        }],
-        "phases": [{"name": "poisson", "duration_s": duration_s, "rate": rate}],
-    })
+    return profile_from_dict(
+        {
+            "name": "mg1",
+            "seed": seed,
+            "classes": [
+                {
+                    "name": "only",
+                    "weight": 1,
+                    "prompt_tokens": {"kind": "fixed", "value": 1},
+                    "output_tokens": {"kind": "geometric", "mean": mean_output},
+                }
+            ],
+            "phases": [{"name": "poisson", "duration_s": duration_s, "rate": rate}],
+        }
+    )
 
 
 @pytest.mark.parametrize("rate", [12.5, 15.0])
@@ -51,9 +57,16 @@ def test_fcfs_single_server_matches_pollaczek_khinchine(rate):
     rho = rate * mean_s
     expected = mean_s + rate * mean_s2 / (2 * (1 - rho))
 
-    cost = CostModel(step_overhead_s=0, prefill_token_s=0, decode_seq_s=c,
-                     decode_context_token_s=0, prefill_attention_s=0, swap_block_s=0,
-                     prefill_seq_s=0, mixed_step_s=0)
+    cost = CostModel(
+        step_overhead_s=0,
+        prefill_token_s=0,
+        decode_seq_s=c,
+        decode_context_token_s=0,
+        prefill_attention_s=0,
+        swap_block_s=0,
+        prefill_seq_s=0,
+        mixed_step_s=0,
+    )
     config = EngineConfig(SchedulerConfig(max_num_seqs=1))
     # ~60,000 requests: the estimate's standard error is well under 1%.
     profile = single_server_profile(rate, m, 60_000 / rate, seed=7)
@@ -89,10 +102,30 @@ def test_same_seed_same_bytes(tmp_path):
 def test_single_policy_layout_and_columns(tmp_path):
     out = _simulate_cli(tmp_path, "one", "--policy", "sjf", "--max-num-seqs", "64")
     frame = pl.read_parquet(out / "requests.parquet")
-    for column in ("request_id", "policy", "profile", "class", "priority", "prompt_tokens",
-                   "output_tokens", "status", "error", "scheduled_at", "sent_at", "ttft_s",
-                   "tpot_s", "e2e_s", "max_itl_s", "queue_s", "preemptions", "preempt_swaps",
-                   "preempt_recomputes", "swapped_s", "recomputed_tokens", "stall_s"):
+    for column in (
+        "request_id",
+        "policy",
+        "profile",
+        "class",
+        "priority",
+        "prompt_tokens",
+        "output_tokens",
+        "status",
+        "error",
+        "scheduled_at",
+        "sent_at",
+        "ttft_s",
+        "tpot_s",
+        "e2e_s",
+        "max_itl_s",
+        "queue_s",
+        "preemptions",
+        "preempt_swaps",
+        "preempt_recomputes",
+        "swapped_s",
+        "recomputed_tokens",
+        "stall_s",
+    ):
         assert column in frame.columns, column
     assert frame["policy"].unique().to_list() == ["sjf"]
     assert frame["request_id"].n_unique() == frame.height
@@ -116,7 +149,10 @@ def test_single_policy_layout_and_columns(tmp_path):
         (["--preemption-mode", "drop"], "drop"),
         (["--profile", "no-such-profile"], "no-such-profile"),
         (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
-        (["--gpu-memory-utilization", "0.01", "--device-memory", "0.1"], "no room for the KV cache"),
+        (
+            ["--gpu-memory-utilization", "0.01", "--device-memory", "0.1"],
+            "no room for the KV cache",
+        ),
         (["--model", "nope"], "unknown model preset 'nope'"),
     ],
 )
@@ -136,8 +172,9 @@ def test_cost_model_file_is_used_and_bad_file_named(tmp_path):
     fast_tpot = pl.read_parquet(fast / "requests.parquet")["tpot_s"].median()
     assert slow_tpot > 5 * fast_tpot
     (tmp_path / "bad.json").write_text('{"decode_seq_s": -1}')
-    result = runner.invoke(app, ["simulate", "--cost-model", str(tmp_path / "bad.json"),
-                                 "--out", str(tmp_path / "y")])
+    result = runner.invoke(
+        app, ["simulate", "--cost-model", str(tmp_path / "bad.json"), "--out", str(tmp_path / "y")]
+    )
     assert result.exit_code == 2 and "decode_seq_s" in flat(result.output)
 
 
@@ -150,10 +187,12 @@ def test_closed_loop_profile_keeps_concurrency(tmp_path):
     assert closed.height > 8
     # Never more than `concurrency` closed-loop requests in flight at once.
     concurrency = next(p.concurrency for p in profile.phases if p.concurrency)
-    events = pl.concat([
-        closed.select(pl.col("scheduled_at").alias("t"), pl.lit(1).alias("d")),
-        closed.select(pl.col("finished_at").alias("t"), pl.lit(-1).alias("d")),
-    ]).sort("t", "d")
+    events = pl.concat(
+        [
+            closed.select(pl.col("scheduled_at").alias("t"), pl.lit(1).alias("d")),
+            closed.select(pl.col("finished_at").alias("t"), pl.lit(-1).alias("d")),
+        ]
+    ).sort("t", "d")
     assert events["d"].cum_sum().max() <= concurrency
 
 
@@ -163,8 +202,9 @@ def test_default_profile_shows_the_policy_tradeoff():
     profile = resolve_profile("default")
 
     def run(**knobs):
-        frame = simulate(profile, EngineConfig(SchedulerConfig(**knobs)), CostModel(),
-                         record_decisions=False).requests
+        frame = simulate(
+            profile, EngineConfig(SchedulerConfig(**knobs)), CostModel(), record_decisions=False
+        ).requests
         by_class = {name: group for (name,), group in frame.group_by("class")}
         return by_class["short_chat"], by_class["long_generation"]
 
@@ -193,6 +233,8 @@ def test_kv_pool_pressure_preempts_and_everything_finishes():
     assert frame["preempt_swaps"].sum() > 0
     assert frame["preempt_recomputes"].sum() > 0  # the small host pool fills up
     decisions = decisions_frame(result.decisions)
-    fallback = decisions.filter((pl.col("kind") == "preempt") & (pl.col("detail") == "swap_space_exhausted"))
+    fallback = decisions.filter(
+        (pl.col("kind") == "preempt") & (pl.col("detail") == "swap_space_exhausted")
+    )
     assert fallback.height > 0
     assert frame["recomputed_tokens"].sum() > 0

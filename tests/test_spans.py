@@ -19,9 +19,15 @@ from engine.telemetry import spans as sp
 from engine.telemetry.trace_ids import request_trace_id
 from engine.telemetry.tracing import Tracing, TracingSettings, install_tracing
 
-COSTS = CostModel(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": 1 / 64,
-                     "prefill_token_s": 1e-6, "prefill_attention_s": 1e-6,
-                     "swap_block_s": 1e-4})
+COSTS = CostModel(
+    **{
+        **dict.fromkeys(FEATURES, 0.0),
+        "step_overhead_s": 1 / 64,
+        "prefill_token_s": 1e-6,
+        "prefill_attention_s": 1e-6,
+        "swap_block_s": 1e-4,
+    }
+)
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"
 TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
@@ -31,9 +37,14 @@ def traced(engine, memory: InMemorySpanExporter) -> Tracing:
     tracing = Tracing(TracingSettings(), exporters=[memory])
     from engine.telemetry.spans import SpanObserver
 
-    tracing.observer = SpanObserver(tracing.finished_spans,
-                                    engine.clock_epoch_unix, policy="priority",
-                                    model_name="tiny", bytes_per_block=4096, steps_per_trace=8)
+    tracing.observer = SpanObserver(
+        tracing.finished_spans,
+        engine.clock_epoch_unix,
+        policy="priority",
+        model_name="tiny",
+        bytes_per_block=4096,
+        steps_per_trace=8,
+    )
     engine.observers.add(tracing.observer)
     return tracing
 
@@ -79,10 +90,14 @@ def check_spans(trace, spans) -> None:
         assert child.context.trace_id == root.context.trace_id
         assert root.start_time <= child.start_time <= child.end_time <= root.end_time
     # One span per decision (wait and idle_running excepted), per request and kind.
-    expected = Counter((x.request_id, x.kind) for x in trace.decisions
-                       if x.kind not in sp.STEP_EVENT_KINDS)
-    got = Counter((s.attributes[sp.REQUEST_ID], s.attributes[sp.DECISION]) for s in children
-                  if sp.DECISION in s.attributes)
+    expected = Counter(
+        (x.request_id, x.kind) for x in trace.decisions if x.kind not in sp.STEP_EVENT_KINDS
+    )
+    got = Counter(
+        (s.attributes[sp.REQUEST_ID], s.attributes[sp.DECISION])
+        for s in children
+        if sp.DECISION in s.attributes
+    )
     assert got == expected
     for s in children:
         if sp.DECISION in s.attributes:
@@ -101,15 +116,29 @@ def check_spans(trace, spans) -> None:
 
 
 def test_swap_recompute_reject_abort_and_a_client_trace():
-    engine = make_engine(block_size=4, gpu_blocks=20, cpu_blocks=64,
-                         scheduling_policy="priority", preemption_mode="auto", cost_model=COSTS)
-    reqs = [Req("L", 0.0, prompt_len=60, max_tokens=20, priority=5),
-            Req("S", 0.0, prompt_len=3, max_tokens=20, priority=6),
-            Req("H", 0.05, prompt_len=70, max_tokens=2, priority=0),
-            Req("too-long", 0.1, prompt_len=100, max_tokens=4),
-            Req("gone", 0.2, prompt_len=4, max_tokens=40, priority=7)]
-    client = EngineRequest("client", [7] * 4, SamplingParams(max_tokens=3, temperature=0.5),
-                           arrival_time=0.0, priority=9, traceparent=TRACEPARENT)
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=20,
+        cpu_blocks=64,
+        scheduling_policy="priority",
+        preemption_mode="auto",
+        cost_model=COSTS,
+    )
+    reqs = [
+        Req("L", 0.0, prompt_len=60, max_tokens=20, priority=5),
+        Req("S", 0.0, prompt_len=3, max_tokens=20, priority=6),
+        Req("H", 0.05, prompt_len=70, max_tokens=2, priority=0),
+        Req("too-long", 0.1, prompt_len=100, max_tokens=4),
+        Req("gone", 0.2, prompt_len=4, max_tokens=40, priority=7),
+    ]
+    client = EngineRequest(
+        "client",
+        [7] * 4,
+        SamplingParams(max_tokens=3, temperature=0.5),
+        arrival_time=0.0,
+        priority=9,
+        traceparent=TRACEPARENT,
+    )
     trace, spans = run_traced(engine, reqs, aborts=[(0.6, "gone")], extra=[client])
     kinds = Counter(x.kind for x in trace.decisions)
     assert kinds[d.SWAP_OUT] and kinds[d.SWAP_IN] and kinds[d.RECOMPUTE]
@@ -137,8 +166,10 @@ def test_swap_recompute_reject_abort_and_a_client_trace():
     swap_in = next(s for s in by_request[swapped] if s.name == sp.SWAP_IN_SPAN)
     assert preempt.end_time <= swap_in.start_time
     swap_out = next(s for s in by_request[swapped] if s.name == sp.SWAP_OUT_SPAN)
-    assert swap_out.attributes["schedscope.swap.bytes"] == 4096 * swap_out.attributes[
-        "schedscope.num_blocks"]
+    assert (
+        swap_out.attributes["schedscope.swap.bytes"]
+        == 4096 * swap_out.attributes["schedscope.num_blocks"]
+    )
     recomputed = next(x.request_id for x in trace.decisions if x.kind == d.RECOMPUTE)
     recompute = next(s for s in by_request[recomputed] if s.name == sp.RECOMPUTE_SPAN)
     assert recompute.end_time > recompute.start_time  # it lasts until the re-prefill ends
@@ -146,22 +177,41 @@ def test_swap_recompute_reject_abort_and_a_client_trace():
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.lists(st.tuples(st.integers(0, 40), st.integers(1, 28), st.integers(1, 24),
-                       st.integers(0, 3), st.booleans()), min_size=3, max_size=12),
+    st.lists(
+        st.tuples(
+            st.integers(0, 40),
+            st.integers(1, 28),
+            st.integers(1, 24),
+            st.integers(0, 3),
+            st.booleans(),
+        ),
+        min_size=3,
+        max_size=12,
+    ),
     st.sampled_from(["swap", "recompute", "auto"]),
     st.sampled_from(["fcfs", "priority", "sjf"]),
     st.integers(8, 16),
     st.integers(0, 30),
 )
 def test_every_decision_has_its_span(shape, mode, policy, gpu_blocks, cpu_blocks):
-    reqs = [Req(f"r{i}", arrival / 16, prompt_len=prompt, max_tokens=out, priority=prio)
-            for i, (arrival, prompt, out, prio, _) in enumerate(shape)]
-    aborts = [((arrival + 2) / 16, f"r{i}") for i, (arrival, *_, abort) in enumerate(shape)
-              if abort]
-    engine = make_engine(block_size=4, gpu_blocks=gpu_blocks, cpu_blocks=cpu_blocks,
-                         scheduling_policy=policy, preemption_mode=mode,
-                         max_num_batched_tokens=16, max_num_seqs=4, max_model_len=64,
-                         cost_model=COSTS)
+    reqs = [
+        Req(f"r{i}", arrival / 16, prompt_len=prompt, max_tokens=out, priority=prio)
+        for i, (arrival, prompt, out, prio, _) in enumerate(shape)
+    ]
+    aborts = [
+        ((arrival + 2) / 16, f"r{i}") for i, (arrival, *_, abort) in enumerate(shape) if abort
+    ]
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=gpu_blocks,
+        cpu_blocks=cpu_blocks,
+        scheduling_policy=policy,
+        preemption_mode=mode,
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+        max_model_len=64,
+        cost_model=COSTS,
+    )
     trace, spans = run_traced(engine, reqs, aborts)
     check_spans(trace, spans)
 

@@ -27,12 +27,20 @@ from harness.spans import read_spans
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("sim")
-    configs = {"priority": EngineConfig(
-        SchedulerConfig(scheduling_policy="priority"),
-        CacheConfig(num_gpu_blocks_override=150, num_cpu_blocks_override=30),
-    )}
-    summary = run_simulations(resolve_profile("default"), configs, CostModel(), out,
-                              num_requests=150, trace_file=out / "spans.jsonl")
+    configs = {
+        "priority": EngineConfig(
+            SchedulerConfig(scheduling_policy="priority"),
+            CacheConfig(num_gpu_blocks_override=150, num_cpu_blocks_override=30),
+        )
+    }
+    summary = run_simulations(
+        resolve_profile("default"),
+        configs,
+        CostModel(),
+        out,
+        num_requests=150,
+        trace_file=out / "spans.jsonl",
+    )
     return out, summary
 
 
@@ -62,11 +70,23 @@ def test_spans_parquet_has_a_row_per_span_and_attribute_columns(simulated):
     assert stats["dropped_spans"] == 0
     assert frame.height == stats["spans"] == stats["exported_spans"]
     assert frame.equals(read_spans(out / "spans.jsonl"))
-    for column in ("name", "trace_id", "span_id", "parent_span_id", "start", "end",
-                   "duration_s", "request_id", "kind", "status",
-                   "attr.gen_ai.request.model", "attr.gen_ai.usage.output_tokens",
-                   "attr.schedscope.preempt.mode", "resource.schedscope.policy",
-                   "resource.service.name"):
+    for column in (
+        "name",
+        "trace_id",
+        "span_id",
+        "parent_span_id",
+        "start",
+        "end",
+        "duration_s",
+        "request_id",
+        "kind",
+        "status",
+        "attr.gen_ai.request.model",
+        "attr.gen_ai.usage.output_tokens",
+        "attr.schedscope.preempt.mode",
+        "resource.schedscope.policy",
+        "resource.service.name",
+    ):
         assert column in frame.columns, column
     assert frame.schema["attr.gen_ai.usage.output_tokens"] == pl.Int64
     assert frame.schema["attr.schedscope.ttft_s"] == pl.Float64
@@ -80,16 +100,27 @@ def test_spans_parquet_has_a_row_per_span_and_attribute_columns(simulated):
     # virtual time: Unix time = engine time (the simulator's epoch is 0)
     assert (joined["start"] - joined["scheduled_at"]).abs().max() < 1e-6
     decisions = pl.read_parquet(out / "decisions.parquet").filter(
-        ~pl.col("kind").is_in(list(sp.STEP_EVENT_KINDS)))
+        ~pl.col("kind").is_in(list(sp.STEP_EVENT_KINDS))
+    )
     decision_spans = frame.filter(pl.col("attr.schedscope.decision").is_not_null())
     assert decision_spans.height == decisions.height
-    assert decisions["kind"].value_counts().sort("kind").equals(
-        decision_spans["attr.schedscope.decision"].alias("kind").value_counts().sort("kind"))
+    assert (
+        decisions["kind"]
+        .value_counts()
+        .sort("kind")
+        .equals(
+            decision_spans["attr.schedscope.decision"].alias("kind").value_counts().sort("kind")
+        )
+    )
     assert decision_spans.filter(pl.col("name") == "swap_out").height > 0
     assert decision_spans.filter(pl.col("name") == "recompute").height > 0
     # parents: each decision span's parent is its request's llm_request span
-    parents = decision_spans.join(roots.select("span_id", "trace_id", "request_id"),
-                                  left_on="parent_span_id", right_on="span_id", suffix="_root")
+    parents = decision_spans.join(
+        roots.select("span_id", "trace_id", "request_id"),
+        left_on="parent_span_id",
+        right_on="span_id",
+        suffix="_root",
+    )
     assert parents.height == decision_spans.height
     assert (parents["request_id"] == parents["request_id_root"]).all()
     assert (parents["trace_id"] == parents["trace_id_root"]).all()
@@ -118,8 +149,10 @@ class _Slow(SpanExporter):
 
 def test_drops_are_counted_exactly():
     slow = _Slow()
-    tracing = Tracing(TracingSettings(max_queue_size=64, max_export_batch_size=16,
-                                      schedule_delay_ms=10_000), exporters=[slow])
+    tracing = Tracing(
+        TracingSettings(max_queue_size=64, max_export_batch_size=16, schedule_delay_ms=10_000),
+        exporters=[slow],
+    )
     emitted = 5000
     for i in range(emitted):  # a burst, faster than anything can export
         tracing.tracer.start_span(f"s{i}").end()
@@ -177,8 +210,9 @@ def test_a_hung_collector_cannot_hold_the_shutdown_past_its_budget(monkeypatch):
             pass
 
     monkeypatch.setattr(tracing_module, "SHUTDOWN_BUDGET_MS", 1000)
-    tracing = Tracing(TracingSettings(max_export_batch_size=16, schedule_delay_ms=10),
-                      exporters=[Hung()])
+    tracing = Tracing(
+        TracingSettings(max_export_batch_size=16, schedule_delay_ms=10), exporters=[Hung()]
+    )
     for i in range(200):
         tracing.tracer.start_span(f"s{i}").end()
     time.sleep(0.1)  # the worker is now stuck in export

@@ -48,8 +48,10 @@ class OtlpReceiver:
             resource = {kv.key: kv.value.string_value for kv in rs.resource.attributes}
             for ss in rs.scope_spans:
                 self.spans.extend((resource, span) for span in ss.spans)
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")
+        return web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(),
+            content_type="application/x-protobuf",
+        )
 
     def _run(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -88,16 +90,35 @@ def attributes(span: Span) -> dict:
 
 def test_served_spans_reach_an_otlp_receiver_span_by_span():
     with OtlpReceiver() as receiver:
-        with CliServer(["--executor", "sim", "--served-model-name", "tiny",
-                        "--otlp-traces-endpoint", receiver.url]) as server:
+        with CliServer(
+            [
+                "--executor",
+                "sim",
+                "--served-model-name",
+                "tiny",
+                "--otlp-traces-endpoint",
+                receiver.url,
+            ]
+        ) as server:
             client = HttpClient(server.url)
             assert client.post_json("/v1/completions", BODY, {"X-Request-Id": "plain"})[0] == 200
-            assert client.post_json("/v1/completions", {**BODY, "temperature": 0.7, "top_p": 0.9},
-                                    {"X-Request-Id": "joined", "traceparent": TRACEPARENT}
-                                    )[0] == 200
-            chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                    "max_tokens": 3, "ignore_eos": True}
-            assert client.post_json("/v1/chat/completions", chat, {"X-Request-Id": "chat"})[0] == 200
+            assert (
+                client.post_json(
+                    "/v1/completions",
+                    {**BODY, "temperature": 0.7, "top_p": 0.9},
+                    {"X-Request-Id": "joined", "traceparent": TRACEPARENT},
+                )[0]
+                == 200
+            )
+            chat = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3,
+                "ignore_eos": True,
+            }
+            assert (
+                client.post_json("/v1/chat/completions", chat, {"X-Request-Id": "chat"})[0] == 200
+            )
             server.terminate()
             assert server.wait(30) == 0  # the engine process flushes its spans on the way out
             output = server.output()
@@ -139,10 +160,15 @@ def test_served_spans_reach_an_otlp_receiver_span_by_span():
 
 def test_thread_mode_writes_the_trace_file_on_shutdown(tmp_path):
     trace_file = tmp_path / "spans.jsonl"
-    with CliServer(["--executor", "sim", "--engine-core", "thread",
-                    "--trace-file", str(trace_file)]) as server:
-        assert HttpClient(server.url).post_json(
-            "/v1/completions", BODY, {"X-Request-Id": "t1", "traceparent": TRACEPARENT})[0] == 200
+    with CliServer(
+        ["--executor", "sim", "--engine-core", "thread", "--trace-file", str(trace_file)]
+    ) as server:
+        assert (
+            HttpClient(server.url).post_json(
+                "/v1/completions", BODY, {"X-Request-Id": "t1", "traceparent": TRACEPARENT}
+            )[0]
+            == 200
+        )
         server.terminate()
         assert server.wait(30) == 0
     frame = read_spans(trace_file)
@@ -153,9 +179,10 @@ def test_thread_mode_writes_the_trace_file_on_shutdown(tmp_path):
 
 
 def test_no_tracing_wins_over_the_environment(tmp_path):
-    with CliServer(["--executor", "sim", "--no-tracing"],
-                   env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"}
-                   ) as server:
+    with CliServer(
+        ["--executor", "sim", "--no-tracing"],
+        env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"},
+    ) as server:
         assert HttpClient(server.url).post_json("/v1/completions", BODY)[0] == 200
         server.terminate()
         assert server.wait(30) == 0
@@ -179,14 +206,34 @@ def test_every_decision_of_a_served_run_under_memory_pressure_is_one_span():
     /metrics) equals the number of decision spans of that kind the receiver got; every
     one is in its request's trace, child of its llm_request span."""
     with OtlpReceiver() as receiver:
-        args = ["--executor", "sim", "--served-model-name", "tiny", "--otlp-traces-endpoint",
-                receiver.url, "--num-gpu-blocks-override", "24", "--num-cpu-blocks-override",
-                "6", "--block-size", "16", "--max-num-seqs", "8", "--preemption-mode", "swap"]
+        args = [
+            "--executor",
+            "sim",
+            "--served-model-name",
+            "tiny",
+            "--otlp-traces-endpoint",
+            receiver.url,
+            "--num-gpu-blocks-override",
+            "24",
+            "--num-cpu-blocks-override",
+            "6",
+            "--block-size",
+            "16",
+            "--max-num-seqs",
+            "8",
+            "--preemption-mode",
+            "swap",
+        ]
         with CliServer(args) as server:
+
             def user(i: int) -> None:
                 client = HttpClient(server.url)
-                body = {"model": "tiny", "prompt": " ".join(["w"] * (20 + 7 * i)),
-                        "max_tokens": 40 + 5 * i, "ignore_eos": True}
+                body = {
+                    "model": "tiny",
+                    "prompt": " ".join(["w"] * (20 + 7 * i)),
+                    "max_tokens": 40 + 5 * i,
+                    "ignore_eos": True,
+                }
                 client.post_json("/v1/completions", body, {"X-Request-Id": f"u{i}"})
                 client.close()
 
@@ -196,11 +243,21 @@ def test_every_decision_of_a_served_run_under_memory_pressure_is_one_span():
             # One client that leaves mid-stream: an abort decision.
             host, port = server.url.removeprefix("http://").split(":")
             with socket.create_connection((host, int(port)), timeout=10) as sock:
-                body = json.dumps({"model": "tiny", "prompt": "a b", "max_tokens": 200,
-                                   "ignore_eos": True, "stream": True}).encode()
-                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: gone\r\n"
-                             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                             % len(body) + body)
+                body = json.dumps(
+                    {
+                        "model": "tiny",
+                        "prompt": "a b",
+                        "max_tokens": 200,
+                        "ignore_eos": True,
+                        "stream": True,
+                    }
+                ).encode()
+                sock.sendall(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: gone\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                    % len(body)
+                    + body
+                )
                 sock.recv(100)
             for thread in threads:
                 thread.join(60)
@@ -225,8 +282,8 @@ def test_every_decision_of_a_served_run_under_memory_pressure_is_one_span():
         by_kind[kind] = by_kind.get(kind, 0) + 1
         root = roots[span.parent_span_id]
         assert span.trace_id == root.trace_id
-        assert attributes(span)["schedscope.request.id"] == \
-            attributes(root)["schedscope.request.id"]
-    span_kinds = {"admit", "preempt", "swap_out", "swap_in", "recompute", "reject", "abort",
-                  "fail"}
+        assert (
+            attributes(span)["schedscope.request.id"] == attributes(root)["schedscope.request.id"]
+        )
+    span_kinds = {"admit", "preempt", "swap_out", "swap_in", "recompute", "reject", "abort", "fail"}
     assert by_kind == {k: v for k, v in counts.items() if k in span_kinds}

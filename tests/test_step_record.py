@@ -18,21 +18,28 @@ from engine.core.sequence import SequenceStatus
 from engine.records.step_record import DECODE, PREFILL, RECOMPUTE, StepRecord
 from engine.records.token_times import record_token_times
 
-SWAP_COSTS = CostModel(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": STEP_S,
-                          "swap_block_s": 1 / 1024})
+SWAP_COSTS = CostModel(
+    **{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": STEP_S, "swap_block_s": 1 / 1024}
+)
 
 
 def test_records_say_what_ran_per_sequence_and_when_tokens_arrived():
     engine = make_engine(block_size=4, max_num_batched_tokens=8, max_model_len=64)
-    trace = drive(engine, [Req("x", 0.0, prompt_len=12, max_tokens=3),
-                           Req("y", 0.0, prompt_len=2, max_tokens=2)])
+    trace = drive(
+        engine,
+        [Req("x", 0.0, prompt_len=12, max_tokens=3), Req("y", 0.0, prompt_len=2, max_tokens=2)],
+    )
     steps = trace.steps
     # x is prefilled in chunks of the 8-token budget, y rides along; then decodes
-    first = {e.request_id: (e.kind, e.num_scheduled_tokens, e.num_computed_before, e.token_id)
-             for e in steps[0].scheduled}
+    first = {
+        e.request_id: (e.kind, e.num_scheduled_tokens, e.num_computed_before, e.token_id)
+        for e in steps[0].scheduled
+    }
     assert first == {"x": (PREFILL, 8, 0, None)}
-    second = {e.request_id: (e.kind, e.num_scheduled_tokens, e.num_computed_before)
-              for e in steps[1].scheduled}
+    second = {
+        e.request_id: (e.kind, e.num_scheduled_tokens, e.num_computed_before)
+        for e in steps[1].scheduled
+    }
     assert second == {"x": (PREFILL, 4, 8), "y": (PREFILL, 2, 0)}
     assert steps[1].num_prefill_tokens == 6 and steps[1].num_decode_seqs == 0
     assert all(e.token_id is not None for e in steps[1].scheduled)  # both prompts complete
@@ -59,8 +66,9 @@ def test_records_say_what_ran_per_sequence_and_when_tokens_arrived():
 
 
 def test_recompute_and_swap_are_in_the_record_with_their_copy_times():
-    engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=4, preemption_mode="swap",
-                         cost_model=SWAP_COSTS)
+    engine = make_engine(
+        block_size=4, gpu_blocks=4, cpu_blocks=4, preemption_mode="swap", cost_model=SWAP_COSTS
+    )
     trace = drive(engine, [Req("a", 0.0, 4, 8), Req("b", 0.0, 4, 8)])
     out_step = next(r for r in trace.steps if r.num_blocks_swapped_out)
     assert out_step.num_blocks_swapped_out == 2 and out_step.num_swapped == 1
@@ -73,7 +81,11 @@ def test_recompute_and_swap_are_in_the_record_with_their_copy_times():
     trace = drive(engine, [Req("a", 0.0, 4, 8), Req("b", 0.0, 4, 8)])
     redo = [e for r in trace.steps for e in r.scheduled if e.kind == RECOMPUTE]
     assert redo and all(e.request_id == "b" for e in redo)
-    assert sum(r.num_recompute_tokens for r in trace.steps) == trace.seqs["b"].num_recomputed_tokens == 8
+    assert (
+        sum(r.num_recompute_tokens for r in trace.steps)
+        == trace.seqs["b"].num_recomputed_tokens
+        == 8
+    )
 
 
 def test_between_step_ends_and_decisions_reach_the_next_record():
@@ -84,7 +96,10 @@ def test_between_step_ends_and_decisions_reach_the_next_record():
     assert engine.abort("ok") is ok
     record = engine.step()
     assert [(x.kind, x.request_id) for x in record.decisions] == [
-        (d.REJECT, "long"), (d.REJECT, "full"), (d.ABORT, "ok")]
+        (d.REJECT, "long"),
+        (d.REJECT, "full"),
+        (d.ABORT, "ok"),
+    ]
     assert record.finished == [too_long, full, ok]
     assert record.is_empty and not engine.has_work()
 
@@ -99,8 +114,13 @@ def test_token_timing_is_an_observer_not_scheduler_work():
 
 
 def test_long_gaps_keep_their_start_times():
-    engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=4, preemption_mode="swap",
-                         cost_model=CostModel.constant(0.1))
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=4,
+        cpu_blocks=4,
+        preemption_mode="swap",
+        cost_model=CostModel.constant(0.1),
+    )
     trace = drive(engine, [Req("a", 0.0, 4, 8), Req("b", 0.0, 4, 8)])
     b = trace.seqs["b"]
     assert b.timing.long_gaps, "b was swapped out for several 0.1 s steps"
@@ -147,7 +167,8 @@ def test_a_failed_step_is_one_record_with_fail_decisions():
     assert record.error == "RuntimeError: device fell over"
     fails = [x for x in record.decisions if x.kind == d.FAIL]
     assert [(x.request_id, x.reason, x.detail) for x in fails] == [
-        ("a", d.REASON_EXECUTOR_ERROR, record.error)]
+        ("a", d.REASON_EXECUTOR_ERROR, record.error)
+    ]
     assert record.finished == [a] and a.status is SequenceStatus.FINISHED_ERROR
     assert engine.scheduler.num_steps == record.step == 2
 
@@ -175,12 +196,16 @@ def test_a_failed_sample_fails_its_request_alone_and_the_step_stands():
     assert record.error is None  # the step itself did not fail
     fails = [x for x in record.decisions if x.kind == d.FAIL]
     assert [(x.request_id, x.reason, x.detail) for x in fails] == [
-        ("b", d.REASON_SAMPLING_ERROR, "sampling failed: probability tensor contains inf/nan")]
+        ("b", d.REASON_SAMPLING_ERROR, "sampling failed: probability tensor contains inf/nan")
+    ]
     assert record.finished == [b] and b.status is SequenceStatus.FINISHED_ERROR
     assert b.finish_reason == "error" and b.error == fails[0].detail
     assert not b.block_table and len(b.output_token_ids) == 1
     assert {e.request_id: e.token_id is not None for e in record.scheduled} == {
-        "a": True, "b": False, "c": True}
+        "a": True,
+        "b": False,
+        "c": True,
+    }
     engine.scheduler.check_invariants()
     while engine.has_work():
         engine.step()

@@ -29,8 +29,13 @@ def test_ids_are_stable_hard_coded():
 def test_ids_are_stable_across_processes():
     code = "from engine.serving.tokenizer import HashTokenizer; print(HashTokenizer(4096).encode('a b c'))"
     outputs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={"PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)},
+        ).stdout
         for seed in ("1", "2")
     }
     assert outputs == {f"{HashTokenizer(4096).encode('a b c')}\n"}

@@ -11,8 +11,16 @@ from engine.worker.model import AttentionMetadata, allocate_kv_cache, build_mode
 from engine.worker.model_config import ModelConfig, RopeScaling
 from engine.worker.weights import load_checkpoint, load_config, load_weights, save_checkpoint
 
-TINY = ModelConfig(name="ckpt", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4,
-                   num_kv_heads=2, intermediate_size=96, seed=7)
+TINY = ModelConfig(
+    name="ckpt",
+    vocab_size=300,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=96,
+    seed=7,
+)
 
 
 def step_logits(model, config):
@@ -27,9 +35,14 @@ def test_save_and_load_round_trip(tmp_path):
     save_checkpoint(model, TINY, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
     keys = set(load_file(tmp_path / "model.safetensors"))
-    assert {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-            "model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.gate_proj.weight",
-            "model.layers.1.post_attention_layernorm.weight"} <= keys
+    assert {
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.post_attention_layernorm.weight",
+    } <= keys
     hf = json.loads((tmp_path / "config.json").read_text())
     assert (hf["model_type"], hf["num_hidden_layers"], hf["num_key_value_heads"]) == ("llama", 2, 2)
 
@@ -105,8 +118,11 @@ def test_shape_mismatch_is_named(tmp_path):
     tensors = load_file(tmp_path / "model.safetensors")
     tensors["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(64, 64)
     save_file(tensors, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="'model.layers.0.self_attn.k_proj.weight' has shape "
-                                         "\\(64, 64\\), the config implies \\(32, 64\\)"):
+    with pytest.raises(
+        ValueError,
+        match="'model.layers.0.self_attn.k_proj.weight' has shape "
+        "\\(64, 64\\), the config implies \\(32, 64\\)",
+    ):
         load_checkpoint(tmp_path)
 
 
@@ -129,21 +145,45 @@ def test_missing_files_are_clear(tmp_path):
 
 def test_from_hf_llama_config():
     hf = {  # the shape of a Llama 3.2 1B config.json
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-        "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
-        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
-        "rope_theta": 500000.0, "torch_dtype": "bfloat16", "tie_word_embeddings": True,
-        "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
-        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "attention_bias": False, "mlp_bias": False,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": True,
+        "bos_token_id": 128000,
+        "eos_token_id": [128001, 128008, 128009],
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "attention_bias": False,
+        "mlp_bias": False,
     }
     config = ModelConfig.from_hf_config(hf)
     assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (
-        16, 32, 8, 64)
+        16,
+        32,
+        8,
+        64,
+    )
     assert (config.dtype, config.eos_token_id, config.tie_word_embeddings) == (
-        "bfloat16", 128001, True)
+        "bfloat16",
+        128001,
+        True,
+    )
     assert config.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
     assert ModelConfig.from_hf_config(config.to_hf_config()) == config
     with pytest.raises(ValueError, match="only Llama checkpoints"):

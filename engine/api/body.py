@@ -84,8 +84,13 @@ def check_media_type(request: web.Request) -> None:
     if given is not None and (media in JSON_MEDIA_TYPES or media.endswith("+json")):
         return
     shown = repr(given[:80]) if given is not None else "none (from a browser page)"
-    raise ApiError(415, f"Content-Type must be application/json, got {shown}",
-                   "invalid_request_error", "Content-Type", "unsupported_media_type")
+    raise ApiError(
+        415,
+        f"Content-Type must be application/json, got {shown}",
+        "invalid_request_error",
+        "Content-Type",
+        "unsupported_media_type",
+    )
 
 
 def content_codings(request: web.Request) -> list[str]:
@@ -96,24 +101,41 @@ def content_codings(request: web.Request) -> list[str]:
     codings = [c for c in codings if c != "identity"]
     for coding in codings:
         if coding not in SUPPORTED_CODINGS:
-            raise ApiError(415, f"Content-Encoding {coding[:40]!r} is not supported; this server "
-                           f"decodes {', '.join(SUPPORTED_CODINGS)}", "invalid_request_error",
-                           "Content-Encoding", "unsupported_content_encoding")
+            raise ApiError(
+                415,
+                f"Content-Encoding {coding[:40]!r} is not supported; this server "
+                f"decodes {', '.join(SUPPORTED_CODINGS)}",
+                "invalid_request_error",
+                "Content-Encoding",
+                "unsupported_content_encoding",
+            )
     if len(codings) > MAX_CODINGS:
-        raise ApiError(415, f"Content-Encoding stacks {len(codings)} codings; at most "
-                       f"{MAX_CODINGS} are decoded", "invalid_request_error", "Content-Encoding",
-                       "unsupported_content_encoding")
+        raise ApiError(
+            415,
+            f"Content-Encoding stacks {len(codings)} codings; at most {MAX_CODINGS} are decoded",
+            "invalid_request_error",
+            "Content-Encoding",
+            "unsupported_content_encoding",
+        )
     return codings
 
 
 def too_large(max_bytes: int) -> ApiError:
-    return ApiError(413, f"request body is larger than the server's limit of {max_bytes} bytes",
-                    "invalid_request_error", None, "request_too_large")
+    return ApiError(
+        413,
+        f"request body is larger than the server's limit of {max_bytes} bytes",
+        "invalid_request_error",
+        None,
+        "request_too_large",
+    )
 
 
 def _not_coded(coding: str, reason: str) -> ApiError:
-    return bad_request(f"request body is not valid {coding} data ({reason}), as its "
-                       "Content-Encoding says", "Content-Encoding", "invalid_content_encoding")
+    return bad_request(
+        f"request body is not valid {coding} data ({reason}), as its Content-Encoding says",
+        "Content-Encoding",
+        "invalid_content_encoding",
+    )
 
 
 def _inflate_zlib(data: bytes, coding: str, max_bytes: int) -> bytes:
@@ -198,7 +220,12 @@ async def read_json_body(request: web.Request, max_bytes: int, timeout_s: float)
     except web.HTTPRequestEntityTooLarge:
         raise too_large(max_bytes) from None
     except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s",
-                       "invalid_request_error", None, "request_timeout",
-                       {"Connection": "close"}) from None
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {timeout_s:g} s",
+            "invalid_request_error",
+            None,
+            "request_timeout",
+            {"Connection": "close"},
+        ) from None
     return inflate(raw, codings, max_bytes) if codings else raw

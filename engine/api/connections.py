@@ -74,13 +74,18 @@ class RateLimitedLog:
         self.logger.warning(message + suffix, *args)
 
 
-def raw_json_response(status: int, reason: str, err: ApiError, retry_after_s: int | None = None
-                      ) -> bytes:
+def raw_json_response(
+    status: int, reason: str, err: ApiError, retry_after_s: int | None = None
+) -> bytes:
     """A complete HTTP/1.1 response that closes the connection, for connections no
     aiohttp request exists for (refused, or timed out before their headers)."""
     body = dumps(err.body()).encode()
-    head = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/json",
-            f"Content-Length: {len(body)}", "Connection: close"]
+    head = [
+        f"HTTP/1.1 {status} {reason}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
     if retry_after_s is not None:
         head.append(f"Retry-After: {retry_after_s}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
@@ -116,9 +121,10 @@ class ConnectionGuard:
         lasts); every other error goes to asyncio's default handler, traceback and all."""
         message = context.get("message", "")
         exc = context.get("exception")
-        if "accept" in message or (isinstance(exc, OSError)
-                                   and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
-                                                     errno.ENOMEM)):
+        if "accept" in message or (
+            isinstance(exc, OSError)
+            and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+        ):
             self.log.warning(f"loop:{message}", "%s%s", message, f": {exc!r}" if exc else "")
             return
         loop.default_exception_handler(context)
@@ -140,13 +146,22 @@ class GuardedRequestHandler(RequestHandler):
         if guard.num_open >= guard.limits.max_connections and not guard.evict_idle():
             self._refused = True
             guard.num_refused += 1
-            guard.log.warning("refused", "refused a connection: %d are open and busy, the limit "
-                              "is %d (--max-connections)", guard.num_open,
-                              guard.limits.max_connections)
-            err = ApiError(503, f"the server has {guard.num_open} open connections, its limit; "
-                           "retry later", "server_error", None, "too_many_connections")
-            transport.write(raw_json_response(503, "Service Unavailable", err,
-                                              guard.limits.retry_after_s))
+            guard.log.warning(
+                "refused",
+                "refused a connection: %d are open and busy, the limit is %d (--max-connections)",
+                guard.num_open,
+                guard.limits.max_connections,
+            )
+            err = ApiError(
+                503,
+                f"the server has {guard.num_open} open connections, its limit; retry later",
+                "server_error",
+                None,
+                "too_many_connections",
+            )
+            transport.write(
+                raw_json_response(503, "Service Unavailable", err, guard.limits.retry_after_s)
+            )
             transport.close()
             return
         guard.num_open += 1
@@ -185,8 +200,12 @@ class GuardedRequestHandler(RequestHandler):
         unless it already came (a pipelined request parsed and queued behind this
         one: it is dispatched next, which disarms nothing it needs)."""
         result = await super().finish_response(request, resp, start_time)
-        if (self.transport is not None and not self._force_close and resp.keep_alive
-                and not self._messages):
+        if (
+            self.transport is not None
+            and not self._force_close
+            and resp.keep_alive
+            and not self._messages
+        ):
             self._arm()
         return result
 
@@ -206,8 +225,9 @@ class GuardedRequestHandler(RequestHandler):
             return
         self._disarm()
         self._bytes_since_armed = 0
-        self._deadline = self._loop.call_later(self._guard.limits.header_timeout_s,
-                                               self._deadline_passed)
+        self._deadline = self._loop.call_later(
+            self._guard.limits.header_timeout_s, self._deadline_passed
+        )
         self._guard.idle[self] = None
 
     def _disarm(self) -> None:
@@ -225,32 +245,49 @@ class GuardedRequestHandler(RequestHandler):
         if self._bytes_since_armed:  # part of a request: say why the connection ends
             guard = self._guard
             guard.num_header_timeouts += 1
-            guard.log.warning("header-timeout", "closed a connection whose request headers did "
-                              "not arrive within %.1f s (--header-timeout)",
-                              guard.limits.header_timeout_s)
-            err = ApiError(408, f"the request headers did not arrive within "
-                           f"{guard.limits.header_timeout_s:g} s", "invalid_request_error",
-                           None, "request_timeout")
+            guard.log.warning(
+                "header-timeout",
+                "closed a connection whose request headers did "
+                "not arrive within %.1f s (--header-timeout)",
+                guard.limits.header_timeout_s,
+            )
+            err = ApiError(
+                408,
+                f"the request headers did not arrive within {guard.limits.header_timeout_s:g} s",
+                "invalid_request_error",
+                None,
+                "request_timeout",
+            )
             transport.write(raw_json_response(408, "Request Timeout", err))
         self.force_close()  # idle keep-alive connections end quietly
         transport.close()
 
     # -- parser errors as JSON --------------------------------------------------------
-    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self,
+        request,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
         guard = self._guard
         if status >= 500:  # a fault of ours, not a malformed request: log it in full
             return super().handle_error(request, status, exc, message)
         guard.num_parser_errors += 1
-        guard.log.warning("parser-error", "malformed HTTP request (%d): %s", status,
-                          message or exc)
+        guard.log.warning("parser-error", "malformed HTTP request (%d): %s", status, message or exc)
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already sent; cannot send the error")
         text = (message or str(exc) or "malformed HTTP request").strip()
-        err = ApiError(status, f"malformed HTTP request: {text[:300]}", "invalid_request_error",
-                       None, "bad_http_request")
-        response = web.Response(status=status, text=dumps(err.body()),
-                                content_type="application/json")
+        err = ApiError(
+            status,
+            f"malformed HTTP request: {text[:300]}",
+            "invalid_request_error",
+            None,
+            "bad_http_request",
+        )
+        response = web.Response(
+            status=status, text=dumps(err.body()), content_type="application/json"
+        )
         response.force_close()
         return response
 
@@ -258,8 +295,9 @@ class GuardedRequestHandler(RequestHandler):
 class GuardedTCPSite(web.TCPSite):
     """A TCP site whose connections are :class:`GuardedRequestHandler`."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard,
-                 **handler_kwargs) -> None:
+    def __init__(
+        self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard, **handler_kwargs
+    ) -> None:
         super().__init__(runner, host, port)
         self._guard = guard
         self._handler_kwargs = handler_kwargs
@@ -274,7 +312,8 @@ class GuardedTCPSite(web.TCPSite):
         def protocol() -> GuardedRequestHandler:
             return GuardedRequestHandler(server, loop=loop, guard=guard, **kwargs)
 
-        self._server = await loop.create_server(protocol, self._host, self._port,
-                                                backlog=self._backlog)
+        self._server = await loop.create_server(
+            protocol, self._host, self._port, backlog=self._backlog
+        )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]

@@ -78,8 +78,14 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -98,12 +104,15 @@ def parse_json_object(raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise bad_request(f"request body is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise bad_request(
+            f"request body is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
     try:
         body = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, "
-                          f"column {exc.colno})") from None
+        raise bad_request(
+            f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
     except RecursionError:
         raise bad_request("request body is not valid JSON: nested too deeply") from None
     except ValueError as exc:  # NaN/Infinity, or an integer literal too long to convert
@@ -113,8 +122,10 @@ def parse_json_object(raw: bytes) -> dict:
     for name, value in body.items():
         if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH - 1:
             shown = name if isinstance(name, str) and len(name) <= 64 else "a field"
-            raise bad_request(f"{shown} is nested more than {MAX_JSON_DEPTH - 1} levels deep",
-                              shown if shown != "a field" else None)
+            raise bad_request(
+                f"{shown} is nested more than {MAX_JSON_DEPTH - 1} levels deep",
+                shown if shown != "a field" else None,
+            )
     return body
 
 
@@ -173,7 +184,9 @@ def _int(body: dict, name: str, default: Any, lo: int = INT64_MIN, hi: int = INT
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"{name} must be an integer, got {_json_type(value)} {_show(value)}", name)
+        raise bad_request(
+            f"{name} must be an integer, got {_json_type(value)} {_show(value)}", name
+        )
     if not lo <= value <= hi:
         bounds = f">= {lo}" if hi == INT64_MAX else f"in [{lo}, {hi}]"
         raise bad_request(f"{name} must be {bounds}, got {_show(value)}", name)
@@ -274,9 +287,14 @@ def check_model(body: dict, ctx: ServingContext) -> str:
     if not isinstance(model, str):
         raise bad_request(f"model must be a string, got {_json_type(model)}", "model")
     if model not in ctx.served_model_names:
-        raise ApiError(404, f"The model {_show(check_text(model, 'model'), 80)} does not exist; "
-                       f"this server serves {', '.join(ctx.served_model_names)}",
-                       "invalid_request_error", "model", "model_not_found")
+        raise ApiError(
+            404,
+            f"The model {_show(check_text(model, 'model'), 80)} does not exist; "
+            f"this server serves {', '.join(ctx.served_model_names)}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
     return model
 
 
@@ -299,8 +317,9 @@ def _stop_tokens(body: dict, ctx: ServingContext) -> tuple[frozenset[int], tuple
         strings = [stop]
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         if len(stop) > MAX_STOP_STRINGS:
-            raise bad_request(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(stop)}",
-                              "stop")
+            raise bad_request(
+                f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(stop)}", "stop"
+            )
         strings = stop
     else:
         raise bad_request("stop must be a string or an array of strings", "stop")
@@ -311,7 +330,9 @@ def _stop_tokens(body: dict, ctx: ServingContext) -> tuple[frozenset[int], tuple
             raise bad_request(
                 f"stop string {_show(s)} is {len(ids)} tokens; this server supports stop "
                 "strings of exactly one token (one word with the hash tokenizer). "
-                "Use stop_token_ids for other stops.", "stop")
+                "Use stop_token_ids for other stops.",
+                "stop",
+            )
         from_strings.append(ids[0])
 
     ids_value = body.get("stop_token_ids")
@@ -320,13 +341,16 @@ def _stop_tokens(body: dict, ctx: ServingContext) -> tuple[frozenset[int], tuple
         if not isinstance(ids_value, list):
             raise bad_request("stop_token_ids must be an array of integers", "stop_token_ids")
         if len(ids_value) > MAX_STOP_TOKEN_IDS:
-            raise bad_request(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids",
-                              "stop_token_ids")
+            raise bad_request(
+                f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids", "stop_token_ids"
+            )
         vocab = ctx.tokenizer.vocab_size
         for token in ids_value:
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-                raise bad_request(f"stop_token_ids must be integers in [0, {vocab}), got "
-                                  f"{_show(token)}", "stop_token_ids")
+                raise bad_request(
+                    f"stop_token_ids must be integers in [0, {vocab}), got {_show(token)}",
+                    "stop_token_ids",
+                )
             explicit.append(token)
     merged = tuple(dict.fromkeys(explicit + from_strings))
     return frozenset(from_strings), merged
@@ -339,8 +363,11 @@ def _token_ids(prompt: list, ctx: ServingContext, where: str) -> list[int]:
     vocab = ctx.tokenizer.vocab_size
     for token in prompt:
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-            raise bad_request(f"{where} must be a string or an array of token ids (integers "
-                              f"in [0, {vocab})); found {_show(token)}", "prompt")
+            raise bad_request(
+                f"{where} must be a string or an array of token ids (integers "
+                f"in [0, {vocab})); found {_show(token)}",
+                "prompt",
+            )
     return list(prompt)
 
 
@@ -354,12 +381,15 @@ def _text_ids(text: str, ctx: ServingContext, field_name: str, where: str) -> li
     return ctx.tokenizer.encode(text)
 
 
-def _no_room(max_len: int, num_prompt: int, param: str, where: str,
-             at_least: bool = False) -> ApiError:
+def _no_room(
+    max_len: int, num_prompt: int, param: str, where: str, at_least: bool = False
+) -> ApiError:
     return bad_request(
         f"This model's maximum context length is {max_len} tokens; {where} has "
         f"{'at least ' if at_least else ''}{num_prompt} tokens, which leaves no room for output",
-        param, "context_length_exceeded")
+        param,
+        "context_length_exceeded",
+    )
 
 
 def _prompts(body: dict, ctx: ServingContext) -> tuple[list[list[int]], bool]:
@@ -372,22 +402,30 @@ def _prompts(body: dict, ctx: ServingContext) -> tuple[list[list[int]], bool]:
         prompts, batch = [_text_ids(prompt, ctx, "prompt", "the prompt")], False
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         if len(prompt) > MAX_BATCH_PROMPTS:
-            raise bad_request(f"prompt may hold at most {MAX_BATCH_PROMPTS} prompts, got "
-                              f"{len(prompt)}", "prompt")
+            raise bad_request(
+                f"prompt may hold at most {MAX_BATCH_PROMPTS} prompts, got {len(prompt)}", "prompt"
+            )
         prompts, batch = [], True
         for i, p in enumerate(prompt):
             where = f"prompt[{i}]"
-            prompts.append(_text_ids(p, ctx, "prompt", where) if isinstance(p, str)
-                           else _token_ids(p, ctx, where))
+            prompts.append(
+                _text_ids(p, ctx, "prompt", where)
+                if isinstance(p, str)
+                else _token_ids(p, ctx, where)
+            )
     elif isinstance(prompt, list):
         prompts, batch = [_token_ids(prompt, ctx, "prompt")], False
     else:
-        raise bad_request(f"prompt must be a string, an array of token ids, or an array of "
-                          f"those (a batch), got {_json_type(prompt)}", "prompt")
+        raise bad_request(
+            f"prompt must be a string, an array of token ids, or an array of "
+            f"those (a batch), got {_json_type(prompt)}",
+            "prompt",
+        )
     for i, ids in enumerate(prompts):
         if not ids:
-            raise bad_request(f"{f'prompt[{i}]' if batch else 'prompt'} is empty (zero tokens)",
-                              "prompt")
+            raise bad_request(
+                f"{f'prompt[{i}]' if batch else 'prompt'} is empty (zero tokens)", "prompt"
+            )
     return prompts, batch
 
 
@@ -402,8 +440,10 @@ def render_chat(messages: list[tuple[str, str]], add_generation_prompt: bool = T
     """The chat template: one ``<|role|> content`` line per message, then the assistant
     cue ``<|assistant|>`` on its own line (unless ``add_generation_prompt`` is false).
     ``<|`` inside content becomes ``<\\|`` (a backslash between the two characters)."""
-    lines = [f"<|{role}|> {content.replace(ROLE_MARKER_OPEN, ESCAPED_MARKER_OPEN)}"
-             for role, content in messages]
+    lines = [
+        f"<|{role}|> {content.replace(ROLE_MARKER_OPEN, ESCAPED_MARKER_OPEN)}"
+        for role, content in messages
+    ]
     if add_generation_prompt:
         lines.append("<|assistant|>")
     return "\n".join(lines)
@@ -426,8 +466,10 @@ def chat_messages(body: dict) -> list[tuple[str, str]]:
             raise bad_request(f"{where} must be an object, got {_json_type(message)}", "messages")
         role = message.get("role")
         if role not in CHAT_ROLES:
-            raise bad_request(f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got "
-                              f"{_show(role)}", "messages")
+            raise bad_request(
+                f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {_show(role)}",
+                "messages",
+            )
         content = message.get("content")
         if content is None:
             text = ""
@@ -436,15 +478,24 @@ def chat_messages(body: dict) -> list[tuple[str, str]]:
         elif isinstance(content, list):
             parts = []
             for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text"
-                        and isinstance(part.get("text"), str)):
-                    raise bad_request(f"{where}.content: only text parts "
-                                      '({"type": "text", "text": "..."}) are supported', "messages")
+                if not (
+                    isinstance(part, dict)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    raise bad_request(
+                        f"{where}.content: only text parts "
+                        '({"type": "text", "text": "..."}) are supported',
+                        "messages",
+                    )
                 parts.append(check_text(part["text"], "messages"))
             text = "\n".join(parts)
         else:
-            raise bad_request(f"{where}.content must be a string, an array of text parts or "
-                              f"null, got {_json_type(content)}", "messages")
+            raise bad_request(
+                f"{where}.content must be a string, an array of text parts or "
+                f"null, got {_json_type(content)}",
+                "messages",
+            )
         out.append((role, text))
     return out
 
@@ -477,26 +528,35 @@ def parse_generate_request(body: dict, kind: str, ctx: ServingContext) -> Genera
                     f"This model's maximum context length is {max_len} tokens; you requested "
                     f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt{where}, "
                     f"{max_tokens} for the completion). Lower {max_tokens_field} or shorten the "
-                    "prompt.", max_tokens_field, "context_length_exceeded")
+                    "prompt.",
+                    max_tokens_field,
+                    "context_length_exceeded",
+                )
     min_tokens = _int(body, "min_tokens", 0, 0, INT64_MAX)
     shortest = max_tokens if max_tokens is not None else max_len - max(map(len, prompts))
     if min_tokens > shortest:
-        raise bad_request(f"min_tokens ({min_tokens}) must not exceed max_tokens ({shortest})",
-                          "min_tokens")
+        raise bad_request(
+            f"min_tokens ({min_tokens}) must not exceed max_tokens ({shortest})", "min_tokens"
+        )
     temperature = _number(body, "temperature", 1.0)
     if temperature < 0:
         raise bad_request(f"temperature must be >= 0, got {temperature}", "temperature")
     if temperature > FLOAT32_MAX:
-        raise bad_request(f"temperature must be at most {FLOAT32_MAX:.7g} (sampling runs in "
-                          f"float32), got {temperature:g}", "temperature")
+        raise bad_request(
+            f"temperature must be at most {FLOAT32_MAX:.7g} (sampling runs in "
+            f"float32), got {temperature:g}",
+            "temperature",
+        )
     if temperature < GREEDY_TEMPERATURE:
         temperature = 0.0
     top_p = _number(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise bad_request(f"top_p must be in (0, 1], got {top_p}", "top_p")
     if _as_float32(top_p) == 0.0:
-        raise bad_request(f"top_p {top_p:g} rounds to 0 in float32, in which sampling runs; "
-                          "use at least 1e-38", "top_p")
+        raise bad_request(
+            f"top_p {top_p:g} rounds to 0 in float32, in which sampling runs; use at least 1e-38",
+            "top_p",
+        )
     top_k = _int(body, "top_k", -1, -1, INT32_MAX)
     if top_k == 0:
         top_k = -1  # 0 and -1 both mean "no top-k" (vLLM)
@@ -509,26 +569,51 @@ def parse_generate_request(body: dict, kind: str, ctx: ServingContext) -> Genera
     options = body.get("stream_options")
     if options is not None:
         if not stream:
-            raise bad_request("stream_options is only allowed when stream is true",
-                              "stream_options")
+            raise bad_request(
+                "stream_options is only allowed when stream is true", "stream_options"
+            )
         if not isinstance(options, dict):
             raise bad_request("stream_options must be an object", "stream_options")
         include_usage = _bool(options, "include_usage", False)
         continuous_usage = _bool(options, "continuous_usage_stats", False)
-    choices = [PromptChoice(ids, SamplingParams(
-        # vLLM's default max_tokens: whatever context each prompt leaves.
-        max_tokens=max_tokens if max_tokens is not None else max_len - len(ids),
-        min_tokens=min_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-        ignore_eos=ignore_eos, stop_token_ids=stop_token_ids,
-    )) for ids in prompts]
-    return GenerateRequest(kind, model, choices, priority, stream, include_usage,
-                           continuous_usage, stop_string_ids, batch, max_tokens is not None)
+    choices = [
+        PromptChoice(
+            ids,
+            SamplingParams(
+                # vLLM's default max_tokens: whatever context each prompt leaves.
+                max_tokens=max_tokens if max_tokens is not None else max_len - len(ids),
+                min_tokens=min_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                seed=seed,
+                ignore_eos=ignore_eos,
+                stop_token_ids=stop_token_ids,
+            ),
+        )
+        for ids in prompts
+    ]
+    return GenerateRequest(
+        kind,
+        model,
+        choices,
+        priority,
+        stream,
+        include_usage,
+        continuous_usage,
+        stop_string_ids,
+        batch,
+        max_tokens is not None,
+    )
 
 
 # -- responses ---------------------------------------------------------------------------
 def usage(num_prompt: int, num_completion: int) -> dict:
-    return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
-            "total_tokens": num_prompt + num_completion}
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_completion,
+        "total_tokens": num_prompt + num_completion,
+    }
 
 
 @dataclass
@@ -542,28 +627,41 @@ class ChoiceResult:
 
 
 def _usage_of(results: list[ChoiceResult]) -> dict:
-    return usage(sum(r.num_prompt_tokens for r in results),
-                 sum(r.num_completion_tokens for r in results))
+    return usage(
+        sum(r.num_prompt_tokens for r in results), sum(r.num_completion_tokens for r in results)
+    )
 
 
 def completion_response(request_id: str, model: str, results: list[ChoiceResult]) -> dict:
     """A text_completion with one choice per result (index = position); usage sums them."""
     return {
-        "id": request_id, "object": "text_completion", "created": int(time.time()),
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
         "model": model,
-        "choices": [{"index": i, "text": r.text, "logprobs": None,
-                     "finish_reason": r.finish_reason} for i, r in enumerate(results)],
+        "choices": [
+            {"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+            for i, r in enumerate(results)
+        ],
         "usage": _usage_of(results),
     }
 
 
 def chat_response(request_id: str, model: str, results: list[ChoiceResult]) -> dict:
     return {
-        "id": request_id, "object": "chat.completion", "created": int(time.time()),
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
         "model": model,
-        "choices": [{"index": i, "message": {"role": "assistant", "content": r.text},
-                     "logprobs": None, "finish_reason": r.finish_reason}
-                    for i, r in enumerate(results)],
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": r.text},
+                "logprobs": None,
+                "finish_reason": r.finish_reason,
+            }
+            for i, r in enumerate(results)
+        ],
         "usage": _usage_of(results),
     }
 
@@ -580,15 +678,23 @@ class ChunkWriter:
 
     DONE = b"data: [DONE]\n\n"
 
-    def __init__(self, request_id: str, model: str, kind: str, include_usage: bool,
-                 continuous_usage: bool = False) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        kind: str,
+        include_usage: bool,
+        continuous_usage: bool = False,
+    ) -> None:
         self.kind = kind
         self.include_usage = include_usage
         self.continuous_usage = include_usage and continuous_usage
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         # Every chunk shares these leading fields; precomputed once per request.
-        self._head = (f'{{"id":{dumps(request_id)},"object":"{obj}","created":'
-                      f'{int(time.time())},"model":{dumps(model)},')
+        self._head = (
+            f'{{"id":{dumps(request_id)},"object":"{obj}","created":'
+            f'{int(time.time())},"model":{dumps(model)},'
+        )
         self._tail = ',"usage":null}' if include_usage else "}"
 
     def _event(self, choice: str, counts: tuple[int, int] | None) -> bytes:
@@ -599,28 +705,44 @@ class ChunkWriter:
 
     def role(self, index: int = 0, counts: tuple[int, int] | None = None) -> bytes:
         """The first chat chunk: the assistant role, no content yet."""
-        return self._event(f'{{"index":{index},"delta":{{"role":"assistant","content":""}},'
-                           '"logprobs":null,"finish_reason":null}', counts)
+        return self._event(
+            f'{{"index":{index},"delta":{{"role":"assistant","content":""}},'
+            '"logprobs":null,"finish_reason":null}',
+            counts,
+        )
 
     def text(self, delta: str, index: int = 0, counts: tuple[int, int] | None = None) -> bytes:
         """A text delta; ``counts`` is (prompt tokens, completion tokens so far)."""
         if self.kind == "chat":
-            return self._event(f'{{"index":{index},"delta":{{"content":{dumps(delta)}}},'
-                               '"logprobs":null,"finish_reason":null}', counts)
-        return self._event(f'{{"index":{index},"text":{dumps(delta)},"logprobs":null,'
-                           '"finish_reason":null}', counts)
+            return self._event(
+                f'{{"index":{index},"delta":{{"content":{dumps(delta)}}},'
+                '"logprobs":null,"finish_reason":null}',
+                counts,
+            )
+        return self._event(
+            f'{{"index":{index},"text":{dumps(delta)},"logprobs":null,"finish_reason":null}}',
+            counts,
+        )
 
-    def finish(self, finish_reason: str, index: int = 0,
-               counts: tuple[int, int] | None = None) -> bytes:
+    def finish(
+        self, finish_reason: str, index: int = 0, counts: tuple[int, int] | None = None
+    ) -> bytes:
         if self.kind == "chat":
-            return self._event(f'{{"index":{index},"delta":{{}},"logprobs":null,'
-                               f'"finish_reason":"{finish_reason}"}}', counts)
-        return self._event(f'{{"index":{index},"text":"","logprobs":null,'
-                           f'"finish_reason":"{finish_reason}"}}', counts)
+            return self._event(
+                f'{{"index":{index},"delta":{{}},"logprobs":null,'
+                f'"finish_reason":"{finish_reason}"}}',
+                counts,
+            )
+        return self._event(
+            f'{{"index":{index},"text":"","logprobs":null,"finish_reason":"{finish_reason}"}}',
+            counts,
+        )
 
     def usage(self, num_prompt: int, num_completion: int) -> bytes:
-        return (f'data: {self._head}"choices":[],"usage":'
-                f'{dumps(usage(num_prompt, num_completion))}}}\n\n').encode()
+        return (
+            f'data: {self._head}"choices":[],"usage":'
+            f"{dumps(usage(num_prompt, num_completion))}}}\n\n"
+        ).encode()
 
     @staticmethod
     def error(err: ApiError) -> bytes:
@@ -644,10 +766,10 @@ class IncrementalDetokenizer:
         ids = self.ids
         ids.extend(new_ids)
         decode = self.tokenizer.decode
-        prefix_text = decode(ids[self.prefix_offset:self.read_offset])
-        new_text = decode(ids[self.prefix_offset:])
+        prefix_text = decode(ids[self.prefix_offset : self.read_offset])
+        new_text = decode(ids[self.prefix_offset :])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self.prefix_offset = self.read_offset
             self.read_offset = len(ids)
-            return new_text[len(prefix_text):]
+            return new_text[len(prefix_text) :]
         return ""

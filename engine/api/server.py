@@ -107,18 +107,27 @@ def create_app(
     already) and shut down on cleanup. ``extra_routes`` (e.g. ``web.get("/metrics",
     handler)``) are added as they are; ``app[STATE]`` gives them the engine."""
     config = async_engine.config
-    context = ServingContext((settings.served_model_name,), config.scheduler.max_model_len,
-                             tokenizer)
-    app = web.Application(client_max_size=settings.max_body_bytes,
-                          middlewares=[_error_middleware, _guard_middleware])
-    limits = ConnectionLimits(settings.header_timeout_s, connection_cap(settings.max_connections),
-                              settings.retry_after_s)
+    context = ServingContext(
+        (settings.served_model_name,), config.scheduler.max_model_len, tokenizer
+    )
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[_error_middleware, _guard_middleware]
+    )
+    limits = ConnectionLimits(
+        settings.header_timeout_s, connection_cap(settings.max_connections), settings.retry_after_s
+    )
     app[STATE] = ServerState(async_engine, tokenizer, settings, context, ConnectionGuard(limits))
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
-    add_tokenize_routes(app, context, OFFLOAD_PARSE_BYTES, settings.max_body_bytes,
-                        settings.body_timeout_s, app[STATE].heavy_work)
+    add_tokenize_routes(
+        app,
+        context,
+        OFFLOAD_PARSE_BYTES,
+        settings.max_body_bytes,
+        settings.body_timeout_s,
+        app[STATE].heavy_work,
+    )
     app.router.add_get("/health", health)
     app.router.add_get("/ping", ping)
     app.router.add_post("/ping", ping)
@@ -148,8 +157,12 @@ def connection_cap(max_connections: int) -> int:
     if soft == resource.RLIM_INFINITY or soft - RESERVED_FDS >= max_connections:
         return max_connections
     cap = max(1, soft - RESERVED_FDS)
-    log.warning("--max-connections %d lowered to %d: the open-file limit is %d (ulimit -n)",
-                max_connections, cap, soft)
+    log.warning(
+        "--max-connections %d lowered to %d: the open-file limit is %d (ulimit -n)",
+        max_connections,
+        cap,
+        soft,
+    )
     return cap
 
 
@@ -170,7 +183,11 @@ def _warn_if_pool_is_small(state: ServerState) -> None:
             "the KV pool holds %d tokens, fewer than max_model_len %d: a request without "
             "max_tokens (which defaults to the rest of the context) is refused unless its "
             "prompt + max_tokens fits the pool; lower --max-model-len to %d or give the cache "
-            "more memory", pool_tokens, config.scheduler.max_model_len, pool_tokens)
+            "more memory",
+            pool_tokens,
+            config.scheduler.max_model_len,
+            pool_tokens,
+        )
 
 
 async def _stop_engine(app: web.Application) -> None:
@@ -181,20 +198,34 @@ async def _stop_engine(app: web.Application) -> None:
 
 # -- middlewares --------------------------------------------------------------------------
 def error_response(err: ApiError) -> web.Response:
-    return web.Response(status=err.status, text=dumps(err.body()), content_type="application/json",
-                        headers=err.headers)
+    return web.Response(
+        status=err.status,
+        text=dumps(err.body()),
+        content_type="application/json",
+        headers=err.headers,
+    )
 
 
 def _from_http_exception(request: web.Request, exc: web.HTTPException) -> ApiError:
     if exc.status == 404:
-        return ApiError(404, f"Invalid URL ({request.method} {request.path})",
-                        "invalid_request_error", None, "not_found")
+        return ApiError(
+            404,
+            f"Invalid URL ({request.method} {request.path})",
+            "invalid_request_error",
+            None,
+            "not_found",
+        )
     if exc.status == 405:
         allowed = exc.headers.get("Allow", "")
-        return ApiError(405, f"Method {request.method} is not allowed for {request.path}"
-                        + (f"; allowed: {allowed}" if allowed else ""),
-                        "invalid_request_error", None, "method_not_allowed",
-                        {"Allow": allowed} if allowed else None)
+        return ApiError(
+            405,
+            f"Method {request.method} is not allowed for {request.path}"
+            + (f"; allowed: {allowed}" if allowed else ""),
+            "invalid_request_error",
+            None,
+            "method_not_allowed",
+            {"Allow": allowed} if allowed else None,
+        )
     if exc.status == 413:
         return _too_large(request)
     kind = "invalid_request_error" if exc.status < 500 else "server_error"
@@ -252,8 +283,13 @@ async def _guard_middleware(request: web.Request, handler) -> web.StreamResponse
             if scheme.lower() != "bearer" or not hmac.compare_digest(
                 token.strip().encode("utf-8", "surrogateescape"), key.encode("utf-8")
             ):
-                raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer "
-                               "<key>'", "authentication_error", None, "invalid_api_key")
+                raise ApiError(
+                    401,
+                    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                    "authentication_error",
+                    None,
+                    "invalid_api_key",
+                )
         if state.draining:
             raise _unavailable("the server is shutting down")
     return await handler(request)
@@ -277,8 +313,9 @@ def _request_id(request: web.Request, kind: str) -> str:
     if given is None:
         return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     if not _REQUEST_ID.fullmatch(given):
-        raise bad_request(f"{REQUEST_ID_HEADER} must be 1 to 128 printable ASCII characters",
-                          REQUEST_ID_HEADER)
+        raise bad_request(
+            f"{REQUEST_ID_HEADER} must be 1 to 128 printable ASCII characters", REQUEST_ID_HEADER
+        )
     return given
 
 
@@ -287,8 +324,11 @@ def _request_class(request: web.Request) -> str:
     if given is None:
         return ""
     if not _REQUEST_CLASS.fullmatch(given):
-        raise bad_request(f"{REQUEST_CLASS_HEADER} must be 1 to 64 characters of letters, digits "
-                          f"and _ . : / -, got {given[:80]!r}", REQUEST_CLASS_HEADER)
+        raise bad_request(
+            f"{REQUEST_CLASS_HEADER} must be 1 to 64 characters of letters, digits "
+            f"and _ . : / -, got {given[:80]!r}",
+            REQUEST_CLASS_HEADER,
+        )
     return given
 
 
@@ -321,18 +361,32 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         engine_ids = _engine_request_ids(request_id, req)
         for engine_id in engine_ids:
             if engine_id in state.in_flight:
-                raise ApiError(409, f"request id {engine_id!r} is already in flight",
-                               "invalid_request_error", REQUEST_ID_HEADER,
-                               "duplicate_request_id")
+                raise ApiError(
+                    409,
+                    f"request id {engine_id!r} is already in flight",
+                    "invalid_request_error",
+                    REQUEST_ID_HEADER,
+                    "duplicate_request_id",
+                )
     except ApiError as err:
         err.headers[REQUEST_ID_HEADER] = request_id
         raise
     state.in_flight.update(engine_ids)
     traceparent = parse_traceparent(request.headers.get(TRACEPARENT_HEADER))
-    streams = [state.engine.generate(EngineRequest(
-        engine_id, choice.prompt_token_ids, choice.params, arrival_time, req.priority,
-        request_class, traceparent,
-    )) for engine_id, choice in zip(engine_ids, req.choices, strict=True)]
+    streams = [
+        state.engine.generate(
+            EngineRequest(
+                engine_id,
+                choice.prompt_token_ids,
+                choice.params,
+                arrival_time,
+                req.priority,
+                request_class,
+                traceparent,
+            )
+        )
+        for engine_id, choice in zip(engine_ids, req.choices, strict=True)
+    ]
     try:
         # Closing an iterator (return, error, or this task cancelled by a disconnect)
         # aborts its request in the engine unless it already finished.
@@ -364,15 +418,17 @@ async def _first_output(state: ServerState, req: GenerateRequest, outputs) -> Re
     except EngineDeadError:
         raise _unavailable("the engine is not accepting requests (shutting down)") from None
     except ValueError as exc:  # the engine still holds a request with this id
-        raise ApiError(409, str(exc), "invalid_request_error", REQUEST_ID_HEADER,
-                       "duplicate_request_id") from None
+        raise ApiError(
+            409, str(exc), "invalid_request_error", REQUEST_ID_HEADER, "duplicate_request_id"
+        ) from None
     if first.finished and first.finish_reason not in ("stop", "length"):
         raise _end_error(state, first)  # failed before any token: a real status
     return first
 
 
-async def _first_outputs(state: ServerState, req: GenerateRequest,
-                         streams: list) -> list[RequestOutput]:
+async def _first_outputs(
+    state: ServerState, req: GenerateRequest, streams: list
+) -> list[RequestOutput]:
     if len(streams) == 1:
         return [await _first_output(state, req, streams[0])]
     # Every prompt of a batch is submitted at once; the first refusal decides the status
@@ -394,9 +450,14 @@ async def _first_outputs(state: ServerState, req: GenerateRequest,
 def _rejected(state: ServerState, exc: RequestRejected, req: GenerateRequest) -> ApiError:
     total = max(len(c.prompt_token_ids) + c.params.max_tokens for c in req.choices)
     if exc.reason == d.REASON_QUEUE_FULL:
-        return ApiError(429, "the server is overloaded: its waiting queue is full; retry later",
-                        "rate_limit_error", None, "queue_full",
-                        {"Retry-After": str(state.settings.retry_after_s)})
+        return ApiError(
+            429,
+            "the server is overloaded: its waiting queue is full; retry later",
+            "rate_limit_error",
+            None,
+            "queue_full",
+            {"Retry-After": str(state.settings.retry_after_s)},
+        )
     if exc.reason == d.REASON_EXCEEDS_KV_POOL:
         config = state.engine.config
         block_size = config.cache.block_size
@@ -410,15 +471,23 @@ def _rejected(state: ServerState, exc: RequestRejected, req: GenerateRequest) ->
                 f"{blocks} blocks; the server's whole KV pool has {num_blocks} "
                 f"({num_blocks * block_size} tokens). Set max_tokens to at most "
                 f"{max(1, num_blocks * block_size - len(req.prompt_token_ids))}.",
-                "max_tokens", d.REASON_EXCEEDS_KV_POOL)
+                "max_tokens",
+                d.REASON_EXCEEDS_KV_POOL,
+            )
         return bad_request(
             f"the request can never fit the KV cache: prompt + max_tokens = {total} tokens need "
             f"{blocks} blocks, the whole device pool has {num_blocks}; "
-            "lower max_tokens or shorten the prompt", "max_tokens", d.REASON_EXCEEDS_KV_POOL)
+            "lower max_tokens or shorten the prompt",
+            "max_tokens",
+            d.REASON_EXCEEDS_KV_POOL,
+        )
     if exc.reason == d.REASON_EXCEEDS_MAX_MODEL_LEN:
         return bad_request(
             f"prompt + max_tokens = {total} tokens exceeds the maximum context length "
-            f"{state.context.max_model_len}", "max_tokens", "context_length_exceeded")
+            f"{state.context.max_model_len}",
+            "max_tokens",
+            "context_length_exceeded",
+        )
     return _unavailable(f"the engine refused the request ({exc.reason})")
 
 
@@ -426,8 +495,13 @@ def _end_error(state: ServerState, out: RequestOutput) -> ApiError:
     """The error for a request that ended without stop/length."""
     if out.finish_reason == "error":
         state.num_failed_requests += 1
-        return ApiError(500, f"the engine failed while running this request: {out.error}",
-                        "server_error", None, "engine_error")
+        return ApiError(
+            500,
+            f"the engine failed while running this request: {out.error}",
+            "server_error",
+            None,
+            "engine_error",
+        )
     if state.draining or not state.engine.is_accepting:
         return _unavailable("the request was aborted: the server is shutting down")
     return _unavailable(f"the request ended early ({out.finish_reason})")
@@ -436,14 +510,18 @@ def _end_error(state: ServerState, out: RequestOutput) -> ApiError:
 def _text_ids(req: GenerateRequest, token_ids: list[int], num_generated: int) -> list[int]:
     """The generated tokens whose text is returned: a final stop-string token is not
     (OpenAI leaves stop sequences out of the text)."""
-    if (token_ids and token_ids[-1] in req.stop_string_token_ids
-            and num_generated >= req.params.min_tokens):
+    if (
+        token_ids
+        and token_ids[-1] in req.stop_string_token_ids
+        and num_generated >= req.params.min_tokens
+    ):
         return token_ids[:-1]
     return token_ids
 
 
-async def _collect(state: ServerState, req: GenerateRequest, index: int,
-                   first: RequestOutput, outputs) -> ChoiceResult:
+async def _collect(
+    state: ServerState, req: GenerateRequest, index: int, first: RequestOutput, outputs
+) -> ChoiceResult:
     token_ids: list[int] = list(first.new_token_ids)
     last = first
     async for out in outputs:  # ends right away when ``first`` was the last output
@@ -452,30 +530,43 @@ async def _collect(state: ServerState, req: GenerateRequest, index: int,
     if last.finish_reason not in ("stop", "length"):
         raise _end_error(state, last)
     text = state.tokenizer.decode(_text_ids(req, token_ids, len(token_ids)))
-    return ChoiceResult(text, last.finish_reason, len(req.choices[index].prompt_token_ids),
-                        len(token_ids))
+    return ChoiceResult(
+        text, last.finish_reason, len(req.choices[index].prompt_token_ids), len(token_ids)
+    )
 
 
-def _json_response(request_id: str, req: GenerateRequest, results: list[ChoiceResult]
-                   ) -> web.Response:
+def _json_response(
+    request_id: str, req: GenerateRequest, results: list[ChoiceResult]
+) -> web.Response:
     build = chat_response if req.kind == "chat" else completion_response
-    return web.Response(text=dumps(build(request_id, req.model, results)),
-                        content_type="application/json", headers={REQUEST_ID_HEADER: request_id})
+    return web.Response(
+        text=dumps(build(request_id, req.model, results)),
+        content_type="application/json",
+        headers={REQUEST_ID_HEADER: request_id},
+    )
 
 
-async def _complete(state: ServerState, request_id: str, req: GenerateRequest,
-                    first: RequestOutput, outputs) -> web.Response:
+async def _complete(
+    state: ServerState, request_id: str, req: GenerateRequest, first: RequestOutput, outputs
+) -> web.Response:
     return _json_response(request_id, req, [await _collect(state, req, 0, first, outputs)])
 
 
-async def _complete_batch(state: ServerState, request_id: str, req: GenerateRequest,
-                          firsts: list[RequestOutput], streams: list) -> web.Response:
+async def _complete_batch(
+    state: ServerState,
+    request_id: str,
+    req: GenerateRequest,
+    firsts: list[RequestOutput],
+    streams: list,
+) -> web.Response:
     # A failed prompt fails the response (there is no per-choice error in OpenAI's
     # format); the TaskGroup cancels the others, which aborts them.
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(_collect(state, req, i, first, outputs))
-                     for i, (first, outputs) in enumerate(zip(firsts, streams, strict=True))]
+            tasks = [
+                group.create_task(_collect(state, req, i, first, outputs))
+                for i, (first, outputs) in enumerate(zip(firsts, streams, strict=True))
+            ]
     except BaseExceptionGroup as failed:
         raise failed.exceptions[0] from None
     return _json_response(request_id, req, [t.result() for t in tasks])
@@ -503,25 +594,34 @@ class _ChoiceText:
 
 
 def _stream_response(request_id: str) -> web.StreamResponse:
-    return web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        REQUEST_ID_HEADER: request_id,
-    })
+    return web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            REQUEST_ID_HEADER: request_id,
+        }
+    )
 
 
-def _end_chunks(state: ServerState, chunks: ChunkWriter, choice: _ChoiceText,
-                out: RequestOutput) -> bytes:
+def _end_chunks(
+    state: ServerState, chunks: ChunkWriter, choice: _ChoiceText, out: RequestOutput
+) -> bytes:
     if out.finish_reason in ("stop", "length"):
         return chunks.finish(out.finish_reason, choice.index, choice.counts)
     return ChunkWriter.error(_end_error(state, out))
 
 
-async def _stream(request: web.Request, state: ServerState, request_id: str,
-                  req: GenerateRequest, first: RequestOutput, outputs) -> web.StreamResponse:
+async def _stream(
+    request: web.Request,
+    state: ServerState,
+    request_id: str,
+    req: GenerateRequest,
+    first: RequestOutput,
+    outputs,
+) -> web.StreamResponse:
     response = _stream_response(request_id)
     await response.prepare(request)
-    chunks = ChunkWriter(request_id, req.model, req.kind, req.include_usage,
-                         req.continuous_usage)
+    chunks = ChunkWriter(request_id, req.model, req.kind, req.include_usage, req.continuous_usage)
     choice = _ChoiceText(state, req, 0)
     try:
         if req.kind == "chat":
@@ -548,14 +648,18 @@ async def _stream(request: web.Request, state: ServerState, request_id: str,
     return response
 
 
-async def _stream_batch(request: web.Request, state: ServerState, request_id: str,
-                        req: GenerateRequest, firsts: list[RequestOutput], streams: list
-                        ) -> web.StreamResponse:
+async def _stream_batch(
+    request: web.Request,
+    state: ServerState,
+    request_id: str,
+    req: GenerateRequest,
+    firsts: list[RequestOutput],
+    streams: list,
+) -> web.StreamResponse:
     """The prompts of a batch, interleaved by ``index`` in the order their tokens come."""
     response = _stream_response(request_id)
     await response.prepare(request)
-    chunks = ChunkWriter(request_id, req.model, req.kind, req.include_usage,
-                         req.continuous_usage)
+    chunks = ChunkWriter(request_id, req.model, req.kind, req.include_usage, req.continuous_usage)
     choices = [_ChoiceText(state, req, i) for i in range(len(streams))]
     merged: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
 
@@ -581,8 +685,11 @@ async def _stream_batch(request: web.Request, state: ServerState, request_id: st
                 all_ok = all_ok and out.finish_reason in ("stop", "length")
                 await response.write(_end_chunks(state, chunks, choice, out))
         if req.include_usage and all_ok:
-            await response.write(chunks.usage(sum(c.num_prompt for c in choices),
-                                              sum(c.num_generated for c in choices)))
+            await response.write(
+                chunks.usage(
+                    sum(c.num_prompt for c in choices), sum(c.num_generated for c in choices)
+                )
+            )
         await response.write(ChunkWriter.DONE)
         await response.write_eof()
     except ConnectionError:
@@ -599,18 +706,36 @@ async def models(request: web.Request) -> web.Response:
     """vLLM's model card: ``created`` is the server's start; ``root`` the model loaded."""
     state = request.app[STATE]
     name = state.settings.served_model_name
-    body = {"object": "list", "data": [{
-        "id": name, "object": "model", "created": state.created, "owned_by": "schedscope",
-        "root": state.engine.config.model, "parent": None,
-        "max_model_len": state.context.max_model_len,
-        "permission": [{
-            "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-            "created": state.created, "allow_create_engine": False, "allow_sampling": True,
-            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-            "allow_fine_tuning": False, "organization": "*", "group": None,
-            "is_blocking": False,
-        }],
-    }]}
+    body = {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": state.created,
+                "owned_by": "schedscope",
+                "root": state.engine.config.model,
+                "parent": None,
+                "max_model_len": state.context.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex}",
+                        "object": "model_permission",
+                        "created": state.created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+        ],
+    }
     return web.Response(text=dumps(body), content_type="application/json")
 
 
@@ -649,8 +774,11 @@ def _healthy(state: ServerState) -> bool:
 
 async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return web.Response(status=200 if _healthy(state) else 503, text=dumps(health_body(state)),
-                        content_type="application/json")
+    return web.Response(
+        status=200 if _healthy(state) else 503,
+        text=dumps(health_body(state)),
+        content_type="application/json",
+    )
 
 
 async def ping(request: web.Request) -> web.Response:
@@ -672,8 +800,9 @@ async def metrics(request: web.Request) -> web.Response:
     ``metrics_timeout_s``."""
     state = request.app[STATE]
     try:
-        rendered = await state.engine.render_metrics(request.headers.get("Accept"),
-                                                     state.settings.metrics_timeout_s)
+        rendered = await state.engine.render_metrics(
+            request.headers.get("Accept"), state.settings.metrics_timeout_s
+        )
     except TimeoutError:
         return web.Response(status=503, text="the engine did not answer in time\n")
     except (EngineDeadError, RuntimeError) as exc:
@@ -704,14 +833,20 @@ async def version(request: web.Request) -> web.Response:
 class ApiServer:
     """The app on a TCP site, and the drain-then-stop sequence of a graceful shutdown."""
 
-    def __init__(self, async_engine: AsyncEngine, tokenizer, settings: ServerSettings,
-                 extra_routes: Iterable[web.AbstractRouteDef] = ()) -> None:
+    def __init__(
+        self,
+        async_engine: AsyncEngine,
+        tokenizer,
+        settings: ServerSettings,
+        extra_routes: Iterable[web.AbstractRouteDef] = (),
+    ) -> None:
         self.settings = settings
         self.engine = async_engine
         self.app = create_app(async_engine, tokenizer, settings, extra_routes)
         # After the engine drained, handlers only have their last bytes to write.
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
-                                    shutdown_timeout=2.0)
+        self.runner = web.AppRunner(
+            self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0
+        )
         self.url: str | None = None
 
     @property
@@ -724,11 +859,16 @@ class ApiServer:
         asyncio.get_running_loop().set_exception_handler(guard.loop_exception_handler)
         await self.runner.setup()
         site = GuardedTCPSite(
-            self.runner, self.settings.host, self.settings.port, guard, access_log=None,
+            self.runner,
+            self.settings.host,
+            self.settings.port,
+            guard,
+            access_log=None,
             # Bodies are inflated by engine.api.body, bounded, after authentication.
             # Idle keep-alive connections end at the header deadline (connections.py);
             # aiohttp's own keep-alive timer is only a backstop.
-            auto_decompress=False, keepalive_timeout=max(75.0, 2 * self.settings.header_timeout_s),
+            auto_decompress=False,
+            keepalive_timeout=max(75.0, 2 * self.settings.header_timeout_s),
             # A body left unread after an early error is drained for at most this long.
             lingering_time=2.0,
         )
@@ -749,9 +889,13 @@ class ApiServer:
             self.engine.abort(request_id)
 
 
-def run_server(async_engine: AsyncEngine, tokenizer, settings: ServerSettings,
-               extra_routes: Iterable[web.AbstractRouteDef] = (),
-               announce: Callable[[str], None] | None = None) -> int:
+def run_server(
+    async_engine: AsyncEngine,
+    tokenizer,
+    settings: ServerSettings,
+    extra_routes: Iterable[web.AbstractRouteDef] = (),
+    announce: Callable[[str], None] | None = None,
+) -> int:
     """Serve until SIGINT/SIGTERM, then shut down gracefully; returns the exit code.
     A second signal aborts every in-flight request at once."""
     return asyncio.run(_serve(async_engine, tokenizer, settings, extra_routes, announce))
@@ -764,7 +908,9 @@ async def _serve(async_engine, tokenizer, settings, extra_routes, announce) -> i
 
     def on_signal() -> None:
         if stop.is_set():
-            log.warning("second signal: aborting %d in-flight requests", len(server.state.in_flight))
+            log.warning(
+                "second signal: aborting %d in-flight requests", len(server.state.in_flight)
+            )
             server.abort_all()
         stop.set()
 
@@ -777,8 +923,11 @@ async def _serve(async_engine, tokenizer, settings, extra_routes, announce) -> i
         raise
     (announce or _print)(f"schedscope serving on {url}")
     await stop.wait()
-    log.warning("shutting down: draining %d in-flight requests (up to %.1f s)",
-                len(server.state.in_flight), settings.shutdown_timeout_s)
+    log.warning(
+        "shutting down: draining %d in-flight requests (up to %.1f s)",
+        len(server.state.in_flight),
+        settings.shutdown_timeout_s,
+    )
     await server.stop()
     return 0
 

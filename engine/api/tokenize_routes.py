@@ -28,9 +28,14 @@ from engine.api.protocol import (
 )
 
 
-def add_tokenize_routes(app: web.Application, context: ServingContext,
-                        offload_parse_bytes: int, max_body_bytes: int,
-                        body_timeout_s: float, heavy_work: HeavyWork) -> None:
+def add_tokenize_routes(
+    app: web.Application,
+    context: ServingContext,
+    offload_parse_bytes: int,
+    max_body_bytes: int,
+    body_timeout_s: float,
+    heavy_work: HeavyWork,
+) -> None:
     """Add ``POST /tokenize`` and ``POST /detokenize`` to ``app``. Bodies are read as
     the generation routes read theirs (engine.api.body: JSON only, bounded inflation, a
     deadline); one larger than ``offload_parse_bytes`` is parsed, validated and
@@ -85,13 +90,18 @@ def tokenize_body(body: dict, ctx: ServingContext) -> dict[str, Any]:
         add_generation_prompt = _flag(body, "add_generation_prompt", True)
         if _flag(body, "continue_final_message", False):
             if add_generation_prompt and body.get("add_generation_prompt") is not None:
-                raise bad_request("cannot set both continue_final_message and "
-                                  "add_generation_prompt to true", "continue_final_message")
+                raise bad_request(
+                    "cannot set both continue_final_message and add_generation_prompt to true",
+                    "continue_final_message",
+                )
             add_generation_prompt = False  # the template closes no message: leave it open
         for name, neutral in (("chat_template", None), ("tools", [])):
             if body.get(name) not in (None, neutral):
-                raise bad_request(f"{name} is not supported by this server: it renders "
-                                  "every chat with its own template", name)
+                raise bad_request(
+                    f"{name} is not supported by this server: it renders "
+                    "every chat with its own template",
+                    name,
+                )
         text = render_chat(chat_messages(body), add_generation_prompt)
     elif has_prompt:
         prompt = body["prompt"]
@@ -104,10 +114,15 @@ def tokenize_body(body: dict, ctx: ServingContext) -> dict[str, Any]:
     token_strs = None
     if _flag(body, "return_token_strs", False):
         pieces = getattr(ctx.tokenizer, "tokenize", None)
-        token_strs = (pieces(text) if pieces is not None
-                      else [ctx.tokenizer.decode([t]) for t in tokens])
-    return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens,
-            "token_strs": token_strs}
+        token_strs = (
+            pieces(text) if pieces is not None else [ctx.tokenizer.decode([t]) for t in tokens]
+        )
+    return {
+        "count": len(tokens),
+        "max_model_len": ctx.max_model_len,
+        "tokens": tokens,
+        "token_strs": token_strs,
+    }
 
 
 def detokenize_body(body: dict, ctx: ServingContext) -> dict[str, Any]:
@@ -119,7 +134,9 @@ def detokenize_body(body: dict, ctx: ServingContext) -> dict[str, Any]:
         raise bad_request("missing required field: tokens", "tokens")
     vocab = ctx.tokenizer.vocab_size
     if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens):
-        raise bad_request(f"tokens must be an array of token ids (integers in [0, {vocab}))",
-                          "tokens")
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens
+    ):
+        raise bad_request(
+            f"tokens must be an array of token ids (integers in [0, {vocab}))", "tokens"
+        )
     return {"prompt": ctx.tokenizer.decode(tokens, skip_special_tokens=False)}

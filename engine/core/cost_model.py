@@ -54,9 +54,17 @@ def step_features(
     if num_prefill_seqs is None:
         num_prefill_seqs = 1 if num_prefill_tokens else 0
     mixed = 1.0 if num_prefill_tokens and num_decode_seqs else 0.0
-    return [1.0, float(num_prefill_tokens), float(num_decode_seqs), float(decode_context_tokens),
-            float(prefill_attention_work), float(num_swap_blocks), float(num_prefill_seqs), mixed,
-            float(prefill_padded_attention_work)]
+    return [
+        1.0,
+        float(num_prefill_tokens),
+        float(num_decode_seqs),
+        float(decode_context_tokens),
+        float(prefill_attention_work),
+        float(num_swap_blocks),
+        float(num_prefill_seqs),
+        mixed,
+        float(prefill_padded_attention_work),
+    ]
 
 
 class CostModelError(ValueError):
@@ -103,19 +111,25 @@ class CostModel:
         for name in FEATURES:
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
-                raise CostModelError(f"cost model parameter {name} must be a number >= 0, got {value!r}")
+                raise CostModelError(
+                    f"cost model parameter {name} must be a number >= 0, got {value!r}"
+                )
         if not isinstance(self.client_latency_s, int | float) or self.client_latency_s < 0:
             raise CostModelError(
                 f"cost model parameter client_latency_s must be a number >= 0, got "
-                f"{self.client_latency_s!r}")
+                f"{self.client_latency_s!r}"
+            )
         # Read once per step by the simulator: kept as a tuple (not a dataclass field).
         object.__setattr__(self, "_coefficients", tuple(float(getattr(self, n)) for n in FEATURES))
 
     @classmethod
     def constant(cls, step_s: float) -> CostModel:
         """Every non-empty step takes ``step_s`` (0: as fast as Python goes)."""
-        return cls(**{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": step_s},
-                   client_latency_s=0.0, source="constant")
+        return cls(
+            **{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": step_s},
+            client_latency_s=0.0,
+            source="constant",
+        )
 
     @property
     def coefficients(self) -> tuple[float, ...]:
@@ -133,10 +147,17 @@ class CostModel:
         prefill_padded_attention_work: int = 0,
     ) -> float:
         """Predicted seconds for a step with this content (0 for an empty step)."""
-        return self.predict_features(step_features(
-            num_prefill_tokens, num_decode_seqs, decode_context_tokens, prefill_attention_work,
-            num_swap_blocks, num_prefill_seqs, prefill_padded_attention_work,
-        ))
+        return self.predict_features(
+            step_features(
+                num_prefill_tokens,
+                num_decode_seqs,
+                decode_context_tokens,
+                prefill_attention_work,
+                num_swap_blocks,
+                num_prefill_seqs,
+                prefill_padded_attention_work,
+            )
+        )
 
     def predict_features(self, features: list[float]) -> float:
         """The model itself — the one place its formula is evaluated."""
@@ -146,9 +167,13 @@ class CostModel:
         """Predicted seconds for a :class:`engine.core.sched.scheduler_output.SchedulerOutput`."""
         num_decode = out.num_decode_seqs
         return self.predict(
-            out.num_prefill_tokens, num_decode, out.num_decode_context_tokens,
-            out.prefill_attention_work, len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
-            len(out.seqs) - num_decode, out.prefill_padded_attention_work,
+            out.num_prefill_tokens,
+            num_decode,
+            out.num_decode_context_tokens,
+            out.prefill_attention_work,
+            len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
+            len(out.seqs) - num_decode,
+            out.prefill_padded_attention_work,
         )
 
     def predict_swap_s(self, num_blocks: int) -> float:
@@ -162,8 +187,16 @@ class CostModel:
         if num_context_tokens <= 0:
             return 0.0
         n = num_context_tokens
-        return self.predict(n, 0, prefill_attention_work=n * n, num_prefill_seqs=1,
-                            prefill_padded_attention_work=n * n) - self.step_overhead_s
+        return (
+            self.predict(
+                n,
+                0,
+                prefill_attention_work=n * n,
+                num_prefill_seqs=1,
+                prefill_padded_attention_work=n * n,
+            )
+            - self.step_overhead_s
+        )
 
     # -- files -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -177,7 +210,9 @@ class CostModel:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise CostModelError(f"{origin}: unknown keys {unknown}; expected some of {sorted(known)}")
+            raise CostModelError(
+                f"{origin}: unknown keys {unknown}; expected some of {sorted(known)}"
+            )
         try:
             return cls(**data)
         except TypeError as exc:

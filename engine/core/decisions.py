@@ -25,7 +25,16 @@ ABORT = "abort"  # the client went away or abort() was called
 FAIL = "fail"  # the step failed, or this request's token could not be sampled (``detail``)
 
 DECISION_KINDS = (
-    ADMIT, PREEMPT, SWAP_OUT, SWAP_IN, RECOMPUTE, REJECT, WAIT, IDLE_RUNNING, ABORT, FAIL,
+    ADMIT,
+    PREEMPT,
+    SWAP_OUT,
+    SWAP_IN,
+    RECOMPUTE,
+    REJECT,
+    WAIT,
+    IDLE_RUNNING,
+    ABORT,
+    FAIL,
 )
 
 # Reasons -------------------------------------------------------------------------

@@ -44,12 +44,18 @@ def plan_kv_blocks(
 ) -> KvPlan:
     """Block counts for both pools. Raises ConfigError if no block fits."""
     if device_memory_bytes is None:
-        gib = cache.device_memory if cache.device_memory is not None else DEFAULT_HOST_DEVICE_MEMORY_GIB
+        gib = (
+            cache.device_memory
+            if cache.device_memory is not None
+            else DEFAULT_HOST_DEVICE_MEMORY_GIB
+        )
         device_memory_bytes = int(gib * GiB)
     if cache.num_gpu_blocks_override is not None:
         num_device = cache.num_gpu_blocks_override
     else:
-        usable = device_memory_bytes * cache.gpu_memory_utilization - weights_bytes - activation_bytes
+        usable = (
+            device_memory_bytes * cache.gpu_memory_utilization - weights_bytes - activation_bytes
+        )
         num_device = int(usable // bytes_per_block)
         if num_device < 1:
             raise ConfigError(
@@ -62,5 +68,6 @@ def plan_kv_blocks(
         num_host = cache.num_cpu_blocks_override
     else:
         num_host = int(cache.swap_space * GiB // bytes_per_block)
-    return KvPlan(num_device, num_host, bytes_per_block, device_memory_bytes, weights_bytes,
-                  activation_bytes)
+    return KvPlan(
+        num_device, num_host, bytes_per_block, device_memory_bytes, weights_bytes, activation_bytes
+    )

@@ -28,9 +28,7 @@ from collections.abc import Sequence
 PREFILL_GROUP_OVERHEAD_WORK = 2048
 
 
-def group_prefill_chunks(
-    chunk_lens: Sequence[int], context_lens: Sequence[int]
-) -> list[list[int]]:
+def group_prefill_chunks(chunk_lens: Sequence[int], context_lens: Sequence[int]) -> list[list[int]]:
     """Indices of the chunks, in groups; within a group in their original order.
 
     ``chunk_lens[i]`` is chunk ``i``'s new tokens (query rows), ``context_lens[i]`` the
@@ -46,7 +44,9 @@ def group_prefill_chunks(
         if groups:
             members = len(groups[-1])
             together = (members + 1) * max(max_chunk, chunk) * max_context
-            apart = members * max_chunk * max_context + chunk * context + PREFILL_GROUP_OVERHEAD_WORK
+            apart = (
+                members * max_chunk * max_context + chunk * context + PREFILL_GROUP_OVERHEAD_WORK
+            )
             if together <= apart:
                 groups[-1].append(i)
                 max_chunk = max(max_chunk, chunk)
@@ -61,6 +61,7 @@ def padded_prefill_work(chunk_lens: Sequence[int], context_lens: Sequence[int]) 
     times its longest chunk times its longest context."""
     total = 0
     for group in group_prefill_chunks(chunk_lens, context_lens):
-        total += (len(group) * max(chunk_lens[i] for i in group)
-                  * max(context_lens[i] for i in group))
+        total += (
+            len(group) * max(chunk_lens[i] for i in group) * max(context_lens[i] for i in group)
+        )
     return total

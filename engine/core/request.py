@@ -68,6 +68,12 @@ class EngineRequest:
         if self.arrival_time is not None:
             return self
         return EngineRequest(
-            self.request_id, self.prompt_token_ids, self.params, arrival_time, self.priority,
-            self.request_class, self.traceparent, self.oracle_output_tokens,
+            self.request_id,
+            self.prompt_token_ids,
+            self.params,
+            arrival_time,
+            self.priority,
+            self.request_class,
+            self.traceparent,
+            self.oracle_output_tokens,
         )

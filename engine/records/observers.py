@@ -51,5 +51,6 @@ class ObserverList:
         count = self.errors_by_observer.get(name, 0) + 1
         self.errors_by_observer[name] = count
         if count == 1 or count % 1000 == 0:
-            log.exception("step observer %s failed (%d times so far); the engine goes on",
-                          name, count)
+            log.exception(
+                "step observer %s failed (%d times so far); the engine goes on", name, count
+            )

@@ -45,8 +45,9 @@ class InstalledWriter:
     writer: RecordWriter
 
 
-def install_record_writers(observers: ObserverList, config: EngineConfig,
-                           specs: tuple[RecordWriterSpec, ...]) -> list[InstalledWriter]:
+def install_record_writers(
+    observers: ObserverList, config: EngineConfig, specs: tuple[RecordWriterSpec, ...]
+) -> list[InstalledWriter]:
     """Build each writer for the engine's ``config`` and add it to its ``observers``."""
     installed = []
     for spec in specs:

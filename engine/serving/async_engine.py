@@ -106,7 +106,8 @@ def engine_snapshot(engine: LLMEngine) -> dict:
     as they are from an engine process)."""
     scheduler, blocks = engine.scheduler, engine.block_manager
     return {
-        "num_running": len(scheduler.running), "num_waiting": scheduler.num_waiting,
+        "num_running": len(scheduler.running),
+        "num_waiting": scheduler.num_waiting,
         "num_swapped": len(scheduler.swapped),
         "num_free_device_blocks": blocks.num_free_device_blocks,
         "num_device_blocks": blocks.num_device_blocks,
@@ -251,8 +252,9 @@ class AsyncEngine:
             if not finished:
                 self.abort(request.request_id, sequence)
 
-    async def render_metrics(self, accept: str | None,
-                             timeout_s: float = 5.0) -> tuple[bytes, str] | None:
+    async def render_metrics(
+        self, accept: str | None, timeout_s: float = 5.0
+    ) -> tuple[bytes, str] | None:
         """The engine's Prometheus exposition, (body, content type) for the scraper's
         ``Accept`` header; None when the engine has no metrics (``engine.metrics``).
         Rendered here directly (prometheus_client's metrics are thread-safe), so
@@ -314,8 +316,10 @@ class AsyncEngine:
                     self._resolve(command.accepted, exc)
                     continue
                 if seq.is_finished:
-                    self._resolve(command.accepted, RequestRejected(
-                        seq.request_id, seq.reject_reason or "", seq))
+                    self._resolve(
+                        command.accepted,
+                        RequestRejected(seq.request_id, seq.reject_reason or "", seq),
+                    )
                 else:
                     self._resolve(command.accepted, seq, command.stream)
             else:
@@ -347,8 +351,9 @@ class AsyncEngine:
 
     def _on_step(self, record: StepRecord) -> None:
         """Observer: stats, and the step's tokens and ends to the event loop."""
-        tokens = [(entry.seq, entry.token_id) for entry in record.scheduled
-                  if entry.token_id is not None]
+        tokens = [
+            (entry.seq, entry.token_id) for entry in record.scheduled if entry.token_id is not None
+        ]
         ended = record.finished
         stats = self.stats
         stats.num_steps += 1
@@ -390,8 +395,9 @@ class AsyncEngine:
     def _end_all_streams(self, error: str) -> None:
         for request_id in list(self._streams):
             stream = self._streams.pop(request_id)
-            stream.queue.put_nowait(RequestOutput(request_id, [], True, "error", error,
-                                                  stream.sequence))
+            stream.queue.put_nowait(
+                RequestOutput(request_id, [], True, "error", error, stream.sequence)
+            )
 
     def _deliver(self, tokens: list[tuple[Sequence, int]], ended: list[Sequence]) -> None:
         streams = self._streams
@@ -411,6 +417,13 @@ class AsyncEngine:
             if stream is None or stream.sequence is not seq:
                 continue
             del streams[seq.request_id]
-            stream.queue.put_nowait(RequestOutput(
-                seq.request_id, [], True, seq.finish_reason, seq.error, seq,
-            ))
+            stream.queue.put_nowait(
+                RequestOutput(
+                    seq.request_id,
+                    [],
+                    True,
+                    seq.finish_reason,
+                    seq.error,
+                    seq,
+                )
+            )

@@ -70,8 +70,9 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
     # The API process owns shutdown: a Ctrl-C sent to the process group must not kill
     # the engine under requests that are still draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=spec.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
+    logging.basicConfig(
+        level=spec.log_level, format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s"
+    )
     try:
         engine, writers = _build(spec)
         core = _Core(engine, commands, outputs, spec.idle_wait_s)
@@ -86,9 +87,17 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
     clock = engine.clock
-    outputs.send(("ready", {"clock_origin": clock.origin, "clock_epoch_unix": clock.epoch_unix,
-                            "num_device_blocks": engine.block_manager.num_device_blocks,
-                            "num_host_blocks": engine.block_manager.num_host_blocks}))
+    outputs.send(
+        (
+            "ready",
+            {
+                "clock_origin": clock.origin,
+                "clock_epoch_unix": clock.epoch_unix,
+                "num_device_blocks": engine.block_manager.num_device_blocks,
+                "num_host_blocks": engine.block_manager.num_host_blocks,
+            },
+        )
+    )
     try:
         core.run()
     finally:
@@ -99,8 +108,12 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
         if tracing is not None:
             # A concurrent engine step cannot be running here: the loop has returned.
             stats = tracing.shutdown()
-            log.info("spans: %d ended, %d exported, %d dropped", stats["spans"],
-                     stats["exported_spans"], stats["dropped_spans"])
+            log.info(
+                "spans: %d ended, %d exported, %d dropped",
+                stats["spans"],
+                stats["exported_spans"],
+                stats["dropped_spans"],
+            )
         try:
             outputs.send(("stopped",))
         except (BrokenPipeError, OSError):
@@ -190,8 +203,14 @@ class _Core:
                     except Exception as exc:  # caller mistakes: reported to that caller only
                         self._send(("add_error", add_id, str(exc)))
                     else:
-                        self._send(("added", add_id, seq.seq_no, seq.reject_reason
-                                    if seq.is_finished else None))
+                        self._send(
+                            (
+                                "added",
+                                add_id,
+                                seq.seq_no,
+                                seq.reject_reason if seq.is_finished else None,
+                            )
+                        )
                 elif kind == "abort":
                     _, request_id, seq_no = command
                     held = engine.scheduler.requests.get(request_id)
@@ -209,8 +228,14 @@ class _Core:
         if ended:
             # End the streams now rather than after the next step (which may be long);
             # the next step record reports these ends again, and is ignored for them.
-            self._send(("outputs", [], [(s.seq_no, s.finish_reason, s.error) for s in ended],
-                        self._stats()))
+            self._send(
+                (
+                    "outputs",
+                    [],
+                    [(s.seq_no, s.finish_reason, s.error) for s in ended],
+                    self._stats(),
+                )
+            )
         return self.running
 
     def _render_metrics(self, accept: str | None) -> tuple[bytes | None, str | None]:

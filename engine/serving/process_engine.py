@@ -96,8 +96,11 @@ class ProcessEngine(AsyncEngine):
         parent_commands, child_commands = context.Pipe(duplex=False)  # (recv, send)
         child_outputs_recv, child_outputs_send = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=run_engine_core, args=(self.spec, parent_commands, child_outputs_send),
-            name="schedscope-engine-core", daemon=True)
+            target=run_engine_core,
+            args=(self.spec, parent_commands, child_outputs_send),
+            name="schedscope-engine-core",
+            daemon=True,
+        )
         self._process.start()
         parent_commands.close()
         child_outputs_send.close()
@@ -124,10 +127,12 @@ class ProcessEngine(AsyncEngine):
     def _start_backend(self) -> None:
         if self._process is None:
             self.launch()
-        self._reader = threading.Thread(target=self._read, name="schedscope-engine-reader",
-                                        daemon=True)
-        self._sender = threading.Thread(target=self._send_loop, name="schedscope-engine-sender",
-                                        daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, name="schedscope-engine-reader", daemon=True
+        )
+        self._sender = threading.Thread(
+            target=self._send_loop, name="schedscope-engine-sender", daemon=True
+        )
         self._reader.start()
         self._sender.start()
 
@@ -211,8 +216,9 @@ class ProcessEngine(AsyncEngine):
                 self._resolve(command.accepted, EngineProcessError("the engine process exited"))
             self._call_in_loop(self._end_all_streams, "the engine process exited")
 
-    async def render_metrics(self, accept: str | None,
-                             timeout_s: float = 5.0) -> tuple[bytes, str] | None:
+    async def render_metrics(
+        self, accept: str | None, timeout_s: float = 5.0
+    ) -> tuple[bytes, str] | None:
         """The engine process's Prometheus exposition (rendered there, between steps):
         (body, content type), or None when it runs without metrics. TimeoutError when it
         does not answer within ``timeout_s`` (a step longer than that, or a dead process)."""
@@ -251,8 +257,9 @@ class ProcessEngine(AsyncEngine):
     def _on_outputs(self, tokens, ended, stats: dict) -> None:
         views = self._views
         with self._lock:
-            delivered = [(view, token) for seq_no, token in tokens
-                         if (view := views.get(seq_no)) is not None]
+            delivered = [
+                (view, token) for seq_no, token in tokens if (view := views.get(seq_no)) is not None
+            ]
             finished = []
             for seq_no, finish_reason, error in ended:
                 view = views.pop(seq_no, None)

@@ -183,8 +183,10 @@ def export_hf_tokenizer(tokenizer: Tokenizer, out_dir: str | Path) -> Path:
             (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
         return path
     if not isinstance(tokenizer, HashTokenizer):
-        raise TypeError(f"cannot export a {type(tokenizer).__name__}: expected a HashTokenizer "
-                        "or an HFTokenizer")
+        raise TypeError(
+            f"cannot export a {type(tokenizer).__name__}: expected a HashTokenizer "
+            "or an HFTokenizer"
+        )
     from tokenizers import Tokenizer as _HFTokenizer
     from tokenizers import models, pre_tokenizers
 
@@ -194,8 +196,11 @@ def export_hf_tokenizer(tokenizer: Tokenizer, out_dir: str | Path) -> Path:
     hf = _HFTokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
     hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     hf.save(str(path))
-    special = {"bos_token": SPECIAL_TOKENS[BOS_TOKEN_ID], "pad_token": SPECIAL_TOKENS[PAD_TOKEN_ID],
-               "eos_token": SPECIAL_TOKENS.get(tokenizer.eos_token_id, f"w{tokenizer.eos_token_id}")}
+    special = {
+        "bos_token": SPECIAL_TOKENS[BOS_TOKEN_ID],
+        "pad_token": SPECIAL_TOKENS[PAD_TOKEN_ID],
+        "eos_token": SPECIAL_TOKENS.get(tokenizer.eos_token_id, f"w{tokenizer.eos_token_id}"),
+    }
     (out / "tokenizer_config.json").write_text(json.dumps({**config, **special}, indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
     return path

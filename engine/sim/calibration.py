@@ -40,17 +40,29 @@ class StepShape:
 
     def num_blocks(self, block_size: int) -> int:
         """Device blocks the step's sequences occupy."""
-        return (sum(-(-(before + n) // block_size) for n, before in self.prefills)
-                + sum(-(-ctx // block_size) for ctx in self.decodes))
+        return sum(-(-(before + n) // block_size) for n, before in self.prefills) + sum(
+            -(-ctx // block_size) for ctx in self.decodes
+        )
 
     def features(self) -> list[float]:
         """The cost model's features of this step (blocks move out and back in)."""
-        padded = (len(self.prefills) * max(n for n, _ in self.prefills)
-                  * max(before + n for n, before in self.prefills)) if self.prefills else 0
+        padded = (
+            (
+                len(self.prefills)
+                * max(n for n, _ in self.prefills)
+                * max(before + n for n, before in self.prefills)
+            )
+            if self.prefills
+            else 0
+        )
         return step_features(
-            sum(n for n, _ in self.prefills), len(self.decodes), sum(self.decodes),
-            sum(n * (before + n) for n, before in self.prefills), 2 * self.swap_blocks,
-            len(self.prefills), padded,
+            sum(n for n, _ in self.prefills),
+            len(self.decodes),
+            sum(self.decodes),
+            sum(n * (before + n) for n, before in self.prefills),
+            2 * self.swap_blocks,
+            len(self.prefills),
+            padded,
         )
 
 
@@ -76,7 +88,9 @@ def holdout_mix(count: int, seed: int = 1234, quick: bool = False) -> list[StepS
     max_batch = 16 if quick else 96
     shapes = []
     for _ in range(count):
-        decodes = tuple(rng.choice((32, 96, 200, 400, 800)) for _ in range(rng.randint(0, max_batch)))
+        decodes = tuple(
+            rng.choice((32, 96, 200, 400, 800)) for _ in range(rng.randint(0, max_batch))
+        )
         prefills = tuple(
             (rng.choice((16, 48, 128, 300, 600)), rng.choice((0, 0, 64, 256)))
             for _ in range(rng.randint(0 if decodes else 1, 2))
@@ -115,7 +129,9 @@ class _ShapeBuilder:
             out.blocks_to_swap_in = [(b, b) for b in device]
         return out, seqs
 
-    def _sequence(self, num_tokens: int, params: SamplingParams, prompt: int | None = None) -> Sequence:
+    def _sequence(
+        self, num_tokens: int, params: SamplingParams, prompt: int | None = None
+    ) -> Sequence:
         prompt_len = num_tokens if prompt is None else prompt
         vocab = self.runner.model_config.vocab_size
         prompt_ids = [3 + (i * 7919) % (vocab - 3) for i in range(prompt_len)]
@@ -131,8 +147,13 @@ class _ShapeBuilder:
             self.blocks.free(seq)
 
 
-def measure(runner: ModelRunner, shapes: list[StepShape], repeats: int = 5, warmup: int = 1,
-            num_blocks: int | None = None) -> list[float]:
+def measure(
+    runner: ModelRunner,
+    shapes: list[StepShape],
+    repeats: int = 5,
+    warmup: int = 1,
+    num_blocks: int | None = None,
+) -> list[float]:
     """Median seconds of ``runner.execute`` for each shape.
 
     Shapes are measured round-robin, one run of each per round, so that a slow spell
@@ -155,24 +176,31 @@ def measure(runner: ModelRunner, shapes: list[StepShape], repeats: int = 5, warm
 
 
 def relative_errors(model: CostModel, shapes: list[StepShape], seconds: list[float]) -> list[float]:
-    return [abs(model.predict_features(shape.features()) - measured) / measured
-            for shape, measured in zip(shapes, seconds, strict=True)]
+    return [
+        abs(model.predict_features(shape.features()) - measured) / measured
+        for shape, measured in zip(shapes, seconds, strict=True)
+    ]
 
 
-def calibrate(runner: ModelRunner, model_name: str, quick: bool = False, repeats: int = 5,
-              holdout: int = 40) -> CostModel:
+def calibrate(
+    runner: ModelRunner, model_name: str, quick: bool = False, repeats: int = 5, holdout: int = 40
+) -> CostModel:
     grid = training_grid(quick)
     held = holdout_mix(holdout if not quick else max(8, holdout // 4), quick=quick)
     # One round-robin pass over both sets: drift of a shared machine hits them alike.
     seconds = measure(runner, grid + held, repeats=repeats)
-    train_s, held_s = seconds[:len(grid)], seconds[len(grid):]
+    train_s, held_s = seconds[: len(grid)], seconds[len(grid) :]
     x = np.array([s.features() for s in grid])
     coef = fit(x, np.array(train_s))
     params = dict(zip(FEATURES, (float(c) for c in coef), strict=True))
-    fitted = CostModel(**params, client_latency_s=0.0,  # the runner alone: no network
-                       device=describe_device(runner.device), model=model_name,
-                       fitted_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                       source="calibrated")
+    fitted = CostModel(
+        **params,
+        client_latency_s=0.0,  # the runner alone: no network
+        device=describe_device(runner.device),
+        model=model_name,
+        fitted_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        source="calibrated",
+    )
     errors = relative_errors(fitted, held, held_s)
     train_errors = relative_errors(fitted, grid, train_s)
     stats = {

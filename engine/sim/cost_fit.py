@@ -66,12 +66,18 @@ def step_cycles(frame) -> tuple[np.ndarray, np.ndarray]:
     idle = frame["idle_before_s"].to_numpy()
     cycles = start[1:] - start[:-1] - idle[1:]
     rows = frame.head(frame.height - 1).iter_rows(named=True) if frame.height else iter(())
-    x = [step_features(
-        r["num_prefill_tokens"], r["num_decode_seqs"], r["num_decode_context_tokens"],
-        r["prefill_attention_work"], r["num_blocks_swapped_out"] + r["num_blocks_swapped_in"],
-        r["num_seqs"] - r["num_decode_seqs"],
-        r.get("prefill_padded_attention_work") or 0,  # absent from older records
-    ) for r in rows]
+    x = [
+        step_features(
+            r["num_prefill_tokens"],
+            r["num_decode_seqs"],
+            r["num_decode_context_tokens"],
+            r["prefill_attention_work"],
+            r["num_blocks_swapped_out"] + r["num_blocks_swapped_in"],
+            r["num_seqs"] - r["num_decode_seqs"],
+            r.get("prefill_padded_attention_work") or 0,  # absent from older records
+        )
+        for r in rows
+    ]
     return np.array(x, dtype=np.float64).reshape(-1, len(FEATURES)), cycles
 
 
@@ -94,8 +100,9 @@ def client_latency_from_requests(frames) -> tuple[float, int] | None:
     return max(0.0, float(np.median(gaps))), int(gaps.size)
 
 
-def fit_from_steps(frames, model: str = "", source: str = "",
-                   client_latency_s: float = 0.0) -> CostModel:
+def fit_from_steps(
+    frames, model: str = "", source: str = "", client_latency_s: float = 0.0
+) -> CostModel:
     """A cost model fitted to the step cycles of one or more runs' step records;
     ``client_latency_s`` (from :func:`client_latency_from_requests`, when the runs have
     client records) is carried into the model as measured."""
@@ -103,10 +110,21 @@ def fit_from_steps(frames, model: str = "", source: str = "",
         frames = [frames]
     xs, ys = [], []
     for frame in frames:
-        missing = sorted({"step", "schedule_start", "idle_before_s", "num_seqs",
-                          "num_prefill_tokens", "num_decode_seqs", "num_decode_context_tokens",
-                          "prefill_attention_work", "num_blocks_swapped_out",
-                          "num_blocks_swapped_in"} - set(frame.columns))
+        missing = sorted(
+            {
+                "step",
+                "schedule_start",
+                "idle_before_s",
+                "num_seqs",
+                "num_prefill_tokens",
+                "num_decode_seqs",
+                "num_decode_context_tokens",
+                "prefill_attention_work",
+                "num_blocks_swapped_out",
+                "num_blocks_swapped_in",
+            }
+            - set(frame.columns)
+        )
         if missing:
             raise CalibrationError(f"step records lack the columns {missing} (docs/records.md)")
         x, y = step_cycles(frame)
@@ -115,14 +133,18 @@ def fit_from_steps(frames, model: str = "", source: str = "",
         ys.append(y[keep])
     x, y = np.concatenate(xs), np.concatenate(ys)
     if len(y) < 2 * len(FEATURES):
-        raise CalibrationError(f"{len(y)} step cycles are too few to fit {len(FEATURES)} "
-                               "parameters; record a longer run")
+        raise CalibrationError(
+            f"{len(y)} step cycles are too few to fit {len(FEATURES)} "
+            "parameters; record a longer run"
+        )
     held = np.zeros(len(y), dtype=bool)
-    held[HOLDOUT_EVERY - 1::HOLDOUT_EVERY] = True
+    held[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY] = True
     coef = fit(x[~held], y[~held], power=STEP_FIT_POWER)
     fitted = CostModel(
         **dict(zip(FEATURES, (float(c) for c in coef), strict=True)),
-        device="fitted from step records", model=model, source="steps",
+        device="fitted from step records",
+        model=model,
+        source="steps",
         client_latency_s=client_latency_s,  # not in step records: from the client's
         fitted_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )

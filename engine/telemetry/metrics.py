@@ -44,27 +44,121 @@ from engine.telemetry.trace_ids import format_trace_id, request_trace_id
 MAX_CLASS_LABELS = 32
 OTHER_CLASS = "other"
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 #: inter_token_latency, time_per_output_token (V0) and request_time_per_output_token.
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-               7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 #: e2e, queue, inference, prefill and decode time per request.
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 
 # -- schedscope's own buckets ----------------------------------------------------------
-STEP_DURATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
-                         2.0, 5.0, 10.0)
+STEP_DURATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+)
 BATCH_TOKENS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 STALL_BUCKETS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 40.0, 80.0)
 #: schedscope_queue_time_seconds: finer than vLLM's at the short end (the queue waits
 #: of a healthy run are milliseconds; starvation is tens of seconds).
-QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
-                 40.0, 80.0, 160.0, 320.0, 640.0)
+QUEUE_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    320.0,
+    640.0,
+)
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -87,8 +181,14 @@ PREEMPTED_WAITING = "preempted_waiting"
 PREFILL_INTERFERENCE = "prefill_interference"
 TOKEN_BUDGET = "token_budget"
 OTHER = "other"
-STALL_CAUSES = (SWAPPED_OUT, RECOMPUTE_CAUSE, PREEMPTED_WAITING, PREFILL_INTERFERENCE,
-                TOKEN_BUDGET, OTHER)
+STALL_CAUSES = (
+    SWAPPED_OUT,
+    RECOMPUTE_CAUSE,
+    PREEMPTED_WAITING,
+    PREFILL_INTERFERENCE,
+    TOKEN_BUDGET,
+    OTHER,
+)
 
 # What happened to a request since its last token (bit flags).
 _F_SWAPPED = 1
@@ -160,8 +260,9 @@ class _BulkHistogram:
         return sum(self._counts)
 
     def describe(self):
-        return [HistogramMetricFamily(name, doc, labels=self._labelnames)
-                for name, doc in self._names]
+        return [
+            HistogramMetricFamily(name, doc, labels=self._labelnames) for name, doc in self._names
+        ]
 
     def collect(self):
         counts, total = list(self._counts), self._sum  # a consistent-enough snapshot
@@ -203,7 +304,8 @@ class _DroppedSpans:
         family = CounterMetricFamily(
             "schedscope_dropped_spans",
             "Spans the span exporter dropped (queue full or export failed).",
-            labels=self._labelnames)
+            labels=self._labelnames,
+        )
         family.add_metric(self._labelvalues, total)
         yield family
 
@@ -212,9 +314,15 @@ class EngineMetrics:
     """The step-record observer and its registry. ``bytes_per_block``: KV bytes per block
     (``engine.kv_plan.bytes_per_block``), for ``schedscope_swap_bytes_total``."""
 
-    def __init__(self, config, model_name: str, bytes_per_block: int = 0, engine_index: int = 0,
-                 stall_threshold_s: float = STALL_FLOOR_S,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        model_name: str,
+        bytes_per_block: int = 0,
+        engine_index: int = 0,
+        stall_threshold_s: float = STALL_FLOOR_S,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self.bytes_per_block = bytes_per_block
@@ -237,119 +345,180 @@ class EngineMetrics:
         token_buckets = build_1_2_5_buckets(sched.max_model_len)
 
         # -- vLLM, both generations ---------------------------------------------------
-        self.running = gauge("vllm:num_requests_running",
-                             "Number of requests in model execution batches.").labels(*values)
-        self.waiting = gauge("vllm:num_requests_waiting",
-                             "Number of requests waiting to be processed.").labels(*values)
-        self.preemptions = counter("vllm:num_preemptions",
-                                   "Cumulative number of preemption from the engine.").labels(*values)
-        self.prompt_tokens = counter("vllm:prompt_tokens",
-                                     "Number of prefill tokens processed.").labels(*values)
-        self.generation_tokens = counter("vllm:generation_tokens",
-                                         "Number of generation tokens processed.").labels(*values)
-        success = counter("vllm:request_success", "Count of successfully processed requests.",
-                          ["finished_reason"])
+        self.running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        ).labels(*values)
+        self.waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        ).labels(*values)
+        self.preemptions = counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        ).labels(*values)
+        self.prompt_tokens = counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed."
+        ).labels(*values)
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        ).labels(*values)
+        success = counter(
+            "vllm:request_success", "Count of successfully processed requests.", ["finished_reason"]
+        )
         self.success = {r: success.labels(*values, r) for r in FINISHED_REASONS}
         self._success_family = success
         self._labelvalues = values
-        self.ttft = histogram("vllm:time_to_first_token_seconds",
-                              "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS).labels(*values)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds",
-                             "Histogram of e2e request latency in seconds.",
-                             REQUEST_LATENCY_BUCKETS).labels(*values)
-        self.queue = histogram("vllm:request_queue_time_seconds",
-                               "Histogram of time spent in WAITING phase for request.",
-                               REQUEST_LATENCY_BUCKETS).labels(*values)
-        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
-                                      "Histogram of time spent in PREFILL phase for request.",
-                                      REQUEST_LATENCY_BUCKETS).labels(*values)
-        self.decode_time = histogram("vllm:request_decode_time_seconds",
-                                     "Histogram of time spent in DECODE phase for request.",
-                                     REQUEST_LATENCY_BUCKETS).labels(*values)
-        self.inference_time = histogram("vllm:request_inference_time_seconds",
-                                        "Histogram of time spent in RUNNING phase for request.",
-                                        REQUEST_LATENCY_BUCKETS).labels(*values)
-        self.prompt_tokens_request = histogram("vllm:request_prompt_tokens",
-                                               "Number of prefill tokens processed.",
-                                               token_buckets).labels(*values)
-        self.generation_tokens_request = histogram("vllm:request_generation_tokens",
-                                                   "Number of generation tokens processed.",
-                                                   token_buckets).labels(*values)
-        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
-                                          "Histogram of number of tokens per engine_step.",
-                                          ITERATION_TOKENS_BUCKETS).labels(*values)
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        ).labels(*values)
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(*values)
+        self.queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(*values)
+        self.prefill_time = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(*values)
+        self.decode_time = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(*values)
+        self.inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        ).labels(*values)
+        self.prompt_tokens_request = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
+        ).labels(*values)
+        self.generation_tokens_request = histogram(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            token_buckets,
+        ).labels(*values)
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            ITERATION_TOKENS_BUCKETS,
+        ).labels(*values)
         self.max_generation_tokens = histogram(
             "vllm:request_max_num_generation_tokens",
             "Histogram of maximum number of requested generation tokens.",
-            token_buckets).labels(*values)
-        self.params_max_tokens = histogram("vllm:request_params_max_tokens",
-                                           "Histogram of the max_tokens request parameter.",
-                                           token_buckets).labels(*values)
-        self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.",
-                                  PARAMS_N_BUCKETS).labels(*values)
+            token_buckets,
+        ).labels(*values)
+        self.params_max_tokens = histogram(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            token_buckets,
+        ).labels(*values)
+        self.params_n = histogram(
+            "vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS
+        ).labels(*values)
         # -- vLLM V0 only ---------------------------------------------------------------
-        self.gpu_cache = gauge("vllm:gpu_cache_usage_perc",
-                               "GPU KV-cache usage. 1 means 100 percent usage.").labels(*values)
-        self.cpu_cache = gauge("vllm:cpu_cache_usage_perc",
-                               "CPU KV-cache usage. 1 means 100 percent usage.").labels(*values)
-        self.swapped = gauge("vllm:num_requests_swapped",
-                             "Number of requests swapped to CPU.").labels(*values)
+        self.gpu_cache = gauge(
+            "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage."
+        ).labels(*values)
+        self.cpu_cache = gauge(
+            "vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage."
+        ).labels(*values)
+        self.swapped = gauge(
+            "vllm:num_requests_swapped", "Number of requests swapped to CPU."
+        ).labels(*values)
         # vllm:time_per_output_token_seconds (V0) and vllm:inter_token_latency_seconds
         # (V1) are the same per-token gaps: one bulk collector exposes both.
         self.itl = _BulkHistogram(
-            [("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
-             ("vllm:time_per_output_token_seconds",
-              "Histogram of time per output token in seconds.")],
-            ITL_BUCKETS, labels, values)
+            [
+                (
+                    "vllm:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.",
+                ),
+                (
+                    "vllm:time_per_output_token_seconds",
+                    "Histogram of time per output token in seconds.",
+                ),
+            ],
+            ITL_BUCKETS,
+            labels,
+            values,
+        )
         reg.register(self.itl)
         # -- vLLM V1 only ---------------------------------------------------------------
-        self.kv_cache = gauge("vllm:kv_cache_usage_perc",
-                              "KV-cache usage. 1 means 100 percent usage.").labels(*values)
-        by_reason = gauge("vllm:num_requests_waiting_by_reason",
-                          "Number of waiting requests by reason. Reason labels: 'capacity' = "
-                          "waiting for scheduling capacity; 'deferred' = deferred by transient "
-                          "constraints. Sum of all reasons equals vllm:num_requests_waiting.",
-                          ["reason"])
+        self.kv_cache = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        ).labels(*values)
+        by_reason = gauge(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = "
+            "waiting for scheduling capacity; 'deferred' = deferred by transient "
+            "constraints. Sum of all reasons equals vllm:num_requests_waiting.",
+            ["reason"],
+        )
         self.waiting_capacity = by_reason.labels(*values, WAITING_CAPACITY)
         self.waiting_deferred = by_reason.labels(*values, WAITING_DEFERRED)
-        self.tpot_request = histogram("vllm:request_time_per_output_token_seconds",
-                                      "Histogram of time_per_output_token_seconds per request.",
-                                      ITL_BUCKETS).labels(*values)
+        self.tpot_request = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            ITL_BUCKETS,
+        ).labels(*values)
         self.num_preemptions_request = histogram(
-            "vllm:request_num_preemptions", "Histogram of the number of preemptions per request.",
-            NUM_PREEMPTIONS_BUCKETS).labels(*values)
+            "vllm:request_num_preemptions",
+            "Histogram of the number of preemptions per request.",
+            NUM_PREEMPTIONS_BUCKETS,
+        ).labels(*values)
         self.prefill_kv_computed = histogram(
             "vllm:request_prefill_kv_computed_tokens",
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-            token_buckets).labels(*values)
+            token_buckets,
+        ).labels(*values)
         # vLLM's admission counter has no engine label (it counts in the API server).
-        admission = Counter("vllm:admission_rejections", "Requests rejected at admission.",
-                            ["model_name", "reason"], registry=reg)
+        admission = Counter(
+            "vllm:admission_rejections",
+            "Requests rejected at admission.",
+            ["model_name", "reason"],
+            registry=reg,
+        )
         self.admission = {r: admission.labels(model_name, r) for r in ADMISSION_REJECT_REASONS}
         # vLLM's cache_config_info: the engine label and the cache config, no model_name.
         cache_info = {
-            "block_size": cache.block_size, "cache_dtype": "auto",
+            "block_size": cache.block_size,
+            "cache_dtype": "auto",
             "enable_prefix_caching": False,
             "gpu_memory_utilization": cache.gpu_memory_utilization,
-            "num_cpu_blocks": None, "num_gpu_blocks": None,
+            "num_cpu_blocks": None,
+            "num_gpu_blocks": None,
             "num_gpu_blocks_override": cache.num_gpu_blocks_override,
             "num_cpu_blocks_override": cache.num_cpu_blocks_override,
-            "swap_space": cache.swap_space, "watermark": cache.watermark,
+            "swap_space": cache.swap_space,
+            "watermark": cache.watermark,
             "engine": str(engine_index),
         }
         self._cache_info_values = cache_info
-        self._cache_info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                 list(cache_info), registry=reg)
+        self._cache_info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            list(cache_info),
+            registry=reg,
+        )
         self._cache_info_child = None
 
         # -- schedscope ---------------------------------------------------------------------
-        self._decisions = counter("schedscope_decisions", "Scheduler decisions by kind and reason.",
-                                  ["kind", "reason"])
+        self._decisions = counter(
+            "schedscope_decisions", "Scheduler decisions by kind and reason.", ["kind", "reason"]
+        )
         self._decision_children: dict[tuple[str, str], object] = {}
-        self._preemptions_by = counter("schedscope_preemptions",
-                                       "Preemptions by mode (swap, recompute) and reason.",
-                                       ["mode", "reason"])
+        self._preemptions_by = counter(
+            "schedscope_preemptions",
+            "Preemptions by mode (swap, recompute) and reason.",
+            ["mode", "reason"],
+        )
         self._preemption_children: dict[tuple[str, str], object] = {
             (mode, reason): self._preemptions_by.labels(*values, mode, reason)
             for mode in ("swap", "recompute")
@@ -358,56 +527,84 @@ class EngineMetrics:
         self.swap_fallbacks = counter(
             "schedscope_swap_fallbacks",
             "Swap preemptions that fell back to recompute, by why (swap_space_exhausted).",
-            ["reason"]).labels(*values, d.REASON_SWAP_SPACE_EXHAUSTED)
-        stalls = counter("schedscope_stalls", "Inter-token gaps over the stall threshold, by cause.",
-                         ["cause"])
-        stall_s = histogram("schedscope_stall_duration_seconds",
-                            "Inter-token gaps over the stall threshold, by cause.",
-                            STALL_BUCKETS, ["cause"])
+            ["reason"],
+        ).labels(*values, d.REASON_SWAP_SPACE_EXHAUSTED)
+        stalls = counter(
+            "schedscope_stalls", "Inter-token gaps over the stall threshold, by cause.", ["cause"]
+        )
+        stall_s = histogram(
+            "schedscope_stall_duration_seconds",
+            "Inter-token gaps over the stall threshold, by cause.",
+            STALL_BUCKETS,
+            ["cause"],
+        )
         self.stalls = {c: stalls.labels(*values, c) for c in STALL_CAUSES}
         self.stall_s = {c: stall_s.labels(*values, c) for c in STALL_CAUSES}
-        self.idle_running = gauge("schedscope_idle_running_sequences",
-                                  "Running sequences the last step left out (token budget)."
-                                  ).labels(*values)
+        self.idle_running = gauge(
+            "schedscope_idle_running_sequences",
+            "Running sequences the last step left out (token budget).",
+        ).labels(*values)
         self.idle_running_steps = counter(
             "schedscope_idle_running_sequence_steps",
-            "Sequence-steps a running sequence was left out of a step.").labels(*values)
+            "Sequence-steps a running sequence was left out of a step.",
+        ).labels(*values)
         swap_bytes = counter("schedscope_swap_bytes", "KV bytes copied by swaps.", ["direction"])
         swap_blocks = counter("schedscope_swap_blocks", "KV blocks copied by swaps.", ["direction"])
-        self.swap_bytes_out, self.swap_bytes_in = (swap_bytes.labels(*values, x) for x in ("out", "in"))
-        self.swap_blocks_out, self.swap_blocks_in = (swap_blocks.labels(*values, x)
-                                                     for x in ("out", "in"))
+        self.swap_bytes_out, self.swap_bytes_in = (
+            swap_bytes.labels(*values, x) for x in ("out", "in")
+        )
+        self.swap_blocks_out, self.swap_blocks_in = (
+            swap_blocks.labels(*values, x) for x in ("out", "in")
+        )
         self.recomputed_tokens = counter(
             "schedscope_recomputed_tokens",
-            "Tokens re-prefilled because a recompute preemption dropped their KV.").labels(*values)
+            "Tokens re-prefilled because a recompute preemption dropped their KV.",
+        ).labels(*values)
         self._queue_by_class = histogram(
             "schedscope_queue_time_seconds",
             "First admission minus arrival, per request class, observed at first scheduling.",
-            QUEUE_BUCKETS, ["class"])
+            QUEUE_BUCKETS,
+            ["class"],
+        )
         self._queue_children: dict[str, object] = {}
         blocks_free = gauge("schedscope_kv_blocks_free", "Free KV blocks.", ["pool"])
         blocks_total = gauge("schedscope_kv_blocks_capacity", "KV blocks in the pool.", ["pool"])
-        self.free_device, self.free_host = (blocks_free.labels(*values, p) for p in ("device", "host"))
-        self.total_device, self.total_host = (blocks_total.labels(*values, p)
-                                              for p in ("device", "host"))
-        self.step_duration = histogram("schedscope_step_duration_seconds",
-                                       "Step duration: schedule start to results applied.",
-                                       STEP_DURATION_BUCKETS).labels(*values)
-        self.batch_tokens = histogram("schedscope_batch_tokens", "Tokens computed per step.",
-                                      BATCH_TOKENS_BUCKETS).labels(*values)
-        gauge("schedscope_token_budget_tokens",
-              "max_num_batched_tokens in effect (plot beside schedscope_batch_tokens)."
-              ).labels(*values).set(sched.token_budget)
+        self.free_device, self.free_host = (
+            blocks_free.labels(*values, p) for p in ("device", "host")
+        )
+        self.total_device, self.total_host = (
+            blocks_total.labels(*values, p) for p in ("device", "host")
+        )
+        self.step_duration = histogram(
+            "schedscope_step_duration_seconds",
+            "Step duration: schedule start to results applied.",
+            STEP_DURATION_BUCKETS,
+        ).labels(*values)
+        self.batch_tokens = histogram(
+            "schedscope_batch_tokens", "Tokens computed per step.", BATCH_TOKENS_BUCKETS
+        ).labels(*values)
+        gauge(
+            "schedscope_token_budget_tokens",
+            "max_num_batched_tokens in effect (plot beside schedscope_batch_tokens).",
+        ).labels(*values).set(sched.token_budget)
         sched_info = {
-            "policy": sched.scheduling_policy, "preemption_mode": sched.preemption_mode,
-            "max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.token_budget,
+            "policy": sched.scheduling_policy,
+            "preemption_mode": sched.preemption_mode,
+            "max_num_seqs": sched.max_num_seqs,
+            "max_num_batched_tokens": sched.token_budget,
             "max_model_len": sched.max_model_len,
-            "enable_chunked_prefill": sched.enable_chunked_prefill, "batching": sched.batching,
-            "max_waiting": sched.max_waiting, "aging_rate": sched.aging_rate,
-            "max_wait_s": sched.max_wait_s, "sjf_size_estimator": sched.sjf_size_estimator,
+            "enable_chunked_prefill": sched.enable_chunked_prefill,
+            "batching": sched.batching,
+            "max_waiting": sched.max_waiting,
+            "aging_rate": sched.aging_rate,
+            "max_wait_s": sched.max_wait_s,
+            "sjf_size_estimator": sched.sjf_size_estimator,
         }
-        gauge("schedscope_scheduler_config_info", "The scheduler configuration (value 1).",
-              list(sched_info)).labels(*values, *(str(v) for v in sched_info.values())).set(1)
+        gauge(
+            "schedscope_scheduler_config_info",
+            "The scheduler configuration (value 1).",
+            list(sched_info),
+        ).labels(*values, *(str(v) for v in sched_info.values())).set(1)
         self._dropped = _DroppedSpans(labels, values)
         reg.register(self._dropped)
 
@@ -420,8 +617,11 @@ class EngineMetrics:
     # -- configuration ---------------------------------------------------------------------
     def set_pool_sizes(self, num_device_blocks: int, num_host_blocks: int) -> None:
         """The block counts of ``vllm:cache_config_info`` (known once the engine is built)."""
-        values = dict(self._cache_info_values, num_gpu_blocks=num_device_blocks,
-                      num_cpu_blocks=num_host_blocks)
+        values = dict(
+            self._cache_info_values,
+            num_gpu_blocks=num_device_blocks,
+            num_cpu_blocks=num_host_blocks,
+        )
         if self._cache_info_child is not None:
             self._cache_info.clear()
         self._cache_info_child = self._cache_info.labels(**{k: str(v) for k, v in values.items()})
@@ -443,7 +643,8 @@ class EngineMetrics:
             child = self._decision_children.get(key)
             if child is None:
                 child = self._decision_children[key] = self._decisions.labels(
-                    *self._labelvalues, kind, reason)
+                    *self._labelvalues, kind, reason
+                )
             child.inc()
             if kind == d.IDLE_RUNNING:
                 for rid in x.request_ids:
@@ -478,9 +679,17 @@ class EngineMetrics:
         num_waiting = record.num_waiting
         if num_waiting == 0:
             self._wait_reason = None
-        state = (record.num_running, num_waiting, self._wait_reason in DEFERRED_WAIT_REASONS,
-                 record.num_swapped, record.num_device_blocks, record.num_free_device_blocks,
-                 record.num_host_blocks, record.num_free_host_blocks, record.num_idle_running)
+        state = (
+            record.num_running,
+            num_waiting,
+            self._wait_reason in DEFERRED_WAIT_REASONS,
+            record.num_swapped,
+            record.num_device_blocks,
+            record.num_free_device_blocks,
+            record.num_host_blocks,
+            record.num_free_host_blocks,
+            record.num_idle_running,
+        )
         if state != self._last_gauges:
             self._last_gauges = state
             self._set_gauges(*state)
@@ -495,8 +704,9 @@ class EngineMetrics:
             self.swap_blocks_in.inc(in_blocks)
             self.swap_bytes_in.inc(in_blocks * self.bytes_per_block)
 
-    def _set_gauges(self, running, waiting, deferred, swapped, total, free, host_total,
-                    host_free, idle) -> None:
+    def _set_gauges(
+        self, running, waiting, deferred, swapped, total, free, host_total, host_free, idle
+    ) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
         self.waiting_capacity.set(0 if deferred else waiting)
@@ -518,7 +728,8 @@ class EngineMetrics:
         child = self._preemption_children.get(key)
         if child is None:
             child = self._preemption_children[key] = self._preemptions_by.labels(
-                *self._labelvalues, *key)
+                *self._labelvalues, *key
+            )
         child.inc()
         if x.mode == "recompute" and x.detail == d.REASON_SWAP_SPACE_EXHAUSTED:
             self.swap_fallbacks.inc()
@@ -599,7 +810,8 @@ class EngineMetrics:
                 child = self._queue_children.get(cls)
             if child is None:
                 child = self._queue_children[cls] = self._queue_by_class.labels(
-                    *self._labelvalues, cls)
+                    *self._labelvalues, cls
+                )
         child.observe(seq.first_scheduled_time - seq.arrival_time, _exemplar(seq))
 
     def _finished(self, seq) -> None:
@@ -644,8 +856,10 @@ class EngineMetrics:
             if wants_openmetrics(accept):
                 # allow-utf-8 keeps vLLM's colons: prometheus_client's default escaping
                 # for OpenMetrics rewrites them to '_' in sample lines (not in # TYPE).
-                return (generate_openmetrics(self.registry, escaping=ALLOWUTF8),
-                        OPENMETRICS_CONTENT_TYPE)
+                return (
+                    generate_openmetrics(self.registry, escaping=ALLOWUTF8),
+                    OPENMETRICS_CONTENT_TYPE,
+                )
             return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
 
 
@@ -676,8 +890,9 @@ def install_metrics(engine, model_name: str, **kwargs) -> EngineMetrics:
     also ``engine.metrics``, where other telemetry (the span exporter's dropped-span
     count: ``engine.metrics.watch_dropped_spans(fn)``) finds it."""
     metrics = EngineMetrics(engine.config, model_name, engine.kv_plan.bytes_per_block, **kwargs)
-    metrics.set_pool_sizes(engine.block_manager.num_device_blocks,
-                           engine.block_manager.num_host_blocks)
+    metrics.set_pool_sizes(
+        engine.block_manager.num_device_blocks, engine.block_manager.num_host_blocks
+    )
     engine.observers.add(metrics)
     engine.metrics = metrics
     return metrics

@@ -42,9 +42,14 @@ ENGINE_STEPS = "engine.steps"  # the root of a window of steps (one trace)
 
 #: The span each decision kind becomes (wait and idle_running are step events).
 DECISION_SPAN_NAMES = {
-    d.ADMIT: SCHEDULE, d.PREEMPT: PREEMPT_SPAN, d.SWAP_OUT: SWAP_OUT_SPAN,
-    d.SWAP_IN: SWAP_IN_SPAN, d.RECOMPUTE: RECOMPUTE_SPAN, d.REJECT: REJECT_SPAN,
-    d.ABORT: ABORT_SPAN, d.FAIL: FAIL_SPAN,
+    d.ADMIT: SCHEDULE,
+    d.PREEMPT: PREEMPT_SPAN,
+    d.SWAP_OUT: SWAP_OUT_SPAN,
+    d.SWAP_IN: SWAP_IN_SPAN,
+    d.RECOMPUTE: RECOMPUTE_SPAN,
+    d.REJECT: REJECT_SPAN,
+    d.ABORT: ABORT_SPAN,
+    d.FAIL: FAIL_SPAN,
 }
 STEP_EVENT_KINDS = (d.WAIT, d.IDLE_RUNNING)
 
@@ -82,9 +87,16 @@ class SpanObserver:
     ``epoch_unix`` maps engine time to Unix time; ``bytes_per_block`` prices swapped
     blocks in bytes (0: not known)."""
 
-    def __init__(self, spans, epoch_unix: float, policy: str = "",
-                 model_name: str = "", bytes_per_block: int = 0,
-                 steps_per_trace: int = 100, max_window_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        spans,
+        epoch_unix: float,
+        policy: str = "",
+        model_name: str = "",
+        bytes_per_block: int = 0,
+        steps_per_trace: int = 100,
+        max_window_s: float = 10.0,
+    ) -> None:
         self.spans = spans
         self.epoch_ns = round(epoch_unix * 1e9)
         self.policy = policy
@@ -121,10 +133,18 @@ class SpanObserver:
                     history = histories.get(entry.request_id)
                     if history is None:
                         history = histories[entry.request_id] = []
-                    history.append((_PREFILL_EVENT, entry.kind, record.execute_start,
-                                    record.token_time, entry.num_scheduled_tokens,
-                                    entry.num_computed_before, record.step,
-                                    entry.token_id is not None))
+                    history.append(
+                        (
+                            _PREFILL_EVENT,
+                            entry.kind,
+                            record.execute_start,
+                            record.token_time,
+                            entry.num_scheduled_tokens,
+                            entry.num_computed_before,
+                            record.step,
+                            entry.token_id is not None,
+                        )
+                    )
         if not record.is_empty or record.decisions:
             self._step_span(record)
         for seq in record.finished:
@@ -133,14 +153,22 @@ class SpanObserver:
     # -- engine.step ---------------------------------------------------------------
     def _step_span(self, record: StepRecord) -> None:
         window = self._window
-        if window is not None and (window[3] >= self.steps_per_trace
-                                   or record.schedule_start - window[4] > self.max_window_s):
+        if window is not None and (
+            window[3] >= self.steps_per_trace
+            or record.schedule_start - window[4] > self.max_window_s
+        ):
             self._close_window()
             window = None
         spans = self.spans
         if window is None:
-            window = self._window = [spans.context(spans.new_trace_id()), record.step,
-                                     record.step, 0, record.schedule_start, record.token_time]
+            window = self._window = [
+                spans.context(spans.new_trace_id()),
+                record.step,
+                record.step,
+                0,
+                record.schedule_start,
+                record.token_time,
+            ]
         window[2] = record.step
         window[3] += 1
         window[5] = record.token_time
@@ -158,13 +186,15 @@ class SpanObserver:
             "schedscope.queue.num_waiting": record.num_waiting,
             "schedscope.queue.num_running": record.num_running,
             "schedscope.queue.num_swapped": record.num_swapped,
-            "schedscope.kv.device_usage": (1.0 - record.num_free_device_blocks / num_device
-                                           if num_device else 0.0),
+            "schedscope.kv.device_usage": (
+                1.0 - record.num_free_device_blocks / num_device if num_device else 0.0
+            ),
         }
         if record.num_swapped or record.blocks_to_swap_out:
             num_host = record.num_host_blocks
             attributes["schedscope.kv.host_usage"] = (
-                1.0 - record.num_free_host_blocks / num_host if num_host else 0.0)
+                1.0 - record.num_free_host_blocks / num_host if num_host else 0.0
+            )
         if record.blocks_to_swap_out or record.blocks_to_swap_in:
             attributes["schedscope.step.num_blocks_swapped_out"] = len(record.blocks_to_swap_out)
             attributes["schedscope.step.num_blocks_swapped_in"] = len(record.blocks_to_swap_in)
@@ -187,9 +217,17 @@ class SpanObserver:
                     event["schedscope.num_tokens"] = dec.num_tokens
                 events.append(Event(dec.kind, event, self.ns(dec.time)))
         parent = window[0]
-        spans.emit(ENGINE_STEP, spans.context(parent.trace_id), parent, SpanKind.INTERNAL,
-                   self.ns(record.schedule_start), self.ns(record.token_time), attributes,
-                   events, Status(StatusCode.ERROR, record.error) if record.error else None)
+        spans.emit(
+            ENGINE_STEP,
+            spans.context(parent.trace_id),
+            parent,
+            SpanKind.INTERNAL,
+            self.ns(record.schedule_start),
+            self.ns(record.token_time),
+            attributes,
+            events,
+            Status(StatusCode.ERROR, record.error) if record.error else None,
+        )
         self.num_step_spans += 1
 
     def _close_window(self) -> None:
@@ -197,10 +235,19 @@ class SpanObserver:
         if window is None:
             return
         context, first, last, num_steps, start, end = window
-        self.spans.emit(ENGINE_STEPS, context, None, SpanKind.INTERNAL, self.ns(start),
-                        self.ns(end), {"schedscope.steps.first": first,
-                                       "schedscope.steps.last": last,
-                                       "schedscope.steps.num_steps": num_steps})
+        self.spans.emit(
+            ENGINE_STEPS,
+            context,
+            None,
+            SpanKind.INTERNAL,
+            self.ns(start),
+            self.ns(end),
+            {
+                "schedscope.steps.first": first,
+                "schedscope.steps.last": last,
+                "schedscope.steps.num_steps": num_steps,
+            },
+        )
 
     def close(self) -> None:
         """End the open window of steps (at shutdown)."""
@@ -220,14 +267,28 @@ class SpanObserver:
             t0 = min(max(t0, start), end)
             t1 = min(max(t1, t0), end)
             failed = name in (REJECT_SPAN, ABORT_SPAN, FAIL_SPAN)
-            spans.emit(name, spans.context(trace_id), root, SpanKind.INTERNAL, self.ns(t0),
-                       self.ns(t1), attributes,
-                       status=Status(StatusCode.ERROR, attributes.get("schedscope.reason", ""))
-                       if failed else None)
-        spans.emit(LLM_REQUEST, root, parent, SpanKind.SERVER, self.ns(start), self.ns(end),
-                   self._request_attributes(seq, status),
-                   status=Status(StatusCode.ERROR, _error_text(seq, status))
-                   if status != "ok" else None)
+            spans.emit(
+                name,
+                spans.context(trace_id),
+                root,
+                SpanKind.INTERNAL,
+                self.ns(t0),
+                self.ns(t1),
+                attributes,
+                status=Status(StatusCode.ERROR, attributes.get("schedscope.reason", ""))
+                if failed
+                else None,
+            )
+        spans.emit(
+            LLM_REQUEST,
+            root,
+            parent,
+            SpanKind.SERVER,
+            self.ns(start),
+            self.ns(end),
+            self._request_attributes(seq, status),
+            status=Status(StatusCode.ERROR, _error_text(seq, status)) if status != "ok" else None,
+        )
         self.num_request_spans += 1
 
     def _request_attributes(self, seq: Sequence, status: str) -> dict:
@@ -311,12 +372,20 @@ class SpanObserver:
         for event in history:
             if event[0] == _PREFILL_EVENT:
                 _, kind, t0, t1, num_tokens, computed_before, step, sampled = event
-                out.append((PREFILL_SPAN, t0, t1, {
-                    REQUEST_ID: seq.request_id, STEP: step,
-                    "schedscope.prefill.kind": kind,
-                    "schedscope.prefill.num_tokens": num_tokens,
-                    "schedscope.prefill.num_computed_before": computed_before,
-                }))
+                out.append(
+                    (
+                        PREFILL_SPAN,
+                        t0,
+                        t1,
+                        {
+                            REQUEST_ID: seq.request_id,
+                            STEP: step,
+                            "schedscope.prefill.kind": kind,
+                            "schedscope.prefill.num_tokens": num_tokens,
+                            "schedscope.prefill.num_computed_before": computed_before,
+                        },
+                    )
+                )
                 if kind == RECOMPUTE and recompute is not None:
                     recompute[1] = t1
                 if sampled:
@@ -328,8 +397,12 @@ class SpanObserver:
                 continue
             _, dec, record = event
             kind = dec.kind
-            attributes = {REQUEST_ID: seq.request_id, DECISION: kind, STEP: dec.step,
-                          "schedscope.reason": dec.reason}
+            attributes = {
+                REQUEST_ID: seq.request_id,
+                DECISION: kind,
+                STEP: dec.step,
+                "schedscope.reason": dec.reason,
+            }
             if dec.detail:
                 attributes["schedscope.detail"] = dec.detail
             if kind == d.ADMIT:
@@ -348,8 +421,9 @@ class SpanObserver:
                 if dec.predicted_swap_s is not None:
                     attributes["schedscope.preempt.predicted_swap_s"] = dec.predicted_swap_s
                 if dec.predicted_recompute_s is not None:
-                    attributes["schedscope.preempt.predicted_recompute_s"] = \
+                    attributes["schedscope.preempt.predicted_recompute_s"] = (
                         dec.predicted_recompute_s
+                    )
                 close_preempt(dec.time, True)  # preempted again without running: close it
                 preempt = (dec, attributes)
             elif kind in (d.SWAP_OUT, d.SWAP_IN):
@@ -366,8 +440,9 @@ class SpanObserver:
                 t0 = max(record.execute_start, dec.time)
                 if not out_bound:
                     close_preempt(dec.time, True)
-                out.append((SWAP_OUT_SPAN if out_bound else SWAP_IN_SPAN, t0, t0 + share,
-                            attributes))
+                out.append(
+                    (SWAP_OUT_SPAN if out_bound else SWAP_IN_SPAN, t0, t0 + share, attributes)
+                )
                 if not out_bound and prefilled:
                     decode_start = t0 + share
             elif kind == d.RECOMPUTE:
@@ -381,8 +456,14 @@ class SpanObserver:
                 if kind == d.REJECT:
                     attributes["schedscope.num_blocks"] = dec.num_blocks
                     attributes["schedscope.num_tokens"] = dec.num_tokens
-                out.append((DECISION_SPAN_NAMES[kind], dec.time if kind != d.REJECT else start,
-                            dec.time, attributes))
+                out.append(
+                    (
+                        DECISION_SPAN_NAMES[kind],
+                        dec.time if kind != d.REJECT else start,
+                        dec.time,
+                        attributes,
+                    )
+                )
         if last_token is not None:
             close_decode(last_token)
         decode_start = None
@@ -398,8 +479,9 @@ def _client_parent(traceparent: str | None) -> SpanContext | None:
     if not traceparent:
         return None
     _, trace_id, span_id, flags = traceparent.split("-")
-    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
-                       trace_flags=TraceFlags(int(flags, 16)))
+    return SpanContext(
+        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16))
+    )
 
 
 def _error_text(seq: Sequence, status: str) -> str:

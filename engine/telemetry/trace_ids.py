@@ -20,8 +20,9 @@ def derived_trace_id(request_id: str, seq_no: int, arrival_time: float) -> int:
     """A 128-bit trace id that is a function of the request: the same in every observer
     and every process that sees the request, distinct for a reused request id (the
     engine's ``seq_no`` is unique for its life), never zero (invalid in W3C)."""
-    digest = hashlib.blake2b(f"{request_id}\x00{seq_no}\x00{arrival_time!r}".encode(),
-                             digest_size=16).digest()
+    digest = hashlib.blake2b(
+        f"{request_id}\x00{seq_no}\x00{arrival_time!r}".encode(), digest_size=16
+    ).digest()
     return int.from_bytes(digest, "big") or 1
 
 

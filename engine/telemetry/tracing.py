@@ -103,10 +103,14 @@ def resolve_tracing(
     if no_tracing or sdk_disabled(environ):
         return None
     from_env = otlp_endpoint is None and env_otlp_traces_endpoint(environ) is not None
-    settings = TracingSettings(trace_file=trace_file, otlp_endpoint=otlp_endpoint,
-                               otlp_from_env=from_env, model_name=model_name,
-                               service_name=environ.get("OTEL_SERVICE_NAME") or None,
-                               **overrides)
+    settings = TracingSettings(
+        trace_file=trace_file,
+        otlp_endpoint=otlp_endpoint,
+        otlp_from_env=from_env,
+        model_name=model_name,
+        service_name=environ.get("OTEL_SERVICE_NAME") or None,
+        **overrides,
+    )
     return settings if settings.enabled else None
 
 
@@ -144,19 +148,41 @@ class FinishedSpans:
         return self._random.getrandbits(128) or 1
 
     def context(self, trace_id: int, span_id: int | None = None) -> SpanContext:
-        return SpanContext(trace_id, span_id if span_id is not None else self.new_span_id(),
-                           is_remote=False, trace_flags=_SAMPLED)
+        return SpanContext(
+            trace_id,
+            span_id if span_id is not None else self.new_span_id(),
+            is_remote=False,
+            trace_flags=_SAMPLED,
+        )
 
-    def emit(self, name: str, context: SpanContext, parent: SpanContext | None,
-             kind: SpanKind, start_ns: int, end_ns: int, attributes: dict,
-             events: Sequence = (), status: Status | None = None) -> None:
+    def emit(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict,
+        events: Sequence = (),
+        status: Status | None = None,
+    ) -> None:
         """One finished span. As the SDK would: attributes whose value is None are left
         out and lists become tuples; values must otherwise be OTel attribute types."""
         span = ReadableSpan(
-            name, context, parent, self.resource,
-            {k: tuple(v) if type(v) is list else v for k, v in attributes.items()
-             if v is not None}, events, (), kind,
-            None, status or _UNSET, start_ns, end_ns, self.scope,
+            name,
+            context,
+            parent,
+            self.resource,
+            {k: tuple(v) if type(v) is list else v for k, v in attributes.items() if v is not None},
+            events,
+            (),
+            kind,
+            None,
+            status or _UNSET,
+            start_ns,
+            end_ns,
+            self.scope,
         )
         for processor in self.processors:
             processor.on_end(span)
@@ -263,8 +289,12 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
             # queued when the shutdown's bound ran out.
             queue_full = min(queue_full, lost)
             not_flushed = lost - queue_full
-        return {"queue_full": queue_full, "export_failed": failed, "after_shutdown": after,
-                "not_flushed": not_flushed}
+        return {
+            "queue_full": queue_full,
+            "export_failed": failed,
+            "after_shutdown": after,
+            "not_flushed": not_flushed,
+        }
 
     @property
     def num_dropped_spans(self) -> int:
@@ -303,18 +333,30 @@ def span_to_otlp_json(span: ReadableSpan) -> dict:
         "startTimeUnixNano": str(span.start_time),
         "endTimeUnixNano": str(span.end_time),
         "attributes": _key_values(span.attributes),
-        "flags": 0x100 | (0x200 if span.parent is not None and span.parent.is_remote else 0)
+        "flags": 0x100
+        | (0x200 if span.parent is not None and span.parent.is_remote else 0)
         | int(ctx.trace_flags),
     }
     if span.parent is not None:
         out["parentSpanId"] = f"{span.parent.span_id:016x}"
     if span.events:
-        out["events"] = [{"timeUnixNano": str(e.timestamp), "name": e.name,
-                          "attributes": _key_values(e.attributes)} for e in span.events]
+        out["events"] = [
+            {
+                "timeUnixNano": str(e.timestamp),
+                "name": e.name,
+                "attributes": _key_values(e.attributes),
+            }
+            for e in span.events
+        ]
     if span.links:
-        out["links"] = [{"traceId": f"{link.context.trace_id:032x}",
-                         "spanId": f"{link.context.span_id:016x}",
-                         "attributes": _key_values(link.attributes)} for link in span.links]
+        out["links"] = [
+            {
+                "traceId": f"{link.context.trace_id:032x}",
+                "spanId": f"{link.context.span_id:016x}",
+                "attributes": _key_values(link.attributes),
+            }
+            for link in span.links
+        ]
     status = {"code": span.status.status_code.value}
     if span.status.description:
         status["message"] = span.status.description
@@ -322,9 +364,13 @@ def span_to_otlp_json(span: ReadableSpan) -> dict:
     for name in ("dropped_attributes", "dropped_events", "dropped_links"):
         count = getattr(span, name, 0)
         if count:
-            out[{"dropped_attributes": "droppedAttributesCount",
-                 "dropped_events": "droppedEventsCount",
-                 "dropped_links": "droppedLinksCount"}[name]] = count
+            out[
+                {
+                    "dropped_attributes": "droppedAttributesCount",
+                    "dropped_events": "droppedEventsCount",
+                    "dropped_links": "droppedLinksCount",
+                }[name]
+            ] = count
     return out
 
 
@@ -345,8 +391,12 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict:
             if version:
                 scope["version"] = version
             scope_spans.append({"scope": scope, "spans": encoded})
-        resource_spans.append({"resource": {"attributes": _key_values(resource.attributes)},
-                               "scopeSpans": scope_spans})
+        resource_spans.append(
+            {
+                "resource": {"attributes": _key_values(resource.attributes)},
+                "scopeSpans": scope_spans,
+            }
+        )
     return {"resourceSpans": resource_spans}
 
 
@@ -380,8 +430,12 @@ class OtlpJsonLinesExporter(SpanExporter):
 class Tracing:
     """One engine's tracer provider, its processors and their drop counts."""
 
-    def __init__(self, settings: TracingSettings, exporters: list[SpanExporter] | None = None,
-                 truncate_file: bool = True) -> None:
+    def __init__(
+        self,
+        settings: TracingSettings,
+        exporters: list[SpanExporter] | None = None,
+        truncate_file: bool = True,
+    ) -> None:
         self.settings = settings
         attributes = dict(settings.resource_attributes)
         attributes["service.name"] = settings.service_name or "schedscope"
@@ -402,9 +456,11 @@ class Tracing:
                 max_queue_size=_env_int("OTEL_BSP_MAX_QUEUE_SIZE", settings.max_queue_size),
                 max_export_batch_size=min(
                     _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", settings.max_export_batch_size),
-                    _env_int("OTEL_BSP_MAX_QUEUE_SIZE", settings.max_queue_size)),
-                schedule_delay_millis=_env_int("OTEL_BSP_SCHEDULE_DELAY",
-                                               settings.schedule_delay_ms),
+                    _env_int("OTEL_BSP_MAX_QUEUE_SIZE", settings.max_queue_size),
+                ),
+                schedule_delay_millis=_env_int(
+                    "OTEL_BSP_SCHEDULE_DELAY", settings.schedule_delay_ms
+                ),
             )
             for exporter in exporters
         ]
@@ -412,8 +468,9 @@ class Tracing:
             self.provider.add_span_processor(processor)
         self.tracer = self.provider.get_tracer(INSTRUMENTATION_SCOPE)
         #: What the span observer emits through (FinishedSpans: no live-span overhead).
-        self.finished_spans = FinishedSpans(self.processors, self.provider.resource,
-                                            INSTRUMENTATION_SCOPE)
+        self.finished_spans = FinishedSpans(
+            self.processors, self.provider.resource, INSTRUMENTATION_SCOPE
+        )
         self.observer = None  # the SpanObserver feeding it, once installed
         self._shut_down = False
 
@@ -433,8 +490,11 @@ class Tracing:
         return sum(p.num_dropped_spans for p in self.processors)
 
     def stats(self) -> dict:
-        return {"spans": self.num_spans_ended, "exported_spans": self.num_spans_exported,
-                "dropped_spans": self.num_dropped_spans}
+        return {
+            "spans": self.num_spans_ended,
+            "exported_spans": self.num_spans_exported,
+            "dropped_spans": self.num_dropped_spans,
+        }
 
     def force_flush(self) -> None:
         self.provider.force_flush()
@@ -455,9 +515,13 @@ class Tracing:
                 for p in self.processors:
                     for k, v in p.dropped_by_reason.items():
                         reasons[k] = reasons.get(k, 0) + v
-                log.warning("tracing dropped %d of %d spans (%s); raise OTEL_BSP_MAX_QUEUE_SIZE "
-                            "or check the exporter", dropped, self.num_spans_ended,
-                            ", ".join(f"{k} {v}" for k, v in reasons.items() if v))
+                log.warning(
+                    "tracing dropped %d of %d spans (%s); raise OTEL_BSP_MAX_QUEUE_SIZE "
+                    "or check the exporter",
+                    dropped,
+                    self.num_spans_ended,
+                    ", ".join(f"{k} {v}" for k, v in reasons.items() if v),
+                )
         return self.stats()
 
 
@@ -481,7 +545,8 @@ def install_tracing(engine, settings: TracingSettings, truncate_file: bool = Tru
 
     tracing = Tracing(settings, truncate_file=truncate_file)
     tracing.observer = SpanObserver(
-        tracing.finished_spans, engine.clock_epoch_unix,
+        tracing.finished_spans,
+        engine.clock_epoch_unix,
         policy=engine.config.scheduler.scheduling_policy,
         model_name=settings.model_name or engine.config.model,
         bytes_per_block=engine.kv_plan.bytes_per_block,

@@ -63,5 +63,7 @@ def retain_freed_host_memory() -> bool:
     trim_ok = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
     _applied = mmap_ok and trim_ok
     if not _applied:
-        log.warning("host memory: glibc refused the thresholds (mmap %s, trim %s)", mmap_ok, trim_ok)
+        log.warning(
+            "host memory: glibc refused the thresholds (mmap %s, trim %s)", mmap_ok, trim_ok
+        )
     return _applied

@@ -49,7 +49,9 @@ def activation_bytes_estimate(model_config: ModelConfig, max_tokens: int, max_se
     """Peak activation memory of one step, estimated: hidden-sized buffers and the MLP's
     intermediate per token, plus float32 logits for every sampled sequence. (On CUDA the
     peak is measured instead.)"""
-    per_token = (6 * model_config.hidden_size + 3 * model_config.intermediate_size) * model_config.dtype_size
+    per_token = (
+        6 * model_config.hidden_size + 3 * model_config.intermediate_size
+    ) * model_config.dtype_size
     return max_tokens * per_token + max_seqs * model_config.vocab_size * 4
 
 
@@ -87,31 +89,53 @@ def prepare_torch_runner(
     if device.type == "cuda":  # pragma: no cover - CUDA only
         # vLLM's meaning: the device's free memory (before our weights) x utilization,
         # minus the weights and a measured activation peak.
-        activation = _profile_activation_peak(model, model_config, budget, sched.max_num_seqs, device)
-        device_memory = (int(config.cache.device_memory * GiB) if config.cache.device_memory
-                         else free_before_load)
+        activation = _profile_activation_peak(
+            model, model_config, budget, sched.max_num_seqs, device
+        )
+        device_memory = (
+            int(config.cache.device_memory * GiB)
+            if config.cache.device_memory
+            else free_before_load
+        )
     else:
         activation = activation_bytes_estimate(model_config, budget, sched.max_num_seqs)
         device_memory = None  # plan_kv_blocks uses --device-memory or its CPU default
     plan: KvPlan = plan_kv_blocks(
-        config.cache, model_config.kv_bytes_per_block(config.cache.block_size), weights_bytes,
-        activation, device_memory,
+        config.cache,
+        model_config.kv_bytes_per_block(config.cache.block_size),
+        weights_bytes,
+        activation,
+        device_memory,
     )
     message = f"{plan.describe(config.cache.block_size)} on {device}"
     log.info(message)
     print(message, file=sys.stderr, flush=True)  # stdout is for the serving line
-    runner = ModelRunner(model, model_config, config.cache.block_size, plan.num_device_blocks,
-                         plan.num_host_blocks, device)
+    runner = ModelRunner(
+        model,
+        model_config,
+        config.cache.block_size,
+        plan.num_device_blocks,
+        plan.num_host_blocks,
+        device,
+    )
     if warm_up:
         tokens = min(budget, sched.max_model_len)
         seconds = runner.warm_up(tokens, sched.max_num_seqs, sched.max_model_len)
-        log.info("warm-up: a %d-token prefill and a %d-sequence decode over %d tokens each "
-                 "in %.2f s", tokens, sched.max_num_seqs, sched.max_model_len, seconds)
+        log.info(
+            "warm-up: a %d-token prefill and a %d-sequence decode over %d tokens each in %.2f s",
+            tokens,
+            sched.max_num_seqs,
+            sched.max_model_len,
+            seconds,
+        )
     return PreparedRunner(runner, plan, model_config, model_dir)
 
 
 def _profile_activation_peak(
-    model: LlamaForCausalLM, model_config: ModelConfig, num_tokens: int, num_seqs: int,
+    model: LlamaForCausalLM,
+    model_config: ModelConfig,
+    num_tokens: int,
+    num_seqs: int,
     device: torch.device,
 ) -> int:  # pragma: no cover - CUDA only
     """Run one forward of ``num_tokens`` prefill tokens on a scratch cache and return
@@ -142,8 +166,10 @@ def calibration_runner(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     model, model_config, _ = load_model(model_name, device)
-    num_blocks = max(max(s.num_blocks(block_size) for s in shapes),
-                     max(s.swap_blocks for s in shapes), 1)
-    runner = ModelRunner(model, model_config, block_size, num_blocks,
-                         max(s.swap_blocks for s in shapes), device)
+    num_blocks = max(
+        max(s.num_blocks(block_size) for s in shapes), max(s.swap_blocks for s in shapes), 1
+    )
+    runner = ModelRunner(
+        model, model_config, block_size, num_blocks, max(s.swap_blocks for s in shapes), device
+    )
     return runner, model_config.name

@@ -144,7 +144,9 @@ class AttentionMetadata:
         seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
         offset_in_query = np.arange(num_tokens) - starts[seq_of_token]
         positions = (s_lens - q_lens)[seq_of_token] + offset_in_query
-        slot_mapping = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+        slot_mapping = (
+            tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+        )
 
         if logits_for is None:
             logits_indices = starts[1:] - 1
@@ -165,14 +167,17 @@ class AttentionMetadata:
             seqs = decode_seqs[group]
             slots, query_pos = _context_slots(tables[seqs], s_lens[seqs], block_size)
             in_order = is_decode_only and len(groups) == 1  # the whole batch, in order
-            decode.append(DecodeMetadata(
-                token_indices=None if in_order else t(starts[seqs]),
-                context_slots=t(slots),
-                attn_bias=_causal_bias(t(query_pos), slots.shape[1])[:, 0, :],
-            ))
+            decode.append(
+                DecodeMetadata(
+                    token_indices=None if in_order else t(starts[seqs]),
+                    context_slots=t(slots),
+                    attn_bias=_causal_bias(t(query_pos), slots.shape[1])[:, 0, :],
+                )
+            )
         prefill_seqs = np.flatnonzero(~decode_mask)
-        prefill_groups = group_prefill_chunks(q_lens[prefill_seqs].tolist(),
-                                              s_lens[prefill_seqs].tolist())
+        prefill_groups = group_prefill_chunks(
+            q_lens[prefill_seqs].tolist(), s_lens[prefill_seqs].tolist()
+        )
         for group in prefill_groups:
             seqs = prefill_seqs[group]
             p_lens = q_lens[seqs]
@@ -181,13 +186,15 @@ class AttentionMetadata:
             p_seq = np.repeat(np.arange(len(seqs)), p_lens)
             padded = p_seq * max_q + (token_indices - starts[seqs][p_seq])
             slots, query_pos = _context_slots(tables[seqs], s_lens[seqs], block_size, p_lens, max_q)
-            prefill.append(PrefillMetadata(
-                token_indices=t(token_indices),
-                padded_indices=t(padded),
-                max_query_len=max_q,
-                context_slots=t(slots),
-                attn_bias=_causal_bias(t(query_pos), slots.shape[1]),
-            ))
+            prefill.append(
+                PrefillMetadata(
+                    token_indices=t(token_indices),
+                    padded_indices=t(padded),
+                    max_query_len=max_q,
+                    context_slots=t(slots),
+                    attn_bias=_causal_bias(t(query_pos), slots.shape[1]),
+                )
+            )
         metadata = cls(
             slot_mapping=t(slot_mapping),
             query_start_loc=t(starts),
@@ -280,7 +287,9 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(config: ModelConfig) -> Tensor:
     """`[head_dim / 2]` float32 inverse frequencies, with `rope_scaling` applied."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = 1.0 / (
+        config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    )
     scaling = config.rope_scaling
     if scaling is not None:
         inv_freq = _scale_inv_freq(inv_freq, scaling)
@@ -416,8 +425,14 @@ class LlamaForCausalLM(nn.Module):
 
         Writes the new tokens' K/V into `kv_caches` at `attn_metadata.slot_mapping`.
         """
-        paged = PagedAttention(self.config, kv_caches, attn_metadata, self.scale,
-                               self.lm_head.weight.dtype, self.workspace)
+        paged = PagedAttention(
+            self.config,
+            kv_caches,
+            attn_metadata,
+            self.scale,
+            self.lm_head.weight.dtype,
+            self.workspace,
+        )
         h = self.hidden_states(input_ids, positions, paged.for_layer)
         return self.lm_head(h[attn_metadata.logits_indices]).float()
 
@@ -461,15 +476,20 @@ class PagedAttention:
             num_seqs, length = decode.context_slots.shape
             # One bag of L rows per query head: [S, KVH, G, L] -> [S * H, L]
             v_bags = rows(decode.context_slots)[:, :, None, :].expand(num_seqs, kvh, g, length)
-            self.decode_groups.append(_DecodeGroup(
-                token_indices=decode.token_indices,
-                k_rows=rows(decode.context_slots).flatten(),
-                v_bags=v_bags.reshape(num_seqs * kvh * g, length),
-                bias=decode.attn_bias.to(dtype)[:, None, None, :],
-            ))
+            self.decode_groups.append(
+                _DecodeGroup(
+                    token_indices=decode.token_indices,
+                    k_rows=rows(decode.context_slots).flatten(),
+                    v_bags=v_bags.reshape(num_seqs * kvh * g, length),
+                    bias=decode.attn_bias.to(dtype)[:, None, None, :],
+                )
+            )
         self.prefill_groups = [
-            _PrefillGroup(prefill, rows(prefill.context_slots).flatten(),
-                          prefill.attn_bias.to(dtype)[:, None, None, :, :])
+            _PrefillGroup(
+                prefill,
+                rows(prefill.context_slots).flatten(),
+                prefill.attn_bias.to(dtype)[:, None, None, :, :],
+            )
             for prefill in metadata.prefill
         ]
 
@@ -506,8 +526,9 @@ class PagedAttention:
         k = self.workspace.gather(k_rows, group.k_rows, 0).view(num_seqs, kvh, -1, hd)
         scores = torch.matmul(q.view(num_seqs, kvh, g, hd), k.transpose(-1, -2))
         probs = _softmax(scores.mul_(self.scale).add_(group.bias))
-        out = F.embedding_bag(group.v_bags, v_rows, mode="sum",
-                              per_sample_weights=probs.view(group.v_bags.shape))
+        out = F.embedding_bag(
+            group.v_bags, v_rows, mode="sum", per_sample_weights=probs.view(group.v_bags.shape)
+        )
         return out.view(num_seqs, kvh * g, hd)
 
     def _prefill(self, q: Tensor, k_rows: Tensor, v_rows: Tensor, group: _PrefillGroup) -> Tensor:
@@ -563,8 +584,12 @@ class Workspace:
         """`rows[index]` (`[N, hd]`) written into buffer `slot`."""
         numel = index.shape[0] * rows.shape[1]
         buffer = self.buffers.get(slot)
-        if (buffer is None or buffer.numel() < numel or buffer.dtype != rows.dtype
-                or buffer.device != rows.device):
+        if (
+            buffer is None
+            or buffer.numel() < numel
+            or buffer.dtype != rows.dtype
+            or buffer.device != rows.device
+        ):
             buffer = torch.empty(numel, dtype=rows.dtype, device=rows.device)
             self.buffers[slot] = buffer
         return torch.index_select(rows, 0, index, out=buffer[:numel].view(-1, rows.shape[1]))
@@ -629,8 +654,14 @@ def dense_reference_forward(model: LlamaForCausalLM, token_ids: Tensor) -> Tenso
 class DenseKVCache:
     """Contiguous per-sequence K/V, `[S, KVH, max_len, hd]` per layer (no paging)."""
 
-    def __init__(self, config: ModelConfig, num_seqs: int, max_len: int,
-                 device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_seqs: int,
+        max_len: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+    ) -> None:
         shape = (num_seqs, config.num_kv_heads, max_len, config.head_dim)
         dtype = dtype or config.torch_dtype
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]

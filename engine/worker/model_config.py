@@ -15,8 +15,13 @@ from typing import Any
 DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # Hugging Face spells dtypes several ways in config.json ("torch_dtype" or "dtype").
-_HF_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
-              "bfloat16": "bfloat16"}
+_HF_DTYPES = {
+    "float32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+}
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,15 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = field(default=None, metadata={"help": "RoPE scaling"})
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "intermediate_size", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
@@ -88,7 +100,9 @@ class ModelConfig:
             known = {f.name for f in dataclasses.fields(RopeScaling)}
             unknown = sorted(set(self.rope_scaling) - known)
             if unknown:
-                raise ValueError(f"unknown rope_scaling keys {unknown}; valid keys: {sorted(known)}")
+                raise ValueError(
+                    f"unknown rope_scaling keys {unknown}; valid keys: {sorted(known)}"
+                )
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
 
     # ---- derived sizes -------------------------------------------------------------------
@@ -186,8 +200,16 @@ class ModelConfig:
         rope_scaling = None
         if scaling and scaling.get("rope_type", scaling.get("type")) != "default":
             rope_type = scaling.get("rope_type", scaling.get("type"))
-            params = {k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                               "original_max_position_embeddings") if k in scaling}
+            params = {
+                k: scaling[k]
+                for k in (
+                    "factor",
+                    "low_freq_factor",
+                    "high_freq_factor",
+                    "original_max_position_embeddings",
+                )
+                if k in scaling
+            }
             rope_scaling = RopeScaling(rope_type=rope_type, **params)
         return cls(
             name=name or hf.get("_name_or_path") or "hf-llama",

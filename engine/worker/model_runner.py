@@ -38,10 +38,10 @@ def _new_token_ids(seq: Sequence, start: int, end: int) -> list[int]:
     """Token ids [start, end) of ``seq`` without concatenating prompt and output."""
     num_prompt = seq.num_prompt_tokens
     if start >= num_prompt:
-        return seq.output_token_ids[start - num_prompt:end - num_prompt]
+        return seq.output_token_ids[start - num_prompt : end - num_prompt]
     if end <= num_prompt:
         return seq.prompt_token_ids[start:end]
-    return seq.prompt_token_ids[start:] + seq.output_token_ids[:end - num_prompt]
+    return seq.prompt_token_ids[start:] + seq.output_token_ids[: end - num_prompt]
 
 
 class ModelRunner:
@@ -80,7 +80,9 @@ class ModelRunner:
         src = torch.tensor([s for s, _ in mapping], dtype=torch.long)
         dst = torch.tensor([d for _, d in mapping], dtype=torch.long)
         source_cache, target_cache = (
-            (self.device_cache, self.host_cache) if to_host else (self.host_cache, self.device_cache)
+            (self.device_cache, self.host_cache)
+            if to_host
+            else (self.host_cache, self.device_cache)
         )
         src = src.to(source_cache[0][0].device)
         dst = dst.to(target_cache[0][0].device)
@@ -122,7 +124,11 @@ class ModelRunner:
         for query_lens, seq_lens in shapes:
             blocks = list(range(-(-max(seq_lens) // self.block_size)))
             metadata, positions = AttentionMetadata.build(
-                query_lens, seq_lens, [blocks] * len(seq_lens), self.block_size, self.device,
+                query_lens,
+                seq_lens,
+                [blocks] * len(seq_lens),
+                self.block_size,
+                self.device,
                 [True] * len(seq_lens),
             )
             tokens = torch.zeros(sum(query_lens), dtype=torch.long).to(self.device)
@@ -166,10 +172,16 @@ class ModelRunner:
         sampled: list[int | None] = [None] * len(seqs)
         # Logits only for sequences that sample (none for partial prefill chunks).
         metadata, positions = AttentionMetadata.build(
-            query_lens, seq_lens, [seq.block_table for seq in seqs], self.block_size,
-            self.device, samples,
+            query_lens,
+            seq_lens,
+            [seq.block_table for seq in seqs],
+            self.block_size,
+            self.device,
+            samples,
         )
-        tokens = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=self.is_cuda)
+        tokens = torch.tensor(input_ids, dtype=torch.long).to(
+            self.device, non_blocking=self.is_cuda
+        )
         logits = self.model(tokens, positions, self.device_cache, metadata)
         self._synchronize()
         forward_done = time.perf_counter()
@@ -182,8 +194,15 @@ class ModelRunner:
             sample_errors = {rows[row]: error for row, error in sample.errors.items()}
         ended = time.perf_counter()
         forward_s = forward_done - started - swap_out_s - swap_in_s
-        return StepResult(sampled, ended - started, swap_out_s, swap_in_s, forward_s,
-                          ended - forward_done, sample_errors)
+        return StepResult(
+            sampled,
+            ended - started,
+            swap_out_s,
+            swap_in_s,
+            forward_s,
+            ended - forward_done,
+            sample_errors,
+        )
 
 
 # -- construction ------------------------------------------------------------------------

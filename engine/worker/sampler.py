@@ -69,8 +69,9 @@ class Sampler:
                     errors[row] = f"sampling failed: {exc}"
             elif unusable[row]:
                 result[row] = None
-                errors[row] = ("sampling failed: the logits contain nan or every token is "
-                               "-inf (greedy)")
+                errors[row] = (
+                    "sampling failed: the logits contain nan or every token is -inf (greedy)"
+                )
         return SampleOutput(result, errors)
 
     def _draw(self, row: torch.Tensor, seq: Sequence) -> int:
@@ -93,11 +94,13 @@ class Sampler:
         if not bool(torch.isfinite(probs).all()):
             raise SamplingError(
                 "probability tensor contains inf/nan "
-                f"(temperature={params.temperature!r}, top_k={params.top_k}, top_p={params.top_p!r})")
+                f"(temperature={params.temperature!r}, top_k={params.top_k}, top_p={params.top_p!r})"
+            )
         if not bool(probs.sum() > 0):
             raise SamplingError(
                 "no token has positive probability "
-                f"(temperature={params.temperature!r}, top_k={params.top_k}, top_p={params.top_p!r})")
+                f"(temperature={params.temperature!r}, top_k={params.top_k}, top_p={params.top_p!r})"
+            )
         generator = None
         if params.seed is not None:
             if seq.generator is None:

@@ -28,7 +28,9 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def load_config(model_dir: str | Path) -> ModelConfig:
     path = Path(model_dir) / CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{model_dir}: no {CONFIG_FILE} (expected a Hugging Face Llama checkpoint)")
+        raise FileNotFoundError(
+            f"{model_dir}: no {CONFIG_FILE} (expected a Hugging Face Llama checkpoint)"
+        )
     return ModelConfig.from_hf_config(json.loads(path.read_text()), name=Path(model_dir).name)
 
 

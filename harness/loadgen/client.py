@@ -76,8 +76,12 @@ class FastTransport:
         parts = urlsplit(base_url)
         self.prefix = parts.path.rstrip("/")
         self._client = HTTPClient(
-            parts.hostname, parts.port, ssl=parts.scheme == "https", concurrency=concurrency,
-            connection_timeout=min(timeout_s, 30.0), network_timeout=timeout_s,
+            parts.hostname,
+            parts.port,
+            ssl=parts.scheme == "https",
+            concurrency=concurrency,
+            connection_timeout=min(timeout_s, 30.0),
+            network_timeout=timeout_s,
         )
 
     def request(self, method: str, path: str, body: bytes | None, headers: dict) -> _FastResponse:
@@ -127,9 +131,16 @@ class RequestsTransport:
 
     def request(self, method: str, path: str, body: bytes | None, headers: dict):
         try:
-            return _RequestsResponse(self._session.request(
-                method, self.base + path, data=body, headers=headers, stream=True,
-                timeout=self._timeout))
+            return _RequestsResponse(
+                self._session.request(
+                    method,
+                    self.base + path,
+                    data=body,
+                    headers=headers,
+                    stream=True,
+                    timeout=self._timeout,
+                )
+            )
         except Exception as e:  # noqa: BLE001
             raise TransportError(f"{type(e).__name__}: {e}") from e
 
@@ -170,10 +181,20 @@ class ServerInfo:
 class OpenAIClient:
     """Builds, sends and measures requests for one process."""
 
-    def __init__(self, transport, *, endpoint: str, model: str, api_key: str = "",
-                 prompt_mode: str = "token_ids", continuous_usage: bool = True,
-                 sizer: TextSizer | None = None, profile_name: str = "", run_id: str = "",
-                 worker: int = 0) -> None:
+    def __init__(
+        self,
+        transport,
+        *,
+        endpoint: str,
+        model: str,
+        api_key: str = "",
+        prompt_mode: str = "token_ids",
+        continuous_usage: bool = True,
+        sizer: TextSizer | None = None,
+        profile_name: str = "",
+        run_id: str = "",
+        worker: int = 0,
+    ) -> None:
         self.transport = transport
         self.endpoint = endpoint
         self.path = CHAT if endpoint == "chat" else COMPLETIONS
@@ -210,8 +231,11 @@ class OpenAIClient:
         if self.prompt_mode == "token_ids":
             body["prompt"] = token_ids(spec.request_id, spec.prompt_tokens)
         else:
-            text = (self.sizer.text(spec.request_id, spec.prompt_tokens) if self.sizer
-                    else " ".join(["the"] * spec.prompt_tokens))
+            text = (
+                self.sizer.text(spec.request_id, spec.prompt_tokens)
+                if self.sizer
+                else " ".join(["the"] * spec.prompt_tokens)
+            )
             if self.endpoint == "chat":
                 body["messages"] = chat_messages(text)
             else:
@@ -221,18 +245,38 @@ class OpenAIClient:
     # -- one request ----------------------------------------------------------------
     def new_row(self, spec, phase_kind: str, scheduled_at: float, in_flight_capped: bool) -> dict:
         return {
-            "request_id": spec.request_id, "run_id": self.run_id, "profile": self.profile_name,
-            "class": spec.class_name, "priority": spec.priority, "phase": spec.phase,
-            "phase_kind": phase_kind, "prompt_tokens": spec.prompt_tokens,
-            "server_prompt_tokens": None, "prompt_method": self.prompt_method(),
-            "output_tokens": None, "max_tokens": spec.output_tokens, "status": "aborted",
-            "http_status": None, "error": None, "finish_reason": None,
-            "schedule_offset_s": spec.scheduled_at, "scheduled_at": scheduled_at,
-            "sent_at": None, "first_token_at": None, "last_token_at": None,
-            "ttft_s": None, "ttft_from_sent_s": None, "tpot_s": None, "e2e_s": None,
-            "e2e_from_sent_s": None, "max_itl_s": None, "itl_s": [], "send_lag_s": None,
+            "request_id": spec.request_id,
+            "run_id": self.run_id,
+            "profile": self.profile_name,
+            "class": spec.class_name,
+            "priority": spec.priority,
+            "phase": spec.phase,
+            "phase_kind": phase_kind,
+            "prompt_tokens": spec.prompt_tokens,
+            "server_prompt_tokens": None,
+            "prompt_method": self.prompt_method(),
+            "output_tokens": None,
+            "max_tokens": spec.output_tokens,
+            "status": "aborted",
+            "http_status": None,
+            "error": None,
+            "finish_reason": None,
+            "schedule_offset_s": spec.scheduled_at,
+            "scheduled_at": scheduled_at,
+            "sent_at": None,
+            "first_token_at": None,
+            "last_token_at": None,
+            "ttft_s": None,
+            "ttft_from_sent_s": None,
+            "tpot_s": None,
+            "e2e_s": None,
+            "e2e_from_sent_s": None,
+            "max_itl_s": None,
+            "itl_s": [],
+            "send_lag_s": None,
             "token_counting": "usage" if self.continuous_usage else "chunks",
-            "worker": self.worker, "in_flight_capped": in_flight_capped,
+            "worker": self.worker,
+            "in_flight_capped": in_flight_capped,
         }
 
     def send(self, row: dict, spec) -> float | None:
@@ -305,7 +349,11 @@ class OpenAIClient:
                         ct = usage.get("completion_tokens", 0)
                         k, usage_seen = ct - usage_seen, ct
                     else:
-                        text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                        text = (
+                            (choice.get("delta") or {}).get("content")
+                            if chat
+                            else choice.get("text")
+                        )
                         k = 1 if text else 0
                 elif usage:  # the final usage chunk: the count of record
                     row["output_tokens"] = usage.get("completion_tokens")
@@ -357,8 +405,9 @@ class OpenAIClient:
         row["max_itl_s"] = max(row["itl_s"]) if row["itl_s"] else None
 
 
-def probe(transport, *, endpoint: str, model: str, api_key: str, prompt_mode: str,
-          continuous: str) -> tuple[ServerInfo, TextSizer | None]:
+def probe(
+    transport, *, endpoint: str, model: str, api_key: str, prompt_mode: str, continuous: str
+) -> tuple[ServerInfo, TextSizer | None]:
     """Ask the server (once per process, before the run): the model (/v1/models),
     its clock epoch (/health), /tokenize, and whether streams take
     ``continuous_usage_stats`` (one 2-token request, id ``schedscope-probe-<pid>``;
@@ -369,8 +418,9 @@ def probe(transport, *, endpoint: str, model: str, api_key: str, prompt_mode: st
 
     def call(method, path, body=None):
         try:
-            r = transport.request(method, path, None if body is None else json.dumps(body).encode(),
-                                  headers)
+            r = transport.request(
+                method, path, None if body is None else json.dumps(body).encode(), headers
+            )
             data = r.read()
             r.release()
             return r.status, data
@@ -380,8 +430,10 @@ def probe(transport, *, endpoint: str, model: str, api_key: str, prompt_mode: st
     if not model:
         status, data = call("GET", "/v1/models")
         if status != 200:
-            raise RuntimeError(f"cannot read the model from {transport.__class__.__name__} "
-                               f"/v1/models (status {status}); pass --model")
+            raise RuntimeError(
+                f"cannot read the model from {transport.__class__.__name__} "
+                f"/v1/models (status {status}); pass --model"
+            )
         model = json.loads(data)["data"][0]["id"]
     epoch = None
     status, data = call("GET", "/health")
@@ -392,23 +444,32 @@ def probe(transport, *, endpoint: str, model: str, api_key: str, prompt_mode: st
             epoch = None
     probes = 0
     if continuous == "auto":
-        body = {"model": model, "max_tokens": 2, "min_tokens": 2, "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body = {
+            "model": model,
+            "max_tokens": 2,
+            "min_tokens": 2,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
         if endpoint == "chat":
             body["messages"] = chat_messages("probe")
         else:
             body["prompt"] = token_ids("probe", 4)
         h = {**headers, "X-Request-Id": f"schedscope-probe-{os.getpid()}"}
         try:
-            r = transport.request("POST", CHAT if endpoint == "chat" else COMPLETIONS,
-                                  json.dumps(body).encode(), h)
+            r = transport.request(
+                "POST", CHAT if endpoint == "chat" else COMPLETIONS, json.dumps(body).encode(), h
+            )
             probes = 1
             data = r.read()
             r.release()
             has = r.status == 200 and any(
-                line.startswith(b"data: {") and b'"choices":[{' in line.replace(b" ", b"")
-                and b'"usage":{' in line.replace(b" ", b"") for line in data.split(b"\n"))
+                line.startswith(b"data: {")
+                and b'"choices":[{' in line.replace(b" ", b"")
+                and b'"usage":{' in line.replace(b" ", b"")
+                for line in data.split(b"\n")
+            )
         except TransportError:
             has = False
         cont = has
@@ -417,9 +478,13 @@ def probe(transport, *, endpoint: str, model: str, api_key: str, prompt_mode: st
     sizer = None
     tokenize = False
     if endpoint == "chat" or prompt_mode == "text":
+
         def count(text: str) -> int | None:
-            body = ({"model": model, "messages": chat_messages(text)} if endpoint == "chat"
-                    else {"model": model, "prompt": text})
+            body = (
+                {"model": model, "messages": chat_messages(text)}
+                if endpoint == "chat"
+                else {"model": model, "prompt": text}
+            )
             st, d = call("POST", "/tokenize", body)
             return json.loads(d)["count"] if st == 200 else None
 

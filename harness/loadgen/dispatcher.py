@@ -35,9 +35,16 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher:
-    def __init__(self, client: OpenAIClient, writer: RecordWriter, plan: Plan, share: Share,
-                 run_start: float, max_in_flight: int,
-                 on_row: Callable[[dict], None] = lambda row: None) -> None:
+    def __init__(
+        self,
+        client: OpenAIClient,
+        writer: RecordWriter,
+        plan: Plan,
+        share: Share,
+        run_start: float,
+        max_in_flight: int,
+        on_row: Callable[[dict], None] = lambda row: None,
+    ) -> None:
         self.client = client
         self.writer = writer
         self.plan = plan
@@ -140,7 +147,7 @@ class Dispatcher:
         self._stopping = True
         gevent.killall(self._workers, block=True, timeout=timeout_s)
         self._group.kill(block=True, timeout=timeout_s)
-        for spec in self.share.open_requests[self._next_open:]:
+        for spec in self.share.open_requests[self._next_open :]:
             row = self.client.new_row(spec, "open", self.run_start + spec.scheduled_at, False)
             row["error"] = "not sent: the run stopped before its scheduled instant"
             self.writer.write(row)

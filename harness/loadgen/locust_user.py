@@ -54,27 +54,58 @@ def _fire_row(environment, row: dict) -> None:
     if row["status"] == "ok":
         context = {"request_id": row["request_id"]}
         if row["ttft_s"] is not None:
-            fire(request_type="TTFT", name=f"ttft {cls}", response_time=row["ttft_s"] * 1e3,
-                 response_length=0, exception=None, context=context)
+            fire(
+                request_type="TTFT",
+                name=f"ttft {cls}",
+                response_time=row["ttft_s"] * 1e3,
+                response_length=0,
+                exception=None,
+                context=context,
+            )
         if row["tpot_s"] is not None:
-            fire(request_type="TPOT", name=f"tpot {cls}", response_time=row["tpot_s"] * 1e3,
-                 response_length=0, exception=None, context=context)
-        fire(request_type="E2E", name=f"e2e {cls}",
-             response_time=(row["e2e_s"] or 0.0) * 1e3,
-             response_length=row["output_tokens"] or 0, exception=None, context=context)
+            fire(
+                request_type="TPOT",
+                name=f"tpot {cls}",
+                response_time=row["tpot_s"] * 1e3,
+                response_length=0,
+                exception=None,
+                context=context,
+            )
+        fire(
+            request_type="E2E",
+            name=f"e2e {cls}",
+            response_time=(row["e2e_s"] or 0.0) * 1e3,
+            response_length=row["output_tokens"] or 0,
+            exception=None,
+            context=context,
+        )
     else:
         elapsed = max(0.0, time.time() - row["scheduled_at"]) * 1e3
         http = f" {row['http_status']}" if row["http_status"] else ""
-        fire(request_type="E2E", name=f"e2e {cls}", response_time=elapsed, response_length=0,
-             exception=RequestFailure(f"{row['status']}{http}: {row['error']}"),
-             context={"request_id": row["request_id"]})
+        fire(
+            request_type="E2E",
+            name=f"e2e {cls}",
+            response_time=elapsed,
+            response_length=0,
+            exception=RequestFailure(f"{row['status']}{http}: {row['error']}"),
+            context={"request_id": row["request_id"]},
+        )
 
 
 class _Run:
     """One process's run of the profile: its share, client, writer and dispatcher."""
 
-    def __init__(self, state, environment, index: int, count: int, start_at: float | None,
-                 options: opts_mod.LoadgenOptions, host: str, run_id: str) -> None:
+    def __init__(
+        self,
+        state,
+        environment,
+        index: int,
+        count: int,
+        start_at: float | None,
+        options: opts_mod.LoadgenOptions,
+        host: str,
+        run_id: str,
+    ) -> None:
         self.state = state
         self.environment = environment
         self.index, self.count = index, count
@@ -98,30 +129,61 @@ class _Run:
             seed = profile.seed if o.seed < 0 else o.seed
             self.plan = plan = build_plan(profile, seed)
             self.share = mine = share(plan, self.index, self.count)
-            transport = TRANSPORTS[o.http_client](self.host, o.max_in_flight + 16,
-                                                  o.request_timeout)
-            self.info, sizer = probe(transport, endpoint=o.endpoint, model=o.model,
-                                     api_key=o.api_key, prompt_mode=o.prompt_mode,
-                                     continuous=o.continuous_usage)
+            transport = TRANSPORTS[o.http_client](
+                self.host, o.max_in_flight + 16, o.request_timeout
+            )
+            self.info, sizer = probe(
+                transport,
+                endpoint=o.endpoint,
+                model=o.model,
+                api_key=o.api_key,
+                prompt_mode=o.prompt_mode,
+                continuous=o.continuous_usage,
+            )
             if sizer is not None:  # size every distinct open-loop length before the start
                 for length in sorted({s.prompt_tokens for s in mine.open_requests}):
                     sizer.num_words(length)
             client = OpenAIClient(
-                transport, endpoint=o.endpoint, model=self.info.model, api_key=o.api_key,
-                prompt_mode=o.prompt_mode, continuous_usage=self.info.continuous_usage,
-                sizer=sizer, profile_name=profile.name, run_id=self.run_id, worker=self.index)
+                transport,
+                endpoint=o.endpoint,
+                model=self.info.model,
+                api_key=o.api_key,
+                prompt_mode=o.prompt_mode,
+                continuous_usage=self.info.continuous_usage,
+                sizer=sizer,
+                profile_name=profile.name,
+                run_id=self.run_id,
+                worker=self.index,
+            )
             self.writer = RecordWriter(o.records_dir, self.index)
             start = self.start_at if self.start_at is not None else time.time() + 0.1
             if time.time() > start:
-                log.warning("worker %d was ready %.3f s after the common start instant",
-                            self.index, time.time() - start)
+                log.warning(
+                    "worker %d was ready %.3f s after the common start instant",
+                    self.index,
+                    time.time() - start,
+                )
             self.start_at = start
             self.dispatcher = Dispatcher(
-                client, self.writer, plan, mine, start, o.max_in_flight,
-                on_row=lambda row: _fire_row(self.environment, row))
-            log.info("schedscope: worker %d/%d sends %d open-loop requests and %d closed loops "
-                     "of %s (seed %d) to %s", self.index, self.count, mine.num_open,
-                     len(mine.closed_loops), profile.name, seed, self.host)
+                client,
+                self.writer,
+                plan,
+                mine,
+                start,
+                o.max_in_flight,
+                on_row=lambda row: _fire_row(self.environment, row),
+            )
+            log.info(
+                "schedscope: worker %d/%d sends %d open-loop requests and %d closed loops "
+                "of %s (seed %d) to %s",
+                self.index,
+                self.count,
+                mine.num_open,
+                len(mine.closed_loops),
+                profile.name,
+                seed,
+                self.host,
+            )
             self.dispatcher.run()
         except gevent.GreenletExit:
             raise
@@ -136,22 +198,37 @@ class _Run:
             return self.summary
         if self.dispatcher is not None:
             self.dispatcher.stop()
-        s = {"run_id": self.run_id, "worker": self.index, "workers": self.count,
-             "pid": os.getpid(), "host": self.host, "error": self.error,
-             "options": self.options.public()}
+        s = {
+            "run_id": self.run_id,
+            "worker": self.index,
+            "workers": self.count,
+            "pid": os.getpid(),
+            "host": self.host,
+            "error": self.error,
+            "options": self.options.public(),
+        }
         if self.writer is not None:
             w = self.writer
             s.update(
-                profile=self.plan.profile.name, seed=self.plan.seed,
-                duration_s=self.plan.duration_s, run_start_unix=self.start_at,
-                run_end_unix=time.time(), num_open_requests=self.share.num_open,
-                num_closed_loops=len(self.share.closed_loops), rows=w.num_rows,
-                status_counts=w.status_counts, records_file=w.path.name,
-                model=self.info.model, continuous_usage=self.info.continuous_usage,
-                tokenize=self.info.tokenize, probe_requests=self.info.probe_requests,
+                profile=self.plan.profile.name,
+                seed=self.plan.seed,
+                duration_s=self.plan.duration_s,
+                run_start_unix=self.start_at,
+                run_end_unix=time.time(),
+                num_open_requests=self.share.num_open,
+                num_closed_loops=len(self.share.closed_loops),
+                rows=w.num_rows,
+                status_counts=w.status_counts,
+                records_file=w.path.name,
+                model=self.info.model,
+                continuous_usage=self.info.continuous_usage,
+                tokenize=self.info.tokenize,
+                probe_requests=self.info.probe_requests,
                 server_clock_epoch_unix=self.info.clock_epoch_unix,
-                http_client=self.options.http_client, max_in_flight=self.options.max_in_flight,
-                **w.lag_stats(self.options.lag_limit_ms / 1e3))
+                http_client=self.options.http_client,
+                max_in_flight=self.options.max_in_flight,
+                **w.lag_stats(self.options.lag_limit_ms / 1e3),
+            )
             w.write_summary(s)
             w.close()
             if s["generator_limited"]:
@@ -166,10 +243,12 @@ def _warn_generator_limited(summaries: list[dict]) -> None:
         if not s.get("generator_limited"):
             continue
         p99 = s.get("send_lag_p99_s")
-        msg = (f"schedscope: GENERATOR-LIMITED (worker {s['worker']}): p99 send lag "
-               f"{(p99 or 0) * 1e3:.1f} ms > {s['lag_limit_s'] * 1e3:.0f} ms, "
-               f"{s['in_flight_capped']} requests waited for --max-in-flight; latencies "
-               f"include the generator's delay. Lower the rate or add --processes.")
+        msg = (
+            f"schedscope: GENERATOR-LIMITED (worker {s['worker']}): p99 send lag "
+            f"{(p99 or 0) * 1e3:.1f} ms > {s['lag_limit_s'] * 1e3:.0f} ms, "
+            f"{s['in_flight_capped']} requests waited for --max-in-flight; latencies "
+            f"include the generator's delay. Lower the rate or add --processes."
+        )
         log.warning(msg)
         print(msg, file=sys.stderr, flush=True)
 
@@ -205,14 +284,25 @@ class _State:
         run_id = f"{self.profile.name}-{int(time.time() * 1000)}"
         duration = self.profile.with_duration_scale(options.duration_scale).duration_s
         if isinstance(runner, MasterRunner):
-            clients = sorted(runner.clients.ready + runner.clients.running + runner.clients.spawning,
-                             key=lambda c: runner.get_worker_index(c.id))
+            clients = sorted(
+                runner.clients.ready + runner.clients.running + runner.clients.spawning,
+                key=lambda c: runner.get_worker_index(c.id),
+            )
             self.workers = len(clients)
             start = time.time() + DISTRIBUTED_LEAD_S
             for i, c in enumerate(clients):
-                runner.send_message("schedscope_split", {
-                    "index": i, "count": self.workers, "start_at": start, "run_id": run_id,
-                    "options": options.to_dict(), "host": environment.host or ""}, client_id=c.id)
+                runner.send_message(
+                    "schedscope_split",
+                    {
+                        "index": i,
+                        "count": self.workers,
+                        "start_at": start,
+                        "run_id": run_id,
+                        "options": options.to_dict(),
+                        "host": environment.host or "",
+                    },
+                    client_id=c.id,
+                )
             log.info("schedscope: split the schedule between %d workers", self.workers)
         else:
             self.workers = 1
@@ -223,8 +313,16 @@ class _State:
     def _on_split_message(self, environment, msg, **_kw) -> None:
         d = msg.data
         options = opts_mod.LoadgenOptions(**d["options"])
-        self.run = _Run(self, environment, d["index"], d["count"], d["start_at"], options,
-                        d["host"] or environment.host or "", d["run_id"])
+        self.run = _Run(
+            self,
+            environment,
+            d["index"],
+            d["count"],
+            d["start_at"],
+            options,
+            d["host"] or environment.host or "",
+            d["run_id"],
+        )
 
     def _on_done_message(self, environment, msg, **_kw) -> None:
         self.done[msg.data["worker"]] = msg.data
@@ -250,9 +348,13 @@ class _State:
             return
         rows = sum(s.get("rows", 0) for s in self.done.values())
         records = {s.get("options", {}).get("records_dir") for s in self.done.values()}
-        print(f"schedscope: {rows} request rows from {len(self.done)} of {self.workers} "
-              f"process(es) in {', '.join(sorted(r for r in records if r))}; merge with "
-              f"`python -m harness.loadgen.merge DIR`", file=sys.stderr, flush=True)
+        print(
+            f"schedscope: {rows} request rows from {len(self.done)} of {self.workers} "
+            f"process(es) in {', '.join(sorted(r for r in records if r))}; merge with "
+            f"`python -m harness.loadgen.merge DIR`",
+            file=sys.stderr,
+            flush=True,
+        )
         if isinstance(self.environment.runner, MasterRunner):
             _warn_generator_limited(list(self.done.values()))
 

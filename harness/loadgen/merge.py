@@ -26,16 +26,37 @@ import polars as pl
 from harness.loadgen.records import LAG_LIMIT_S, RECORD_COLUMNS
 
 SCHEMA: dict[str, pl.DataType] = {
-    "request_id": pl.String, "run_id": pl.String, "profile": pl.String, "class": pl.String,
-    "priority": pl.Int64, "phase": pl.Int64, "phase_kind": pl.String,
-    "prompt_tokens": pl.Int64, "server_prompt_tokens": pl.Int64, "prompt_method": pl.String,
-    "output_tokens": pl.Int64, "max_tokens": pl.Int64, "status": pl.String,
-    "http_status": pl.Int64, "error": pl.String, "finish_reason": pl.String,
-    "schedule_offset_s": pl.Float64, "scheduled_at": pl.Float64, "sent_at": pl.Float64,
-    "first_token_at": pl.Float64, "last_token_at": pl.Float64, "ttft_s": pl.Float64,
-    "ttft_from_sent_s": pl.Float64, "tpot_s": pl.Float64, "e2e_s": pl.Float64,
-    "e2e_from_sent_s": pl.Float64, "max_itl_s": pl.Float64, "itl_s": pl.List(pl.Float64),
-    "send_lag_s": pl.Float64, "token_counting": pl.String, "worker": pl.Int64,
+    "request_id": pl.String,
+    "run_id": pl.String,
+    "profile": pl.String,
+    "class": pl.String,
+    "priority": pl.Int64,
+    "phase": pl.Int64,
+    "phase_kind": pl.String,
+    "prompt_tokens": pl.Int64,
+    "server_prompt_tokens": pl.Int64,
+    "prompt_method": pl.String,
+    "output_tokens": pl.Int64,
+    "max_tokens": pl.Int64,
+    "status": pl.String,
+    "http_status": pl.Int64,
+    "error": pl.String,
+    "finish_reason": pl.String,
+    "schedule_offset_s": pl.Float64,
+    "scheduled_at": pl.Float64,
+    "sent_at": pl.Float64,
+    "first_token_at": pl.Float64,
+    "last_token_at": pl.Float64,
+    "ttft_s": pl.Float64,
+    "ttft_from_sent_s": pl.Float64,
+    "tpot_s": pl.Float64,
+    "e2e_s": pl.Float64,
+    "e2e_from_sent_s": pl.Float64,
+    "max_itl_s": pl.Float64,
+    "itl_s": pl.List(pl.Float64),
+    "send_lag_s": pl.Float64,
+    "token_counting": pl.String,
+    "worker": pl.Int64,
     "in_flight_capped": pl.Boolean,
 }
 assert tuple(SCHEMA) == RECORD_COLUMNS
@@ -63,8 +84,12 @@ def read_records(records_dir: str | Path, run_id: str | None = None) -> pl.DataF
     return frame.sort("scheduled_at", "request_id")
 
 
-def merge_records(records_dir: str | Path, out_dir: str | Path | None = None,
-                  run_id: str | None = None, lag_limit_s: float | None = None) -> dict:
+def merge_records(
+    records_dir: str | Path,
+    out_dir: str | Path | None = None,
+    run_id: str | None = None,
+    lag_limit_s: float | None = None,
+) -> dict:
     """Write ``requests.parquet`` and ``summary.json`` to ``out_dir`` (default: the
     records directory) and return the summary."""
     records_dir = Path(records_dir)
@@ -72,8 +97,10 @@ def merge_records(records_dir: str | Path, out_dir: str | Path | None = None,
     frame = read_records(records_dir, run_id)
     runs = sorted(set(frame["run_id"].to_list()))
     if len(runs) > 1:
-        raise MergeError(f"{records_dir} holds {len(runs)} runs ({', '.join(runs)}): "
-                         "pass run_id (--run-id) or use one directory per run")
+        raise MergeError(
+            f"{records_dir} holds {len(runs)} runs ({', '.join(runs)}): "
+            "pass run_id (--run-id) or use one directory per run"
+        )
     duplicates = frame.filter(pl.col("request_id").is_duplicated())["request_id"].unique()
     if len(duplicates):
         raise MergeError(f"request ids recorded twice: {duplicates.head(5).to_list()}")
@@ -95,8 +122,9 @@ def merge_records(records_dir: str | Path, out_dir: str | Path | None = None,
         "rows": len(frame),
         "status_counts": counts,
         "workers": len(workers),
-        "run_start_unix": min((w["run_start_unix"] for w in workers if w.get("run_start_unix")),
-                              default=None),
+        "run_start_unix": min(
+            (w["run_start_unix"] for w in workers if w.get("run_start_unix")), default=None
+        ),
         "server_clock_epoch_unix": min(epochs) if epochs else None,
         "send_lag_p50_s": lags.quantile(0.5, "linear") if len(lags) else None,
         "send_lag_p99_s": p99,
@@ -120,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", default=None)
     args = parser.parse_args(argv)
     s = merge_records(args.records_dir, args.out, args.run_id)
-    print(f"{s['rows']} rows {s['status_counts']} from {s['workers']} process(es); "
-          f"p99 send lag {(s['send_lag_p99_s'] or 0) * 1e3:.2f} ms; "
-          f"generator_limited: {str(s['generator_limited']).lower()}")
+    print(
+        f"{s['rows']} rows {s['status_counts']} from {s['workers']} process(es); "
+        f"p99 send lag {(s['send_lag_p99_s'] or 0) * 1e3:.2f} ms; "
+        f"generator_limited: {str(s['generator_limited']).lower()}"
+    )
     if s["generator_limited"]:
         print("WARNING: generator-limited run: latencies include the generator's delay")
     return 0

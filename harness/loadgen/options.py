@@ -11,42 +11,96 @@ from dataclasses import dataclass, fields
 
 #: The argument names, as attributes of Locust's parsed options.
 NAMES = (
-    "rate_scale", "duration_scale", "seed", "endpoint", "records_dir", "max_in_flight",
-    "model", "api_key", "prompt_mode", "continuous_usage", "grace", "request_timeout",
-    "http_client", "lag_limit_ms",
+    "rate_scale",
+    "duration_scale",
+    "seed",
+    "endpoint",
+    "records_dir",
+    "max_in_flight",
+    "model",
+    "api_key",
+    "prompt_mode",
+    "continuous_usage",
+    "grace",
+    "request_timeout",
+    "http_client",
+    "lag_limit_ms",
 )
 
 
 def add_arguments(parser) -> None:
     group = parser  # Locust's own add_argument (an argument group drops is_secret)
-    group.add_argument("--rate-scale", type=float, default=1.0,
-                       help="multiply every open-loop rate (default 1)")
-    group.add_argument("--duration-scale", type=float, default=1.0,
-                       help="multiply every phase's duration (default 1)")
-    group.add_argument("--seed", type=int, default=-1,
-                       help="schedule seed (default: the profile's own)")
-    group.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
-                       help="/v1/completions or /v1/chat/completions")
-    group.add_argument("--records-dir", default="runs/locust",
-                       help="per-process JSON-lines records go here (default runs/locust)")
-    group.add_argument("--max-in-flight", type=int, default=1000,
-                       help="in-flight cap per process; reaching it is recorded (default 1000)")
-    group.add_argument("--model", default="",
-                       help="model name to send (default: the first of /v1/models)")
-    group.add_argument("--api-key", default="", is_secret=True,
-                       help="sent as Authorization: Bearer KEY")
-    group.add_argument("--prompt-mode", choices=["token_ids", "text"], default="token_ids",
-                       help="completions prompts as token ids (exact anywhere) or text")
-    group.add_argument("--continuous-usage", choices=["auto", "on", "off"], default="auto",
-                       help="per-chunk usage counts (auto: probe the server once)")
-    group.add_argument("--grace", type=float, default=30.0,
-                       help="seconds after the schedule's end to wait for the last responses")
-    group.add_argument("--request-timeout", type=float, default=600.0,
-                       help="seconds a request may wait for its next bytes")
-    group.add_argument("--http-client", choices=["fast", "requests"], default="fast",
-                       help="fast: geventhttpclient (default); requests: as HttpUser")
-    group.add_argument("--lag-limit-ms", type=float, default=10.0,
-                       help="p99 send lag above this flags the run generator-limited")
+    group.add_argument(
+        "--rate-scale", type=float, default=1.0, help="multiply every open-loop rate (default 1)"
+    )
+    group.add_argument(
+        "--duration-scale",
+        type=float,
+        default=1.0,
+        help="multiply every phase's duration (default 1)",
+    )
+    group.add_argument(
+        "--seed", type=int, default=-1, help="schedule seed (default: the profile's own)"
+    )
+    group.add_argument(
+        "--endpoint",
+        choices=["completions", "chat"],
+        default="completions",
+        help="/v1/completions or /v1/chat/completions",
+    )
+    group.add_argument(
+        "--records-dir",
+        default="runs/locust",
+        help="per-process JSON-lines records go here (default runs/locust)",
+    )
+    group.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=1000,
+        help="in-flight cap per process; reaching it is recorded (default 1000)",
+    )
+    group.add_argument(
+        "--model", default="", help="model name to send (default: the first of /v1/models)"
+    )
+    group.add_argument(
+        "--api-key", default="", is_secret=True, help="sent as Authorization: Bearer KEY"
+    )
+    group.add_argument(
+        "--prompt-mode",
+        choices=["token_ids", "text"],
+        default="token_ids",
+        help="completions prompts as token ids (exact anywhere) or text",
+    )
+    group.add_argument(
+        "--continuous-usage",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="per-chunk usage counts (auto: probe the server once)",
+    )
+    group.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds after the schedule's end to wait for the last responses",
+    )
+    group.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a request may wait for its next bytes",
+    )
+    group.add_argument(
+        "--http-client",
+        choices=["fast", "requests"],
+        default="fast",
+        help="fast: geventhttpclient (default); requests: as HttpUser",
+    )
+    group.add_argument(
+        "--lag-limit-ms",
+        type=float,
+        default=10.0,
+        help="p99 send lag above this flags the run generator-limited",
+    )
 
 
 @dataclass(frozen=True)

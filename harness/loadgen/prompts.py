@@ -30,8 +30,9 @@ WORDS = (
 DEFAULT_ID_RANGE = (1000, 3000)
 
 
-def token_ids(request_id: str, n: int, lo: int = DEFAULT_ID_RANGE[0],
-              hi: int = DEFAULT_ID_RANGE[1]) -> list[int]:
+def token_ids(
+    request_id: str, n: int, lo: int = DEFAULT_ID_RANGE[0], hi: int = DEFAULT_ID_RANGE[1]
+) -> list[int]:
     span = hi - lo
     start = zlib.crc32(request_id.encode())
     return [lo + (start + j) % span for j in range(n)]

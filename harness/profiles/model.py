@@ -165,7 +165,7 @@ class Phase:
 
     @property
     def kind(self) -> Literal["open", "closed"]:
-        """"open" for rate and trace phases (every request has a scheduled instant)."""
+        """ "open" for rate and trace phases (every request has a scheduled instant)."""
         return "closed" if self.concurrency is not None else "open"
 
     @property
@@ -291,5 +291,7 @@ class Profile:
         the run). Rates are unchanged, so a ramp reaches the same end rate sooner
         (or later); a trace phase keeps the arrivals inside its scaled window."""
         factor = check_number("duration_scale", factor, positive=True)
-        phases = tuple(dataclasses.replace(p, duration_s=p.duration_s * factor) for p in self.phases)
+        phases = tuple(
+            dataclasses.replace(p, duration_s=p.duration_s * factor) for p in self.phases
+        )
         return dataclasses.replace(self, phases=phases)

@@ -22,10 +22,24 @@ PROFILE_KEYS = ("name", "seed", "description", "classes", "phases")
 CLASS_KEYS = ("name", "weight", "priority", "max_tokens", "prompt_tokens", "output_tokens", "slo")
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")
 PHASE_KEYS = (
-    "name", "duration_s", "rate", "rate_end", "burstiness", "concurrency", "trace", "classes",
+    "name",
+    "duration_s",
+    "rate",
+    "rate_end",
+    "burstiness",
+    "concurrency",
+    "trace",
+    "classes",
 )
 TRACE_KEYS = (
-    "file", "format", "time_scale", "start_s", "limit", "default_class", "model", "log_type",
+    "file",
+    "format",
+    "time_scale",
+    "start_s",
+    "limit",
+    "default_class",
+    "model",
+    "log_type",
 )
 
 
@@ -206,8 +220,12 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
             entry["burstiness"] = p.burstiness
         elif p.trace is not None:
             t = p.trace
-            entry["trace"] = {"file": t.file, "format": t.format, "time_scale": t.time_scale,
-                              "start_s": t.start_s}
+            entry["trace"] = {
+                "file": t.file,
+                "format": t.format,
+                "time_scale": t.time_scale,
+                "start_s": t.start_s,
+            }
             for key in ("limit", "default_class", "model", "log_type"):
                 if getattr(t, key) is not None:
                     entry["trace"][key] = getattr(t, key)

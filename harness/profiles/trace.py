@@ -242,7 +242,8 @@ class ReplayTrace:
                     layout = detect_layout(columns)
                     if layout is None:
                         raise self._fail(
-                            lineno, None,
+                            lineno,
+                            None,
                             f"cannot tell the trace layout from its columns {columns} (expected "
                             "TIMESTAMP/ContextTokens/GeneratedTokens (azure), Timestamp/Request "
                             "tokens/Response tokens (burstgpt) or arrival_s/prompt_tokens/"
@@ -292,8 +293,10 @@ class ReplayTrace:
             classes.append(name)
             lines.append(lineno)
         if not prompts:
-            raise ProfileError(f"file: {self.file}: no requests in the trace"
-                               + (f" ({skipped} skipped with 0 tokens)" if skipped else ""))
+            raise ProfileError(
+                f"file: {self.file}: no requests in the trace"
+                + (f" ({skipped} skipped with 0 tokens)" if skipped else "")
+            )
         whole_a = np.asarray(times_whole, dtype=np.int64)
         frac_a = np.asarray(times_frac, dtype=np.float64)
         # Relative to the earliest arrival, whole seconds and fractions apart, so a

@@ -19,8 +19,9 @@ from harness.report.render import write_outputs
 __all__ = ["Report", "ReportInputError", "ReportOptions", "build_report", "generate_report"]
 
 
-def generate_report(run_dirs: list[Path | str], out: Path | str | None = None,
-                    options: ReportOptions | None = None) -> dict[str, Path]:
+def generate_report(
+    run_dirs: list[Path | str], out: Path | str | None = None, options: ReportOptions | None = None
+) -> dict[str, Path]:
     """Build the report of ``run_dirs`` and write it to ``out`` (default: the first run
     directory). Returns the written paths (``html``, ``markdown``, ``summary``,
     ``stalls``, ``classes``)."""

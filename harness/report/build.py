@@ -73,8 +73,12 @@ def _slos(options: ReportOptions, run: RunData, frames: list[pl.DataFrame]) -> t
         candidates.append((rc["profile"], f"{run.info.get('run_config_file')} profile"))
     for data in run.policies.values():
         if "profile" in data.columns("requests"):
-            names = data.requests.select(pl.col("profile").unique()).collect()["profile"] \
-                .drop_nulls().to_list()
+            names = (
+                data.requests.select(pl.col("profile").unique())
+                .collect()["profile"]
+                .drop_nulls()
+                .to_list()
+            )
             candidates += [(n, "requests.parquet profile") for n in names[:1]]
             break
     for name, source in candidates:
@@ -82,8 +86,13 @@ def _slos(options: ReportOptions, run: RunData, frames: list[pl.DataFrame]) -> t
             profile = resolve_profile(name)
         except (ProfileError, OSError):
             continue
-        return ({c.name: {k: getattr(c.slo, k) for k in ("ttft_s", "tpot_s", "e2e_s")}
-                 for c in profile.classes}, f"profile '{profile.name}' ({source})")
+        return (
+            {
+                c.name: {k: getattr(c.slo, k) for k in ("ttft_s", "tpot_s", "e2e_s")}
+                for c in profile.classes
+            },
+            f"profile '{profile.name}' ({source})",
+        )
     return {}, "none found (goodput counts finished requests only; pass --profile)"
 
 
@@ -120,15 +129,18 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
         if recorded is None:
             recorded = 0.25  # the engine's stall floor: gaps below it are not recorded
         if chosen < recorded - 1e-12:
-            note = (f"asked for {chosen:.3f} s but the records keep only gaps above "
-                    f"{recorded:.3f} s: using {recorded:.3f} s")
+            note = (
+                f"asked for {chosen:.3f} s but the records keep only gaps above "
+                f"{recorded:.3f} s: using {recorded:.3f} s"
+            )
             chosen = recorded
         attributed, sources = stalls.attribute(data, frame.select("request_id", "class"), chosen)
         groups = tables.policy_groups(frame, duration, attributed)
         starv = tables.starvation(groups, frame)
         facts = diagnosis.engine_facts(data, frame)
-        policies[name] = PolicyReport(data, frame, duration, chosen, note, attributed, sources,
-                                      groups, starv, facts)
+        policies[name] = PolicyReport(
+            data, frame, duration, chosen, note, attributed, sources, groups, starv, facts
+        )
     any_frame = next(iter(policies.values())).frame if policies else None
     order = tables.class_sizes(any_frame) if any_frame is not None and any_frame.height else []
     short_class = order[0] if order else None
@@ -144,18 +156,36 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
             fcfs_long = policies[base].starvation.get("long_p99_queue_s")
         for name in names:
             p = policies[name]
-            p.findings = diagnosis.diagnose(p.data, p.frame, p.stalls, p.groups, p.starvation,
-                                            p.facts, None if name == base else fcfs_long)
-        inputs = {n: {"frame": policies[n].frame, "duration_s": policies[n].duration_s,
-                      "starvation": policies[n].starvation} for n in names}
-        for objective, entry in verdict.verdicts(inputs, short_class, options.resamples,
-                                                 options.seed).items():
+            p.findings = diagnosis.diagnose(
+                p.data,
+                p.frame,
+                p.stalls,
+                p.groups,
+                p.starvation,
+                p.facts,
+                None if name == base else fcfs_long,
+            )
+        inputs = {
+            n: {
+                "frame": policies[n].frame,
+                "duration_s": policies[n].duration_s,
+                "starvation": policies[n].starvation,
+            }
+            for n in names
+        }
+        for objective, entry in verdict.verdicts(
+            inputs, short_class, options.resamples, options.seed
+        ).items():
             if len(groups) > 1:
-                entry = {**entry, "group": group,
-                         "sentence": f"[{group.lstrip('-') or 'base'}] {entry['sentence']}"}
+                entry = {
+                    **entry,
+                    "group": group,
+                    "sentence": f"[{group.lstrip('-') or 'base'}] {entry['sentence']}",
+                }
             v[objective + group if len(groups) > 1 else objective] = entry
-        vs += verdict.against_fcfs(inputs, short_class, long_class, options.resamples,
-                                   options.seed, baseline=base)
+        vs += verdict.against_fcfs(
+            inputs, short_class, long_class, options.resamples, options.seed, baseline=base
+        )
     return RunReport(run, slos, slo_source, policies, short_class, long_class, v, vs)
 
 
@@ -168,8 +198,13 @@ def _figures(report: Report) -> list[tuple[str, str, object]]:
             keyed[f"{rr.run.label}/{name}" if many else name] = p
     frames = {k: p.frame for k, p in keyed.items()}
     for metric, title in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency")):
-        out.append(("cdf", f"{title} CDF by class",
-                    figures.latency_cdfs(frames, metric, f"{title}: CDF by class")))
+        out.append(
+            (
+                "cdf",
+                f"{title} CDF by class",
+                figures.latency_cdfs(frames, metric, f"{title}: CDF by class"),
+            )
+        )
     for key, p in keyed.items():
         arrivals = p.frame["scheduled_at"].drop_nulls().to_numpy()
         arrivals = _engine_aligned(p.frame, arrivals)
@@ -180,9 +215,11 @@ def _figures(report: Report) -> list[tuple[str, str, object]]:
     if fig is not None:
         out.append(("stalls", "Stalls over time by cause", fig))
     for key, p in keyed.items():
-        worst = p.frame.filter(pl.col("status") == "ok").sort("e2e_s", descending=True,
-                                                               nulls_last=True).head(
-            figures.WORST_REQUESTS)
+        worst = (
+            p.frame.filter(pl.col("status") == "ok")
+            .sort("e2e_s", descending=True, nulls_last=True)
+            .head(figures.WORST_REQUESTS)
+        )
         intervals = figures.request_intervals(p.data.spans, worst)
         fig = figures.waterfall(key, worst, intervals, p.stalls)
         if fig is not None:
@@ -194,8 +231,9 @@ def _engine_aligned(frame: pl.DataFrame, arrivals: np.ndarray) -> np.ndarray:
     """Arrival instants on the engine's clock: the records' scheduled_at shifted by the
     median (first admission - queue wait - scheduled_at), which is 0 in a simulation and
     the clock epoch when client and engine clocks differ."""
-    shift = frame.select((pl.col("first_scheduled_at") - pl.col("queue_s")
-                          - pl.col("scheduled_at")).median()).item()
+    shift = frame.select(
+        (pl.col("first_scheduled_at") - pl.col("queue_s") - pl.col("scheduled_at")).median()
+    ).item()
     if shift is None or abs(shift) < 1.0:
         return arrivals
     return arrivals + shift

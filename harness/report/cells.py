@@ -17,7 +17,7 @@ def split_cell(name: str) -> tuple[str | None, str]:
         if name == policy:
             return policy, ""
         if name.startswith(policy + "-"):
-            return policy, name[len(policy):]
+            return policy, name[len(policy) :]
     return None, name
 
 

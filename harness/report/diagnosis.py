@@ -39,18 +39,23 @@ def engine_facts(data: PolicyData, frame: pl.DataFrame) -> dict:
     request rows, where decisions are missing)."""
     facts: dict = {"sources": {}}
     if data.steps is not None:
-        s = data.steps.select(
-            pl.col("num_idle_running").sum().alias("idle_seq_steps"),
-            pl.col("num_running").sum().alias("running_seq_steps"),
-            (pl.col("num_idle_running") > 0).sum().alias("steps_with_idle"),
-            pl.len().alias("num_steps"),
-            (1 - pl.col("num_free_device_blocks") / pl.col("num_device_blocks")).max()
-            .alias("max_kv_usage"),
-            pl.col("num_device_blocks").max().alias("num_device_blocks"),
-            pl.col("num_free_host_blocks").min().alias("min_free_host_blocks"),
-            pl.col("num_swapped").max().alias("max_swapped"),
-            pl.col("num_waiting").max().alias("max_waiting"),
-        ).collect().row(0, named=True)
+        s = (
+            data.steps.select(
+                pl.col("num_idle_running").sum().alias("idle_seq_steps"),
+                pl.col("num_running").sum().alias("running_seq_steps"),
+                (pl.col("num_idle_running") > 0).sum().alias("steps_with_idle"),
+                pl.len().alias("num_steps"),
+                (1 - pl.col("num_free_device_blocks") / pl.col("num_device_blocks"))
+                .max()
+                .alias("max_kv_usage"),
+                pl.col("num_device_blocks").max().alias("num_device_blocks"),
+                pl.col("num_free_host_blocks").min().alias("min_free_host_blocks"),
+                pl.col("num_swapped").max().alias("max_swapped"),
+                pl.col("num_waiting").max().alias("max_waiting"),
+            )
+            .collect()
+            .row(0, named=True)
+        )
         facts.update({k: clean(v) for k, v in s.items()})
         facts["sources"]["steps"] = "steps.parquet"
     else:
@@ -59,45 +64,88 @@ def engine_facts(data: PolicyData, frame: pl.DataFrame) -> dict:
     counts = None
     if data.decisions is not None:
         names = data.columns("decisions")
-        cols = [pl.col(c) if c in names else pl.lit(None, pl.String).alias(c)
-                for c in ("kind", "reason", "mode", "detail")]
-        counts = data.decisions.select(cols).group_by("kind", "reason", "mode", "detail").len() \
-            .collect()
+        cols = [
+            pl.col(c) if c in names else pl.lit(None, pl.String).alias(c)
+            for c in ("kind", "reason", "mode", "detail")
+        ]
+        counts = (
+            data.decisions.select(cols).group_by("kind", "reason", "mode", "detail").len().collect()
+        )
         facts["sources"]["decisions"] = "decisions.parquet"
     elif data.spans is not None:
         names = data.columns("spans")
+
         def col(c):
             return pl.col(c) if c in names else pl.lit(None, pl.String).alias(c)
-        counts = (data.spans.filter(pl.col("attr.schedscope.decision").is_not_null()
-                                    if "attr.schedscope.decision" in names else pl.lit(False))
-                  .select(col("attr.schedscope.decision").alias("kind"),
-                          col("attr.schedscope.reason").alias("reason"),
-                          col("attr.schedscope.preempt.mode").alias("mode"),
-                          col("attr.schedscope.detail").alias("detail"))
-                  .group_by("kind", "reason", "mode", "detail").len().collect())
+
+        counts = (
+            data.spans.filter(
+                pl.col("attr.schedscope.decision").is_not_null()
+                if "attr.schedscope.decision" in names
+                else pl.lit(False)
+            )
+            .select(
+                col("attr.schedscope.decision").alias("kind"),
+                col("attr.schedscope.reason").alias("reason"),
+                col("attr.schedscope.preempt.mode").alias("mode"),
+                col("attr.schedscope.detail").alias("detail"),
+            )
+            .group_by("kind", "reason", "mode", "detail")
+            .len()
+            .collect()
+        )
         facts["sources"]["decisions"] = "spans.parquet"
     if counts is not None:
+
         def n(**match) -> int:
             sel = counts
             for k, v in match.items():
                 sel = sel.filter(pl.col(k) == v)
             return int(sel["len"].sum())
-        facts["preemptions_by_reason"] = {r: int(c) for r, c in counts.filter(
-            pl.col("kind") == "preempt").group_by("reason").agg(pl.col("len").sum()).iter_rows()}
-        facts["preemptions_by_mode"] = {m or "unknown": int(c) for m, c in counts.filter(
-            pl.col("kind") == "preempt").group_by("mode").agg(pl.col("len").sum()).iter_rows()}
-        facts["rejections_by_reason"] = {r: int(c) for r, c in counts.filter(
-            pl.col("kind") == "reject").group_by("reason").agg(pl.col("len").sum()).iter_rows()}
-        facts["idle_running_by_reason"] = {r: int(c) for r, c in counts.filter(
-            pl.col("kind") == "idle_running").group_by("reason").agg(pl.col("len").sum()).iter_rows()}
+
+        facts["preemptions_by_reason"] = {
+            r: int(c)
+            for r, c in counts.filter(pl.col("kind") == "preempt")
+            .group_by("reason")
+            .agg(pl.col("len").sum())
+            .iter_rows()
+        }
+        facts["preemptions_by_mode"] = {
+            m or "unknown": int(c)
+            for m, c in counts.filter(pl.col("kind") == "preempt")
+            .group_by("mode")
+            .agg(pl.col("len").sum())
+            .iter_rows()
+        }
+        facts["rejections_by_reason"] = {
+            r: int(c)
+            for r, c in counts.filter(pl.col("kind") == "reject")
+            .group_by("reason")
+            .agg(pl.col("len").sum())
+            .iter_rows()
+        }
+        facts["idle_running_by_reason"] = {
+            r: int(c)
+            for r, c in counts.filter(pl.col("kind") == "idle_running")
+            .group_by("reason")
+            .agg(pl.col("len").sum())
+            .iter_rows()
+        }
         facts["swap_fallbacks"] = n(kind="preempt", mode="recompute", detail="swap_space_exhausted")
         facts["out_of_blocks_preemptions"] = n(kind="preempt", reason="out_of_blocks")
-        facts["waits_by_reason"] = {r: int(c) for r, c in counts.filter(
-            pl.col("kind") == "wait").group_by("reason").agg(pl.col("len").sum()).iter_rows()}
+        facts["waits_by_reason"] = {
+            r: int(c)
+            for r, c in counts.filter(pl.col("kind") == "wait")
+            .group_by("reason")
+            .agg(pl.col("len").sum())
+            .iter_rows()
+        }
     else:
         facts["sources"]["decisions"] = "requests.parquet (no decisions or spans)"
-        facts["preemptions_by_mode"] = {"swap": int(frame["preempt_swaps"].sum()),
-                                        "recompute": int(frame["preempt_recomputes"].sum())}
+        facts["preemptions_by_mode"] = {
+            "swap": int(frame["preempt_swaps"].sum()),
+            "recompute": int(frame["preempt_recomputes"].sum()),
+        }
         rej = frame.filter(pl.col("status") == "rejected").group_by("error").len()
         facts["rejections_by_reason"] = {r or "unknown": int(c) for r, c in rej.iter_rows()}
         facts["out_of_blocks_preemptions"] = int(frame["preemptions"].sum())
@@ -106,8 +154,10 @@ def engine_facts(data: PolicyData, frame: pl.DataFrame) -> dict:
 
 def _worst(frame: pl.DataFrame, column: str, extra: tuple[str, ...] = ()) -> list[dict]:
     rows = frame.filter(pl.col(column) > 0).sort(column, descending=True).head(WORST)
-    return [{k: clean(v) for k, v in r.items()}
-            for r in rows.select("request_id", "class", column, *extra).iter_rows(named=True)]
+    return [
+        {k: clean(v) for k, v in r.items()}
+        for r in rows.select("request_id", "class", column, *extra).iter_rows(named=True)
+    ]
 
 
 def _token_budget(config: dict) -> int | None:
@@ -115,19 +165,30 @@ def _token_budget(config: dict) -> int | None:
     if sched.get("max_num_batched_tokens"):
         return int(sched["max_num_batched_tokens"])
     if sched:
-        return 2048 if sched.get("enable_chunked_prefill", True) else max(
-            int(sched.get("max_model_len") or 2048), 2048)
+        return (
+            2048
+            if sched.get("enable_chunked_prefill", True)
+            else max(int(sched.get("max_model_len") or 2048), 2048)
+        )
     return None
 
 
-def diagnose(data: PolicyData, frame: pl.DataFrame, stalls: pl.DataFrame, groups: dict,
-             starvation: dict | None, facts: dict, fcfs_long_p99: float | None) -> list[dict]:
+def diagnose(
+    data: PolicyData,
+    frame: pl.DataFrame,
+    stalls: pl.DataFrame,
+    groups: dict,
+    starvation: dict | None,
+    facts: dict,
+    fcfs_long_p99: float | None,
+) -> list[dict]:
     """The traps this policy's data shows (an empty list on a healthy run)."""
     findings: list[dict] = []
     sched = data.config.get("scheduler") or {}
     cache = data.config.get("cache") or {}
-    by_cause = stalls.group_by("cause").agg(pl.len().alias("n"), pl.col("duration_s").sum()
-                                            .alias("t"))
+    by_cause = stalls.group_by("cause").agg(
+        pl.len().alias("n"), pl.col("duration_s").sum().alias("t")
+    )
     cause = {c: (int(n), float(t)) for c, n, t in by_cause.iter_rows()}
 
     # 1. idle running sequences (token budget too small for max_num_seqs)
@@ -138,97 +199,163 @@ def diagnose(data: PolicyData, frame: pl.DataFrame, stalls: pl.DataFrame, groups
     budget_share = (reasons.get("token_budget", 0) / sum(reasons.values())) if reasons else 1.0
     if idle >= IDLE_MIN_SEQ_STEPS and share >= IDLE_SHARE and budget_share >= 0.5:
         budget, seqs = _token_budget(data.config), sched.get("max_num_seqs")
-        findings.append({
-            "trap": "idle_running", "policy": data.policy, "run": data.run,
-            "title": "Running sequences left idle by the token budget",
-            "evidence": {"idle_running_seq_steps": idle, "running_seq_steps": running,
-                         "idle_share": clean(share), "steps_with_idle": facts.get("steps_with_idle"),
-                         "idle_running_decisions_by_reason": reasons,
-                         "token_budget_stalls": cause.get("token_budget", (0, 0.0))[0],
-                         "token_budget_stall_s": clean(cause.get("token_budget", (0, 0.0))[1]),
-                         "max_num_seqs": seqs, "max_num_batched_tokens": budget},
-            "worst_requests": _worst(frame, "idle_running_steps", ("e2e_s",)),
-            "knob": (f"--max-num-batched-tokens (now {budget}) at least --max-num-seqs "
-                     f"(now {seqs}) plus the prefill chunk you want per step, or lower "
-                     "--max-num-seqs"),
-            "message": (f"{share:.0%} of running sequence-steps ({idle:,}) were idle: admitted "
-                        "requests held KV blocks but the token budget left them out of steps."),
-        })
+        findings.append(
+            {
+                "trap": "idle_running",
+                "policy": data.policy,
+                "run": data.run,
+                "title": "Running sequences left idle by the token budget",
+                "evidence": {
+                    "idle_running_seq_steps": idle,
+                    "running_seq_steps": running,
+                    "idle_share": clean(share),
+                    "steps_with_idle": facts.get("steps_with_idle"),
+                    "idle_running_decisions_by_reason": reasons,
+                    "token_budget_stalls": cause.get("token_budget", (0, 0.0))[0],
+                    "token_budget_stall_s": clean(cause.get("token_budget", (0, 0.0))[1]),
+                    "max_num_seqs": seqs,
+                    "max_num_batched_tokens": budget,
+                },
+                "worst_requests": _worst(frame, "idle_running_steps", ("e2e_s",)),
+                "knob": (
+                    f"--max-num-batched-tokens (now {budget}) at least --max-num-seqs "
+                    f"(now {seqs}) plus the prefill chunk you want per step, or lower "
+                    "--max-num-seqs"
+                ),
+                "message": (
+                    f"{share:.0%} of running sequence-steps ({idle:,}) were idle: admitted "
+                    "requests held KV blocks but the token budget left them out of steps."
+                ),
+            }
+        )
 
     # 2. swap space exhausted: preemptions fell back to recompute
     fallbacks = facts.get("swap_fallbacks") or 0
     if fallbacks > 0:
         n, t = cause.get("recompute", (0, 0.0))
-        findings.append({
-            "trap": "swap_fallback", "policy": data.policy, "run": data.run,
-            "title": "Preemptions fell back to recompute: swap space full",
-            "evidence": {"swap_fallbacks": fallbacks,
-                         "preemptions_by_mode": facts.get("preemptions_by_mode"),
-                         "recomputed_tokens": int(frame["recomputed_tokens"].sum()),
-                         "recompute_stalls": n, "recompute_stall_s": clean(t),
-                         "min_free_host_blocks": facts.get("min_free_host_blocks"),
-                         "swap_space_gib": cache.get("swap_space")},
-            "worst_requests": _worst(frame, "recomputed_tokens", ("preempt_recomputes", "stall_s")),
-            "knob": (f"--swap-space (now {cache.get('swap_space')} GiB) so swaps fit, or "
-                     "--preemption-mode recompute if re-prefill is cheap for your prompts"),
-            "message": (f"{fallbacks} preemptions wanted to swap but the host pool was full, so "
-                        f"they re-ran the prefill: {n} recompute stalls, {t:.2f} s in total."),
-        })
+        findings.append(
+            {
+                "trap": "swap_fallback",
+                "policy": data.policy,
+                "run": data.run,
+                "title": "Preemptions fell back to recompute: swap space full",
+                "evidence": {
+                    "swap_fallbacks": fallbacks,
+                    "preemptions_by_mode": facts.get("preemptions_by_mode"),
+                    "recomputed_tokens": int(frame["recomputed_tokens"].sum()),
+                    "recompute_stalls": n,
+                    "recompute_stall_s": clean(t),
+                    "min_free_host_blocks": facts.get("min_free_host_blocks"),
+                    "swap_space_gib": cache.get("swap_space"),
+                },
+                "worst_requests": _worst(
+                    frame, "recomputed_tokens", ("preempt_recomputes", "stall_s")
+                ),
+                "knob": (
+                    f"--swap-space (now {cache.get('swap_space')} GiB) so swaps fit, or "
+                    "--preemption-mode recompute if re-prefill is cheap for your prompts"
+                ),
+                "message": (
+                    f"{fallbacks} preemptions wanted to swap but the host pool was full, so "
+                    f"they re-ran the prefill: {n} recompute stalls, {t:.2f} s in total."
+                ),
+            }
+        )
 
     # 3. long-class starvation under SJF / priority
-    policy_name = (sched.get("scheduling_policy") or data.policy)
+    policy_name = sched.get("scheduling_policy") or data.policy
     if starvation and policy_name in ("sjf", "priority"):
         ratio = starvation.get("ratio_p99_queue")
         long_p99 = starvation.get("long_p99_queue_s") or 0.0
         vs_fcfs = fcfs_long_p99 is None or long_p99 >= STARVATION_VS_FCFS * max(fcfs_long_p99, 1e-9)
-        if ratio is not None and ratio >= STARVATION_RATIO and long_p99 >= STARVATION_MIN_S \
-                and vs_fcfs:
+        if (
+            ratio is not None
+            and ratio >= STARVATION_RATIO
+            and long_p99 >= STARVATION_MIN_S
+            and vs_fcfs
+        ):
             aging, max_wait = sched.get("aging_rate") or 0.0, sched.get("max_wait_s")
             long_rows = frame.filter(pl.col("class") == starvation["long_class"])
-            knob = ("--aging-rate (e.g. 0.1 per second waited) or --max-wait-s (e.g. the long "
-                    "class's TTFT SLO)" if not aging and max_wait is None else
-                    f"aging is on (--aging-rate {aging}, --max-wait-s {max_wait}) but not "
-                    "enough: raise --aging-rate or lower --max-wait-s")
-            findings.append({
-                "trap": "starvation", "policy": data.policy, "run": data.run,
-                "title": f"Long class '{starvation['long_class']}' starved under {policy_name}",
-                "evidence": {**starvation, "fcfs_long_p99_queue_s": fcfs_long_p99,
-                             "aging_rate": aging, "max_wait_s": max_wait},
-                "worst_requests": _worst(long_rows, "queue_s", ("e2e_s",)),
-                "knob": knob,
-                "message": (f"p99 queue wait of '{starvation['long_class']}' is {long_p99:.2f} s, "
-                            f"{ratio:.1f}x that of '{starvation['short_class']}'"
-                            + (f" and {long_p99 / max(fcfs_long_p99, 1e-9):.1f}x FCFS's"
-                               if fcfs_long_p99 is not None else "") + "."),
-            })
+            knob = (
+                "--aging-rate (e.g. 0.1 per second waited) or --max-wait-s (e.g. the long "
+                "class's TTFT SLO)"
+                if not aging and max_wait is None
+                else f"aging is on (--aging-rate {aging}, --max-wait-s {max_wait}) but not "
+                "enough: raise --aging-rate or lower --max-wait-s"
+            )
+            findings.append(
+                {
+                    "trap": "starvation",
+                    "policy": data.policy,
+                    "run": data.run,
+                    "title": f"Long class '{starvation['long_class']}' starved under {policy_name}",
+                    "evidence": {
+                        **starvation,
+                        "fcfs_long_p99_queue_s": fcfs_long_p99,
+                        "aging_rate": aging,
+                        "max_wait_s": max_wait,
+                    },
+                    "worst_requests": _worst(long_rows, "queue_s", ("e2e_s",)),
+                    "knob": knob,
+                    "message": (
+                        f"p99 queue wait of '{starvation['long_class']}' is {long_p99:.2f} s, "
+                        f"{ratio:.1f}x that of '{starvation['short_class']}'"
+                        + (
+                            f" and {long_p99 / max(fcfs_long_p99, 1e-9):.1f}x FCFS's"
+                            if fcfs_long_p99 is not None
+                            else ""
+                        )
+                        + "."
+                    ),
+                }
+            )
 
     # 4. memory pressure: KV pool full -> rejections or preemptions
     rejections = (facts.get("rejections_by_reason") or {}).get("exceeds_kv_pool", 0)
     oob = facts.get("out_of_blocks_preemptions") or 0
     if rejections > 0 or (frame.height and oob >= max(1.0, PREEMPT_SHARE * frame.height)):
-        rejected = frame.filter((pl.col("status") == "rejected")
-                                & (pl.col("error") == "exceeds_kv_pool"))
-        worst = ([{"request_id": r, "class": c, "prompt_tokens": p, "max_tokens": m}
-                  for r, c, p, m in rejected.select("request_id", "class", "prompt_tokens",
-                                                     "max_tokens").head(WORST).iter_rows()]
-                 if rejected.height else _worst(frame, "preemptions", ("stall_s", "e2e_s")))
-        findings.append({
-            "trap": "memory_pressure", "policy": data.policy, "run": data.run,
-            "title": "KV pool full: rejections and preemptions",
-            "evidence": {"exceeds_kv_pool_rejections": rejections,
-                         "out_of_blocks_preemptions": oob,
-                         "preemption_share": clean(oob / frame.height) if frame.height else None,
-                         "waits_by_reason": facts.get("waits_by_reason"),
-                         "max_kv_usage": facts.get("max_kv_usage"),
-                         "num_device_blocks": facts.get("num_device_blocks"),
-                         "block_size": cache.get("block_size")},
-            "worst_requests": worst,
-            "knob": ("more KV blocks: --gpu-memory-utilization (now "
-                     f"{cache.get('gpu_memory_utilization')}) or --num-gpu-blocks-override "
-                     f"(now {cache.get('num_gpu_blocks_override')}); fewer concurrent sequences: "
-                     f"--max-num-seqs (now {sched.get('max_num_seqs')}); a --max-model-len the "
-                     "pool can hold"),
-            "message": (f"{rejections} requests could never fit the KV pool (rejected) and "
-                        f"{oob} preemptions were forced by out-of-blocks."),
-        })
+        rejected = frame.filter(
+            (pl.col("status") == "rejected") & (pl.col("error") == "exceeds_kv_pool")
+        )
+        worst = (
+            [
+                {"request_id": r, "class": c, "prompt_tokens": p, "max_tokens": m}
+                for r, c, p, m in rejected.select(
+                    "request_id", "class", "prompt_tokens", "max_tokens"
+                )
+                .head(WORST)
+                .iter_rows()
+            ]
+            if rejected.height
+            else _worst(frame, "preemptions", ("stall_s", "e2e_s"))
+        )
+        findings.append(
+            {
+                "trap": "memory_pressure",
+                "policy": data.policy,
+                "run": data.run,
+                "title": "KV pool full: rejections and preemptions",
+                "evidence": {
+                    "exceeds_kv_pool_rejections": rejections,
+                    "out_of_blocks_preemptions": oob,
+                    "preemption_share": clean(oob / frame.height) if frame.height else None,
+                    "waits_by_reason": facts.get("waits_by_reason"),
+                    "max_kv_usage": facts.get("max_kv_usage"),
+                    "num_device_blocks": facts.get("num_device_blocks"),
+                    "block_size": cache.get("block_size"),
+                },
+                "worst_requests": worst,
+                "knob": (
+                    "more KV blocks: --gpu-memory-utilization (now "
+                    f"{cache.get('gpu_memory_utilization')}) or --num-gpu-blocks-override "
+                    f"(now {cache.get('num_gpu_blocks_override')}); fewer concurrent sequences: "
+                    f"--max-num-seqs (now {sched.get('max_num_seqs')}); a --max-model-len the "
+                    "pool can hold"
+                ),
+                "message": (
+                    f"{rejections} requests could never fit the KV pool (rejected) and "
+                    f"{oob} preemptions were forced by out-of-blocks."
+                ),
+            }
+        )
     return findings

@@ -19,33 +19,62 @@ from harness.report.tables import STALL_CAUSES
 CDF_POINTS = 201
 MAX_BINS = 300
 WORST_REQUESTS = 10
-CAUSE_COLORS = {"swapped_out": "#d62728", "recompute": "#ff7f0e", "preempted_waiting": "#9467bd",
-                "prefill_interference": "#1f77b4", "token_budget": "#2ca02c", "other": "#7f7f7f"}
-INTERVAL_COLORS = {"queued": "#bbbbbb", "prefill": "#1f77b4", "recompute prefill": "#ff7f0e",
-                   "decode": "#2ca02c", "preempted": "#9467bd", "swapped": "#d62728"}
+CAUSE_COLORS = {
+    "swapped_out": "#d62728",
+    "recompute": "#ff7f0e",
+    "preempted_waiting": "#9467bd",
+    "prefill_interference": "#1f77b4",
+    "token_budget": "#2ca02c",
+    "other": "#7f7f7f",
+}
+INTERVAL_COLORS = {
+    "queued": "#bbbbbb",
+    "prefill": "#1f77b4",
+    "recompute prefill": "#ff7f0e",
+    "decode": "#2ca02c",
+    "preempted": "#9467bd",
+    "swapped": "#d62728",
+}
 LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=40), height=420)
 
 
 def latency_cdfs(series: dict[str, pl.DataFrame], metric: str, title: str) -> go.Figure:
     """One subplot per class; a line per (run/)policy: the metric's empirical CDF."""
     classes = sorted({c for f in series.values() for c in f["class"].unique().to_list()})
-    fig = make_subplots(rows=1, cols=max(len(classes), 1), subplot_titles=classes,
-                        shared_yaxes=True)
+    fig = make_subplots(
+        rows=1, cols=max(len(classes), 1), subplot_titles=classes, shared_yaxes=True
+    )
     q = np.linspace(0, 1, CDF_POINTS)
     palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
     for n, (key, frame) in enumerate(series.items()):
         for col, cls in enumerate(classes, 1):
-            values = frame.filter((pl.col("class") == cls) & (pl.col("status") == "ok"))[metric] \
-                .drop_nulls().to_numpy()
+            values = (
+                frame.filter((pl.col("class") == cls) & (pl.col("status") == "ok"))[metric]
+                .drop_nulls()
+                .to_numpy()
+            )
             if values.size == 0:
                 continue
-            fig.add_trace(go.Scatter(
-                x=np.quantile(values, q), y=q, mode="lines", name=key, legendgroup=key,
-                showlegend=col == 1, line=dict(color=palette[n % len(palette)]),
-                hovertemplate=f"{key}<br>{metric}=%{{x:.4g}} s<br>P=%{{y:.3f}}<extra></extra>"),
-                row=1, col=col)
-            fig.update_xaxes(title_text=f"{metric} (s)", type="log" if values.min() > 0 else "linear",
-                             row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=np.quantile(values, q),
+                    y=q,
+                    mode="lines",
+                    name=key,
+                    legendgroup=key,
+                    showlegend=col == 1,
+                    line=dict(color=palette[n % len(palette)]),
+                    hovertemplate=f"{key}<br>{metric}=%{{x:.4g}} s<br>P=%{{y:.3f}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+            fig.update_xaxes(
+                title_text=f"{metric} (s)",
+                type="log" if values.min() > 0 else "linear",
+                row=1,
+                col=col,
+            )
     fig.update_yaxes(title_text="fraction of requests", row=1, col=1)
     fig.update_layout(title=title, **LAYOUT)
     return fig
@@ -56,25 +85,37 @@ def _bins(start: float, end: float) -> float:
     return max(span / MAX_BINS, 1.0) if span > MAX_BINS else max(span / MAX_BINS, 0.1)
 
 
-def queue_timeline(name: str, steps: pl.LazyFrame | None, metrics: pl.LazyFrame | None,
-                   arrivals: np.ndarray) -> go.Figure | None:
+def queue_timeline(
+    name: str, steps: pl.LazyFrame | None, metrics: pl.LazyFrame | None, arrivals: np.ndarray
+) -> go.Figure | None:
     """Waiting/running/swapped and KV usage over time, with the arrival rate."""
     series = None
     if steps is not None:
         series = steps.select(
-            pl.col("execute_end").alias("t"), pl.col("num_waiting").alias("waiting"),
-            pl.col("num_running").alias("running"), pl.col("num_swapped").alias("swapped"),
+            pl.col("execute_end").alias("t"),
+            pl.col("num_waiting").alias("waiting"),
+            pl.col("num_running").alias("running"),
+            pl.col("num_swapped").alias("swapped"),
             (1 - pl.col("num_free_device_blocks") / pl.col("num_device_blocks")).alias("kv_usage"),
         ).collect()
     elif metrics is not None:
-        wanted = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
-                  "vllm:num_requests_swapped": "swapped", "vllm:kv_cache_usage_perc": "kv_usage"}
-        m = (metrics.filter(pl.col("name").is_in(list(wanted)))
-             .select("timestamp", "name", "value").collect())
+        wanted = {
+            "vllm:num_requests_waiting": "waiting",
+            "vllm:num_requests_running": "running",
+            "vllm:num_requests_swapped": "swapped",
+            "vllm:kv_cache_usage_perc": "kv_usage",
+        }
+        m = (
+            metrics.filter(pl.col("name").is_in(list(wanted)))
+            .select("timestamp", "name", "value")
+            .collect()
+        )
         if m.height:
-            series = (m.with_columns(pl.col("name").replace_strict(wanted))
-                      .pivot(on="name", index="timestamp", values="value", aggregate_function="mean")
-                      .rename({"timestamp": "t"}))
+            series = (
+                m.with_columns(pl.col("name").replace_strict(wanted))
+                .pivot(on="name", index="timestamp", values="value", aggregate_function="mean")
+                .rename({"timestamp": "t"})
+            )
             for c in ("waiting", "running", "swapped", "kv_usage"):
                 if c not in series.columns:
                     series = series.with_columns(pl.lit(None, pl.Float64).alias(c))
@@ -82,24 +123,50 @@ def queue_timeline(name: str, steps: pl.LazyFrame | None, metrics: pl.LazyFrame 
         return None
     t0, t1 = float(series["t"].min()), float(series["t"].max())
     width = _bins(t0, t1)
-    binned = (series.with_columns(bin=((pl.col("t") - t0) / width).floor())
-              .group_by("bin").agg(pl.col("waiting", "running", "swapped").max(),
-                                   pl.col("kv_usage").max()).sort("bin"))
+    binned = (
+        series.with_columns(bin=((pl.col("t") - t0) / width).floor())
+        .group_by("bin")
+        .agg(pl.col("waiting", "running", "swapped").max(), pl.col("kv_usage").max())
+        .sort("bin")
+    )
     x = t0 + binned["bin"].to_numpy() * width
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     if arrivals.size:
         a_width = max(1.0, width)
-        counts, edges = np.histogram(arrivals, bins=np.arange(arrivals.min(), arrivals.max()
-                                                              + a_width, a_width))
-        fig.add_trace(go.Bar(x=edges[:-1], y=counts / a_width, name="arrivals (req/s)",
-                             marker_color="rgba(120,120,120,0.35)", offsetgroup="a"),
-                      secondary_y=False)
+        counts, edges = np.histogram(
+            arrivals, bins=np.arange(arrivals.min(), arrivals.max() + a_width, a_width)
+        )
+        fig.add_trace(
+            go.Bar(
+                x=edges[:-1],
+                y=counts / a_width,
+                name="arrivals (req/s)",
+                marker_color="rgba(120,120,120,0.35)",
+                offsetgroup="a",
+            ),
+            secondary_y=False,
+        )
     for col, color in (("waiting", "#d62728"), ("running", "#1f77b4"), ("swapped", "#9467bd")):
-        fig.add_trace(go.Scatter(x=x, y=binned[col].to_numpy(), name=f"{col} (max per bin)",
-                                 mode="lines", line=dict(color=color)), secondary_y=False)
-    fig.add_trace(go.Scatter(x=x, y=binned["kv_usage"].to_numpy(), name="KV usage (0-1)",
-                             mode="lines", line=dict(color="#2ca02c", dash="dot")),
-                  secondary_y=True)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=binned[col].to_numpy(),
+                name=f"{col} (max per bin)",
+                mode="lines",
+                line=dict(color=color),
+            ),
+            secondary_y=False,
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=binned["kv_usage"].to_numpy(),
+            name="KV usage (0-1)",
+            mode="lines",
+            line=dict(color="#2ca02c", dash="dot"),
+        ),
+        secondary_y=True,
+    )
     fig.update_yaxes(title_text="requests / requests per s", secondary_y=False)
     fig.update_yaxes(title_text="KV usage", range=[0, 1.05], secondary_y=True)
     fig.update_xaxes(title_text="time (s)")
@@ -112,25 +179,46 @@ def stalls_timeline(stalls: dict[str, pl.DataFrame]) -> go.Figure | None:
     keys = [k for k, f in stalls.items() if f.height]
     if not keys:
         return None
-    fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=False, subplot_titles=keys,
-                        vertical_spacing=0.12 if len(keys) > 1 else 0.1)
+    fig = make_subplots(
+        rows=len(keys),
+        cols=1,
+        shared_xaxes=False,
+        subplot_titles=keys,
+        vertical_spacing=0.12 if len(keys) > 1 else 0.1,
+    )
     for row, key in enumerate(keys, 1):
         frame = stalls[key]
         t0, t1 = float(frame["start_s"].min()), float(frame["start_s"].max())
         width = _bins(t0, t1)
-        binned = (frame.with_columns(bin=((pl.col("start_s") - t0) / width).floor())
-                  .group_by("bin", "cause").agg(pl.col("duration_s").sum()).sort("bin"))
+        binned = (
+            frame.with_columns(bin=((pl.col("start_s") - t0) / width).floor())
+            .group_by("bin", "cause")
+            .agg(pl.col("duration_s").sum())
+            .sort("bin")
+        )
         for cause in STALL_CAUSES:
             part = binned.filter(pl.col("cause") == cause)
             if part.height == 0:
                 continue
-            fig.add_trace(go.Bar(x=t0 + part["bin"].to_numpy() * width, y=part["duration_s"].to_numpy(),
-                                 name=cause, legendgroup=cause, showlegend=row == 1,
-                                 marker_color=CAUSE_COLORS[cause]), row=row, col=1)
+            fig.add_trace(
+                go.Bar(
+                    x=t0 + part["bin"].to_numpy() * width,
+                    y=part["duration_s"].to_numpy(),
+                    name=cause,
+                    legendgroup=cause,
+                    showlegend=row == 1,
+                    marker_color=CAUSE_COLORS[cause],
+                ),
+                row=row,
+                col=1,
+            )
         fig.update_yaxes(title_text="stall s", row=row, col=1)
     fig.update_xaxes(title_text="time (s)", row=len(keys), col=1)
-    fig.update_layout(barmode="stack", title="Stalls over time by cause",
-                      **{**LAYOUT, "height": max(300, 260 * len(keys))})
+    fig.update_layout(
+        barmode="stack",
+        title="Stalls over time by cause",
+        **{**LAYOUT, "height": max(300, 260 * len(keys))},
+    )
     return fig
 
 
@@ -140,71 +228,118 @@ def request_intervals(spans: pl.LazyFrame | None, requests: pl.DataFrame) -> pl.
     schema = {"request_id": pl.String, "kind": pl.String, "start": pl.Float64, "end": pl.Float64}
     if spans is not None:
         names = spans.collect_schema().names()
-        mode = pl.col("attr.schedscope.preempt.mode") if "attr.schedscope.preempt.mode" in names \
+        mode = (
+            pl.col("attr.schedscope.preempt.mode")
+            if "attr.schedscope.preempt.mode" in names
             else pl.lit(None, pl.String)
-        pkind = pl.col("attr.schedscope.prefill.kind") if "attr.schedscope.prefill.kind" in names \
+        )
+        pkind = (
+            pl.col("attr.schedscope.prefill.kind")
+            if "attr.schedscope.prefill.kind" in names
             else pl.lit(None, pl.String)
-        s = (spans.filter(pl.col("request_id").is_in(ids))
-             .select("request_id", "name", "start", "end", mode.alias("mode"), pkind.alias("pkind"))
-             .collect())
+        )
+        s = (
+            spans.filter(pl.col("request_id").is_in(ids))
+            .select("request_id", "name", "start", "end", mode.alias("mode"), pkind.alias("pkind"))
+            .collect()
+        )
         if s.height:
-            origin = s.filter(pl.col("name") == "llm_request").group_by("request_id") \
+            origin = (
+                s.filter(pl.col("name") == "llm_request")
+                .group_by("request_id")
                 .agg(pl.col("start").min().alias("origin"))
-            kind = (pl.when(pl.col("name") == "schedule").then(pl.lit("queued"))
-                    .when((pl.col("name") == "prefill") & (pl.col("pkind") == "recompute"))
-                    .then(pl.lit("recompute prefill"))
-                    .when(pl.col("name") == "prefill").then(pl.lit("prefill"))
-                    .when(pl.col("name") == "decode").then(pl.lit("decode"))
-                    .when((pl.col("name") == "preempt") & (pl.col("mode") == "swap"))
-                    .then(pl.lit("swapped"))
-                    .when(pl.col("name") == "preempt").then(pl.lit("preempted"))
-                    .otherwise(None))
-            return (s.join(origin, on="request_id").with_columns(kind=kind)
-                    .filter(pl.col("kind").is_not_null())
-                    .select("request_id", "kind", (pl.col("start") - pl.col("origin")).alias("start"),
-                            (pl.col("end") - pl.col("origin")).alias("end")).sort("request_id", "start"))
+            )
+            kind = (
+                pl.when(pl.col("name") == "schedule")
+                .then(pl.lit("queued"))
+                .when((pl.col("name") == "prefill") & (pl.col("pkind") == "recompute"))
+                .then(pl.lit("recompute prefill"))
+                .when(pl.col("name") == "prefill")
+                .then(pl.lit("prefill"))
+                .when(pl.col("name") == "decode")
+                .then(pl.lit("decode"))
+                .when((pl.col("name") == "preempt") & (pl.col("mode") == "swap"))
+                .then(pl.lit("swapped"))
+                .when(pl.col("name") == "preempt")
+                .then(pl.lit("preempted"))
+                .otherwise(None)
+            )
+            return (
+                s.join(origin, on="request_id")
+                .with_columns(kind=kind)
+                .filter(pl.col("kind").is_not_null())
+                .select(
+                    "request_id",
+                    "kind",
+                    (pl.col("start") - pl.col("origin")).alias("start"),
+                    (pl.col("end") - pl.col("origin")).alias("end"),
+                )
+                .sort("request_id", "start")
+            )
     rows = []
     for r in requests.iter_rows(named=True):
         arrival = r["scheduled_at"]
-        marks = [("queued", arrival, r["first_scheduled_at"]),
-                 ("prefill", r["first_scheduled_at"], r["first_token_at"]),
-                 ("decode", r["first_token_at"], r["finished_at"])]
+        marks = [
+            ("queued", arrival, r["first_scheduled_at"]),
+            ("prefill", r["first_scheduled_at"], r["first_token_at"]),
+            ("decode", r["first_token_at"], r["finished_at"]),
+        ]
         for kind, a, b in marks:
             if a is not None and b is not None and arrival is not None:
                 rows.append((r["request_id"], kind, a - arrival, b - arrival))
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
-def waterfall(name: str, worst: pl.DataFrame, intervals: pl.DataFrame,
-              stalls: pl.DataFrame | None) -> go.Figure | None:
+def waterfall(
+    name: str, worst: pl.DataFrame, intervals: pl.DataFrame, stalls: pl.DataFrame | None
+) -> go.Figure | None:
     """The worst requests' intervals since arrival, one row each."""
     if worst.height == 0:
         return None
-    labels = {r: f"{r} ({c}, {e:.2f} s)" for r, c, e in
-              worst.select("request_id", "class", "e2e_s").iter_rows()}
+    labels = {
+        r: f"{r} ({c}, {e:.2f} s)"
+        for r, c, e in worst.select("request_id", "class", "e2e_s").iter_rows()
+    }
     order = [labels[r] for r in worst["request_id"].to_list()][::-1]
     fig = go.Figure()
     for kind, color in INTERVAL_COLORS.items():
         part = intervals.filter(pl.col("kind") == kind)
         if part.height == 0:
             continue
-        fig.add_trace(go.Bar(
-            y=[labels[r] for r in part["request_id"].to_list()],
-            x=(part["end"] - part["start"]).to_numpy(), base=part["start"].to_numpy(),
-            orientation="h", name=kind, marker_color=color,
-            hovertemplate=f"{kind}<br>%{{base:.3f}} s + %{{x:.3f}} s<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                y=[labels[r] for r in part["request_id"].to_list()],
+                x=(part["end"] - part["start"]).to_numpy(),
+                base=part["start"].to_numpy(),
+                orientation="h",
+                name=kind,
+                marker_color=color,
+                hovertemplate=f"{kind}<br>%{{base:.3f}} s + %{{x:.3f}} s<extra></extra>",
+            )
+        )
     if stalls is not None and stalls.height:
         arrivals = dict(worst.select("request_id", "scheduled_at").iter_rows())
         own = stalls.filter(pl.col("request_id").is_in(list(labels)))
         if own.height:
-            fig.add_trace(go.Scatter(
-                y=[labels[r] for r in own["request_id"].to_list()],
-                x=[s - (arrivals.get(r) or 0.0) for r, s in own.select("request_id", "start_s").iter_rows()],
-                mode="markers", name="stall start", marker=dict(symbol="x", color="black", size=8),
-                text=own["cause"].to_list(),
-                hovertemplate="stall: %{text}<br>at %{x:.3f} s<extra></extra>"))
-    fig.update_layout(barmode="overlay", title=f"{name}: the {worst.height} slowest requests (E2E)",
-                      **{**LAYOUT, "height": 140 + 34 * worst.height, "margin": dict(l=260, r=20, t=50, b=40)})
+            fig.add_trace(
+                go.Scatter(
+                    y=[labels[r] for r in own["request_id"].to_list()],
+                    x=[
+                        s - (arrivals.get(r) or 0.0)
+                        for r, s in own.select("request_id", "start_s").iter_rows()
+                    ],
+                    mode="markers",
+                    name="stall start",
+                    marker=dict(symbol="x", color="black", size=8),
+                    text=own["cause"].to_list(),
+                    hovertemplate="stall: %{text}<br>at %{x:.3f} s<extra></extra>",
+                )
+            )
+    fig.update_layout(
+        barmode="overlay",
+        title=f"{name}: the {worst.height} slowest requests (E2E)",
+        **{**LAYOUT, "height": 140 + 34 * worst.height, "margin": dict(l=260, r=20, t=50, b=40)},
+    )
     fig.update_yaxes(categoryorder="array", categoryarray=order)
     fig.update_xaxes(title_text="seconds since arrival")
     return fig

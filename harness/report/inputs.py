@@ -81,14 +81,25 @@ def _run_info(root: Path, label: str) -> tuple[dict, dict[str, dict]]:
             # A previous report's summary.json: it keeps the run info it read.
             run = summary["runs"].get(label) or next(iter(summary["runs"].values()), {})
             info.update({k: v for k, v in run.items() if k not in ("policies",)})
-            per_policy = {p: dict(v.get("run_info") or {}) for p, v in
-                          (run.get("policies") or {}).items()}
+            per_policy = {
+                p: dict(v.get("run_info") or {}) for p, v in (run.get("policies") or {}).items()
+            }
         else:
             info.update({k: v for k, v in summary.items() if k != "policies"})
             for name, value in (summary.get("policies") or {}).items():
-                per_policy[name] = {k: value[k] for k in
-                                    ("config", "duration_s", "stall_threshold_s", "num_steps",
-                                     "kv_cache", "tracing", "step_stats") if k in value}
+                per_policy[name] = {
+                    k: value[k]
+                    for k in (
+                        "config",
+                        "duration_s",
+                        "stall_threshold_s",
+                        "num_steps",
+                        "kv_cache",
+                        "tracing",
+                        "step_stats",
+                    )
+                    if k in value
+                }
     for name in RUN_CONFIG_NAMES:
         config = _read_json(root / name)
         if config is not None:
@@ -103,8 +114,13 @@ def _scan(path: Path) -> pl.LazyFrame | None:
 
 
 def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
-    data = PolicyData(run=run, policy=policy, path=path,
-                      requests=pl.scan_parquet(path / "requests.parquet"), info=info)
+    data = PolicyData(
+        run=run,
+        policy=policy,
+        path=path,
+        requests=pl.scan_parquet(path / "requests.parquet"),
+        info=info,
+    )
     for name in OPTIONAL_FILES:
         frame = _scan(path / f"{name}.parquet")
         setattr(data, name, frame)
@@ -124,8 +140,13 @@ def open_run(root: Path | str, label: str | None = None) -> RunData:
     info, per_policy = _run_info(root, label)
     policies: dict[str, PolicyData] = {}
     if (root / "requests.parquet").is_file():
-        names = (pl.scan_parquet(root / "requests.parquet").select(pl.col("policy").unique())
-                 .collect()["policy"].drop_nulls().to_list())
+        names = (
+            pl.scan_parquet(root / "requests.parquet")
+            .select(pl.col("policy").unique())
+            .collect()["policy"]
+            .drop_nulls()
+            .to_list()
+        )
         policy = names[0] if len(names) == 1 else (next(iter(per_policy), None) or "run")
         policies[policy] = open_policy(label, policy, root, per_policy.get(policy, {}))
     for child in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -134,13 +155,15 @@ def open_run(root: Path | str, label: str | None = None) -> RunData:
             own_info = dict(per_policy.get(child.name, {}))
             if not own_info and child.name in (own.get("policies") or {}):
                 value = own["policies"][child.name]
-                own_info = {k: value[k] for k in ("config", "duration_s", "stall_threshold_s")
-                            if k in value}
+                own_info = {
+                    k: value[k] for k in ("config", "duration_s", "stall_threshold_s") if k in value
+                }
             policies[child.name] = open_policy(label, child.name, child, own_info)
     if not policies:
         raise ReportInputError(
             f"{root}: no requests.parquet (expected RUN/<policy>/requests.parquet or "
-            "RUN/requests.parquet)")
+            "RUN/requests.parquet)"
+        )
     run = RunData(label=label, path=root, policies=policies, info=info)
     if not info:
         run.notes.append("no summary.json or run config: engine knobs and profile unknown")

@@ -13,11 +13,39 @@ from harness.report.build import Report
 from harness.report.summary import flat_rows, summary_json
 from harness.report.tables import STALL_CAUSES
 
-CLASS_HEADERS = ["run", "policy", "class", "requests", "ok", "rej", "err", "req/s", "tok/s",
-                 "goodput/s", "SLO met", "TTFT p50", "TTFT p95", "TTFT p99", "TPOT p50",
-                 "TPOT p95", "TPOT p99", "ITL p50", "ITL p95", "ITL p99", "E2E p50", "E2E p95",
-                 "E2E p99", "queue p99", "queue max", "preempt swap", "preempt recompute",
-                 "stalls", "stall s", "gen lag p99", "Jain"]
+CLASS_HEADERS = [
+    "run",
+    "policy",
+    "class",
+    "requests",
+    "ok",
+    "rej",
+    "err",
+    "req/s",
+    "tok/s",
+    "goodput/s",
+    "SLO met",
+    "TTFT p50",
+    "TTFT p95",
+    "TTFT p99",
+    "TPOT p50",
+    "TPOT p95",
+    "TPOT p99",
+    "ITL p50",
+    "ITL p95",
+    "ITL p99",
+    "E2E p50",
+    "E2E p95",
+    "E2E p99",
+    "queue p99",
+    "queue max",
+    "preempt swap",
+    "preempt recompute",
+    "stalls",
+    "stall s",
+    "gen lag p99",
+    "Jain",
+]
 
 
 def _ms(value) -> str:
@@ -38,21 +66,33 @@ def class_rows(report: Report) -> list[list[str]]:
             for cls, g in groups:
                 m = g["metrics"]
                 lag = g.get("generator_lag_s")
-                rows.append([
-                    rr.run.label, name, cls, str(g["requests"]), str(g["counts"]["ok"]),
-                    str(g["counts"]["rejected"]), str(g["counts"]["error"] + g["counts"]["aborted"]),
-                    _num(g["throughput_rps"]), _num(g["output_tokens_per_s"], 0),
-                    _num(g["goodput_rps"]),
-                    "–" if g["slo_attainment"] is None else f"{g['slo_attainment']:.0%}",
-                    *[_ms(m["ttft_s"].get(k)) for k in ("p50", "p95", "p99")],
-                    *[_ms(m["tpot_s"].get(k)) for k in ("p50", "p95", "p99")],
-                    *[_ms(g["itl_s"].get(k)) for k in ("p50", "p95", "p99")],
-                    *[_ms(m["e2e_s"].get(k)) for k in ("p50", "p95", "p99")],
-                    _ms(m["queue_s"].get("p99")), _ms(m["queue_s"].get("max")),
-                    str(g["preemptions"]["swap"]), str(g["preemptions"]["recompute"]),
-                    str(g["stalls"]), _num(g["stall_time_s"]),
-                    "none" if lag is None else _ms(lag["p99"]), _num(g["jain_index"], 3),
-                ])
+                rows.append(
+                    [
+                        rr.run.label,
+                        name,
+                        cls,
+                        str(g["requests"]),
+                        str(g["counts"]["ok"]),
+                        str(g["counts"]["rejected"]),
+                        str(g["counts"]["error"] + g["counts"]["aborted"]),
+                        _num(g["throughput_rps"]),
+                        _num(g["output_tokens_per_s"], 0),
+                        _num(g["goodput_rps"]),
+                        "–" if g["slo_attainment"] is None else f"{g['slo_attainment']:.0%}",
+                        *[_ms(m["ttft_s"].get(k)) for k in ("p50", "p95", "p99")],
+                        *[_ms(m["tpot_s"].get(k)) for k in ("p50", "p95", "p99")],
+                        *[_ms(g["itl_s"].get(k)) for k in ("p50", "p95", "p99")],
+                        *[_ms(m["e2e_s"].get(k)) for k in ("p50", "p95", "p99")],
+                        _ms(m["queue_s"].get("p99")),
+                        _ms(m["queue_s"].get("max")),
+                        str(g["preemptions"]["swap"]),
+                        str(g["preemptions"]["recompute"]),
+                        str(g["stalls"]),
+                        _num(g["stall_time_s"]),
+                        "none" if lag is None else _ms(lag["p99"]),
+                        _num(g["jain_index"], 3),
+                    ]
+                )
     return rows
 
 
@@ -64,9 +104,15 @@ def stall_rows(report: Report) -> list[list[str]]:
     for rr in report.runs:
         for name, p in rr.policies.items():
             by = p.groups["overall"]["stalls_by_cause"]
-            rows.append([rr.run.label, name,
-                         *[f"{by[c]['count']} / {by[c]['time_s']:.2f}" for c in STALL_CAUSES],
-                         _num(p.groups["overall"]["stall_time_s"]), _ms(p.threshold_s)])
+            rows.append(
+                [
+                    rr.run.label,
+                    name,
+                    *[f"{by[c]['count']} / {by[c]['time_s']:.2f}" for c in STALL_CAUSES],
+                    _num(p.groups["overall"]["stall_time_s"]),
+                    _ms(p.threshold_s),
+                ]
+            )
     return rows
 
 
@@ -78,7 +124,9 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> str:
 
 def _html_table(headers: list[str], rows: list[list[str]], cls: str) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+    )
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -100,19 +148,27 @@ def _verdict_lines(report: Report) -> list[tuple[str, list[str]]]:
 def _notes(report: Report) -> list[str]:
     notes = []
     for rr in report.runs:
-        notes.append(f"{rr.run.label}: SLOs from {rr.slo_source}; short class "
-                     f"'{rr.short_class}', long class '{rr.long_class}'")
+        notes.append(
+            f"{rr.run.label}: SLOs from {rr.slo_source}; short class "
+            f"'{rr.short_class}', long class '{rr.long_class}'"
+        )
         for name, p in rr.policies.items():
             src = ", ".join(f"{k} from {v}" for k, v in p.stall_sources.items())
-            notes.append(f"{rr.run.label}/{name}: stall threshold {_ms(p.threshold_s)}"
-                         + (f" ({p.threshold_note})" if p.threshold_note else "")
-                         + (f"; stall evidence: {src}" if src else ""))
+            notes.append(
+                f"{rr.run.label}/{name}: stall threshold {_ms(p.threshold_s)}"
+                + (f" ({p.threshold_note})" if p.threshold_note else "")
+                + (f"; stall evidence: {src}" if src else "")
+            )
     return notes
 
 
 def write_markdown(report: Report, path: Path) -> None:
-    parts = ["# schedscope report", "",
-             "Runs: " + ", ".join(f"`{rr.run.label}` ({rr.run.path})" for rr in report.runs), ""]
+    parts = [
+        "# schedscope report",
+        "",
+        "Runs: " + ", ".join(f"`{rr.run.label}` ({rr.run.path})" for rr in report.runs),
+        "",
+    ]
     if report.missing:
         parts += ["## Missing data", "", *[f"- {m}" for m in report.missing], ""]
     parts += ["## Verdicts", ""]
@@ -123,16 +179,34 @@ def write_markdown(report: Report, path: Path) -> None:
     if not found:
         parts += ["No known trap flagged (rules: docs/report.md).", ""]
     for f in found:
-        parts += [f"### {f['run']}/{f['policy']}: {f['title']} (`{f['trap']}`)", "", f["message"], "",
-                  f"- knob: {f['knob']}",
-                  "- evidence: " + ", ".join(f"{k}={v}" for k, v in f["evidence"].items()),
-                  "- worst requests: " + "; ".join(
-                      ", ".join(f"{k}={v}" for k, v in w.items()) for w in f["worst_requests"]), ""]
-    parts += ["## Per policy x class", "", _md_table(CLASS_HEADERS, class_rows(report)), "",
-              "## Stall time by cause", "", _md_table(STALL_HEADERS, stall_rows(report)), "",
-              "## Notes", "", *[f"- {n}" for n in _notes(report)], "",
-              "Pictures (latency CDFs, queue depth and KV usage, stalls over time, waterfalls of "
-              "the slowest requests) are in report.html. Definitions: docs/report.md.", ""]
+        parts += [
+            f"### {f['run']}/{f['policy']}: {f['title']} (`{f['trap']}`)",
+            "",
+            f["message"],
+            "",
+            f"- knob: {f['knob']}",
+            "- evidence: " + ", ".join(f"{k}={v}" for k, v in f["evidence"].items()),
+            "- worst requests: "
+            + "; ".join(", ".join(f"{k}={v}" for k, v in w.items()) for w in f["worst_requests"]),
+            "",
+        ]
+    parts += [
+        "## Per policy x class",
+        "",
+        _md_table(CLASS_HEADERS, class_rows(report)),
+        "",
+        "## Stall time by cause",
+        "",
+        _md_table(STALL_HEADERS, stall_rows(report)),
+        "",
+        "## Notes",
+        "",
+        *[f"- {n}" for n in _notes(report)],
+        "",
+        "Pictures (latency CDFs, queue depth and KV usage, stalls over time, waterfalls of "
+        "the slowest requests) are in report.html. Definitions: docs/report.md.",
+        "",
+    ]
     path.write_text("\n".join(parts))
 
 
@@ -157,35 +231,54 @@ def plotly_js() -> str:
 def write_html(report: Report, path: Path) -> int:
     """report.html; returns the number of plots in it."""
     e = html.escape
-    body = ["<h1>schedscope report</h1><p>Runs: "
-            + ", ".join(f"<code>{e(rr.run.label)}</code> ({e(str(rr.run.path))})" for rr in report.runs)
-            + "</p>"]
+    body = [
+        "<h1>schedscope report</h1><p>Runs: "
+        + ", ".join(f"<code>{e(rr.run.label)}</code> ({e(str(rr.run.path))})" for rr in report.runs)
+        + "</p>"
+    ]
     if report.missing:
-        body.append('<div class="missing"><b>Missing data</b> (rendered what the rest allows):<ul>'
-                    + "".join(f"<li>{e(m)}</li>" for m in report.missing) + "</ul></div>")
+        body.append(
+            '<div class="missing"><b>Missing data</b> (rendered what the rest allows):<ul>'
+            + "".join(f"<li>{e(m)}</li>" for m in report.missing)
+            + "</ul></div>"
+        )
     body.append('<h2 id="verdicts">Verdicts</h2>')
     for label, lines in _verdict_lines(report):
-        body.append(f"<p><b>{e(label)}</b></p><ul>" + "".join(f"<li>{e(x)}</li>" for x in lines)
-                    + "</ul>")
+        body.append(
+            f"<p><b>{e(label)}</b></p><ul>" + "".join(f"<li>{e(x)}</li>" for x in lines) + "</ul>"
+        )
     body.append('<h2 id="diagnosis">Diagnosis</h2>')
     found = _findings(report)
     if not found:
         body.append('<div class="ok">No known trap flagged.</div>')
     for f in found:
-        worst = "".join("<li>" + e(", ".join(f"{k}={v}" for k, v in w.items())) + "</li>"
-                        for w in f["worst_requests"])
+        worst = "".join(
+            "<li>" + e(", ".join(f"{k}={v}" for k, v in w.items())) + "</li>"
+            for w in f["worst_requests"]
+        )
         body.append(
             f'<div class="finding" data-trap="{e(f["trap"])}"><b>{e(f["run"])}/{e(f["policy"])}: '
-            f'{e(f["title"])}</b> (<code>{e(f["trap"])}</code>)<p>{e(f["message"])}</p>'
-            f'<p><b>Knob:</b> {e(f["knob"])}</p><p><b>Evidence:</b> '
+            f"{e(f['title'])}</b> (<code>{e(f['trap'])}</code>)<p>{e(f['message'])}</p>"
+            f"<p><b>Knob:</b> {e(f['knob'])}</p><p><b>Evidence:</b> "
             + e(", ".join(f"{k}={v}" for k, v in f["evidence"].items()))
-            + f"</p><p><b>Worst requests:</b></p><ul>{worst}</ul></div>")
-    body.append('<h2 id="classes">Per policy × class</h2><div class="wrap">'
-                + _html_table(CLASS_HEADERS, class_rows(report), "classes") + "</div>")
-    body.append('<h2 id="stalls">Stall time by cause</h2><div class="wrap">'
-                + _html_table(STALL_HEADERS, stall_rows(report), "stalls") + "</div>")
-    sections = {"cdf": "Latency CDFs by class", "timeline": "Queue depth, KV usage and arrivals",
-                "stalls": "Stalls over time", "waterfall": "The slowest requests"}
+            + f"</p><p><b>Worst requests:</b></p><ul>{worst}</ul></div>"
+        )
+    body.append(
+        '<h2 id="classes">Per policy × class</h2><div class="wrap">'
+        + _html_table(CLASS_HEADERS, class_rows(report), "classes")
+        + "</div>"
+    )
+    body.append(
+        '<h2 id="stalls">Stall time by cause</h2><div class="wrap">'
+        + _html_table(STALL_HEADERS, stall_rows(report), "stalls")
+        + "</div>"
+    )
+    sections = {
+        "cdf": "Latency CDFs by class",
+        "timeline": "Queue depth, KV usage and arrivals",
+        "stalls": "Stalls over time",
+        "waterfall": "The slowest requests",
+    }
     count = 0
     config = {"displaylogo": False, "responsive": True}
     for section, title in sections.items():
@@ -195,27 +288,41 @@ def write_html(report: Report, path: Path) -> int:
             body.append(f'<p class="missing">No data for this picture ({e(section)}).</p>')
         for t, fig in figs:
             count += 1
-            div = fig.to_html(full_html=False, include_plotlyjs=False, config=config,
-                              div_id=f"plot-{count}")
+            div = fig.to_html(
+                full_html=False, include_plotlyjs=False, config=config, div_id=f"plot-{count}"
+            )
             body.append(f'<div class="plot" data-section="{section}" title="{e(t)}">{div}</div>')
-    body.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in _notes(report))
-                + "</ul><p>Definitions and rules: docs/report.md.</p>")
-    page = ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>schedscope report</title>"
-            f"<style>{CSS}</style><script type=\"text/javascript\">{plotly_js()}</script></head>"
-            f'<body data-plots="{count}">' + "\n".join(body) + "</body></html>")
+    body.append(
+        "<h2>Notes</h2><ul>"
+        + "".join(f"<li>{e(n)}</li>" for n in _notes(report))
+        + "</ul><p>Definitions and rules: docs/report.md.</p>"
+    )
+    page = (
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>schedscope report</title>'
+        f'<style>{CSS}</style><script type="text/javascript">{plotly_js()}</script></head>'
+        f'<body data-plots="{count}">' + "\n".join(body) + "</body></html>"
+    )
     path.write_text(page, encoding="utf-8")
     return count
 
 
 def write_outputs(report: Report, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"html": out / "report.html", "markdown": out / "report.md",
-             "summary": out / "summary.json", "stalls": out / "stalls.parquet",
-             "classes": out / "classes.parquet"}
-    stall_frames = [p.stalls.with_columns(pl.lit(rr.run.label).alias("run"), pl.lit(n).alias("policy"))
-                    for rr in report.runs for n, p in rr.policies.items()]
-    pl.concat(stall_frames).select("run", "policy", pl.exclude("run", "policy")) \
-        .write_parquet(paths["stalls"])
+    paths = {
+        "html": out / "report.html",
+        "markdown": out / "report.md",
+        "summary": out / "summary.json",
+        "stalls": out / "stalls.parquet",
+        "classes": out / "classes.parquet",
+    }
+    stall_frames = [
+        p.stalls.with_columns(pl.lit(rr.run.label).alias("run"), pl.lit(n).alias("policy"))
+        for rr in report.runs
+        for n, p in rr.policies.items()
+    ]
+    pl.concat(stall_frames).select("run", "policy", pl.exclude("run", "policy")).write_parquet(
+        paths["stalls"]
+    )
     pl.DataFrame(flat_rows(report), infer_schema_length=None).write_parquet(paths["classes"])
     paths["summary"].write_text(json.dumps(summary_json(report), indent=2, sort_keys=True) + "\n")
     write_markdown(report, paths["markdown"])

@@ -38,22 +38,33 @@ END_TOLERANCE_S = 1e-6
 #: Evidence up to this much before the gap starts still counts (float rounding).
 EPS = 1e-9
 
-STALLS_SCHEMA = {"request_id": pl.String, "class": pl.String, "start_s": pl.Float64,
-                 "duration_s": pl.Float64, "end_s": pl.Float64, "cause": pl.String}
+STALLS_SCHEMA = {
+    "request_id": pl.String,
+    "class": pl.String,
+    "start_s": pl.Float64,
+    "duration_s": pl.Float64,
+    "end_s": pl.Float64,
+    "cause": pl.String,
+}
 
 
 def median_itl(frame: pl.DataFrame) -> float | None:
     """The run's median ITL, estimated from per-request TPOT weighted by gaps."""
     from harness.report.stats import weighted_percentile
 
-    rows = frame.filter((pl.col("status") == "ok") & pl.col("tpot_s").is_not_null()
-                        & (pl.col("output_tokens") > 1))
+    rows = frame.filter(
+        (pl.col("status") == "ok") & pl.col("tpot_s").is_not_null() & (pl.col("output_tokens") > 1)
+    )
     if rows.height == 0:
         return None
-    return weighted_percentile(rows["tpot_s"].to_numpy(), (rows["output_tokens"] - 1).to_numpy(), 50)
+    return weighted_percentile(
+        rows["tpot_s"].to_numpy(), (rows["output_tokens"] - 1).to_numpy(), 50
+    )
 
 
-def stall_threshold(median_itl_s: float | None, floor_s: float = 0.25, factor: float = 5.0) -> float:
+def stall_threshold(
+    median_itl_s: float | None, floor_s: float = 0.25, factor: float = 5.0
+) -> float:
     """METRICS.md: the larger of 250 ms and 5x the run's median ITL."""
     return floor_s if median_itl_s is None else max(floor_s, factor * median_itl_s)
 
@@ -62,13 +73,17 @@ def gaps(data: PolicyData, classes: pl.DataFrame, threshold_s: float) -> pl.Lazy
     """One row per gap above ``threshold_s``: request_id, class, start_s, duration_s, end_s."""
     if "stalls" not in data.columns("requests"):
         return pl.LazyFrame(schema={k: v for k, v in STALLS_SCHEMA.items() if k != "cause"})
-    lazy = (data.requests.select("request_id", "stalls")
-            .filter(pl.col("stalls").list.len() > 0)
-            .explode("stalls").unnest("stalls")
-            .filter(pl.col("duration_s") > threshold_s)
-            .with_columns(end_s=pl.col("start_s") + pl.col("duration_s")))
-    return (lazy.join(classes.lazy(), on="request_id", how="left")
-            .select("request_id", "class", "start_s", "duration_s", "end_s"))
+    lazy = (
+        data.requests.select("request_id", "stalls")
+        .filter(pl.col("stalls").list.len() > 0)
+        .explode("stalls")
+        .unnest("stalls")
+        .filter(pl.col("duration_s") > threshold_s)
+        .with_columns(end_s=pl.col("start_s") + pl.col("duration_s"))
+    )
+    return lazy.join(classes.lazy(), on="request_id", how="left").select(
+        "request_id", "class", "start_s", "duration_s", "end_s"
+    )
 
 
 def _col(names: list[str], name: str, dtype=pl.String) -> pl.Expr:
@@ -76,7 +91,7 @@ def _col(names: list[str], name: str, dtype=pl.String) -> pl.Expr:
 
 
 def _mode_rank(mode: pl.Expr) -> pl.Expr:
-    return (pl.when(mode == "swap").then(0).when(mode == "recompute").then(1).otherwise(2))
+    return pl.when(mode == "swap").then(0).when(mode == "recompute").then(1).otherwise(2)
 
 
 def preemption_events(data: PolicyData) -> tuple[pl.LazyFrame | None, str]:
@@ -84,26 +99,50 @@ def preemption_events(data: PolicyData) -> tuple[pl.LazyFrame | None, str]:
     if data.spans is not None:
         names = data.columns("spans")
         spans = data.spans.select(
-            "name", "request_id", "start", _col(names, "attr.schedscope.preempt.mode"),
-            _col(names, "attr.schedscope.prefill.kind"))
+            "name",
+            "request_id",
+            "start",
+            _col(names, "attr.schedscope.preempt.mode"),
+            _col(names, "attr.schedscope.prefill.kind"),
+        )
         mode = pl.col("attr.schedscope.preempt.mode")
-        rank = (pl.when(pl.col("name") == "preempt").then(_mode_rank(mode))
-                .when(pl.col("name") == "swap_out").then(0)
-                .when(pl.col("name") == "recompute").then(1)
-                .when((pl.col("name") == "prefill")
-                      & (pl.col("attr.schedscope.prefill.kind") == "recompute")).then(1)
-                .otherwise(None))
-        events = (spans.with_columns(rank=rank).filter(pl.col("rank").is_not_null())
-                  .select("request_id", pl.col("start").alias("time"), pl.col("rank").cast(pl.Int64)))
+        rank = (
+            pl.when(pl.col("name") == "preempt")
+            .then(_mode_rank(mode))
+            .when(pl.col("name") == "swap_out")
+            .then(0)
+            .when(pl.col("name") == "recompute")
+            .then(1)
+            .when(
+                (pl.col("name") == "prefill")
+                & (pl.col("attr.schedscope.prefill.kind") == "recompute")
+            )
+            .then(1)
+            .otherwise(None)
+        )
+        events = (
+            spans.with_columns(rank=rank)
+            .filter(pl.col("rank").is_not_null())
+            .select("request_id", pl.col("start").alias("time"), pl.col("rank").cast(pl.Int64))
+        )
         return events, "spans"
     if data.decisions is not None:
         names = data.columns("decisions")
         dec = data.decisions.select("kind", "request_id", "time", _col(names, "mode"))
-        rank = (pl.when(pl.col("kind") == "preempt").then(_mode_rank(pl.col("mode")))
-                .when(pl.col("kind") == "swap_out").then(0)
-                .when(pl.col("kind") == "recompute").then(1).otherwise(None))
-        events = (dec.with_columns(rank=rank).filter(pl.col("rank").is_not_null())
-                  .select("request_id", "time", pl.col("rank").cast(pl.Int64)))
+        rank = (
+            pl.when(pl.col("kind") == "preempt")
+            .then(_mode_rank(pl.col("mode")))
+            .when(pl.col("kind") == "swap_out")
+            .then(0)
+            .when(pl.col("kind") == "recompute")
+            .then(1)
+            .otherwise(None)
+        )
+        events = (
+            dec.with_columns(rank=rank)
+            .filter(pl.col("rank").is_not_null())
+            .select("request_id", "time", pl.col("rank").cast(pl.Int64))
+        )
         return events, "decisions"
     return None, "none"
 
@@ -113,17 +152,25 @@ def idle_events(data: PolicyData) -> tuple[pl.LazyFrame | None, str]:
     if data.decisions is not None:
         names = data.columns("decisions")
         if "request_ids" in names:
-            dec = (data.decisions.filter(pl.col("kind") == "idle_running")
-                   .select("time", pl.col("request_ids"))
-                   .explode("request_ids").rename({"request_ids": "request_id"}))
-            one = (data.decisions.filter((pl.col("kind") == "idle_running")
-                                         & pl.col("request_id").is_not_null())
-                   .select("time", "request_id"))
+            dec = (
+                data.decisions.filter(pl.col("kind") == "idle_running")
+                .select("time", pl.col("request_ids"))
+                .explode("request_ids")
+                .rename({"request_ids": "request_id"})
+            )
+            one = data.decisions.filter(
+                (pl.col("kind") == "idle_running") & pl.col("request_id").is_not_null()
+            ).select("time", "request_id")
             return pl.concat([dec, one]).unique().select("request_id", "time"), "decisions"
     if data.spans is not None:
-        steps = (data.spans.filter(pl.col("name") == "engine.step").select("events")
-                 .explode("events").unnest("events")
-                 .filter(pl.col("name") == "idle_running").select("time", "attributes")).collect()
+        steps = (
+            data.spans.filter(pl.col("name") == "engine.step")
+            .select("events")
+            .explode("events")
+            .unnest("events")
+            .filter(pl.col("name") == "idle_running")
+            .select("time", "attributes")
+        ).collect()
         rows = []
         for time, attributes in steps.iter_rows():
             attrs = json.loads(attributes or "{}")
@@ -131,8 +178,9 @@ def idle_events(data: PolicyData) -> tuple[pl.LazyFrame | None, str]:
             if attrs.get("schedscope.request.id"):
                 ids = [*ids, attrs["schedscope.request.id"]]
             rows += [(rid, time) for rid in ids]
-        frame = pl.DataFrame(rows, schema={"request_id": pl.String, "time": pl.Float64},
-                             orient="row")
+        frame = pl.DataFrame(
+            rows, schema={"request_id": pl.String, "time": pl.Float64}, orient="row"
+        )
         return frame.lazy(), "spans"
     return None, "none"
 
@@ -142,22 +190,31 @@ def step_table(data: PolicyData) -> tuple[pl.LazyFrame | None, str]:
     if data.steps is not None:
         steps = data.steps.select("execute_end", "num_prefill_tokens", "num_decode_seqs")
         source = "steps"
-    elif data.spans is not None and "attr.schedscope.step.num_prefill_tokens" in data.columns("spans"):
-        steps = (data.spans.filter(pl.col("name") == "engine.step")
-                 .select(pl.col("end").alias("execute_end"),
-                         pl.col("attr.schedscope.step.num_prefill_tokens").alias("num_prefill_tokens"),
-                         pl.col("attr.schedscope.step.num_decode_seqs").alias("num_decode_seqs")))
+    elif data.spans is not None and "attr.schedscope.step.num_prefill_tokens" in data.columns(
+        "spans"
+    ):
+        steps = data.spans.filter(pl.col("name") == "engine.step").select(
+            pl.col("end").alias("execute_end"),
+            pl.col("attr.schedscope.step.num_prefill_tokens").alias("num_prefill_tokens"),
+            pl.col("attr.schedscope.step.num_decode_seqs").alias("num_decode_seqs"),
+        )
         source = "spans"
     else:
         return None, "none"
     prefill = pl.col("num_prefill_tokens").fill_null(0)
     batched = prefill + pl.col("num_decode_seqs").fill_null(0)
-    steps = (steps.with_columns(interfered=(prefill > 0) & (2 * prefill >= batched))
-             .select("execute_end", "interfered").drop_nulls("execute_end").sort("execute_end"))
+    steps = (
+        steps.with_columns(interfered=(prefill > 0) & (2 * prefill >= batched))
+        .select("execute_end", "interfered")
+        .drop_nulls("execute_end")
+        .sort("execute_end")
+    )
     return steps, source
 
 
-def attribute(data: PolicyData, classes: pl.DataFrame, threshold_s: float) -> tuple[pl.DataFrame, dict]:
+def attribute(
+    data: PolicyData, classes: pl.DataFrame, threshold_s: float
+) -> tuple[pl.DataFrame, dict]:
     """Every gap above ``threshold_s`` with its cause, and the evidence sources used."""
     stalls = gaps(data, classes, threshold_s).with_row_index("gap").collect()
     sources = {}
@@ -169,27 +226,42 @@ def attribute(data: PolicyData, classes: pl.DataFrame, threshold_s: float) -> tu
             ranks.append(_in_gap(keyed, preempts).select("gap", "rank").collect())
         idle, sources["token_budget"] = idle_events(data)
         if idle is not None:
-            ranks.append(_in_gap(keyed, idle.with_columns(rank=pl.lit(RANK["token_budget"],
-                                                                     dtype=pl.Int64)))
-                         .select("gap", "rank").collect())
+            ranks.append(
+                _in_gap(keyed, idle.with_columns(rank=pl.lit(RANK["token_budget"], dtype=pl.Int64)))
+                .select("gap", "rank")
+                .collect()
+            )
         steps, sources["prefill_interference"] = step_table(data)
         if steps is not None:
             ends = keyed.select("gap", "end_s").sort("end_s")
-            matched = ends.join_asof(steps, left_on="end_s", right_on="execute_end",
-                                     strategy="nearest", tolerance=END_TOLERANCE_S)
-            ranks.append(matched.filter(pl.col("interfered").fill_null(False))
-                         .select("gap", pl.lit(RANK["prefill_interference"], dtype=pl.Int64)
-                                 .alias("rank")).collect())
+            matched = ends.join_asof(
+                steps,
+                left_on="end_s",
+                right_on="execute_end",
+                strategy="nearest",
+                tolerance=END_TOLERANCE_S,
+            )
+            ranks.append(
+                matched.filter(pl.col("interfered").fill_null(False))
+                .select("gap", pl.lit(RANK["prefill_interference"], dtype=pl.Int64).alias("rank"))
+                .collect()
+            )
     best = pl.concat(ranks).group_by("gap").agg(pl.col("rank").min())
-    out = (stalls.join(best, on="gap", how="left")
-           .with_columns(cause=pl.col("rank").replace_strict(dict(enumerate(STALL_CAUSES)),
-                                                             return_dtype=pl.String))
-           .sort("gap").select(list(STALLS_SCHEMA)))
+    out = (
+        stalls.join(best, on="gap", how="left")
+        .with_columns(
+            cause=pl.col("rank").replace_strict(
+                dict(enumerate(STALL_CAUSES)), return_dtype=pl.String
+            )
+        )
+        .sort("gap")
+        .select(list(STALLS_SCHEMA))
+    )
     return out, sources
 
 
 def _in_gap(gaps_lf: pl.LazyFrame, events: pl.LazyFrame) -> pl.LazyFrame:
     """Events of a gap's request that happened inside the gap."""
-    return (gaps_lf.join(events, on="request_id", how="inner")
-            .filter((pl.col("time") >= pl.col("start_s") - EPS)
-                    & (pl.col("time") <= pl.col("end_s") + EPS)))
+    return gaps_lf.join(events, on="request_id", how="inner").filter(
+        (pl.col("time") >= pl.col("start_s") - EPS) & (pl.col("time") <= pl.col("end_s") + EPS)
+    )

@@ -51,7 +51,9 @@ BOOTSTRAP_MAX_ROWS = 20_000
 MIN_BLOCKS = 40
 
 
-def time_blocks(times: np.ndarray, start: float, end: float, num_blocks: int = MIN_BLOCKS) -> np.ndarray:
+def time_blocks(
+    times: np.ndarray, start: float, end: float, num_blocks: int = MIN_BLOCKS
+) -> np.ndarray:
     """Block id of each request: its arrival's window of (end - start) / num_blocks."""
     width = max((end - start) / num_blocks, 1e-9)
     return np.clip(((times - start) / width).astype(np.int64), 0, num_blocks - 1)

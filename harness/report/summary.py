@@ -15,16 +15,30 @@ from harness.report.build import Report
 from harness.report.stats import clean
 
 SCHEMA_VERSION = 2
-RUN_INFO_KEYS = ("config", "duration_s", "stall_threshold_s", "num_steps", "step_stats",
-                 "kv_cache", "tracing")
+RUN_INFO_KEYS = (
+    "config",
+    "duration_s",
+    "stall_threshold_s",
+    "num_steps",
+    "step_stats",
+    "kv_cache",
+    "tracing",
+)
 
 
 def _policy(p) -> dict:
-    out = {"overall": p.groups["overall"], "classes": p.groups["classes"],
-           "starvation": p.starvation, "duration_s": clean(p.duration_s),
-           "stall_threshold_s": clean(p.threshold_s), "engine": p.facts,
-           "stall_sources": p.stall_sources, "findings": [f["trap"] for f in p.findings],
-           "missing": p.data.missing, "run_info": p.data.info}
+    out = {
+        "overall": p.groups["overall"],
+        "classes": p.groups["classes"],
+        "starvation": p.starvation,
+        "duration_s": clean(p.duration_s),
+        "stall_threshold_s": clean(p.threshold_s),
+        "engine": p.facts,
+        "stall_sources": p.stall_sources,
+        "findings": [f["trap"] for f in p.findings],
+        "missing": p.data.missing,
+        "run_info": p.data.info,
+    }
     for key in RUN_INFO_KEYS:
         if key in p.data.info and key not in ("duration_s", "stall_threshold_s"):
             out[key] = p.data.info[key]
@@ -35,28 +49,45 @@ def summary_json(report: Report) -> dict:
     runs = {}
     for rr in report.runs:
         info = {k: v for k, v in rr.run.info.items()}
-        runs[rr.run.label] = {**info, "path": str(rr.run.path), "slo_source": rr.slo_source,
-                              "slos": rr.slos, "short_class": rr.short_class,
-                              "long_class": rr.long_class, "verdicts": rr.verdicts,
-                              "against_fcfs": rr.against_fcfs,
-                              "policies": {n: _policy(p) for n, p in rr.policies.items()}}
+        runs[rr.run.label] = {
+            **info,
+            "path": str(rr.run.path),
+            "slo_source": rr.slo_source,
+            "slos": rr.slos,
+            "short_class": rr.short_class,
+            "long_class": rr.long_class,
+            "verdicts": rr.verdicts,
+            "against_fcfs": rr.against_fcfs,
+            "policies": {n: _policy(p) for n, p in rr.policies.items()},
+        }
     first = report.runs[0]
-    out = {k: v for k, v in first.run.info.items() if k in ("mode", "profile", "seed", "cost_model")}
-    out.update({
-        "schema_version": SCHEMA_VERSION,
-        "kind": "schedscope-report",
-        "runs": runs,
-        "run_labels": [rr.run.label for rr in report.runs],
-        "policies": runs[first.run.label]["policies"],
-        "verdicts": first.verdicts,
-        "against_fcfs": first.against_fcfs,
-        "diagnosis": [{k: v for k, v in f.items()} for rr in report.runs
-                      for p in rr.policies.values() for f in p.findings],
-        "missing": report.missing,
-        "options": {"stall_threshold_s": report.options.stall_threshold_s,
-                    "profile": report.options.profile, "bootstrap_resamples": report.options.resamples,
-                    "bootstrap_seed": report.options.seed},
-    })
+    out = {
+        k: v for k, v in first.run.info.items() if k in ("mode", "profile", "seed", "cost_model")
+    }
+    out.update(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "schedscope-report",
+            "runs": runs,
+            "run_labels": [rr.run.label for rr in report.runs],
+            "policies": runs[first.run.label]["policies"],
+            "verdicts": first.verdicts,
+            "against_fcfs": first.against_fcfs,
+            "diagnosis": [
+                {k: v for k, v in f.items()}
+                for rr in report.runs
+                for p in rr.policies.values()
+                for f in p.findings
+            ],
+            "missing": report.missing,
+            "options": {
+                "stall_threshold_s": report.options.stall_threshold_s,
+                "profile": report.options.profile,
+                "bootstrap_resamples": report.options.resamples,
+                "bootstrap_seed": report.options.seed,
+            },
+        }
+    )
     return out
 
 
@@ -66,15 +97,22 @@ def flat_rows(report: Report) -> list[dict]:
     for rr in report.runs:
         for name, p in rr.policies.items():
             for cls, g in [("all", p.groups["overall"]), *p.groups["classes"].items()]:
-                row = {"run": rr.run.label, "policy": name, "class": cls,
-                       "requests": g["requests"], **{f"n_{k}": v for k, v in g["counts"].items()},
-                       "throughput_rps": g["throughput_rps"],
-                       "output_tokens_per_s": g["output_tokens_per_s"],
-                       "goodput_rps": g["goodput_rps"], "slo_attainment": g["slo_attainment"],
-                       "preempt_swaps": g["preemptions"]["swap"],
-                       "preempt_recomputes": g["preemptions"]["recompute"],
-                       "stalls": g["stalls"], "stall_time_s": g["stall_time_s"],
-                       "jain_index": g["jain_index"]}
+                row = {
+                    "run": rr.run.label,
+                    "policy": name,
+                    "class": cls,
+                    "requests": g["requests"],
+                    **{f"n_{k}": v for k, v in g["counts"].items()},
+                    "throughput_rps": g["throughput_rps"],
+                    "output_tokens_per_s": g["output_tokens_per_s"],
+                    "goodput_rps": g["goodput_rps"],
+                    "slo_attainment": g["slo_attainment"],
+                    "preempt_swaps": g["preemptions"]["swap"],
+                    "preempt_recomputes": g["preemptions"]["recompute"],
+                    "stalls": g["stalls"],
+                    "stall_time_s": g["stall_time_s"],
+                    "jain_index": g["jain_index"],
+                }
                 for metric, dist in [*g["metrics"].items(), ("itl_s", g["itl_s"])]:
                     for stat in ("mean", "max", "p50", "p90", "p95", "p99"):
                         row[f"{metric}_{stat}"] = dist.get(stat)

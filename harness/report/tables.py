@@ -22,24 +22,56 @@ from harness.report.stats import (
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "total_queue_s", "stall_s")
 STATUSES = ("ok", "error", "rejected", "aborted")
-STALL_CAUSES = ("swapped_out", "recompute", "preempted_waiting", "prefill_interference",
-                "token_budget", "other")
+STALL_CAUSES = (
+    "swapped_out",
+    "recompute",
+    "preempted_waiting",
+    "prefill_interference",
+    "token_budget",
+    "other",
+)
 
 #: requests.parquet columns the report reads (those absent are filled with nulls/zeros).
 REQUEST_COLUMNS = {
-    "request_id": pl.String, "class": pl.String, "status": pl.String, "error": pl.String,
-    "priority": pl.Int64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
-    "max_tokens": pl.Int64, "schedule_offset_s": pl.Float64, "scheduled_at": pl.Float64,
+    "request_id": pl.String,
+    "class": pl.String,
+    "status": pl.String,
+    "error": pl.String,
+    "priority": pl.Int64,
+    "prompt_tokens": pl.Int64,
+    "output_tokens": pl.Int64,
+    "max_tokens": pl.Int64,
+    "schedule_offset_s": pl.Float64,
+    "scheduled_at": pl.Float64,
     "sent_at": pl.Float64,
-    "ttft_s": pl.Float64, "tpot_s": pl.Float64, "e2e_s": pl.Float64, "max_itl_s": pl.Float64,
-    "queue_s": pl.Float64, "total_queue_s": pl.Float64, "preemptions": pl.Int64,
-    "preempt_swaps": pl.Int64, "preempt_recomputes": pl.Int64, "swapped_s": pl.Float64,
-    "recomputed_tokens": pl.Int64, "idle_running_steps": pl.Int64, "stall_s": pl.Float64,
-    "num_stalls": pl.Int64, "first_scheduled_at": pl.Float64, "first_token_at": pl.Float64,
+    "ttft_s": pl.Float64,
+    "tpot_s": pl.Float64,
+    "e2e_s": pl.Float64,
+    "max_itl_s": pl.Float64,
+    "queue_s": pl.Float64,
+    "total_queue_s": pl.Float64,
+    "preemptions": pl.Int64,
+    "preempt_swaps": pl.Int64,
+    "preempt_recomputes": pl.Int64,
+    "swapped_s": pl.Float64,
+    "recomputed_tokens": pl.Int64,
+    "idle_running_steps": pl.Int64,
+    "stall_s": pl.Float64,
+    "num_stalls": pl.Int64,
+    "first_scheduled_at": pl.Float64,
+    "first_token_at": pl.Float64,
     "finished_at": pl.Float64,
 }
-ZERO_DEFAULTS = {"preemptions", "preempt_swaps", "preempt_recomputes", "swapped_s",
-                 "recomputed_tokens", "idle_running_steps", "stall_s", "num_stalls"}
+ZERO_DEFAULTS = {
+    "preemptions",
+    "preempt_swaps",
+    "preempt_recomputes",
+    "swapped_s",
+    "recomputed_tokens",
+    "idle_running_steps",
+    "stall_s",
+    "num_stalls",
+}
 SLO_COLUMNS = ("slo_ttft_s", "slo_tpot_s", "slo_e2e_s")
 
 
@@ -83,10 +115,14 @@ def _distributions(ok: pl.DataFrame) -> dict[str, dict]:
     exprs = []
     for m in LATENCY_METRICS:
         col = pl.col(m)
-        exprs += [col.count().alias(f"{m}|count"), col.mean().alias(f"{m}|mean"),
-                  col.max().alias(f"{m}|max")]
-        exprs += [col.quantile(p / 100, interpolation="linear").alias(f"{m}|p{p}")
-                  for p in PERCENTILES]
+        exprs += [
+            col.count().alias(f"{m}|count"),
+            col.mean().alias(f"{m}|mean"),
+            col.max().alias(f"{m}|max"),
+        ]
+        exprs += [
+            col.quantile(p / 100, interpolation="linear").alias(f"{m}|p{p}") for p in PERCENTILES
+        ]
     row = ok.select(exprs).row(0, named=True) if ok.height else {}
     out: dict[str, dict] = {}
     for m in LATENCY_METRICS:
@@ -107,8 +143,11 @@ def _itl(ok: pl.DataFrame) -> dict:
     if "itl_s" in ok.columns:
         gaps = ok["itl_s"].explode().drop_nulls().to_numpy()
         if gaps.size:
-            out = {"count": int(gaps.size), "mean": clean(float(gaps.mean())),
-                   "source": "recorded_gaps"}
+            out = {
+                "count": int(gaps.size),
+                "mean": clean(float(gaps.mean())),
+                "source": "recorded_gaps",
+            }
             for p in PERCENTILES:
                 out[f"p{p}"] = clean(percentile(gaps, p))
             return out
@@ -117,8 +156,11 @@ def _itl(ok: pl.DataFrame) -> dict:
         return {"count": 0, "source": "tpot_weighted"}
     values = rows["tpot_s"].to_numpy()
     weights = (rows["output_tokens"] - 1).to_numpy()
-    out = {"count": int(weights.sum()), "mean": clean(float(np.average(values, weights=weights))),
-           "source": "tpot_weighted"}
+    out = {
+        "count": int(weights.sum()),
+        "mean": clean(float(np.average(values, weights=weights))),
+        "source": "tpot_weighted",
+    }
     for p in PERCENTILES:
         out[f"p{p}"] = clean(weighted_percentile(values, weights, p))
     return out
@@ -129,9 +171,16 @@ def group_stats(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | N
     duration = max(duration_s, 1e-9)
     counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
     good = int(frame["slo_met"].sum())
-    sums = frame.select(pl.col("preempt_swaps", "preempt_recomputes", "recomputed_tokens",
-                                "idle_running_steps", "num_stalls").sum(),
-                        pl.col("swapped_s", "stall_s").sum()).row(0, named=True)
+    sums = frame.select(
+        pl.col(
+            "preempt_swaps",
+            "preempt_recomputes",
+            "recomputed_tokens",
+            "idle_running_steps",
+            "num_stalls",
+        ).sum(),
+        pl.col("swapped_s", "stall_s").sum(),
+    ).row(0, named=True)
     out = {
         "requests": frame.height,
         "counts": counts,
@@ -142,8 +191,10 @@ def group_stats(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | N
         "slo_met": good,
         "metrics": _distributions(ok),
         "itl_s": _itl(ok),
-        "preemptions": {"swap": int(sums["preempt_swaps"] or 0),
-                        "recompute": int(sums["preempt_recomputes"] or 0)},
+        "preemptions": {
+            "swap": int(sums["preempt_swaps"] or 0),
+            "recompute": int(sums["preempt_recomputes"] or 0),
+        },
         "recomputed_tokens": int(sums["recomputed_tokens"] or 0),
         "swapped_s": clean(float(sums["swapped_s"] or 0.0)),
         "idle_running_steps": int(sums["idle_running_steps"] or 0),
@@ -153,7 +204,9 @@ def group_stats(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | N
         "generator_lag_s": _lag(frame),
     }
     if stalls is not None and stalls.height:
-        by = stalls.group_by("cause").agg(pl.len().alias("n"), pl.col("duration_s").sum().alias("t"))
+        by = stalls.group_by("cause").agg(
+            pl.len().alias("n"), pl.col("duration_s").sum().alias("t")
+        )
         for cause, n, t in by.iter_rows():
             out["stalls_by_cause"][cause] = {"count": int(n), "time_s": clean(float(t))}
         out["stalls"] = int(stalls.height)
@@ -170,8 +223,12 @@ def _lag(frame: pl.DataFrame) -> dict | None:
     lag = lag.drop_nulls()
     if lag.len() == 0 or float(lag.abs().max()) == 0.0:
         return None
-    return {"p50": clean(lag.quantile(0.5, "linear")), "p99": clean(lag.quantile(0.99, "linear")),
-            "max": clean(lag.max()), "mean": clean(lag.mean())}
+    return {
+        "p50": clean(lag.quantile(0.5, "linear")),
+        "p99": clean(lag.quantile(0.99, "linear")),
+        "max": clean(lag.max()),
+        "mean": clean(lag.mean()),
+    }
 
 
 def policy_groups(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | None) -> dict:
@@ -202,6 +259,12 @@ def starvation(groups: dict, frame: pl.DataFrame) -> dict | None:
     ratio = None
     if qs.get("p99") and ql.get("p99") is not None:
         ratio = clean(ql["p99"] / qs["p99"])
-    return {"short_class": short, "long_class": long, "ratio_p99_queue": ratio,
-            "short_p99_queue_s": qs.get("p99"), "long_p99_queue_s": ql.get("p99"),
-            "short_max_queue_s": qs.get("max"), "long_max_queue_s": ql.get("max")}
+    return {
+        "short_class": short,
+        "long_class": long,
+        "ratio_p99_queue": ratio,
+        "short_p99_queue_s": qs.get("p99"),
+        "long_p99_queue_s": ql.get("p99"),
+        "short_max_queue_s": qs.get("max"),
+        "long_max_queue_s": ql.get("max"),
+    }

@@ -42,8 +42,9 @@ def arrival_offsets(frame: pl.DataFrame) -> np.ndarray:
 
 def _span(policies: dict[str, dict]) -> tuple[float, float]:
     """First and last arrival offset over every policy (the block windows' range)."""
-    offsets = np.concatenate([arrival_offsets(p["frame"].drop_nulls("scheduled_at"))
-                              for p in policies.values()])
+    offsets = np.concatenate(
+        [arrival_offsets(p["frame"].drop_nulls("scheduled_at")) for p in policies.values()]
+    )
     return (float(offsets.min()), float(offsets.max())) if offsets.size else (0.0, 1.0)
 
 
@@ -52,23 +53,33 @@ def _series(frame: pl.DataFrame, objective: str, short_class: str | None, durati
     ok = frame.filter(pl.col("status") == "ok")
     if objective == "short_ttft":
         rows = ok.filter(pl.col("class") == short_class).drop_nulls("ttft_s")
-        return rows["ttft_s"].to_numpy(), arrival_offsets(rows), \
-            lambda v: float(v.mean()) if v.size else None
+        return (
+            rows["ttft_s"].to_numpy(),
+            arrival_offsets(rows),
+            lambda v: float(v.mean()) if v.size else None,
+        )
     if objective == "tail_e2e":
         rows = ok.drop_nulls("e2e_s")
-        return rows["e2e_s"].to_numpy(), arrival_offsets(rows), \
-            lambda v: float(np.percentile(v, 99)) if v.size else None
+        return (
+            rows["e2e_s"].to_numpy(),
+            arrival_offsets(rows),
+            lambda v: float(np.percentile(v, 99)) if v.size else None,
+        )
     if objective == "goodput":
         d = max(duration, 1e-9)
-        return frame["slo_met"].cast(pl.Float64).to_numpy(), arrival_offsets(frame), \
-            lambda v: float(v.sum()) / d
+        return (
+            frame["slo_met"].cast(pl.Float64).to_numpy(),
+            arrival_offsets(frame),
+            lambda v: float(v.sum()) / d,
+        )
     rows = ok.filter(pl.col("output_tokens") > 0).drop_nulls("e2e_s")
     values = (rows["e2e_s"] / rows["output_tokens"].cast(pl.Float64)).to_numpy()
     return values, arrival_offsets(rows), jain_index
 
 
-def verdicts(policies: dict[str, dict], short_class: str | None, resamples: int = 200,
-             seed: int = 20260101) -> dict:
+def verdicts(
+    policies: dict[str, dict], short_class: str | None, resamples: int = 200, seed: int = 20260101
+) -> dict:
     """``policies``: name -> {"frame": requests, "duration_s": float, "starvation": {...}}."""
     out: dict = {}
     if len(policies) < 2:
@@ -95,16 +106,22 @@ def verdicts(policies: dict[str, dict], short_class: str | None, resamples: int 
         margin = best_v - next_v
         beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
         entry = {
-            "title": title, "winner": best, "runner_up": runner, "unit": unit,
-            "value": clean(best_v), "runner_up_value": clean(next_v), "margin": clean(margin),
+            "title": title,
+            "winner": best,
+            "runner_up": runner,
+            "unit": unit,
+            "value": clean(best_v),
+            "runner_up_value": clean(next_v),
+            "margin": clean(margin),
             "relative_margin": clean(margin / next_v) if next_v else None,
             "ci95_of_difference": [clean(ci[0]), clean(ci[1])] if ci else None,
             "beyond_noise": beyond,
             "values": {n: clean(v) for v, n in scored},
         }
         if objective == "fairness":
-            entry["starvation_ratio"] = {n: (p.get("starvation") or {}).get("ratio_p99_queue")
-                                         for n, p in policies.items()}
+            entry["starvation_ratio"] = {
+                n: (p.get("starvation") or {}).get("ratio_p99_queue") for n, p in policies.items()
+            }
         entry["sentence"] = _sentence(objective, entry, short_class)
         out[objective] = entry
     return out
@@ -119,24 +136,41 @@ def _fmt(value, unit: str) -> str:
 
 
 def _sentence(objective: str, e: dict, short_class: str | None) -> str:
-    what = {"short_ttft": f"mean TTFT of '{short_class}'", "tail_e2e": "p99 E2E",
-            "goodput": "goodput", "fairness": "Jain's index"}[objective]
+    what = {
+        "short_ttft": f"mean TTFT of '{short_class}'",
+        "tail_e2e": "p99 E2E",
+        "goodput": "goodput",
+        "fairness": "Jain's index",
+    }[objective]
     rel = f" ({abs(e['relative_margin']):.0%})" if e.get("relative_margin") is not None else ""
-    noise = ("beyond run-to-run noise (95% CI of the difference "
-             f"{_fmt(e['ci95_of_difference'][0], e['unit'])} .. "
-             f"{_fmt(e['ci95_of_difference'][1], e['unit'])})" if e["beyond_noise"] else
-             "within run-to-run noise" + (
-                 f" (95% CI of the difference {_fmt(e['ci95_of_difference'][0], e['unit'])} .. "
-                 f"{_fmt(e['ci95_of_difference'][1], e['unit'])} includes 0)"
-                 if e.get("ci95_of_difference") else " (too few requests to tell)"))
-    return (f"{e['winner']} has the best {what}: {_fmt(e['value'], e['unit'])} against "
-            f"{e['runner_up']}'s {_fmt(e['runner_up_value'], e['unit'])}, a margin of "
-            f"{_fmt(abs(e['margin']), e['unit'])}{rel}, {noise}.")
+    noise = (
+        "beyond run-to-run noise (95% CI of the difference "
+        f"{_fmt(e['ci95_of_difference'][0], e['unit'])} .. "
+        f"{_fmt(e['ci95_of_difference'][1], e['unit'])})"
+        if e["beyond_noise"]
+        else "within run-to-run noise"
+        + (
+            f" (95% CI of the difference {_fmt(e['ci95_of_difference'][0], e['unit'])} .. "
+            f"{_fmt(e['ci95_of_difference'][1], e['unit'])} includes 0)"
+            if e.get("ci95_of_difference")
+            else " (too few requests to tell)"
+        )
+    )
+    return (
+        f"{e['winner']} has the best {what}: {_fmt(e['value'], e['unit'])} against "
+        f"{e['runner_up']}'s {_fmt(e['runner_up_value'], e['unit'])}, a margin of "
+        f"{_fmt(abs(e['margin']), e['unit'])}{rel}, {noise}."
+    )
 
 
-def against_fcfs(policies: dict[str, dict], short_class: str | None, long_class: str | None,
-                 resamples: int = 200, seed: int = 20260101,
-                 baseline: str = "fcfs") -> list[dict]:
+def against_fcfs(
+    policies: dict[str, dict],
+    short_class: str | None,
+    long_class: str | None,
+    resamples: int = 200,
+    seed: int = 20260101,
+    baseline: str = "fcfs",
+) -> list[dict]:
     """Each policy against FCFS (the ``baseline`` cell: ``fcfs``, or a matrix group's
     ``fcfs-x2``) on short-class mean TTFT and long-class p99 queue wait, in words (the
     headline checks)."""
@@ -149,13 +183,26 @@ def against_fcfs(policies: dict[str, dict], short_class: str | None, long_class:
         if name == baseline:
             continue
         for cls, metric, label, stat in (
-                (short_class, "ttft_s", "mean TTFT", lambda v: float(v.mean()) if v.size else None),
-                (long_class, "queue_s", "p99 queue wait",
-                 lambda v: float(np.percentile(v, 99)) if v.size else None)):
+            (short_class, "ttft_s", "mean TTFT", lambda v: float(v.mean()) if v.size else None),
+            (
+                long_class,
+                "queue_s",
+                "p99 queue wait",
+                lambda v: float(np.percentile(v, 99)) if v.size else None,
+            ),
+        ):
             if cls is None:
                 continue
-            a = p["frame"].filter((pl.col("class") == cls) & (pl.col("status") == "ok")).drop_nulls(metric)
-            b = base["frame"].filter((pl.col("class") == cls) & (pl.col("status") == "ok")).drop_nulls(metric)
+            a = (
+                p["frame"]
+                .filter((pl.col("class") == cls) & (pl.col("status") == "ok"))
+                .drop_nulls(metric)
+            )
+            b = (
+                base["frame"]
+                .filter((pl.col("class") == cls) & (pl.col("status") == "ok"))
+                .drop_nulls(metric)
+            )
             if a.height == 0 or b.height == 0:
                 continue
             va, vb = a[metric].to_numpy(), b[metric].to_numpy()
@@ -163,19 +210,31 @@ def against_fcfs(policies: dict[str, dict], short_class: str | None, long_class:
             ci = paired_block_bootstrap(
                 (va, time_blocks(arrival_offsets(a), start, end)),
                 (vb, time_blocks(arrival_offsets(b), start, end)),
-                stat, resamples=resamples, seed=seed)
+                stat,
+                resamples=resamples,
+                seed=seed,
+            )
             beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
             verb = "lowers" if sa < sb else "raises"
             rel = f" ({abs(sa - sb) / sb:.0%})" if sb else ""
-            out.append({
-                "policy": name, "class": cls, "metric": f"{label} ({metric})",
-                "value": clean(sa), "fcfs_value": clean(sb), "difference": clean(sa - sb),
-                "ci95_of_difference": [clean(ci[0]), clean(ci[1])] if ci else None,
-                "beyond_noise": beyond, "lower_than_fcfs": sa < sb,
-                "baseline": baseline,
-                "sentence": (f"{name.upper()} {verb} {label} of '{cls}' against "
-                             f"{baseline.upper()}: "
-                             f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{rel}, "
-                             + ("beyond run-to-run noise." if beyond else "within run-to-run noise.")),
-            })
+            out.append(
+                {
+                    "policy": name,
+                    "class": cls,
+                    "metric": f"{label} ({metric})",
+                    "value": clean(sa),
+                    "fcfs_value": clean(sb),
+                    "difference": clean(sa - sb),
+                    "ci95_of_difference": [clean(ci[0]), clean(ci[1])] if ci else None,
+                    "beyond_noise": beyond,
+                    "lower_than_fcfs": sa < sb,
+                    "baseline": baseline,
+                    "sentence": (
+                        f"{name.upper()} {verb} {label} of '{cls}' against "
+                        f"{baseline.upper()}: "
+                        f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{rel}, "
+                        + ("beyond run-to-run noise." if beyond else "within run-to-run noise.")
+                    ),
+                }
+            )
     return out

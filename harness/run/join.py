@@ -25,15 +25,35 @@ from pathlib import Path
 import polars as pl
 
 #: Engine columns kept under their METRICS.md names (the server side of a request).
-SERVER_COLUMNS = ("queue_s", "total_queue_s", "preemptions", "preempt_swaps",
-                  "preempt_recomputes", "swapped_s", "recomputed_tokens", "idle_running_steps",
-                  "stall_s", "num_stalls", "stalls", "first_scheduled_at", "finished_at")
+SERVER_COLUMNS = (
+    "queue_s",
+    "total_queue_s",
+    "preemptions",
+    "preempt_swaps",
+    "preempt_recomputes",
+    "swapped_s",
+    "recomputed_tokens",
+    "idle_running_steps",
+    "stall_s",
+    "num_stalls",
+    "stalls",
+    "first_scheduled_at",
+    "finished_at",
+)
 #: Engine copies of client-side columns: kept with the ``engine_`` prefix.
-ENGINE_PREFIXED = {"scheduled_at": "engine_arrival_at", "status": "engine_status",
-                   "error": "engine_error", "finish_reason": "engine_finish_reason",
-                   "ttft_s": "engine_ttft_s", "tpot_s": "engine_tpot_s", "e2e_s": "engine_e2e_s",
-                   "max_itl_s": "engine_max_itl_s", "output_tokens": "engine_output_tokens",
-                   "prompt_tokens": "engine_prompt_tokens", "first_token_at": "engine_first_token_at"}
+ENGINE_PREFIXED = {
+    "scheduled_at": "engine_arrival_at",
+    "status": "engine_status",
+    "error": "engine_error",
+    "finish_reason": "engine_finish_reason",
+    "ttft_s": "engine_ttft_s",
+    "tpot_s": "engine_tpot_s",
+    "e2e_s": "engine_e2e_s",
+    "max_itl_s": "engine_max_itl_s",
+    "output_tokens": "engine_output_tokens",
+    "prompt_tokens": "engine_prompt_tokens",
+    "first_token_at": "engine_first_token_at",
+}
 SHIFTED = ("first_scheduled_at", "finished_at", "engine_arrival_at", "engine_first_token_at")
 STEP_INSTANTS = ("schedule_start", "execute_start", "execute_end")
 
@@ -47,14 +67,22 @@ def engine_columns(engine: pl.DataFrame, epoch: float) -> pl.DataFrame:
     frame = engine.select(select)
     shifts = [(pl.col(c) + epoch).alias(c) for c in SHIFTED if c in frame.columns]
     if "stalls" in frame.columns:
-        shifts.append(pl.col("stalls").list.eval(pl.struct(
-            (pl.element().struct.field("start_s") + epoch).alias("start_s"),
-            pl.element().struct.field("duration_s").alias("duration_s"))).alias("stalls"))
+        shifts.append(
+            pl.col("stalls")
+            .list.eval(
+                pl.struct(
+                    (pl.element().struct.field("start_s") + epoch).alias("start_s"),
+                    pl.element().struct.field("duration_s").alias("duration_s"),
+                )
+            )
+            .alias("stalls")
+        )
     return frame.with_columns(shifts) if shifts else frame
 
 
-def join_requests(client: pl.DataFrame, engine: pl.DataFrame | None, epoch: float | None,
-                  policy: str, cell: str) -> pl.DataFrame:
+def join_requests(
+    client: pl.DataFrame, engine: pl.DataFrame | None, epoch: float | None, policy: str, cell: str
+) -> pl.DataFrame:
     """One row per client row (every scheduled request), the engine's columns joined."""
     frame = client
     if engine is not None and epoch is not None:
@@ -63,8 +91,9 @@ def join_requests(client: pl.DataFrame, engine: pl.DataFrame | None, epoch: floa
 
 
 def shift_steps(steps: pl.DataFrame, epoch: float) -> pl.DataFrame:
-    return steps.with_columns([(pl.col(c) + epoch).alias(c) for c in STEP_INSTANTS
-                               if c in steps.columns])
+    return steps.with_columns(
+        [(pl.col(c) + epoch).alias(c) for c in STEP_INSTANTS if c in steps.columns]
+    )
 
 
 def write_spans(trace_file: Path, out: Path) -> int:

@@ -56,8 +56,9 @@ class RecordsTail:
         return float(np.percentile(self.recent_ttft, 95)) if self.recent_ttft else None
 
 
-def figures_line(cell: str, started: float, tail: RecordsTail, scheduled: int | None,
-                 latest: dict[str, float]) -> str:
+def figures_line(
+    cell: str, started: float, tail: RecordsTail, scheduled: int | None, latest: dict[str, float]
+) -> str:
     p95 = tail.ttft_p95
     waiting = latest.get("vllm:num_requests_waiting")
     running = latest.get("vllm:num_requests_running")

@@ -44,13 +44,36 @@ def profile_file(profile: str, cell_dir: Path) -> Path:
 
 
 class LocustRun:
-    def __init__(self, locustfile: Path, host: str, records_dir: Path, log_path: Path,
-                 rate_scale: float, duration_scale: float, seed: int | None,
-                 extra: list[str] | None = None, grace_s: float = 30.0) -> None:
-        self.args = ["-f", str(locustfile), "--host", host, "--headless", "--only-summary",
-                     "--records-dir", str(records_dir), "--rate-scale", f"{rate_scale:g}",
-                     "--duration-scale", f"{duration_scale:g}", "--grace", f"{grace_s:g}",
-                     "--loglevel", "WARNING"]
+    def __init__(
+        self,
+        locustfile: Path,
+        host: str,
+        records_dir: Path,
+        log_path: Path,
+        rate_scale: float,
+        duration_scale: float,
+        seed: int | None,
+        extra: list[str] | None = None,
+        grace_s: float = 30.0,
+    ) -> None:
+        self.args = [
+            "-f",
+            str(locustfile),
+            "--host",
+            host,
+            "--headless",
+            "--only-summary",
+            "--records-dir",
+            str(records_dir),
+            "--rate-scale",
+            f"{rate_scale:g}",
+            "--duration-scale",
+            f"{duration_scale:g}",
+            "--grace",
+            f"{grace_s:g}",
+            "--loglevel",
+            "WARNING",
+        ]
         if seed is not None:
             self.args += ["--seed", str(seed)]
         self.args += list(extra or [])
@@ -65,8 +88,13 @@ class LocustRun:
 
     def start(self) -> None:
         self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(self.command, env=repo_env(), stdout=self._log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            self.command,
+            env=repo_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
     def poll(self) -> int | None:
         return self.process.poll()

@@ -33,8 +33,16 @@ from engine.core.sched.policy import POLICY_NAMES
 from harness.knobs import KNOB_SECTIONS, build_engine_config, flag_name
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")
-RUN_FILE_KEYS = {"profile", "policies", "rate_scales", "duration_scale", "seed", "knobs",
-                 "knob_sets", "label"}
+RUN_FILE_KEYS = {
+    "profile",
+    "policies",
+    "rate_scales",
+    "duration_scale",
+    "seed",
+    "knobs",
+    "knob_sets",
+    "label",
+}
 
 
 class RunFileError(ValueError):
@@ -54,7 +62,7 @@ class Cell:
     def group(self) -> str:
         """What the cell shares with its peers of other policies (the report compares
         policies within a group): the name without the policy."""
-        return self.name[len(self.policy):]
+        return self.name[len(self.policy) :]
 
 
 @dataclass
@@ -118,8 +126,10 @@ def parse_knobs(table: dict, where: str, allow: frozenset[str] = frozenset()) ->
         if name == "scheduling_policy":
             raise RunFileError(f"{where}.{key}: the policy is the matrix's axis (use policies)")
         if name not in types:
-            raise RunFileError(f"{where}.{key}: not an engine knob (the flags of schedscope "
-                               "serve: e.g. max-num-seqs, swap-space, max-wait-s)")
+            raise RunFileError(
+                f"{where}.{key}: not an engine knob (the flags of schedscope "
+                "serve: e.g. max-num-seqs, swap-space, max-wait-s)"
+            )
         out[name] = _coerce(key, value, types[name], where)
     return out
 
@@ -142,18 +152,26 @@ def _rate_tag(rate: float) -> str:
     return f"x{rate:g}"
 
 
-def build_cells(policies: list[str], base_knobs: dict, knob_sets: list[tuple[str, dict]],
-                rate_scales: list[float], with_configs: bool = True) -> list[Cell]:
+def build_cells(
+    policies: list[str],
+    base_knobs: dict,
+    knob_sets: list[tuple[str, dict]],
+    rate_scales: list[float],
+    with_configs: bool = True,
+) -> list[Cell]:
     """Every (policy, knob set, rate) cell with a validated EngineConfig."""
     if not policies:
         raise RunFileError("policies: at least one")
     for p in policies:
         if p not in POLICY_NAMES:
-            raise RunFileError(f"policies: unknown policy {p!r}; expected {', '.join(POLICY_NAMES)}")
+            raise RunFileError(
+                f"policies: unknown policy {p!r}; expected {', '.join(POLICY_NAMES)}"
+            )
     if len(set(policies)) != len(policies):
         raise RunFileError("policies: a policy listed twice")
-    if not rate_scales or any(not isinstance(r, (int, float)) or isinstance(r, bool) or r <= 0
-                              for r in rate_scales):
+    if not rate_scales or any(
+        not isinstance(r, (int, float)) or isinstance(r, bool) or r <= 0 for r in rate_scales
+    ):
         raise RunFileError(f"rate_scales: positive numbers, got {rate_scales!r}")
     if len(set(rate_scales)) != len(rate_scales):
         raise RunFileError("rate_scales: a rate listed twice")
@@ -178,9 +196,16 @@ def build_cells(policies: list[str], base_knobs: dict, knob_sets: list[tuple[str
     return cells
 
 
-def load_run_file(path: Path, base_knobs: dict, policies: list[str], rate_scale: float,
-                  profile: str, duration_scale: float, seed: int | None,
-                  with_configs: bool = True) -> RunPlan:
+def load_run_file(
+    path: Path,
+    base_knobs: dict,
+    policies: list[str],
+    rate_scale: float,
+    profile: str,
+    duration_scale: float,
+    seed: int | None,
+    with_configs: bool = True,
+) -> RunPlan:
     """The matrix of a TOML run file, on top of the command line's values."""
     try:
         data = tomllib.loads(Path(path).read_text())
@@ -190,8 +215,10 @@ def load_run_file(path: Path, base_knobs: dict, policies: list[str], rate_scale:
         raise RunFileError(f"{path}: {exc}") from None
     unknown = set(data) - RUN_FILE_KEYS
     if unknown:
-        raise RunFileError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; expected "
-                           f"{', '.join(sorted(RUN_FILE_KEYS))}")
+        raise RunFileError(
+            f"{path}: unknown key(s) {', '.join(sorted(unknown))}; expected "
+            f"{', '.join(sorted(RUN_FILE_KEYS))}"
+        )
     policies = list(data.get("policies", policies))
     rates = data.get("rate_scales", [rate_scale])
     if not isinstance(rates, list):
@@ -200,8 +227,11 @@ def load_run_file(path: Path, base_knobs: dict, policies: list[str], rate_scale:
     sets: list[tuple[str, dict]] = []
     for n, entry in enumerate(data.get("knob_sets", [])):
         where = f"knob_sets[{n}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) \
-                or not NAME_RE.match(entry["name"]):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("name"), str)
+            or not NAME_RE.match(entry["name"])
+        ):
             raise RunFileError(f"{path}: {where}.name: a name of letters, digits, '_' and '.'")
         sets.append((entry["name"], parse_knobs(entry, where, allow=frozenset({"name"}))))
     if len({s for s, _ in sets}) != len(sets):

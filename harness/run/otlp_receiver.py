@@ -71,11 +71,13 @@ class OtlpReceiver:
         try:
             line = export_request_json(body, request.content_type)
         except Exception as exc:  # noqa: BLE001 - a bad body is the sender's 400
-            return web.json_response({"error": f"not an OTLP traces request: {exc}"},
-                                     status=400)
+            return web.json_response({"error": f"not an OTLP traces request: {exc}"}, status=400)
         self.num_requests += 1
-        self.num_spans += sum(len(ss.get("spans", ())) for rs in line.get("resourceSpans", ())
-                              for ss in rs.get("scopeSpans", ()))
+        self.num_spans += sum(
+            len(ss.get("spans", ()))
+            for rs in line.get("resourceSpans", ())
+            for ss in rs.get("scopeSpans", ())
+        )
         self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
         self._file.flush()
         if request.content_type == "application/json":
@@ -84,8 +86,10 @@ class OtlpReceiver:
             ExportTraceServiceResponse,
         )
 
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")
+        return web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(),
+            content_type="application/x-protobuf",
+        )
 
     def _run(self) -> None:
         self.loop = asyncio.new_event_loop()

@@ -55,8 +55,9 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self.console.is_terminal:
-            self.live = Live(Text(""), console=self.console, refresh_per_second=4,
-                             transient=True).__enter__()
+            self.live = Live(
+                Text(""), console=self.console, refresh_per_second=4, transient=True
+            ).__enter__()
         return self
 
     def show(self, line: str) -> None:
@@ -81,29 +82,56 @@ def summary_table(root: Path, results: list[CellResult], summary: dict | None) -
     """Per cell x class: requests, TTFT p50/p95, E2E p95, goodput (the report's figures
     when it ran, else the cell's requests.parquet)."""
     table = Table(title=f"schedscope run — {root}")
-    for column in ("cell", "class", "requests", "ok", "TTFT p50", "TTFT p95", "E2E p95",
-                   "goodput/s", "status"):
-        table.add_column(column, justify="left" if column in ("cell", "class", "status")
-                         else "right")
+    for column in (
+        "cell",
+        "class",
+        "requests",
+        "ok",
+        "TTFT p50",
+        "TTFT p95",
+        "E2E p95",
+        "goodput/s",
+        "status",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("cell", "class", "status") else "right"
+        )
     policies = (summary or {}).get("policies") or {}
     for r in results:
-        status = "[red]failed[/red]" if r.infrastructure_failure else (
-            "[yellow]degraded[/yellow]" if r.failures else "ok")
+        status = (
+            "[red]failed[/red]"
+            if r.infrastructure_failure
+            else ("[yellow]degraded[/yellow]" if r.failures else "ok")
+        )
         entry = policies.get(r.cell.name)
         if entry is None:
-            table.add_row(r.cell.name, "all", str(sum(r.counts.values())), str(r.counts.get("ok", 0)),
-                          "-", "-", "-", "-", status)
+            table.add_row(
+                r.cell.name,
+                "all",
+                str(sum(r.counts.values())),
+                str(r.counts.get("ok", 0)),
+                "-",
+                "-",
+                "-",
+                "-",
+                status,
+            )
             table.add_section()
             continue
         groups = [("all", entry["overall"])] + sorted(entry.get("classes", {}).items())
         for n, (cls, g) in enumerate(groups):
             m = g.get("metrics", {})
-            table.add_row(r.cell.name if n == 0 else "", cls, str(g.get("requests", 0)),
-                          str(g.get("counts", {}).get("ok", 0)),
-                          _fmt(m.get("ttft_s", {}).get("p50")), _fmt(m.get("ttft_s", {}).get("p95")),
-                          _fmt(m.get("e2e_s", {}).get("p95")),
-                          f"{g['goodput_rps']:.2f}" if g.get("goodput_rps") is not None else "-",
-                          status if n == 0 else "")
+            table.add_row(
+                r.cell.name if n == 0 else "",
+                cls,
+                str(g.get("requests", 0)),
+                str(g.get("counts", {}).get("ok", 0)),
+                _fmt(m.get("ttft_s", {}).get("p50")),
+                _fmt(m.get("ttft_s", {}).get("p95")),
+                _fmt(m.get("e2e_s", {}).get("p95")),
+                f"{g['goodput_rps']:.2f}" if g.get("goodput_rps") is not None else "-",
+                status if n == 0 else "",
+            )
         table.add_section()
     return table
 
@@ -118,30 +146,60 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
     base_profile = resolve_profile(plan.profile)
     if plan.duration_scale != 1.0:
         base_profile = base_profile.with_duration_scale(plan.duration_scale)
-    mode = "simulate" if options.simulate else ("target" if options.settings.get("target") else "serve")
+    mode = (
+        "simulate"
+        if options.simulate
+        else ("target" if options.settings.get("target") else "serve")
+    )
     run_info = {
-        "kind": "schedscope-run", "mode": mode, "command": options.argv,
-        "profile": plan.profile, "seed": plan.seed, "duration_scale": plan.duration_scale,
-        "cells": [{"name": c.name, "policy": c.policy, "knob_set": c.knob_set,
-                   "rate_scale": c.rate_scale, "knobs": c.knobs} for c in plan.cells],
+        "kind": "schedscope-run",
+        "mode": mode,
+        "command": options.argv,
+        "profile": plan.profile,
+        "seed": plan.seed,
+        "duration_scale": plan.duration_scale,
+        "cells": [
+            {
+                "name": c.name,
+                "policy": c.policy,
+                "knob_set": c.knob_set,
+                "rate_scale": c.rate_scale,
+                "knobs": c.knobs,
+            }
+            for c in plan.cells
+        ],
         "run_file": plan.run_file,
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in options.settings.items()
-                     if k != "api_key"},
-        "versions": versions(), "started": datetime.now().isoformat(timespec="seconds"),
+        "settings": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in options.settings.items()
+            if k != "api_key"
+        },
+        "versions": versions(),
+        "started": datetime.now().isoformat(timespec="seconds"),
     }
     (root / "run.json").write_text(json.dumps(run_info, indent=2, default=str) + "\n")
-    console.print(f"schedscope run: {len(plan.cells)} cell(s) ({mode}), profile {plan.profile}, "
-                  f"duration scale {plan.duration_scale:g} -> {root}", highlight=False,
-                  soft_wrap=True)
+    console.print(
+        f"schedscope run: {len(plan.cells)} cell(s) ({mode}), profile {plan.profile}, "
+        f"duration scale {plan.duration_scale:g} -> {root}",
+        highlight=False,
+        soft_wrap=True,
+    )
     results: list[CellResult] = []
     started = time.monotonic()
     with Progress(console) as progress:
         for cell in plan.cells:
-            profile = base_profile.with_rate_scale(cell.rate_scale) if cell.rate_scale != 1.0 \
+            profile = (
+                base_profile.with_rate_scale(cell.rate_scale)
+                if cell.rate_scale != 1.0
                 else base_profile
-            settings = CellSettings(profile_name=plan.profile, profile=profile,
-                                    duration_scale=plan.duration_scale, seed=plan.seed,
-                                    **options.settings)
+            )
+            settings = CellSettings(
+                profile_name=plan.profile,
+                profile=profile,
+                duration_scale=plan.duration_scale,
+                seed=plan.seed,
+                **options.settings,
+            )
             cell_dir = root / cell.name
             cell_dir.mkdir(parents=True, exist_ok=True)
             if options.simulate:
@@ -152,19 +210,31 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                 remove_raw(cell_dir)
             results.append(result)
             _print_cell(console, result)
-    run_info.update({
-        "wall_s": round(time.monotonic() - started, 3),
-        "status": "failed" if any(r.infrastructure_failure for r in results) else
-                  ("degraded" if any(r.failures for r in results) else "ok"),
-        "results": {r.cell.name: {"status": "failed" if r.infrastructure_failure else
-                                  ("degraded" if r.failures else "ok"),
-                                  "failures": [{k: v for k, v in f.items() if k != "log_tail"}
-                                               for f in r.failures],
-                                  "warnings": r.warnings, "missing": r.missing,
-                                  "counts": r.counts, "scheduled": r.scheduled,
-                                  "generator_limited": r.generator_limited,
-                                  "wall_s": round(r.wall_s, 3)} for r in results},
-    })
+    run_info.update(
+        {
+            "wall_s": round(time.monotonic() - started, 3),
+            "status": "failed"
+            if any(r.infrastructure_failure for r in results)
+            else ("degraded" if any(r.failures for r in results) else "ok"),
+            "results": {
+                r.cell.name: {
+                    "status": "failed"
+                    if r.infrastructure_failure
+                    else ("degraded" if r.failures else "ok"),
+                    "failures": [
+                        {k: v for k, v in f.items() if k != "log_tail"} for f in r.failures
+                    ],
+                    "warnings": r.warnings,
+                    "missing": r.missing,
+                    "counts": r.counts,
+                    "scheduled": r.scheduled,
+                    "generator_limited": r.generator_limited,
+                    "wall_s": round(r.wall_s, 3),
+                }
+                for r in results
+            },
+        }
+    )
     report_path = None
     summary = None
     if options.report and any((r.path / "requests.parquet").is_file() for r in results):
@@ -173,15 +243,19 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
         run_info["report"] = None
         console.print("[red]no cell produced requests.parquet: no report[/red]")
     (root / "run.json").write_text(json.dumps(run_info, indent=2, default=str) + "\n")
-    out = console if console.is_terminal else Console(width=max(console.width, 140),
-                                                      file=console.file)
+    out = (
+        console
+        if console.is_terminal
+        else Console(width=max(console.width, 140), file=console.file)
+    )
     out.print(summary_table(root, results, summary))
     code = 1 if any(r.infrastructure_failure for r in results) else 0
     return code, report_path, root
 
 
-def _report(root: Path, results: list[CellResult], console: Console,
-            run_info: dict) -> tuple[Path | None, dict | None]:
+def _report(
+    root: Path, results: list[CellResult], console: Console, run_info: dict
+) -> tuple[Path | None, dict | None]:
     from harness.report import ReportInputError, generate_report
 
     # A cell without requests.parquet cannot be read: the report covers the others and
@@ -190,8 +264,13 @@ def _report(root: Path, results: list[CellResult], console: Console,
     # The run's combined summary (the simulator's layout): the report reads the mode,
     # profile, seed and each cell's config, duration and stall threshold from it, and
     # replaces it with its own (which keeps them).
-    combined = {"schema_version": 1, "mode": run_info["mode"], "profile": run_info["profile"],
-                "seed": run_info["seed"], "policies": {}}
+    combined = {
+        "schema_version": 1,
+        "mode": run_info["mode"],
+        "profile": run_info["profile"],
+        "seed": run_info["seed"],
+        "policies": {},
+    }
     for r in dirs:
         try:
             own = json.loads((r.path / "summary.json").read_text())
@@ -215,8 +294,11 @@ def _report(root: Path, results: list[CellResult], console: Console,
     for line in summary.get("missing", []):
         console.print(f"[yellow]missing:[/yellow] {line}", soft_wrap=True, highlight=False)
     for finding in summary.get("diagnosis", []):
-        console.print(f"[red]trap {finding['trap']}[/red] {finding['policy']}: "
-                      f"{finding['message']}", soft_wrap=True, highlight=False)
+        console.print(
+            f"[red]trap {finding['trap']}[/red] {finding['policy']}: {finding['message']}",
+            soft_wrap=True,
+            highlight=False,
+        )
     for entry in summary.get("verdicts", {}).values():
         console.print(entry["sentence"], soft_wrap=True, highlight=False)
     for entry in summary.get("against_fcfs", []):
@@ -226,10 +308,15 @@ def _report(root: Path, results: list[CellResult], console: Console,
 
 def _print_cell(console: Console, r: CellResult) -> None:
     counts = ", ".join(f"{k} {v}" for k, v in r.counts.items()) or "no rows"
-    state = "[red]FAILED[/red]" if r.infrastructure_failure else (
-        "[yellow]degraded[/yellow]" if r.failures else "[green]ok[/green]")
-    console.print(f"{r.cell.name}: {state} in {r.wall_s:.0f} s — {counts} "
-                  f"(scheduled {r.scheduled})", highlight=False)
+    state = (
+        "[red]FAILED[/red]"
+        if r.infrastructure_failure
+        else ("[yellow]degraded[/yellow]" if r.failures else "[green]ok[/green]")
+    )
+    console.print(
+        f"{r.cell.name}: {state} in {r.wall_s:.0f} s — {counts} (scheduled {r.scheduled})",
+        highlight=False,
+    )
     for f in r.failures:
         console.print(f"  [red]{f['kind']}[/red]: {f['message']}", soft_wrap=True, highlight=False)
         if f.get("log_tail"):

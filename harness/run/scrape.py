@@ -23,8 +23,12 @@ from pathlib import Path
 import polars as pl
 from prometheus_client.parser import text_string_to_metric_families
 
-METRICS_SCHEMA = {"timestamp": pl.Float64, "name": pl.String, "labels": pl.String,
-                  "value": pl.Float64}
+METRICS_SCHEMA = {
+    "timestamp": pl.Float64,
+    "name": pl.String,
+    "labels": pl.String,
+    "value": pl.Float64,
+}
 #: Live-view gauges (vLLM names; the first present wins).
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
@@ -36,8 +40,14 @@ def parse_exposition(text: str, timestamp: float) -> list[tuple]:
         for sample in family.samples:
             if sample.name.endswith("_created"):
                 continue
-            rows.append((timestamp, sample.name, json.dumps(sample.labels, sort_keys=True),
-                         float(sample.value)))
+            rows.append(
+                (
+                    timestamp,
+                    sample.name,
+                    json.dumps(sample.labels, sort_keys=True),
+                    float(sample.value),
+                )
+            )
     return rows
 
 
@@ -103,16 +113,24 @@ class MetricsScraper:
 def export_prometheus(prom, start: float, end: float, step_s: float = 1.0) -> pl.DataFrame:
     """Every series a real Prometheus scraped between ``start`` and ``end`` (Unix s), in
     the metrics.parquet schema (Prometheus' own ``job``/``instance`` labels dropped)."""
-    data = prom.api("/api/v1/query_range", query='{__name__=~".+"}', start=f"{start:.3f}",
-                    end=f"{end:.3f}", step=f"{step_s:g}s")
+    data = prom.api(
+        "/api/v1/query_range",
+        query='{__name__=~".+"}',
+        start=f"{start:.3f}",
+        end=f"{end:.3f}",
+        step=f"{step_s:g}s",
+    )
     rows = []
     for series in data.get("result", []):
         labels = dict(series["metric"])
         name = labels.pop("__name__", "")
-        if name.endswith("_created") or name in ("up", "scrape_duration_seconds",
-                                                 "scrape_samples_scraped",
-                                                 "scrape_samples_post_metric_relabeling",
-                                                 "scrape_series_added"):
+        if name.endswith("_created") or name in (
+            "up",
+            "scrape_duration_seconds",
+            "scrape_samples_scraped",
+            "scrape_samples_post_metric_relabeling",
+            "scrape_series_added",
+        ):
             continue
         labels.pop("job", None)
         labels.pop("instance", None)

@@ -29,8 +29,11 @@ def repo_env() -> dict[str, str]:
     """The environment for a child that imports ``harness``/``engine``/``loadprofiles``."""
     root = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else ""),
-            "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": root + (os.pathsep + path if path else ""),
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def get_json(url: str, timeout: float = 5.0) -> dict:
@@ -39,8 +42,13 @@ def get_json(url: str, timeout: float = 5.0) -> dict:
 
 
 class ServedEngine:
-    def __init__(self, args: list[str], log_path: Path, start_timeout_s: float = 180.0,
-                 stop_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        start_timeout_s: float = 180.0,
+        stop_timeout_s: float = 60.0,
+    ) -> None:
         self.args = args
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
@@ -60,8 +68,9 @@ class ServedEngine:
         or the start deadline passed (``{late} within T s``; the server is stopped)."""
         if self.process.poll() is not None:
             self.exit_code = self.process.returncode
-            raise ServerStartError(f"schedscope serve exited with {self.exit_code} {before}",
-                                   self.log_tail())
+            raise ServerStartError(
+                f"schedscope serve exited with {self.exit_code} {before}", self.log_tail()
+            )
         if time.monotonic() > deadline:
             self.stop()
             raise ServerStartError(f"{late} within {self.start_timeout_s:g} s", self.log_tail())
@@ -76,17 +85,23 @@ class ServedEngine:
     def start(self) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(self.command, env=repo_env(), stdout=self._log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            self.command,
+            env=repo_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + self.start_timeout_s
         while not self.url:
             for line in self.log_path.read_text(errors="replace").splitlines():
                 if line.startswith(SERVING_LINE):
-                    self.url = line[len(SERVING_LINE):].strip()
+                    self.url = line[len(SERVING_LINE) :].strip()
             if self.url:
                 break
-            self._fail_if_dead_or_late(deadline, "before serving",
-                                       "schedscope serve did not print its serving line")
+            self._fail_if_dead_or_late(
+                deadline, "before serving", "schedscope serve did not print its serving line"
+            )
             time.sleep(0.1)
         while True:
             try:

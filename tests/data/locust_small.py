@@ -11,12 +11,21 @@ PROFILE = Profile(
     seed=11,
     description="two classes; 2 s of Poisson arrivals at 20 req/s, then 3 users for 1 s",
     classes=(
-        RequestClass(name="short_chat", weight=3.0,
-                     prompt_tokens=LengthDistribution.uniform(8, 64),
-                     output_tokens=LengthDistribution.uniform(2, 12), max_tokens=16),
-        RequestClass(name="long_gen", weight=1.0, priority=1,
-                     prompt_tokens=LengthDistribution.uniform(100, 200),
-                     output_tokens=LengthDistribution.uniform(20, 40), max_tokens=64),
+        RequestClass(
+            name="short_chat",
+            weight=3.0,
+            prompt_tokens=LengthDistribution.uniform(8, 64),
+            output_tokens=LengthDistribution.uniform(2, 12),
+            max_tokens=16,
+        ),
+        RequestClass(
+            name="long_gen",
+            weight=1.0,
+            priority=1,
+            prompt_tokens=LengthDistribution.uniform(100, 200),
+            output_tokens=LengthDistribution.uniform(20, 40),
+            max_tokens=64,
+        ),
     ),
     phases=(
         Phase(name="open", duration_s=2.0, rate=20.0),

@@ -75,10 +75,17 @@ class Admission:
             kind = d.ADMIT
         else:
             kind = d.RECOMPUTE
-        out.decisions.append(Decision(
-            kind, now, out.step, seq.request_id, reason,
-            num_blocks=len(seq.block_table), num_tokens=seq.num_tokens,
-        ))
+        out.decisions.append(
+            Decision(
+                kind,
+                now,
+                out.step,
+                seq.request_id,
+                reason,
+                num_blocks=len(seq.block_table),
+                num_tokens=seq.num_tokens,
+            )
+        )
         if n:
             out.add(seq, n)
 
@@ -92,20 +99,25 @@ class Admission:
             for seq in list(waiting.promoted):
                 n = prefill_chunk(seq, budget, self.chunked) if budget else 0
                 if n and self.preemptor.make_room_for_admission(
-                        seq, self.max_num_seqs, now, out, d.REASON_MAX_WAIT, False):
+                    seq, self.max_num_seqs, now, out, d.REASON_MAX_WAIT, False
+                ):
                     self.admit(seq, out, now, d.REASON_MAX_WAIT, n)
                     budget -= n
             waiting.drop_stale_promotions()
         if self.policy.preempts_for_waiting and len(waiting) and budget:
             head = waiting.peek()
-            fits = (head is None or len(self.running) < self.max_num_seqs
-                    and self.block_manager.can_allocate(head, bool(self.running)))
+            fits = (
+                head is None
+                or len(self.running) < self.max_num_seqs
+                and self.block_manager.can_allocate(head, bool(self.running))
+            )
             if not fits:
                 # Worse running requests make room, and the head is admitted in this
                 # very step (before the decodes could spend that room).
                 n = prefill_chunk(head, budget, self.chunked)
                 if n and self.preemptor.make_room_for_admission(
-                        head, self.max_num_seqs, now, out, d.REASON_PRIORITY, True):
+                    head, self.max_num_seqs, now, out, d.REASON_PRIORITY, True
+                ):
                     self.admit(head, out, now, d.REASON_PRIORITY, n)
                     budget -= n
         return budget
@@ -150,7 +162,14 @@ class Admission:
         if seq is None or self._last_wait == (seq.seq_no, reason):
             return
         self._last_wait = (seq.seq_no, reason)
-        out.decisions.append(Decision(
-            d.WAIT, now, out.step, seq.request_id, reason,
-            num_blocks=self.block_manager.blocks_for(seq.num_tokens), num_tokens=seq.num_tokens,
-        ))
+        out.decisions.append(
+            Decision(
+                d.WAIT,
+                now,
+                out.step,
+                seq.request_id,
+                reason,
+                num_blocks=self.block_manager.blocks_for(seq.num_tokens),
+                num_tokens=seq.num_tokens,
+            )
+        )

@@ -49,8 +49,9 @@ class SchedulerState(Protocol):
     @property
     def decode_preempted(self) -> bool: ...
 
-    def record_idle(self, out: SchedulerOutput, now: float, idle: list[Sequence],
-                    reason: str) -> None: ...
+    def record_idle(
+        self, out: SchedulerOutput, now: float, idle: list[Sequence], reason: str
+    ) -> None: ...
 
 
 class BatchingRegime:

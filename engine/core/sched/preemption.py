@@ -87,7 +87,12 @@ class Preemptor:
         return True
 
     def make_room_for_admission(
-        self, seq: Sequence, max_num_seqs: int, now: float, out: SchedulerOutput, reason: str,
+        self,
+        seq: Sequence,
+        max_num_seqs: int,
+        now: float,
+        out: SchedulerOutput,
+        reason: str,
         only_worse: bool,
     ) -> bool:
         """Preempt running requests so the waiting ``seq`` gets a slot and its blocks.
@@ -161,12 +166,23 @@ class Preemptor:
             seq.num_computed_tokens = 0
             seq.num_preemptions_recompute += 1
             self.waiting.push(seq, now)
-        out.decisions.append(Decision(
-            d.PREEMPT, now, out.step, seq.request_id, reason, mode=mode,
-            beneficiary=beneficiary.request_id, num_blocks=num_blocks, num_tokens=thrown_away,
-            detail=detail, predicted_swap_s=swap_s, predicted_recompute_s=recompute_s,
-        ))
+        out.decisions.append(
+            Decision(
+                d.PREEMPT,
+                now,
+                out.step,
+                seq.request_id,
+                reason,
+                mode=mode,
+                beneficiary=beneficiary.request_id,
+                num_blocks=num_blocks,
+                num_tokens=thrown_away,
+                detail=detail,
+                predicted_swap_s=swap_s,
+                predicted_recompute_s=recompute_s,
+            )
+        )
         if mode == "swap":
-            out.decisions.append(Decision(
-                d.SWAP_OUT, now, out.step, seq.request_id, reason, num_blocks=num_blocks
-            ))
+            out.decisions.append(
+                Decision(d.SWAP_OUT, now, out.step, seq.request_id, reason, num_blocks=num_blocks)
+            )

@@ -70,11 +70,17 @@ class Scheduler:
         self.running: list[Sequence] = []  # sorted by policy_order; never rebound
         self.swapped: list[Sequence] = []  # sorted by policy_order; never rebound
         self.waiting = WaitingQueue(config.max_wait_s)
-        self.preemptor = Preemptor(config.preemption_mode, block_manager,
-                                   cost_model or CostModel(), self.running, self.swapped,
-                                   self.waiting)
-        self.admission = Admission(config, self.policy, block_manager, self.running,
-                                   self.waiting, self.preemptor)
+        self.preemptor = Preemptor(
+            config.preemption_mode,
+            block_manager,
+            cost_model or CostModel(),
+            self.running,
+            self.swapped,
+            self.waiting,
+        )
+        self.admission = Admission(
+            config, self.policy, block_manager, self.running, self.waiting, self.preemptor
+        )
         self._next_seq_no = 0
         self._step = first_step
         self._pending: list[Decision] = []  # decisions taken between steps (reject, abort)
@@ -120,11 +126,17 @@ class Scheduler:
             seq.status = SequenceStatus.FINISHED_REJECTED
             seq.reject_reason = reason
             seq.finished_time = now
-            self._pending.append(Decision(
-                d.REJECT, now, self._step, seq.request_id, reason,
-                num_blocks=self.block_manager.blocks_for(seq.max_total_tokens),
-                num_tokens=seq.max_total_tokens,
-            ))
+            self._pending.append(
+                Decision(
+                    d.REJECT,
+                    now,
+                    self._step,
+                    seq.request_id,
+                    reason,
+                    num_blocks=self.block_manager.blocks_for(seq.max_total_tokens),
+                    num_tokens=seq.max_total_tokens,
+                )
+            )
             self._ended.append(seq)
             return seq
         self.requests[seq.request_id] = seq
@@ -134,7 +146,10 @@ class Scheduler:
     def _reject_reason(self, seq: Sequence) -> str | None:
         if seq.max_total_tokens > self.config.max_model_len:
             return d.REASON_EXCEEDS_MAX_MODEL_LEN
-        if self.block_manager.blocks_for(seq.max_total_tokens) > self.block_manager.num_device_blocks:
+        if (
+            self.block_manager.blocks_for(seq.max_total_tokens)
+            > self.block_manager.num_device_blocks
+        ):
             return d.REASON_EXCEEDS_KV_POOL
         if self.config.max_waiting is not None and self.num_waiting >= self.config.max_waiting:
             return d.REASON_QUEUE_FULL
@@ -158,8 +173,9 @@ class Scheduler:
             if self.requests.get(seq.request_id) is seq:
                 seq.error = error
                 self._remove(seq, now, SequenceStatus.FINISHED_ERROR)
-                failed.append(Decision(d.FAIL, now, self._step, seq.request_id, reason,
-                                       detail=error))
+                failed.append(
+                    Decision(d.FAIL, now, self._step, seq.request_id, reason, detail=error)
+                )
         return failed
 
     def _remove(self, seq: Sequence, now: float, status: SequenceStatus) -> None:
@@ -222,7 +238,9 @@ class Scheduler:
                 idle.append(seq)
                 continue
             if seq.num_tokens > len(seq.block_table) * block_size:
-                if not bm.can_append(seq) and not self.preemptor.make_room_for_decode(seq, now, out):
+                if not bm.can_append(seq) and not self.preemptor.make_room_for_decode(
+                    seq, now, out
+                ):
                     continue  # seq itself was preempted
                 bm.append_slots(seq, 1)
             # out.add(seq, 1), inlined: the one per-sequence path of every step
@@ -248,16 +266,23 @@ class Scheduler:
         """Whether a running decode had to preempt another for room in this step."""
         return self.preemptor.decode_preempted
 
-    def record_idle(self, out: SchedulerOutput, now: float, idle: list[Sequence], reason: str) -> None:
+    def record_idle(
+        self, out: SchedulerOutput, now: float, idle: list[Sequence], reason: str
+    ) -> None:
         """Running requests left out of this step: one record listing them all."""
         if not idle:
             return
         for seq in idle:
             seq.num_idle_running_steps += 1
-        out.decisions.append(Decision(
-            d.IDLE_RUNNING, now, self._step, reason=reason,
-            request_ids=tuple(seq.request_id for seq in idle),
-        ))
+        out.decisions.append(
+            Decision(
+                d.IDLE_RUNNING,
+                now,
+                self._step,
+                reason=reason,
+                request_ids=tuple(seq.request_id for seq in idle),
+            )
+        )
 
     def _schedule_swap_ins(self, out: SchedulerOutput, now: float, budget: int) -> int:
         bm = self.block_manager
@@ -276,10 +301,16 @@ class Scheduler:
             seq.total_swapped_s += now - seq.swapped_out_time
             seq.swapped_out_time = None
             bisect.insort(self.running, seq, key=policy_order)
-            out.decisions.append(Decision(
-                d.SWAP_IN, now, self._step, seq.request_id, d.REASON_POLICY_ORDER,
-                num_blocks=len(seq.block_table),
-            ))
+            out.decisions.append(
+                Decision(
+                    d.SWAP_IN,
+                    now,
+                    self._step,
+                    seq.request_id,
+                    d.REASON_POLICY_ORDER,
+                    num_blocks=len(seq.block_table),
+                )
+            )
             n = prefill_chunk(seq, budget, self.chunked)
             if n:
                 bm.append_slots(seq, n)
@@ -288,9 +319,7 @@ class Scheduler:
         return budget
 
     # -- after the step ------------------------------------------------------------
-    def update(
-        self, out: SchedulerOutput, sampled: list[int | None], now: float
-    ) -> list[Sequence]:
+    def update(self, out: SchedulerOutput, sampled: list[int | None], now: float) -> list[Sequence]:
         """Apply a step's results: count computed tokens, append sampled tokens,
         finish requests that stopped. ``sampled`` is aligned with ``out.seqs``.
 

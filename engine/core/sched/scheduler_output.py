@@ -28,7 +28,9 @@ class SchedulerOutput:
     prefill_attention_work: int = 0  # sum over prefill chunks of chunk_len * context_len
     num_prefill_seqs: int = 0  # prefill chunks in the step
     prefill_chunk_lens: list[int] = field(default_factory=list)  # each chunk's new tokens
-    prefill_context_lens: list[int] = field(default_factory=list)  # and its context (itself included)
+    prefill_context_lens: list[int] = field(
+        default_factory=list
+    )  # and its context (itself included)
     #: prefill_padded_attention_work once computed (-1: not yet, or chunks added since):
     #: the engine's step record and the simulator's cost model both read it every step.
     _padded_work: int = -1
@@ -55,8 +57,9 @@ class SchedulerOutput:
         (``engine.core.prefill_groups``, as the model groups them), its chunks times its
         longest chunk times its longest context."""
         if self._padded_work < 0:
-            self._padded_work = padded_prefill_work(self.prefill_chunk_lens,
-                                                    self.prefill_context_lens)
+            self._padded_work = padded_prefill_work(
+                self.prefill_chunk_lens, self.prefill_context_lens
+            )
         return self._padded_work
 
     @property
