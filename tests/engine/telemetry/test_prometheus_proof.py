@@ -31,9 +31,10 @@ import pytest
 from harness.dashboards import panel_queries, substitute
 from harness.local_server import CliServer, HttpClient
 from harness.prometheus import PrometheusServer, find_prometheus
+from tests.support.paths import DATA
 
 MODEL = "proof"
-VLLM_QUERIES = Path(__file__).parent / "data" / "vllm_grafana_queries.txt"
+VLLM_QUERIES = DATA / "vllm_grafana_queries.txt"
 
 if find_prometheus() is None:
     if os.environ.get("CI") == "true":

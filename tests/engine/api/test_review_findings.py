@@ -6,7 +6,6 @@ import signal
 
 import polars as pl
 import pytest
-from engine_helpers import Req, drive, make_engine
 
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core import decisions as d
@@ -14,6 +13,7 @@ from engine.core.cost_model import CostModel
 from engine.core.request import EngineRequest
 from harness.profiles import resolve_profile
 from harness.simulate import REJECTED_RETRY_AFTER_S, simulate
+from tests.support.engine_helpers import Req, drive, make_engine
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 7])

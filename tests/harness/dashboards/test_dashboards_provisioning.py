@@ -4,14 +4,13 @@ each other consistently, and every file the compose stack mounts or builds from 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from harness import dashboards
+from tests.support.paths import REPO
 
-DIR = Path(__file__).resolve().parent.parent / "dashboards"
+DIR = REPO / "dashboards"
 YAML_FILES = sorted([*DIR.glob("*.yml"), *DIR.glob("*.yaml"), *DIR.glob("provisioning/**/*.yml")])
 
 

@@ -10,13 +10,13 @@ not scheduler work; a failing observer is counted and logged, never fatal.
 from __future__ import annotations
 
 import pytest
-from engine_helpers import STEP_S, Req, add, drive, make_engine
 
 from engine.core import decisions as d
 from engine.core.cost_model import FEATURES, CostModel
 from engine.core.sequence import SequenceStatus
 from engine.records.step_record import DECODE, PREFILL, RECOMPUTE, StepRecord
 from engine.records.token_times import record_token_times
+from tests.support.engine_helpers import STEP_S, Req, add, drive, make_engine
 
 SWAP_COSTS = CostModel(
     **{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": STEP_S, "swap_block_s": 1 / 1024}

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.local_server import CliServer, HttpClient
+from tests.support.paths import REPO
 
 
 @pytest.fixture()
@@ -149,7 +150,7 @@ def test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor(tm
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     stderr = (tmp_path / "stderr.log").open("w")
     process = subprocess.Popen(
         [

@@ -25,8 +25,9 @@ from harness.loadgen.merge import merge_records
 from harness.loadgen.split import share
 from harness.local_server import CliServer
 from harness.profiles import build_plan, load_profile
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PROFILE_FILE = ROOT / "tests" / "data" / "locust_small.py"
 LOCUST = str(Path(sys.executable).parent / "locust")
 

@@ -11,11 +11,11 @@ cheaper than re-prefilling its long context.
 from __future__ import annotations
 
 import pytest
-from engine_helpers import Req, drive, make_engine
 
 from engine.core import decisions as d
 from engine.core.cost_model import FEATURES, CostModel
 from engine.core.sequence import SequenceStatus
+from tests.support.engine_helpers import Req, drive, make_engine
 
 COSTS = CostModel(
     **{

@@ -4,7 +4,6 @@ import builtins
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,9 @@ from engine.serving.tokenizer import (
     Tokenizer,
     load_tokenizer,
 )
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 
 
 def test_ids_are_stable_hard_coded():

@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 
 from harness import dashboards
 from harness.cli import app
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 DASHBOARD_DIR = ROOT / "dashboards"
 
 # The metric names the engine exposes (issue 10's list; METRICS.md). An independent copy:

@@ -8,11 +8,11 @@ non-empty step lasts ``STEP_S``, so times are exact multiples of it.
 from __future__ import annotations
 
 import pytest
-from engine_helpers import STEP_S, Req, Trace, add, drive, make_engine
 
 from engine.core import decisions as d
 from engine.core.sequence import SequenceStatus
 from engine.llm_engine import LLMEngine
+from tests.support.engine_helpers import STEP_S, Req, Trace, add, drive, make_engine
 
 FINISHED_OK = {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH}
 

@@ -19,9 +19,10 @@ import polars as pl
 import pytest
 
 from harness.local_server import CliServer
+from tests.support.paths import DATA, REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).parent / "data"
+ROOT = REPO
+DATA = DATA
 
 
 def run_cli(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from report_browser import chromium_required, find_chromium, inspect_html
 from typer.testing import CliRunner
 
 from harness.cli import app
+from tests.support.paths import DATA
+from tests.support.report_browser import chromium_required, find_chromium, inspect_html
 
-DATA = Path(__file__).parent / "data"
+DATA = DATA
 runner = CliRunner()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from engine_helpers import Req, drive, make_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -18,6 +17,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.telemetry import spans as sp
 from engine.telemetry.trace_ids import request_trace_id
 from engine.telemetry.tracing import Tracing, TracingSettings, install_tracing
+from tests.support.engine_helpers import Req, drive, make_engine
 
 COSTS = CostModel(
     **{

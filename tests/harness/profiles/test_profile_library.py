@@ -39,8 +39,9 @@ from harness.profiles import (
     shipped_profile_names,
 )
 from harness.profiles.loader import ALIASES, shipped_profiles_dir
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 Z99 = 2.5758  # two-sided 99% normal quantile
 # Upper 99.9% points of the chi-square distribution, by degrees of freedom.
 CHI2_999 = {19: 43.82, 29: 58.30, 39: 72.05}

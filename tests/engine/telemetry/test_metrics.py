@@ -11,7 +11,6 @@ import subprocess
 from collections import Counter
 
 import pytest
-from engine_helpers import Req, drive, make_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_preemption_modes import COSTS, H, L, S
@@ -31,6 +30,7 @@ from engine.telemetry.metrics import (
     wants_openmetrics,
 )
 from engine.telemetry.trace_ids import format_trace_id, request_trace_id
+from tests.support.engine_helpers import Req, drive, make_engine
 
 LABELS = {"model_name": "tiny", "engine": "0"}
 

@@ -19,8 +19,9 @@ import pytest
 from harness.loadgen.merge import merge_records
 from harness.local_server import CliServer
 from harness.profiles import build_plan, resolve_profile, shipped_profile_names
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 LOCUST = str(Path(sys.executable).parent / "locust")
 #: Shortened to a few seconds each (rates unchanged).
 DURATION_SCALE = 0.04

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_helpers import STEP_S, Req, Trace, constant_cost, drive, make_engine
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +19,7 @@ from engine.core.sched.preemption import policy_order
 from engine.core.sequence import SequenceStatus
 from engine.llm_engine import LLMEngine
 from engine.records.step_record import StepRecord
+from tests.support.engine_helpers import STEP_S, Req, Trace, constant_cost, drive, make_engine
 
 #: Deterministic runs (same examples every time); no per-example deadline.
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

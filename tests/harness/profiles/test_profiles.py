@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import itertools
 import json
@@ -31,8 +30,9 @@ from harness.profiles import (
     resolve_profile,
     sample_requests,
 )
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO
 N = 200_000
 
 
@@ -661,40 +661,3 @@ def test_import_stays_light():
     )
     modules = set(json.loads(out.stdout))
     assert not {"torch", "asyncio", "polars"} & modules
-
-
-# Lower layers never import higher ones (not lazily, not under TYPE_CHECKING): the
-# model is data that sampling and serialization build on, never the other way round.
-_LAYERS = {
-    "errors": 0,
-    "locust_hook": 0,
-    "trace": 1,
-    "distributions": 1,
-    "model": 2,
-    "schedule": 3,
-    "serialize": 3,
-    "loader": 4,
-    "__init__": 5,
-}
-
-
-def _package_imports(path: Path) -> set[str]:
-    """Modules of harness.profiles that `path` imports anywhere in its body."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        else:
-            continue
-        found |= {n.split(".")[2] for n in names if n.startswith("harness.profiles.")}
-    return found & set(_LAYERS)
-
-
-def test_profile_modules_import_only_lower_layers():
-    package = REPO / "harness" / "profiles"
-    assert {p.stem for p in package.glob("*.py")} == set(_LAYERS)
-    for module, layer in _LAYERS.items():
-        for imported in _package_imports(package / f"{module}.py"):
-            assert _LAYERS[imported] < layer, f"{module} imports {imported}"
