@@ -15,13 +15,8 @@ import time
 
 import torch
 
-from engine.worker.model import (
-    AttentionMetadata,
-    DenseKVCache,
-    allocate_kv_cache,
-    build_model,
-    dense_decode_forward,
-)
+from engine.worker.dense_reference import DenseKVCache, dense_decode_forward
+from engine.worker.model import AttentionMetadata, allocate_kv_cache, build_model
 from engine.worker.model_config import ModelConfig
 
 BLOCK = 16

@@ -18,15 +18,17 @@ import torch
 import torch.nn.functional as F
 
 from engine.core import prefill_groups
-from engine.worker import model as model_module
+from engine.worker import attention_metadata
+from engine.worker.dense_reference import (
+    DenseKVCache,
+    dense_decode_forward,
+    dense_reference_forward,
+)
 from engine.worker.model import (
     AttentionMetadata,
-    DenseKVCache,
     allocate_kv_cache,
     apply_rope,
     build_model,
-    dense_decode_forward,
-    dense_reference_forward,
     rope_inv_freq,
 )
 from engine.worker.model_config import PRESETS, ModelConfig, RopeScaling
@@ -171,7 +173,7 @@ def run_schedule(model, block_size: int, seed: int):
 def test_paged_attention_matches_dense_reference(config, block_size, grouped, monkeypatch):
     if grouped:  # split decodes into length groups whenever lengths differ by a bucket,
         # and prefill chunks into groups whenever padding them together costs anything
-        monkeypatch.setattr(model_module, "DECODE_GROUP_OVERHEAD_SLOTS", 0)
+        monkeypatch.setattr(attention_metadata, "DECODE_GROUP_OVERHEAD_SLOTS", 0)
         monkeypatch.setattr(prefill_groups, "PREFILL_GROUP_OVERHEAD_WORK", 0)
     else:  # every prefill chunk of a step in one padded group
         monkeypatch.setattr(prefill_groups, "PREFILL_GROUP_OVERHEAD_WORK", 10**12)
@@ -185,7 +187,7 @@ def test_decode_groups_by_length(monkeypatch):
     lens = [3, 60, 5, 61, 200, 4]
     meta, _ = AttentionMetadata.build([1] * 6, lens, [list(range(50))] * 6, block_size=4)
     assert len(meta.decode) == 1 and meta.decode[0].token_indices is None
-    monkeypatch.setattr(model_module, "DECODE_GROUP_OVERHEAD_SLOTS", 0)
+    monkeypatch.setattr(attention_metadata, "DECODE_GROUP_OVERHEAD_SLOTS", 0)
     meta, _ = AttentionMetadata.build([1] * 6, lens, [list(range(50))] * 6, block_size=4)
     groups = [g.token_indices.tolist() for g in meta.decode]
     assert groups == [[0, 5], [2], [1, 3], [4]]  # 1, 2, 15-16 and 50 blocks
