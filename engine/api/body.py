@@ -19,7 +19,7 @@ import zlib
 
 from aiohttp import web
 
-from engine.api.protocol import ApiError, bad_request
+from engine.api.errors import ApiError, bad_request
 
 try:  # brotli comes with locust (through geventhttpclient); "br" is refused without it.
     import brotli

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from engine.api.protocol import ApiError, dumps
+from engine.api.errors import ApiError
+from engine.api.json_codec import dumps
 
 log = logging.getLogger("schedscope.server")
 

@@ -16,16 +16,11 @@ from typing import Any
 from aiohttp import web
 
 from engine.api.body import HeavyWork, read_json_body
-from engine.api.protocol import (
-    ServingContext,
-    bad_request,
-    chat_messages,
-    check_model,
-    check_text,
-    dumps,
-    parse_json_object,
-    render_chat,
-)
+from engine.api.chat_template import chat_messages, render_chat
+from engine.api.errors import bad_request
+from engine.api.generate_request import ServingContext
+from engine.api.json_codec import check_text, dumps, parse_json_object
+from engine.api.validation import check_model
 
 
 def add_tokenize_routes(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from engine.records.stall_causes import STALL_CAUSES
 from harness.report.stats import (
     PERCENTILES,
     clean,
@@ -22,14 +23,6 @@ from harness.report.stats import (
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "total_queue_s", "stall_s")
 STATUSES = ("ok", "error", "rejected", "aborted")
-STALL_CAUSES = (
-    "swapped_out",
-    "recompute",
-    "preempted_waiting",
-    "prefill_interference",
-    "token_budget",
-    "other",
-)
 
 #: requests.parquet columns the report reads (those absent are filled with nulls/zeros).
 REQUEST_COLUMNS = {

@@ -13,7 +13,6 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_preemption_modes import COSTS, H, L, S
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core import decisions as d
@@ -30,6 +29,7 @@ from engine.telemetry.metrics import (
     wants_openmetrics,
 )
 from engine.telemetry.trace_ids import format_trace_id, request_trace_id
+from tests.engine.core.test_preemption_modes import COSTS, H, L, S
 from tests.support.engine_helpers import Req, drive, make_engine
 
 LABELS = {"model_name": "tiny", "engine": "0"}
