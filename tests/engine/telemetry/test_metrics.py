@@ -4,10 +4,7 @@ exposition negotiates OpenMetrics (exemplars) and passes ``promtool check metric
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from collections import Counter
 
 import pytest
@@ -30,6 +27,7 @@ from engine.telemetry.metrics import (
 )
 from engine.telemetry.trace_ids import format_trace_id, request_trace_id
 from tests.engine.core.test_preemption_modes import COSTS, H, L, S
+from tests.support.components import check_with_promtool
 from tests.support.engine_helpers import Req, drive, make_engine
 
 LABELS = {"model_name": "tiny", "engine": "0"}
@@ -444,35 +442,6 @@ def test_exemplars_only_in_openmetrics_and_they_name_real_requests():
             re.escape(name) + r'_bucket\{[^}]*\} \S+ # \{trace_id="([0-9a-f]{32})"\}', om
         )
         assert ids and set(ids) <= expected, name
-
-
-def promtool() -> str | None:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is missing (apt-get install prometheus); CI must not skip")
-        pytest.skip("promtool not installed (apt-get install -y prometheus)")
-    return path
-
-
-#: Warnings that vLLM's own names carry (the colon, and its _total histogram).
-ALLOWED_LINT = (
-    re.compile(r"^\S+ metric names should not contain ':'$"),
-    re.compile(
-        r'^vllm:iteration_tokens_total non-counter metrics should not have "_total" '
-        r"suffix$"
-    ),
-)
-
-
-def check_with_promtool(text: bytes) -> None:
-    result = subprocess.run(
-        [promtool(), "check", "metrics"], input=text, capture_output=True, timeout=60
-    )
-    lines = (result.stdout + result.stderr).decode().splitlines()
-    problems = [x for x in lines if x.strip() and not any(p.match(x) for p in ALLOWED_LINT)]
-    assert not problems, problems
-    assert result.returncode in (0, 3), lines  # 3: lint warnings only
 
 
 def test_promtool_accepts_the_exposition():

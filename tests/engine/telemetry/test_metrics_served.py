@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_metrics import check_with_promtool
 
 from engine.api import ServerSettings
 from engine.serving.tokenizer import HashTokenizer
 from engine.telemetry.metrics import install_metrics
 from harness.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
+from tests.support.components import check_with_promtool
 
 #: Every name a dashboard may query, as exposed (counters with their _total).
 EXPOSED = {

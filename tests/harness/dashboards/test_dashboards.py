@@ -6,9 +6,7 @@ differ between vLLM V0 and V1 query both generations."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from typer.testing import CliRunner
 
 from harness import dashboards
 from harness.cli import app
+from tests.support.components import promtool
 from tests.support.paths import REPO
 
 ROOT = REPO
@@ -273,27 +272,13 @@ def test_panel_queries_substitutes_every_variable():
     assert dashboards.substitute('x{a=~"${model_name}"}', {"model_name": "m"}) == 'x{a=~"m"}'
 
 
-def _promtool() -> str:
-    path = shutil.which("promtool") or (
-        "/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None
-    )
-    if path is None:
-        message = (
-            "promtool not found (Debian: apt-get install -y --no-install-recommends prometheus)"
-        )
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message + "; CI must run this check")
-        pytest.skip(message)
-    return path
-
-
 def _check_rules(tmp_path: Path, exprs: list[str]) -> subprocess.CompletedProcess:
     # promtool cannot parse a lone expression: each one becomes a recording rule.
     rules = [{"record": f"schedscope_dashboard_query_{i}", "expr": e} for i, e in enumerate(exprs)]
     path = tmp_path / "dashboard_queries.rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
     return subprocess.run(
-        [_promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+        [promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
 
 

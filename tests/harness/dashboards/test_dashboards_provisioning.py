@@ -100,10 +100,10 @@ def test_compose_references_files_that_exist(service):
 def test_promtool_accepts_the_prometheus_config():
     import subprocess
 
-    from test_dashboards import _promtool
+    from tests.support.components import promtool
 
     result = subprocess.run(
-        [_promtool(), "check", "config", str(DIR / "prometheus.yml")],
+        [promtool(), "check", "config", str(DIR / "prometheus.yml")],
         capture_output=True,
         text=True,
         timeout=60,
