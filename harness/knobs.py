@@ -3,8 +3,9 @@
 Every field of :class:`SchedulerConfig` and :class:`CacheConfig` becomes a flag with
 vLLM's spelling (``max_num_seqs`` -> ``--max-num-seqs``) and the field's
 ``metadata["help"]``; a command decorated with :func:`with_engine_knobs` receives a
-validated :class:`EngineConfig` as ``engine_config``. Adding a knob to a config
-class adds it to every command at once.
+validated :class:`EngineConfig` as ``engine_config``, or the raw flag values as
+``knob_values``, whichever it declares. Adding a knob to a config class adds it to
+every command at once.
 """
 
 from __future__ import annotations
@@ -71,33 +72,39 @@ def build_engine_config(values: dict[str, typing.Any]) -> EngineConfig:
 
 
 def with_engine_knobs(exclude: frozenset[str] = frozenset()):
-    """Decorator: add every engine knob as a flag; pass ``engine_config`` (or None
-    when a knob is excluded and must be filled in by the command) plus
-    ``knob_values`` (the raw flag values) to the command."""
+    """Decorator: add every engine knob (but those in ``exclude``) as a flag, and pass
+    the command what it declares of ``engine_config`` (the validated EngineConfig;
+    ConfigError becomes a bad parameter) and ``knob_values`` (the raw flag values).
+
+    A command that excludes a knob fills it in itself, so it cannot declare
+    ``engine_config``: it builds its configs from ``knob_values``."""
 
     def decorate(fn):
         sig = inspect.signature(fn)
-        own = [p for p in sig.parameters.values() if p.name not in ("engine_config", "knob_values")]
+        injected = [p for p in ("engine_config", "knob_values") if p in sig.parameters]
+        if exclude and "engine_config" in injected:
+            raise TypeError(
+                f"{fn.__name__}: with knobs excluded there is no engine_config to pass; "
+                "build it from knob_values"
+            )
+        own = [p for p in sig.parameters.values() if p.name not in injected]
         knobs = knob_parameters(exclude)
         names = [p.name for p in knobs]
 
         @functools.wraps(fn)
         def wrapper(**kwargs):
             values = {name: kwargs.pop(name) for name in names}
-            engine_config = None
-            if not exclude:
+            if "engine_config" in injected:
                 try:
-                    engine_config = build_engine_config(values)
+                    kwargs["engine_config"] = build_engine_config(values)
                 except ConfigError as exc:
                     raise typer.BadParameter(str(exc)) from None
-            return fn(engine_config=engine_config, knob_values=values, **kwargs)
+            if "knob_values" in injected:
+                kwargs["knob_values"] = values
+            return fn(**kwargs)
 
         wrapper.__signature__ = sig.replace(parameters=own + knobs)
-        annotations = {
-            k: v
-            for k, v in typing.get_type_hints(fn).items()
-            if k not in ("engine_config", "knob_values")
-        }
+        annotations = {k: v for k, v in typing.get_type_hints(fn).items() if k not in injected}
         annotations.update({p.name: p.annotation for p in knobs})
         wrapper.__annotations__ = annotations
         del wrapper.__wrapped__  # typer must read our signature, not fn's

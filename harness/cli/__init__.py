@@ -1,0 +1,22 @@
+"""The ``schedscope`` command line (typer): ``harness.cli:app`` is the console script,
+``python -m harness.cli`` the same.
+
+One module per command; each parses and checks its arguments, calls the harness
+(``harness.simulate``, ``harness.run``, ``harness.serve``, ``harness.calibrate``,
+``harness.report``, ``harness.dashboards``) and maps its errors to exit codes.
+:mod:`harness.cli.app` holds the app and its consoles; the commands are registered
+here, in the order ``schedscope --help`` lists them.
+"""
+
+from harness.cli import calibrate, dashboards, export_tokenizer, report, run, serve, simulate
+from harness.cli.app import app
+
+app.command()(simulate.simulate)
+app.command()(run.run)
+app.command()(serve.serve)
+app.command("export-tokenizer")(export_tokenizer.export_tokenizer)
+app.command()(calibrate.calibrate)
+app.command()(report.report)
+app.add_typer(dashboards.dashboards_app, name="dashboards")
+
+__all__ = ["app"]

@@ -1,0 +1,176 @@
+"""``schedscope run``: the policies (or a run file's matrix of cells) under Locust load,
+one served engine per cell, against an external --target, or in the simulator; then the
+report. The plan comes from :func:`harness.run_plan.plan_run`, the run itself from
+:func:`harness.run.run_matrix` (docs/run.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from harness.cli.app import console
+from harness.cli.options import parse_policies
+from harness.knobs import with_engine_knobs
+from harness.profiles import ProfileError, resolve_profile
+
+#: `schedscope run`'s default --duration-scale: the `mixed` profile's 120 s schedule cut
+#: to 30 s per policy, so the three policies end in about 3 minutes here (docs/run.md).
+RUN_DURATION_SCALE = 0.25
+
+
+@with_engine_knobs(exclude=frozenset({"scheduling_policy"}))
+def run(
+    knob_values: dict,
+    profile: str = typer.Option(
+        "mixed", "--profile", help="Profile: a shipped name (docs/profiles.md) or a .py/.toml file."
+    ),
+    policy: str = typer.Option(
+        "fcfs,sjf,priority",
+        "--policy",
+        help="Policies to compare: a comma-separated list or 'all'.",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Run root (default: runs/<YYYYmmdd-HHMMSS>)."
+    ),
+    duration_scale: float = typer.Option(
+        RUN_DURATION_SCALE,
+        "--duration-scale",
+        help="Multiply every phase's duration (default 0.25: a few minutes for three policies).",
+    ),
+    rate_scale: float = typer.Option(
+        1.0, "--rate-scale", help="Multiply every open-loop arrival rate."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Schedule seed (default: the profile's)."),
+    run_file: Path | None = typer.Option(
+        None,
+        "--run-file",
+        help="TOML run file: a matrix of policies x knob sets x rate scales (docs/run.md).",
+    ),
+    simulate_mode: bool = typer.Option(
+        False, "--simulate", help="Run the same matrix in the simulator (seconds), then the report."
+    ),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        help="Drive this external OpenAI-compatible server (e.g. vLLM) instead of the bundled "
+        "engine; scrape its /metrics.",
+    ),
+    label: str = typer.Option("target", "--label", help="The --target run's name in the report."),
+    target_trace_file: Path | None = typer.Option(
+        None,
+        "--target-trace-file",
+        help="With --target: an OTLP-JSON lines file the target writes its spans to; read "
+        "into spans.parquet at the end.",
+    ),
+    target_otlp_port: int | None = typer.Option(
+        None,
+        "--target-otlp-port",
+        help="With --target: receive the target's spans over OTLP/HTTP at "
+        "http://127.0.0.1:PORT/v1/traces (start the target exporting there, e.g. vLLM's "
+        "--otlp-traces-endpoint); they become spans.parquet.",
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="SCHEDSCOPE_API_KEY", help="Bearer token for --target."
+    ),
+    executor: str = typer.Option(
+        "torch",
+        "--executor",
+        help="The served engine's executor: torch (the bundled model "
+        "computes) or sim (sleeps the cost model's step time).",
+    ),
+    cost_model: Path | None = typer.Option(
+        None, "--cost-model", help="Cost model JSON for --executor sim and --simulate."
+    ),
+    torch_threads: int | None = typer.Option(
+        None, "--torch-threads", help="Passed to schedscope serve."
+    ),
+    prometheus: bool = typer.Option(
+        False,
+        "--prometheus",
+        help="Scrape with a real Prometheus (Debian's binary) and export its series at the end, "
+        "instead of scraping /metrics directly.",
+    ),
+    grace: float = typer.Option(
+        30.0, "--grace", help="Locust waits this long after the schedule for the last responses."
+    ),
+    start_timeout: float = typer.Option(
+        180.0, "--start-timeout", help="Seconds the server may take to become healthy."
+    ),
+    keep_raw: bool = typer.Option(
+        True,
+        "--keep-raw/--no-keep-raw",
+        help="Keep each cell's raw/ (the engine's own record files, the trace file).",
+    ),
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="Generate the report at the end."
+    ),
+) -> None:
+    """Compare scheduling policies under Locust load: one served engine per policy (or a
+    --target, or --simulate), records, spans and metrics per policy in
+    runs/<timestamp>/<policy>/, a summary table, then the report; prints the report's
+    path last (docs/run.md)."""
+    import sys
+
+    from harness.run import RunFileError, RunOptions, run_matrix
+    from harness.run_plan import plan_run
+
+    policies = parse_policies(policy)
+    if simulate_mode and target:
+        raise typer.BadParameter(
+            "--simulate and --target exclude each other", param_hint="--target"
+        )
+    if executor not in ("torch", "sim"):
+        raise typer.BadParameter("torch or sim", param_hint="--executor")
+    if duration_scale <= 0:
+        raise typer.BadParameter("must be > 0", param_hint="--duration-scale")
+    if rate_scale <= 0:
+        raise typer.BadParameter("must be > 0", param_hint="--rate-scale")
+    try:
+        plan = plan_run(
+            policies,
+            dict(knob_values),
+            rate_scale,
+            profile,
+            duration_scale,
+            seed,
+            run_file=run_file,
+            target_label=label if target else None,
+        )
+    except RunFileError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--run-file" if run_file else None) from None
+    try:
+        resolve_profile(plan.profile).with_duration_scale(plan.duration_scale)
+    except ProfileError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--profile") from None
+    if target and not target.startswith(("http://", "https://")):
+        raise typer.BadParameter("expected http://HOST:PORT", param_hint="--target")
+    if cost_model is not None and not cost_model.is_file():
+        raise typer.BadParameter(f"{cost_model}: no such file", param_hint="--cost-model")
+    settings = {
+        "executor": executor,
+        "cost_model": cost_model,
+        "torch_threads": torch_threads,
+        "target": target.rstrip("/") if target else None,
+        "target_trace_file": target_trace_file,
+        "target_otlp_port": target_otlp_port,
+        "api_key": api_key,
+        "prometheus": prometheus,
+        "grace_s": grace,
+        "start_timeout_s": start_timeout,
+    }
+    options = RunOptions(
+        plan=plan,
+        out=out,
+        simulate=simulate_mode,
+        settings=settings,
+        keep_raw=keep_raw,
+        argv=["schedscope", *sys.argv[1:]],
+        report=report,
+    )
+    code, report_path, root = run_matrix(options, console)
+    console.print(f"run: {root}", soft_wrap=True, highlight=False, markup=False)
+    if report_path is not None:
+        # The last line: the report's path alone (`make demo`, `| tail -1`).
+        console.print(str(report_path), soft_wrap=True, highlight=False, markup=False)
+    raise typer.Exit(code)

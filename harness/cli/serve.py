@@ -1,0 +1,147 @@
+"""``schedscope serve``: the engine behind the OpenAI-compatible HTTP server, every
+engine knob a flag (:func:`harness.serve.serve` does the work; docs/serving.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from engine.config import EngineConfig
+from harness.knobs import with_engine_knobs
+
+
+@with_engine_knobs()
+def serve(
+    engine_config: EngineConfig,
+    executor: str = typer.Option(
+        "torch",
+        "--executor",
+        help="torch: the bundled model computes; sim: the cost model "
+        "predicts each step and it takes that long.",
+    ),
+    cost_model: Path | None = typer.Option(
+        None,
+        "--cost-model",
+        help="Cost model JSON: the step times of --executor sim, and the swap vs recompute "
+        "prices of --preemption-mode auto; default: built-in.",
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    port: int = typer.Option(8000, "--port", help="Port to bind; 0 picks a free one."),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="SCHEDSCOPE_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on /v1/* routes.",
+    ),
+    served_model_name: str | None = typer.Option(
+        None, "--served-model-name", help="The model name clients send; default: --model."
+    ),
+    max_body_bytes: int = typer.Option(
+        1 << 20, "--max-body-bytes", help="Larger request bodies get 413."
+    ),
+    shutdown_timeout_s: float = typer.Option(
+        10.0,
+        "--shutdown-timeout-s",
+        help="On SIGINT/SIGTERM, in-flight requests may finish for this long; then aborted.",
+    ),
+    record_steps: Path | None = typer.Option(
+        None,
+        "--record-steps",
+        help="Write every step's record (steps.parquet columns, docs/records.md) to this "
+        "file at shutdown: for `schedscope calibrate --from-steps`.",
+    ),
+    torch_threads: int = typer.Option(
+        0,
+        "--torch-threads",
+        help="torch intra-op threads for --executor torch; 0: one fewer than the cores, so "
+        "the event loop and a co-located load generator do not stall every step.",
+    ),
+    record_decisions: Path | None = typer.Option(
+        None,
+        "--record-decisions",
+        help="Write every scheduler decision (decisions.parquet columns, docs/records.md; "
+        "engine times) to this file at shutdown.",
+    ),
+    record_requests: Path | None = typer.Option(
+        None,
+        "--record-requests",
+        help="Write the engine's record of every request (requests.parquet columns, engine "
+        "times; docs/records.md) to this file at shutdown.",
+    ),
+    engine_core: str = typer.Option(
+        "process",
+        "--engine-core",
+        help="process: the step loop runs in a process of its own, so the HTTP server's "
+        "per-token work never holds the GIL a step needs (as vLLM V1's EngineCore); "
+        "thread: in a thread of the server's process.",
+    ),
+    header_timeout_s: float = typer.Option(
+        10.0,
+        "--header-timeout",
+        help="Seconds from a connection's opening, or the end of its last response, until "
+        "the next request's headers are complete; then 408 and close (slow-client "
+        "protection; also the keep-alive timeout).",
+    ),
+    body_timeout_s: float = typer.Option(
+        30.0,
+        "--body-timeout",
+        help="Seconds a request's body may take to arrive; then 408.",
+    ),
+    max_connections: int = typer.Option(
+        1024,
+        "--max-connections",
+        help="Open connections at most; at the cap the longest-idle one is closed for a new "
+        "one, or, none idle, the new one gets a 503. Lowered to fit the open-file limit.",
+    ),
+    trace_file: Path | None = typer.Option(
+        None,
+        "--trace-file",
+        help="Write the engine's spans to this file (OTLP-JSON lines; docs/telemetry.md).",
+    ),
+    otlp_traces_endpoint: str | None = typer.Option(
+        None,
+        "--otlp-traces-endpoint",
+        help="Export spans over OTLP/HTTP to this URL (e.g. http://127.0.0.1:4318/v1/traces); "
+        "default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT when set.",
+    ),
+    no_tracing: bool = typer.Option(
+        False,
+        "--no-tracing",
+        help="No spans at all, whatever the flags and OTEL_* variables say.",
+    ),
+    metrics: bool = typer.Option(
+        True,
+        "--metrics/--no-metrics",
+        help="Serve Prometheus metrics on GET /metrics (vLLM's names and schedscope_*; "
+        "docs/metrics.md); --no-metrics: no registry, no observer, no route.",
+    ),
+) -> None:
+    """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
+    from harness.serve import serve as run_serve
+
+    raise typer.Exit(
+        run_serve(
+            engine_config,
+            executor,
+            cost_model,
+            host,
+            port,
+            api_key,
+            served_model_name,
+            max_body_bytes,
+            shutdown_timeout_s,
+            record_steps,
+            torch_threads,
+            engine_core,
+            record_requests,
+            header_timeout_s=header_timeout_s,
+            body_timeout_s=body_timeout_s,
+            max_connections=max_connections,
+            trace_file=trace_file,
+            otlp_traces_endpoint=otlp_traces_endpoint,
+            no_tracing=no_tracing,
+            metrics=metrics,
+            record_decisions=record_decisions,
+        )
+    )

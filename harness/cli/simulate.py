@@ -1,0 +1,144 @@
+"""``schedscope simulate``: the engine's scheduler on a virtual clock, one or several
+policies over one profile (:func:`harness.simulate.run_simulations`), then the
+comparison table (:mod:`harness.compare`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from engine.config import ConfigError, EngineConfig
+from engine.core.cost_model import CostModel, CostModelError
+from harness.cli.app import console
+from harness.cli.options import parse_policies
+from harness.compare import print_comparison, print_span_counts
+from harness.knobs import build_engine_config, with_engine_knobs
+from harness.profiles import Profile, ProfileError, resolve_profile
+
+
+@with_engine_knobs(exclude=frozenset({"scheduling_policy"}))
+def simulate(
+    knob_values: dict,
+    profile: str = typer.Option(
+        "default", "--profile", help="Profile file (.toml or .py) or a shipped profile's name."
+    ),
+    policy: str = typer.Option(
+        "fcfs",
+        "--policy",
+        help="fcfs, sjf or priority; a comma-separated list or 'all' compares several.",
+    ),
+    out: Path = typer.Option(Path("runs/simulate"), "--out", help="Directory for the records."),
+    cost_model: Path | None = typer.Option(
+        None,
+        "--cost-model",
+        help="Cost model JSON (from `schedscope calibrate`); default: built-in.",
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Schedule seed (default: the profile's)."),
+    rate_scale: float = typer.Option(
+        1.0,
+        "--rate-scale",
+        help="Multiply every open-loop arrival rate of the profile (a replayed trace: its speed).",
+    ),
+    duration_scale: float = typer.Option(
+        1.0,
+        "--duration-scale",
+        help="Multiply every phase's duration (0.1: a tenth of the run; a trace keeps the "
+        "arrivals inside its shortened window).",
+    ),
+    num_requests: int | None = typer.Option(
+        None,
+        "--num-requests",
+        help="Simulate exactly this many open-loop requests by repeating the profile's "
+        "open phases.",
+    ),
+    write_decisions: bool = typer.Option(
+        True, "--decisions/--no-decisions", help="Also write decisions.parquet."
+    ),
+    trace_file: Path | None = typer.Option(
+        None,
+        "--trace-file",
+        help="Write the simulated spans (OTLP-JSON lines, virtual time; docs/telemetry.md) "
+        "to this file, and each policy's spans.parquet next to its records.",
+    ),
+) -> None:
+    """Simulate the engine's scheduler on a virtual clock with a cost model.
+
+    Writes DIR/requests.parquet, DIR/decisions.parquet and DIR/summary.json (one
+    policy), or DIR/<policy>/... plus a combined DIR/summary.json (several), and
+    prints a comparison table. Same profile, seed and knobs: same bytes.
+    """
+    from harness.simulate import run_simulations
+
+    policies = parse_policies(policy)
+    prof = _scaled_profile(profile, rate_scale, duration_scale)
+    model = _cost_model(cost_model)
+    configs = _policy_configs(knob_values, policies)
+    if num_requests is not None and num_requests < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--num-requests")
+    _check_kv_plan(next(iter(configs.values())))
+    if trace_file is not None and (trace_file.is_dir() or trace_file.suffix == ".parquet"):
+        raise typer.BadParameter(
+            f"expected an OTLP-JSON lines file (e.g. spans.jsonl), got {trace_file}",
+            param_hint="--trace-file",
+        )
+    summary = run_simulations(
+        prof,
+        configs,
+        model,
+        out,
+        seed=seed,
+        num_requests=num_requests,
+        write_decisions=write_decisions,
+        trace_file=trace_file,
+    )
+    print_comparison(summary, console)
+    console.print(f"records: {out}")
+    if trace_file is not None:
+        print_span_counts(summary, trace_file, console)
+
+
+def _scaled_profile(profile: str, rate_scale: float, duration_scale: float) -> Profile:
+    """--profile resolved, its rates and durations scaled; an error names its flag."""
+    try:
+        prof = resolve_profile(profile)
+        if rate_scale != 1.0:
+            prof = prof.with_rate_scale(rate_scale)
+        if duration_scale != 1.0:
+            prof = prof.with_duration_scale(duration_scale)
+    except ProfileError as exc:
+        hint = "--profile"
+        if str(exc).startswith("rate_scale"):
+            hint = "--rate-scale"
+        elif str(exc).startswith("duration_scale"):
+            hint = "--duration-scale"
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
+    return prof
+
+
+def _cost_model(path: Path | None) -> CostModel:
+    try:
+        return CostModel.load(path) if path else CostModel()
+    except CostModelError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
+
+
+def _policy_configs(knob_values: dict, policies: list[str]) -> dict[str, EngineConfig]:
+    """One engine config per policy: the knobs' values with its scheduling_policy."""
+    configs = {}
+    for name in policies:
+        try:
+            configs[name] = build_engine_config({**knob_values, "scheduling_policy": name})
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return configs
+
+
+def _check_kv_plan(config: EngineConfig) -> None:
+    """A bad model or memory knob, named before the simulation starts."""
+    from engine.factory import default_kv_plan
+
+    try:
+        default_kv_plan(config)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc)) from None
