@@ -9,8 +9,9 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.schedscope-installed
+LINT_PATHS := engine harness loadprofiles tests benchmarks
 
-.PHONY: demo test install system-deps lint clean
+.PHONY: demo test test-fast install system-deps lint format typecheck clean
 
 install: $(STAMP)
 
@@ -24,30 +25,47 @@ demo: $(STAMP)
 	$(VENV)/bin/schedscope run
 
 # Debian's prometheus (prometheus + promtool), which the telemetry tests run for real,
-# and Debian's chromium, which opens report.html in tests/test_report_e2e.py:
-# installed when missing (as root; otherwise say how). Tests that need it fail, not
-# skip, when CI=true and they are missing.
-system-deps:
-	@command -v promtool >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing Debian's prometheus (for the telemetry tests)"; \
-	    apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	  else \
-	    echo "promtool is missing: run 'apt-get install -y --no-install-recommends prometheus' as root"; \
-	  fi; }
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing Debian's chromium (the report's headless-browser test)"; \
-	    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
-	  else \
-	    echo "chromium is missing: run 'apt-get install -y --no-install-recommends chromium' as root"; \
-	  fi; }
+# and Debian's chromium, which opens report.html in tests/harness/report/test_report_e2e.py.
+# Says what it checks and what it installs; installs only as root with apt-get, and
+# otherwise prints the command to run. Tests that need a missing one fail, not skip,
+# when CI=true.
+SYSTEM_PACKAGES := prometheus:promtool chromium:chromium
 
+system-deps:
+	@for entry in $(SYSTEM_PACKAGES); do \
+	  package=$${entry%%:*}; binary=$${entry##*:}; \
+	  if command -v $$binary >/dev/null 2>&1; then \
+	    echo "system-deps: $$package is installed ($$(command -v $$binary))"; \
+	  elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "system-deps: installing Debian's $$package: apt-get install -y --no-install-recommends $$package"; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$package >/dev/null || exit 1; \
+	  else \
+	    echo "system-deps: $$package is missing; as root run: apt-get install -y --no-install-recommends $$package"; \
+	  fi; \
+	done
+
+# The whole suite (about 15 minutes on 2 cores).
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q
 
+# The edit-test loop: everything but the tests that need Prometheus, Chromium, the
+# torch model, a real vLLM or a long run (markers in pyproject.toml; under 2 minutes).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not (prometheus or chromium or torch_model or vllm or slow)"
+
+# Formatting, lint (line length 100), the import contracts and the engine's types.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check engine harness loadprofiles tests benchmarks
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format $(LINT_PATHS)
+	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) runs .pytest_cache .hypothesis .mypy_cache .import_linter_cache

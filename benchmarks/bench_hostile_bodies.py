@@ -1,4 +1,4 @@
-"""What hostile bodies cost the server (issue 9), on an in-process server:
+"""What hostile bodies cost the server, on an in-process server:
 
 1. A 1 MB gzip body that inflates to 1 GB, with and without a valid API key: the
    status, wall time and CPU the server process spent (was 2.6-3.3 s of CPU when

@@ -1,4 +1,5 @@
-"""Profile sampling speed: the bounds that used to be asserted inside tests/test_profiles.py.
+"""Profile sampling speed: the bounds that used to be asserted inside
+tests/harness/profiles/test_profiles.py.
 
 Targets: 100,000 draws from each of the seven length-distribution kinds in <= 0.5 s
 all together; `sample_requests` of 100,000 requests of the default profile in <= 2 s.

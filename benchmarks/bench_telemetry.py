@@ -1,5 +1,5 @@
 """Full telemetry on vs off: spans (to an OTLP-JSON file) and Prometheus metrics,
-against the same engine without them (issue 10, "Performance").
+against the same engine without them.
 
 Two torch engines (tiny model, CPU), one with ``install_metrics`` and
 ``install_tracing``, one bare, run alternating rounds of the same closed batch: 32

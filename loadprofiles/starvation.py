@@ -2,7 +2,7 @@
 (and, more mildly, priority) unless aging or a max-wait bound is on: 85% short
 requests, 15% long ones, Poisson at 24 req/s for 90 s.
 
-What it is for: trap 3 of the scheduler guide ("忽视长尾请求的饿死问题": in mixed
+What it is for: trap 3 in docs/traps.md (long requests starving: in mixed
 short + long load without priorities or a time bound, short requests keep cutting
 in and long ones wait indefinitely; the fix is queue-weighted scheduling with a
 maximum wait). 24 req/s is about this mix's capacity, so the waiting queue never
@@ -32,7 +32,7 @@ cost model, 2,136 requests; queue wait of the long class, max / p99):
 waited ~8 s overtake a fresh short one. Past capacity, as here, a 5 s bound promotes
 nearly every request, so the queue runs close to FCFS order for both classes.)
 Shortened to --duration-scale 0.7 (63 s), SJF's long max is 26.8 s against 5.4 s with
---max-wait-s 5 and 11.3 s under FCFS; tests/test_profile_library.py asserts that
+--max-wait-s 5 and 11.3 s under FCFS; tests/harness/profiles/test_profile_library.py asserts that
 direction (> 3x).
 """
 

@@ -2,7 +2,7 @@
 both swap and recompute preemptions happen: 70% long-context requests (prompts of
 1024-1536 tokens, outputs of 200-512) and 30% chat, Poisson at 3 req/s for 60 s.
 
-What it is for: trap 2 of the scheduler guide ("--swap-space 配置过小": preemptions
+What it is for: trap 2 in docs/traps.md (--swap-space too small: preemptions
 fall back to recompute, which re-runs the prefill and shows up as multi-second
 generation stalls) and the memory case (trap 4: KV pool full, a request needs
 blocks — preempt by swap or by recompute, each a decision with its reason). It needs
@@ -39,7 +39,7 @@ requests; swap / recompute preemptions, queue-wait p99 of long_context / chat):
     priority   41 / 17    27.2 s /  0.2 s
 
 Shortened to --duration-scale 0.34 (20 s) every policy still both swaps and
-recomputes; tests/test_profile_library.py asserts it.
+recomputes; tests/harness/profiles/test_profile_library.py asserts it.
 """
 
 from harness.loadgen.expose import expose

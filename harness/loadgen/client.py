@@ -4,7 +4,7 @@
 ``/v1/completions`` or ``/v1/chat/completions`` with ``stream: true`` and
 ``stream_options.include_usage`` (and ``continuous_usage_stats`` where the server has
 it), reads the server-sent events as they arrive and returns the request's row
-(``records.RECORD_COLUMNS``). Definitions: ../../shared/METRICS.md, docs/loadgen.md.
+(``records.RECORD_COLUMNS``). Definitions: docs/metrics.md, docs/loadgen.md.
 
 Token counting: with continuous usage, a chunk whose usage says k more completion
 tokens carries k tokens; otherwise a chunk with non-empty text carries one. Tokens

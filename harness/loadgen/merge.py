@@ -6,7 +6,7 @@ checks that they are one run (one ``run_id``, no request id twice; pass ``run_id
 pick one run out of a directory that holds several) and writes:
 
 - ``requests.parquet``: one row per scheduled request, ordered by ``scheduled_at``,
-  with the client-side columns of METRICS.md (``records.RECORD_COLUMNS``; ``itl_s`` a
+  with the client-side columns of docs/metrics.md (``records.RECORD_COLUMNS``; ``itl_s`` a
   list of float64);
 - ``summary.json``: the run's counts by status, send lag percentiles over the
   open-loop rows, ``generator_limited`` (p99 lag over the limit, or any request that

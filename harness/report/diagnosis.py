@@ -1,4 +1,4 @@
-"""Diagnosis of the four known traps (../shared/DESIGN.md) from a run's data.
+"""Diagnosis of the four known traps (docs/traps.md) from a run's data.
 
 Each rule reads numbers the records carry, flags only past its thresholds (a healthy
 run flags nothing), and states its evidence, the worst requests and the knob:

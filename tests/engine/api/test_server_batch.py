@@ -1,4 +1,4 @@
-"""Batched completion prompts and vLLM's continuous usage stats (issue 9).
+"""Batched completion prompts and vLLM's continuous usage stats.
 
 ``"prompt"`` as a list of strings or of token-id lists is a batch, as in OpenAI and
 vLLM: one choice per prompt with its ``index``, usage summed, streamed choices

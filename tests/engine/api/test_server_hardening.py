@@ -1,4 +1,4 @@
-"""Serving, round two: what a hostile reviewer found (issue 9).
+"""Serving, round two: what a hostile reviewer found.
 
 Compressed and mistyped bodies, slow clients, parser errors, deep nesting, expensive
 refusals, a KV pool too small for the default max_tokens, and chat role injection —

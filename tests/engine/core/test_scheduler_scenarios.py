@@ -223,7 +223,7 @@ def test_decode_growth_swaps_out_the_worst_running_request_then_swaps_it_in() ->
 def test_swap_space_exhaustion_falls_back_to_recompute(host_blocks: int) -> None:
     """Trap 2: too little swap space: the preemption recomputes instead (b holds 2
     blocks, the host pool has fewer), says so, and the engine keeps going. (``auto``
-    with a full host pool: tests/test_preemption_modes.py.)"""
+    with a full host pool: tests/engine/core/test_preemption_modes.py.)"""
     engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=host_blocks, preemption_mode="swap")
     trace = drive(engine, [A, B])
     preempt = only(trace.of(d.PREEMPT))

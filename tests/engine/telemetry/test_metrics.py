@@ -1,5 +1,5 @@
 """engine.telemetry.metrics: counters equal the decisions the step records carry,
-histogram counts equal the requests, stall causes follow METRICS.md's precedence, the
+histogram counts equal the requests, stall causes follow docs/metrics.md's precedence, the
 exposition negotiates OpenMetrics (exemplars) and passes ``promtool check metrics``."""
 
 from __future__ import annotations

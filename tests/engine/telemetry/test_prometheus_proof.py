@@ -1,4 +1,4 @@
-"""Proof against a real Prometheus (Debian's ``prometheus``, issue 10).
+"""Proof against a real Prometheus (Debian's ``prometheus``).
 
 ``schedscope serve --executor sim`` (the engine process path) runs under a short load
 with memory pressure — a KV pool too small for the concurrent requests and a host pool

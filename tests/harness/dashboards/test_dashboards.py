@@ -22,7 +22,7 @@ from tests.support.paths import REPO
 ROOT = REPO
 DASHBOARD_DIR = ROOT / "dashboards"
 
-# The metric names the engine exposes (issue 10's list; METRICS.md). An independent copy:
+# The metric names the engine exposes (docs/metrics.md). An independent copy:
 # a typo in a panel query must not be "fixed" by the same typo here.
 SHARED = {
     "vllm:num_requests_running",

@@ -1,7 +1,7 @@
 """Every shipped profile, shortened, runs headless with the real ``locust`` command
 against a live bundled server (``sim`` executor) and produces complete records: every
-scheduled request has a row, and the status counts match the server's own counters
-(issue 11). One server for the module; each profile's run is measured by the change
+scheduled request has a row, and the status counts match the server's own counters.
+One server for the module; each profile's run is measured by the change
 in the server's counters it caused."""
 
 from __future__ import annotations

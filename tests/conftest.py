@@ -1,0 +1,71 @@
+"""Marks what each test needs beyond Python, so `make test-fast` can leave it out.
+
+The markers are declared in pyproject.toml. A whole file is marked where every test in
+it needs the component; single tests by name where only some do. A test that needs a
+real component it cannot find fails in CI and skips elsewhere (tests/support/components.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+#: File (relative to tests/) -> markers of every test in it.
+FILE_MARKS: dict[str, tuple[str, ...]] = {
+    # the bundled torch model computes (forward passes, a served torch engine)
+    "engine/worker/test_model.py": ("torch_model",),
+    "engine/worker/test_model_runner.py": ("torch_model",),
+    "engine/worker/test_weights.py": ("torch_model",),
+    "engine/worker/test_host_memory.py": ("torch_model", "slow"),
+    "engine/sim/test_calibration.py": ("torch_model", "slow"),
+    "engine/api/test_server_torch.py": ("torch_model", "slow"),
+    # a real Prometheus scrapes a served engine
+    "engine/telemetry/test_prometheus_proof.py": ("prometheus", "slow"),
+    # a report opened in headless chromium, over runs made for it
+    "harness/report/test_report_e2e.py": ("chromium", "slow"),
+    # servers and load generators in subprocesses, under load
+    "engine/api/test_server_cli.py": ("slow",),
+    "engine/api/test_server_load.py": ("slow",),
+    "engine/serving/test_engine_process.py": ("slow",),
+    "engine/sim/test_served_path.py": ("slow",),
+    "engine/telemetry/test_metrics_served.py": ("slow",),
+    "engine/telemetry/test_spans_served.py": ("slow",),
+    "harness/loadgen/test_loadgen.py": ("slow",),
+    "harness/loadgen/test_loadgen_profiles.py": ("slow",),
+    "harness/run/test_run.py": ("slow",),
+    "test_architecture.py": ("slow",),
+}
+
+#: (file, test name) -> markers of that test alone.
+TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("harness/run/test_run.py", "test_served_torch_two_policies"): ("torch_model",),
+    (
+        "harness/run/test_run.py",
+        "test_prometheus_scrapes_the_cell_and_its_series_become_metrics_parquet",
+    ): ("prometheus",),
+    (
+        "engine/api/test_server_cli.py",
+        "test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor",
+    ): ("torch_model",),
+    ("engine/serving/test_engine_process.py", "test_both_engine_cores_serve_the_same_tokens"): (
+        "torch_model",
+    ),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A table entry for a file that moved would silently mark nothing.
+    stale = [f for f in {*FILE_MARKS, *(f for f, _ in TEST_MARKS)} if not (TESTS / f).exists()]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py marks files that do not exist: {stale}")
+    for item in items:
+        relative = item.path.resolve().relative_to(TESTS).as_posix()
+        name = getattr(item, "originalname", item.name)
+        marks = FILE_MARKS.get(relative, ()) + TEST_MARKS.get((relative, name), ())
+        if "promtool" in name:  # runs Debian's promtool
+            marks += ("prometheus",)
+        for mark in marks:
+            item.add_marker(getattr(pytest.mark, mark))
