@@ -122,7 +122,8 @@ class SchedulerConfig:
         _require(self.max_model_len >= 1, f"max_model_len must be >= 1, got {self.max_model_len}")
         _require(
             self.scheduling_policy in SCHEDULING_POLICIES,
-            f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}",
+            f"scheduling_policy must be one of {SCHEDULING_POLICIES}, "
+            f"got {self.scheduling_policy!r}",
         )
         _require(
             self.preemption_mode in PREEMPTION_MODES,

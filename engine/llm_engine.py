@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from engine.config import EngineConfig
 from engine.core import decisions as d
 from engine.core.block_manager import BlockManager
@@ -22,9 +24,40 @@ from engine.records.observers import ObserverList
 from engine.records.step_record import DECODE, PREFILL, RECOMPUTE, ScheduledSeq, StepRecord
 from engine.records.token_times import record_token_times
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+class ModelShapes(Protocol):
+    """The model a torch engine runs, as the step loop names it: an
+    ``engine.worker.model_config.ModelConfig``, not imported here (that module reaches
+    torch, which the step loop never imports)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_position_embeddings(self) -> int: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def eos_token_id(self) -> int: ...
+
 
 class LLMEngine:
     """One engine instance. Not thread-safe: the async engine serialises calls."""
+
+    #: The model a torch engine runs (set by ``engine.factory.build_torch_engine``);
+    #: None for a simulated engine.
+    model_config: ModelShapes | None = None
+    #: The checkpoint directory a torch engine loaded; None for a preset with seeded
+    #: random weights, and for a simulated engine.
+    model_dir: Path | None = None
 
     def __init__(
         self,
@@ -47,24 +80,28 @@ class LLMEngine:
         #: read this step's token times.
         self.observers = ObserverList()
         self.observers.add(record_token_times)
-        self.scheduler: Scheduler | None = None
-        self.reset_scheduler()
+        self.block_manager, self.scheduler = self._new_scheduler(first_step=0)
 
     def reset_scheduler(self) -> None:
         """Fresh, empty block pools and queues (after an unrecoverable step error).
         Step numbers go on from where they were."""
+        self.block_manager, self.scheduler = self._new_scheduler(self.scheduler.num_steps)
+
+    def _new_scheduler(self, first_step: int) -> tuple[BlockManager, Scheduler]:
+        """Empty block pools sized by the KV plan, and a scheduler over them whose
+        first step is numbered ``first_step``."""
         plan, cache = self.kv_plan, self.config.cache
-        first_step = self.scheduler.num_steps if self.scheduler is not None else 0
-        self.block_manager = BlockManager(
+        block_manager = BlockManager(
             cache.block_size, plan.num_device_blocks, plan.num_host_blocks, cache.watermark
         )
-        self.scheduler = Scheduler(
+        scheduler = Scheduler(
             self.config.scheduler,
-            self.block_manager,
+            block_manager,
             self.eos_token_id,
             self.cost_model,
             first_step=first_step,
         )
+        return block_manager, scheduler
 
     @property
     def clock_epoch_unix(self) -> float:
@@ -147,7 +184,11 @@ class LLMEngine:
         failed = list(out.seqs)
         # Requests swapped in or out in this step may not have had their blocks copied:
         # their KV cannot be trusted either.
-        moved = {x.request_id for x in out.decisions if x.kind in (d.SWAP_OUT, d.SWAP_IN)}
+        moved = {
+            x.request_id
+            for x in out.decisions
+            if x.kind in (d.SWAP_OUT, d.SWAP_IN) and x.request_id is not None
+        }
         requests = self.scheduler.requests
         failed += [
             seq for rid in moved if (seq := requests.get(rid)) is not None and seq not in failed

@@ -23,8 +23,11 @@ from JSON; the file also records the device, model and date it was fitted on.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 FEATURES = (
     "step_overhead_s",
@@ -119,22 +122,31 @@ class CostModel:
                 f"cost model parameter client_latency_s must be a number >= 0, got "
                 f"{self.client_latency_s!r}"
             )
-        # Read once per step by the simulator: kept as a tuple (not a dataclass field).
-        object.__setattr__(self, "_coefficients", tuple(float(getattr(self, n)) for n in FEATURES))
+
+    @classmethod
+    def from_coefficients(cls, coefficients: Iterable[float], **other: Any) -> CostModel:
+        """A model with ``coefficients`` as its parameters, in FEATURES order (exactly
+        one each), and ``other`` as its remaining fields."""
+        # Typed by its values' union: mypy checks a ``**`` mapping against every field
+        # it may fill, the str and dict ones included, not only the FEATURES it holds.
+        params: dict[str, Any] = dict(zip(FEATURES, coefficients, strict=True))
+        return cls(**params, **other)
 
     @classmethod
     def constant(cls, step_s: float) -> CostModel:
         """Every non-empty step takes ``step_s`` (0: as fast as Python goes)."""
-        return cls(
-            **{**dict.fromkeys(FEATURES, 0.0), "step_overhead_s": step_s},
+        return cls.from_coefficients(
+            (step_s if name == "step_overhead_s" else 0.0 for name in FEATURES),
             client_latency_s=0.0,
             source="constant",
         )
 
-    @property
+    @cached_property
     def coefficients(self) -> tuple[float, ...]:
-        """The parameters in FEATURES order."""
-        return self._coefficients
+        """The parameters in FEATURES order. Read once per step by the simulator: kept
+        as a tuple, computed once (cached in the instance's ``__dict__``, so not a
+        dataclass field: neither compared nor saved)."""
+        return tuple(float(getattr(self, n)) for n in FEATURES)
 
     def predict(
         self,

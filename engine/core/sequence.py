@@ -152,7 +152,9 @@ class Sequence:
         self.error: str | None = None
         self.promoted = False  # waited past max_wait_s: served ahead of the policy order
         self.timing = TokenTiming()  # written by the token-timing observer only
-        self.generator = None  # the sampler's per-request RNG when params.seed is set
+        #: The sampler's per-request RNG when params.seed is set: a torch.Generator,
+        #: opaque here (the core never imports torch).
+        self.generator: object | None = None
 
     # -- derived counts ------------------------------------------------------------
     @property

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.core.request import EngineRequest
 from engine.core.sequence import Sequence
@@ -36,10 +37,24 @@ class EngineDeadError(RuntimeError):
     """The engine loop is not running (stopped, or shutting down)."""
 
 
+class SequenceHandle(Protocol):
+    """What the API side knows of a request's sequence: the :class:`Sequence` itself
+    (engine on a thread), or a ``process_engine.SequenceView`` of it (engine process)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def finish_reason(self) -> str | None: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
 class RequestRejected(Exception):
     """The scheduler refused the request; ``reason`` is a decisions.REASON_* value."""
 
-    def __init__(self, request_id: str, reason: str, sequence: Sequence) -> None:
+    def __init__(self, request_id: str, reason: str, sequence: SequenceHandle) -> None:
         super().__init__(f"request {request_id} rejected: {reason}")
         self.request_id = request_id
         self.reason = reason
@@ -221,7 +236,9 @@ class AsyncEngine:
         request = request.stamped(self.now())
         stream = _Stream(asyncio.Queue())
         self._streams[request_id] = stream
-        accepted: asyncio.Future = self._loop.create_future()
+        loop = self._loop
+        assert loop is not None  # set by start(), before the state becomes "running"
+        accepted: asyncio.Future = loop.create_future()
         self._submit(_Add(request, stream, accepted))
         try:
             await accepted
@@ -326,9 +343,9 @@ class AsyncEngine:
                 held = engine.scheduler.requests.get(command.request_id)
                 if held is None or (command.sequence is not None and held is not command.sequence):
                     continue  # already ended, or the id now belongs to a newer request
-                seq = engine.abort(command.request_id)
-                if seq is not None:
-                    ended.append(seq)
+                aborted = engine.abort(command.request_id)
+                if aborted is not None:
+                    ended.append(aborted)
         if ended:
             # End the streams now rather than after the next step (which may be long);
             # the next step record reports these ends again, and is ignored for them.

@@ -35,11 +35,15 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.records.step_record import StepRecord
 from engine.records.writers import RecordWriterSpec, install_record_writers, write_records
 from engine.serving.async_engine import engine_snapshot
+
+if TYPE_CHECKING:  # imported at run time only when tracing is on (opentelemetry)
+    from engine.telemetry.tracing import TracingSettings
 
 log = logging.getLogger("schedscope.engine")
 
@@ -59,9 +63,9 @@ class EngineCoreSpec:
     metrics_model_name: str | None = None
     idle_wait_s: float = 0.05
     log_level: int = logging.INFO
-    #: engine.telemetry.tracing.TracingSettings (None: no spans); the tracer provider
-    #: and its exporters live here, in the engine process, where the observers run.
-    tracing: object | None = None
+    #: None: no spans. The tracer provider and its exporters live here, in the engine
+    #: process, where the observers run.
+    tracing: TracingSettings | None = None
 
 
 def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:

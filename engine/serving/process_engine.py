@@ -19,6 +19,8 @@ import multiprocessing
 import queue
 import threading
 import time
+from multiprocessing.connection import Connection
+from multiprocessing.context import SpawnProcess
 
 from engine.config import ConfigError, EngineConfig
 from engine.serving.async_engine import (
@@ -72,9 +74,10 @@ class ProcessEngine(AsyncEngine):
         self._next_add_id = 0
         self._views: dict[int, SequenceView] = {}  # seq_no -> live view
         self._lock = threading.Lock()  # _pending_adds and _views: reader vs event loop
-        self._process = None
-        self._commands = None
-        self._outputs = None
+        # Set by launch(): the engine process and the two ends of its pipes kept here.
+        self._process: SpawnProcess | None = None
+        self._command_pipe: Connection | None = None  # send end, written by the sender
+        self._outputs: Connection | None = None  # receive end, read by the reader
         self._reader: threading.Thread | None = None
         self._sender: threading.Thread | None = None
         self._pending_metrics: dict[int, asyncio.Future] = {}
@@ -95,27 +98,27 @@ class ProcessEngine(AsyncEngine):
         context = multiprocessing.get_context("spawn")
         parent_commands, child_commands = context.Pipe(duplex=False)  # (recv, send)
         child_outputs_recv, child_outputs_send = context.Pipe(duplex=False)
-        self._process = context.Process(
+        process = self._process = context.Process(
             target=run_engine_core,
             args=(self.spec, parent_commands, child_outputs_send),
             name="schedscope-engine-core",
             daemon=True,
         )
-        self._process.start()
+        process.start()
         parent_commands.close()
         child_outputs_send.close()
-        self._commands, self._outputs = child_commands, child_outputs_recv
-        if not self._outputs.poll(START_TIMEOUT_S):
-            self._process.kill()
+        self._command_pipe, self._outputs = child_commands, child_outputs_recv
+        if not child_outputs_recv.poll(START_TIMEOUT_S):
+            process.kill()
             raise EngineProcessError(f"the engine process did not start in {START_TIMEOUT_S} s")
         try:
-            message = self._outputs.recv()
+            message = child_outputs_recv.recv()
         except EOFError:
             raise EngineProcessError(
-                f"the engine process exited with {self._process.exitcode} while starting"
+                f"the engine process exited with {process.exitcode} while starting"
             ) from None
         if message[0] == "failed":
-            self._process.join(10)
+            process.join(10)
             raise ConfigError(message[1])
         info = message[1]
         self._clock_origin = info["clock_origin"]
@@ -161,12 +164,14 @@ class ProcessEngine(AsyncEngine):
             self._outbox.put(("abort", command.request_id, seq_no))
 
     def _send_loop(self) -> None:
+        commands = self._command_pipe
+        assert commands is not None  # started after launch()
         while True:
             message = self._outbox.get()
             if message is None:
                 return
             try:
-                self._commands.send(message)
+                commands.send(message)
             except (BrokenPipeError, OSError):
                 return  # the reader reports the dead process
 
@@ -184,9 +189,11 @@ class ProcessEngine(AsyncEngine):
                 self._resolve(future, EngineProcessError("the engine process has stopped"))
 
     def _read_messages(self) -> None:
+        outputs, process = self._outputs, self._process
+        assert outputs is not None and process is not None  # started after launch()
         while True:
             try:
-                message = self._outputs.recv()
+                message = outputs.recv()
             except (EOFError, OSError):
                 break
             kind = message[0]
@@ -206,7 +213,7 @@ class ProcessEngine(AsyncEngine):
             elif kind == "stopped":
                 return
         if self.state not in ("stopped", "draining"):
-            log.error("the engine process exited (code %s)", self._process.exitcode)
+            log.error("the engine process exited (code %s)", process.exitcode)
             self.state = "failed"
             self.stats.errors.append("the engine process exited")
             with self._lock:
@@ -226,7 +233,9 @@ class ProcessEngine(AsyncEngine):
             raise EngineProcessError(f"engine is {self.state}")
         if self._reader is None or not self._reader.is_alive():
             raise EngineProcessError("the engine process has stopped")
-        future = self._loop.create_future()
+        loop = self._loop
+        assert loop is not None  # set by start(): the state is running or draining
+        future = loop.create_future()
         with self._lock:
             metrics_id = self._next_metrics_id
             self._next_metrics_id += 1

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from engine.core.block_manager import BlockManager
-from engine.core.cost_model import FEATURES, CostModel, step_features
+from engine.core.cost_model import CostModel, step_features
 from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
 from engine.core.sched.scheduler_output import SchedulerOutput
@@ -192,9 +192,8 @@ def calibrate(
     train_s, held_s = seconds[: len(grid)], seconds[len(grid) :]
     x = np.array([s.features() for s in grid])
     coef = fit(x, np.array(train_s))
-    params = dict(zip(FEATURES, (float(c) for c in coef), strict=True))
-    fitted = CostModel(
-        **params,
+    fitted = CostModel.from_coefficients(
+        (float(c) for c in coef),
         client_latency_s=0.0,  # the runner alone: no network
         device=describe_device(runner.device),
         model=model_name,

@@ -87,14 +87,14 @@ def client_latency_from_requests(frames) -> tuple[float, int] | None:
     carry both the client's and the engine's columns (a ``schedscope run`` cell's
     requests.parquet) — the client's send to the engine's arrival stamp, plus the
     engine's first token to the client's. None when no row has both."""
-    gaps = []
+    parts: list[np.ndarray] = []
     for frame in frames:
         if not {"ttft_from_sent_s", "engine_ttft_s", "status"} <= set(frame.columns):
             continue
         rows = frame.filter(frame["status"] == "ok")
         gap = (rows["ttft_from_sent_s"] - rows["engine_ttft_s"]).drop_nulls().to_numpy()
-        gaps.append(gap[np.isfinite(gap)])
-    gaps = np.concatenate(gaps) if gaps else np.array([])
+        parts.append(gap[np.isfinite(gap)])
+    gaps = np.concatenate(parts) if parts else np.array([])
     if gaps.size == 0:
         return None
     return max(0.0, float(np.median(gaps))), int(gaps.size)
@@ -140,8 +140,8 @@ def fit_from_steps(
     held = np.zeros(len(y), dtype=bool)
     held[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY] = True
     coef = fit(x[~held], y[~held], power=STEP_FIT_POWER)
-    fitted = CostModel(
-        **dict(zip(FEATURES, (float(c) for c in coef), strict=True)),
+    fitted = CostModel.from_coefficients(
+        (float(c) for c in coef),
         device="fitted from step records",
         model=model,
         source="steps",

@@ -41,10 +41,11 @@ def allocate_kv_cache(
     pin = pin_memory and torch.cuda.is_available()
     shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
     dtype = dtype or config.torch_dtype
-    return [
-        tuple(torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin) for _ in "kv")
-        for _ in range(config.num_layers)
-    ]
+
+    def zeros() -> Tensor:
+        return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
+
+    return [(zeros(), zeros()) for _ in range(config.num_layers)]  # (K, V) per layer
 
 
 # ---- attention metadata -------------------------------------------------------------------
@@ -123,7 +124,8 @@ class AttentionMetadata:
             if len(table) < num_blocks_needed[s]:
                 raise ValueError(
                     f"sequence {s}: block table has {len(table)} blocks, "
-                    f"{num_blocks_needed[s]} needed for {s_lens[s]} tokens of block_size {block_size}"
+                    f"{num_blocks_needed[s]} needed for {s_lens[s]} tokens "
+                    f"of block_size {block_size}"
                 )
         max_blocks = int(num_blocks_needed.max())
         tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)
@@ -171,8 +173,8 @@ class AttentionMetadata:
         prefill_groups = group_prefill_chunks(
             q_lens[prefill_seqs].tolist(), s_lens[prefill_seqs].tolist()
         )
-        for group in prefill_groups:
-            seqs = prefill_seqs[group]
+        for chunk_group in prefill_groups:
+            seqs = prefill_seqs[chunk_group]
             p_lens = q_lens[seqs]
             max_q = int(p_lens.max())
             token_indices = np.concatenate([np.arange(starts[s], starts[s + 1]) for s in seqs])

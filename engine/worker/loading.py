@@ -159,7 +159,7 @@ def _profile_activation_peak(
 
 
 def calibration_runner(
-    model_name: str, block_size: int, shapes, device: str | None = None
+    model_name: str, block_size: int, shapes, device: str | torch.device | None = None
 ) -> tuple[ModelRunner, str]:
     """A runner with pools large enough for every shape in ``shapes`` (calibration)."""
     if device is None:

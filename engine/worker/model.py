@@ -158,6 +158,8 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The decoder. `forward` runs one engine step over the paged KV cache."""
 
+    inv_freq: Tensor  # a non-persistent buffer (register_buffer in __init__)
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config

@@ -37,7 +37,8 @@ class RopeScaling:
     def __post_init__(self) -> None:
         if self.rope_type not in ("linear", "llama3"):
             raise ValueError(
-                f"rope_scaling type {self.rope_type!r} is not supported (supported: 'linear', 'llama3')"
+                f"rope_scaling type {self.rope_type!r} is not supported "
+                "(supported: 'linear', 'llama3')"
             )
         if self.factor <= 0:
             raise ValueError(f"rope_scaling.factor must be > 0, got {self.factor}")
@@ -78,11 +79,13 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_heads:
             raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+                f"hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_heads ({self.num_heads})"
             )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_heads ({self.num_heads}) must be divisible by num_kv_heads ({self.num_kv_heads})"
+                f"num_heads ({self.num_heads}) must be divisible by "
+                f"num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")

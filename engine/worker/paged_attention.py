@@ -95,9 +95,9 @@ class PagedAttention:
         for group in groups:
             idx = group.token_indices
             out[idx] = self._decode(q[idx], k_rows, v_rows, group)
-        for group in self.prefill_groups:
-            idx = group.meta.token_indices
-            out[idx] = self._prefill(q[idx], k_rows, v_rows, group)
+        for prefill_group in self.prefill_groups:
+            idx = prefill_group.meta.token_indices
+            out[idx] = self._prefill(q[idx], k_rows, v_rows, prefill_group)
         return out
 
     def _decode(self, q: Tensor, k_rows: Tensor, v_rows: Tensor, group: _DecodeGroup) -> Tensor:

@@ -94,16 +94,20 @@ class Sampler:
         if not bool(torch.isfinite(probs).all()):
             raise SamplingError(
                 "probability tensor contains inf/nan "
-                f"(temperature={params.temperature!r}, top_k={params.top_k}, top_p={params.top_p!r})"
+                f"(temperature={params.temperature!r}, top_k={params.top_k}, "
+                f"top_p={params.top_p!r})"
             )
         if not bool(probs.sum() > 0):
             raise SamplingError(
                 "no token has positive probability "
-                f"(temperature={params.temperature!r}, top_k={params.top_k}, top_p={params.top_p!r})"
+                f"(temperature={params.temperature!r}, top_k={params.top_k}, "
+                f"top_p={params.top_p!r})"
             )
-        generator = None
+        generator: torch.Generator | None = None
         if params.seed is not None:
-            if seq.generator is None:
-                seq.generator = torch.Generator().manual_seed(params.seed)
-            generator = seq.generator
+            held = seq.generator
+            if isinstance(held, torch.Generator):
+                generator = held
+            else:  # None: the request's first seeded draw
+                generator = seq.generator = torch.Generator().manual_seed(params.seed)
         return int(torch.multinomial(probs, 1, generator=generator).item())

@@ -106,12 +106,10 @@ class Admission:
             waiting.drop_stale_promotions()
         if self.policy.preempts_for_waiting and len(waiting) and budget:
             head = waiting.peek()
-            fits = (
-                head is None
-                or len(self.running) < self.max_num_seqs
+            if head is not None and not (
+                len(self.running) < self.max_num_seqs
                 and self.block_manager.can_allocate(head, bool(self.running))
-            )
-            if not fits:
+            ):
                 # Worse running requests make room, and the head is admitted in this
                 # very step (before the decodes could spend that room).
                 n = prefill_chunk(head, budget, self.chunked)

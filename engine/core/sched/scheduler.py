@@ -298,7 +298,9 @@ class Scheduler:
             swapped.pop(0)
             out.blocks_to_swap_in.extend(bm.swap_in(seq))
             seq.status = RUNNING
-            seq.total_swapped_s += now - seq.swapped_out_time
+            swapped_out_time = seq.swapped_out_time
+            assert swapped_out_time is not None  # set by the swap-out that put it here
+            seq.total_swapped_s += now - swapped_out_time
             seq.swapped_out_time = None
             bisect.insort(self.running, seq, key=policy_order)
             out.decisions.append(
