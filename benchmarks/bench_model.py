@@ -77,8 +77,8 @@ def main() -> None:
     config = ModelConfig.preset(args.model)
     model = build_model(config)
     print(
-        f"model {config.name}: {config.num_parameters / 1e6:.1f}M parameters, {torch.get_num_threads()} threads, "
-        f"context {args.context}"
+        f"model {config.name}: {config.num_parameters / 1e6:.1f}M parameters, "
+        f"{torch.get_num_threads()} threads, context {args.context}"
     )
     with torch.inference_mode():
         print(f"{'batch':>6} {'paged ms':>9} {'dense ms':>9} {'ratio':>6} {'decode tok/s':>13}")
@@ -90,7 +90,8 @@ def main() -> None:
             if batch == 64:
                 ratio_64 = ratio
             print(
-                f"{batch:>6} {paged * 1e3:9.2f} {dense * 1e3:9.2f} {ratio:6.2f} {batch / paged:13,.0f}"
+                f"{batch:>6} {paged * 1e3:9.2f} {dense * 1e3:9.2f} {ratio:6.2f} "
+                f"{batch / paged:13,.0f}"
             )
         for tokens in (128, 512, 2048):
             t = timed(prefill(model, config, tokens), max(5, args.repeats // 3))

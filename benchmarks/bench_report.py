@@ -228,7 +228,8 @@ def main() -> None:
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     html_mib = (root / "report.html").stat().st_size / 2**20
     print(
-        f"data: {args.requests:,} requests, {args.spans:,} spans (generated in {gen_s:.1f} s) in {root}"
+        f"data: {args.requests:,} requests, {args.spans:,} spans "
+        f"(generated in {gen_s:.1f} s) in {root}"
     )
     print(
         f"report generation: {inner:.2f} s (process incl. imports {wall:.2f} s); "
@@ -236,7 +237,8 @@ def main() -> None:
         f"{'OK' if wall <= TARGET_S else 'OVER TARGET'}"
     )
     print(
-        f"peak memory (report process, ru_maxrss): {peak_mib:,.0f} MiB; report.html {html_mib:.1f} MiB"
+        f"peak memory (report process, ru_maxrss): {peak_mib:,.0f} MiB; "
+        f"report.html {html_mib:.1f} MiB"
     )
 
 

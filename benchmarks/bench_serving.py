@@ -343,7 +343,8 @@ def step_cycle(steps_file: Path, name: str = "served") -> None:
     idle_s = f["idle_before_s"].sum()
     n = f.height
     print(
-        f"  {name} steps: {n}, mean batch {f['num_seqs'].mean():.1f} seqs, mean cycle {cycle.drop_nulls().mean() * 1e3:.2f} ms; per step: "
+        f"  {name} steps: {n}, mean batch {f['num_seqs'].mean():.1f} seqs, "
+        f"mean cycle {cycle.drop_nulls().mean() * 1e3:.2f} ms; per step: "
         f"schedule {schedule_s / n * 1e3:.3f} ms, execute {execute_s / n * 1e3:.3f} ms "
         f"(forward {f['forward_s'].mean() * 1e3:.3f}, sample {f['sample_s'].mean() * 1e3:.3f}), "
         f"post-step (records, observers, hand-off, commands) {post_s / n * 1e3:.3f} ms; "
@@ -620,8 +621,9 @@ def main() -> None:
             }
             print(
                 f"outside the engine (median over runs): intake "
-                f"{latency['intake_s'] * 1e3:.2f} ms, delivery {latency['delivery_s'] * 1e3:.2f} ms,"
-                f" together {latency['client_latency_s'] * 1e3:.2f} ms"
+                f"{latency['intake_s'] * 1e3:.2f} ms, "
+                f"delivery {latency['delivery_s'] * 1e3:.2f} ms, "
+                f"together {latency['client_latency_s'] * 1e3:.2f} ms"
             )
             models["fitted from served steps + client latency"] = dataclasses.replace(
                 fitted, client_latency_s=latency["client_latency_s"]

@@ -127,14 +127,14 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
         (
             Panel(
                 "Queue depth: running, waiting, swapped",
-                "Requests running (admitted, holding KV blocks), waiting to be admitted, and swapped "
-                "out to host memory. Engines: running and waiting from schedscope, vLLM V0 and V1; "
-                "swapped from schedscope and vLLM V0 only (vllm:num_requests_swapped; V1 is "
-                "recompute-only and has no swapped queue, so that line is empty there). "
-                "Healthy: waiting returns to zero between bursts and running stays near the batch you "
-                "sized. Unhealthy: waiting grows without bound (arrivals exceed capacity: raise "
-                "--max-num-seqs or --gpu-memory-utilization, or shed load), or swapped stays above "
-                "zero (KV pool too small for the batch: lower --max-num-seqs or raise "
+                "Requests running (admitted, holding KV blocks), waiting to be admitted, and "
+                "swapped out to host memory. Engines: running and waiting from schedscope, vLLM V0 "
+                "and V1; swapped from schedscope and vLLM V0 only (vllm:num_requests_swapped; V1 "
+                "is recompute-only and has no swapped queue, so that line is empty there). "
+                "Healthy: waiting returns to zero between bursts and running stays near the batch "
+                "you sized. Unhealthy: waiting grows without bound (arrivals exceed capacity: "
+                "raise --max-num-seqs or --gpu-memory-utilization, or shed load), or swapped stays "
+                "above zero (KV pool too small for the batch: lower --max-num-seqs or raise "
                 "--gpu-memory-utilization).",
                 (
                     Target(_gauge("vllm:num_requests_running"), "running {{model_name}}"),
@@ -145,10 +145,10 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
             Panel(
                 "Waiting requests by reason",
                 "Why waiting requests are not admitted (vllm:num_requests_waiting_by_reason: V1's "
-                "reasons capacity and deferred, plus schedscope's own). Engines: schedscope and vLLM "
-                "V1 only; vLLM V0 has no such metric and shows no data here. "
-                "Healthy: mostly empty, short spikes of capacity during bursts. Unhealthy: a standing "
-                "capacity backlog means the KV pool or seat count is the limit (raise "
+                "reasons capacity and deferred, plus schedscope's own). Engines: schedscope and "
+                "vLLM V1 only; vLLM V0 has no such metric and shows no data here. "
+                "Healthy: mostly empty, short spikes of capacity during bursts. Unhealthy: a "
+                "standing capacity backlog means the KV pool or seat count is the limit (raise "
                 "--gpu-memory-utilization or --max-num-seqs); a deferred backlog under priority or "
                 "SJF means the policy is holding requests back (--scheduling-policy, --aging-rate, "
                 "--max-wait-s).",
@@ -168,11 +168,11 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
                 "KV cache usage: device and host",
                 "Fraction of KV blocks in use. Engines: device from vllm:kv_cache_usage_perc (vLLM "
                 "V1, schedscope) or vllm:gpu_cache_usage_perc (vLLM V0), whichever the engine has; "
-                "host from vllm:cpu_cache_usage_perc, filled by schedscope and vLLM V0 only (V1 has "
-                "no host swap pool). Healthy: device usage high but below 1 with headroom for decode growth; "
-                "host near 0. Unhealthy: device pinned at 1 while preemptions rise (pool too small: "
-                "raise --gpu-memory-utilization or lower --max-num-seqs); host usage at 1 means "
-                "swaps will fall back to recompute (raise --swap-space).",
+                "host from vllm:cpu_cache_usage_perc, filled by schedscope and vLLM V0 only (V1 "
+                "has no host swap pool). Healthy: device usage high but below 1 with headroom for "
+                "decode growth; host near 0. Unhealthy: device pinned at 1 while preemptions rise "
+                "(pool too small: raise --gpu-memory-utilization or lower --max-num-seqs); host "
+                "usage at 1 means swaps will fall back to recompute (raise --swap-space).",
                 (
                     Target(
                         _either(
@@ -187,10 +187,10 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
             Panel(
                 "KV blocks free / total by pool",
                 "schedscope's block pools: free and total blocks, device and host. Engines: "
-                "schedscope only. Healthy: device free blocks dip under load and recover; host total "
-                "is large enough that swap-outs fit. Unhealthy: device free at 0 for long stretches "
-                "(raise --gpu-memory-utilization, lower --max-num-seqs); host total small or host "
-                "free at 0 during preemptions (raise --swap-space).",
+                "schedscope only. Healthy: device free blocks dip under load and recover; host "
+                "total is large enough that swap-outs fit. Unhealthy: device free at 0 for long "
+                "stretches (raise --gpu-memory-utilization, lower --max-num-seqs); host total "
+                "small or host free at 0 during preemptions (raise --swap-space).",
                 (
                     Target(
                         _gauge("schedscope_kv_blocks_free", "model_name, pool"), "free {{pool}}"
@@ -208,13 +208,14 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
         (
             Panel(
                 "Preemptions per second by mode",
-                "Preemptions by mode (swap or recompute) and reason, swap fallbacks (a swap preemption "
-                "that found no host room and recomputed instead: trap 2), and vLLM's total. Engines: "
-                "by mode and fallbacks from schedscope only; the total (vllm:num_preemptions_total) "
-                "from schedscope, vLLM V0 and V1. Healthy: zero or rare, short spikes. Unhealthy: a "
-                "steady rate means the KV pool cannot hold the batch (lower --max-num-seqs, raise "
-                "--gpu-memory-utilization); swap fallbacks mean --swap-space is too small (raise it, "
-                "or choose --preemption-mode recompute deliberately).",
+                "Preemptions by mode (swap or recompute) and reason, swap fallbacks (a swap "
+                "preemption that found no host room and recomputed instead: trap 2), and vLLM's "
+                "total. Engines: by mode and fallbacks from schedscope only; the total "
+                "(vllm:num_preemptions_total) from schedscope, vLLM V0 and V1. Healthy: zero or "
+                "rare, short spikes. Unhealthy: a steady rate means the KV pool cannot hold the "
+                "batch (lower --max-num-seqs, raise --gpu-memory-utilization); swap fallbacks mean "
+                "--swap-space is too small (raise it, or choose --preemption-mode recompute "
+                "deliberately).",
                 (
                     Target(_rate("schedscope_preemptions_total", "model_name, mode"), "{{mode}}"),
                     Target(
@@ -228,20 +229,20 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
             Panel(
                 "Scheduler decisions per second by kind",
                 "Every decision the scheduler took, by kind (admit, preempt, swap-out, swap-in, "
-                "recompute, reject, ...). Engines: schedscope only. Healthy: admits track the arrival "
-                "rate; preempt, swap and reject near zero. Unhealthy: rejects mean the queue cap or "
-                "the model length refuses requests (--max-waiting, --max-model-len); preempt and swap "
-                "churn means the batch outgrows the KV pool (--max-num-seqs, "
+                "recompute, reject, ...). Engines: schedscope only. Healthy: admits track the "
+                "arrival rate; preempt, swap and reject near zero. Unhealthy: rejects mean the "
+                "queue cap or the model length refuses requests (--max-waiting, --max-model-len); "
+                "preempt and swap churn means the batch outgrows the KV pool (--max-num-seqs, "
                 "--gpu-memory-utilization, --swap-space).",
                 (Target(_rate("schedscope_decisions_total", "model_name, kind"), "{{kind}}"),),
                 unit="ops",
             ),
             Panel(
                 "Scheduler decisions per second by reason",
-                "The same decisions split by kind and reason: why a request waited, was preempted or "
-                "was rejected when the KV pool was full (trap 4). Engines: schedscope only. Healthy: "
-                "few non-admit reasons. Unhealthy: one reason dominating names the knob: no free "
-                "blocks (--gpu-memory-utilization, --max-num-seqs), token budget "
+                "The same decisions split by kind and reason: why a request waited, was preempted "
+                "or was rejected when the KV pool was full (trap 4). Engines: schedscope only. "
+                "Healthy: few non-admit reasons. Unhealthy: one reason dominating names the knob: "
+                "no free blocks (--gpu-memory-utilization, --max-num-seqs), token budget "
                 "(--max-num-batched-tokens), no host room (--swap-space).",
                 (
                     Target(
@@ -254,8 +255,8 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
             Panel(
                 "Scheduler configuration",
                 "The knobs the engine runs with (schedscope_scheduler_config_info labels: policy, "
-                "preemption mode, ...). Engines: schedscope only. Healthy: one row per instance, the "
-                "values you meant to deploy. Unhealthy: instances disagreeing, or a policy or "
+                "preemption mode, ...). Engines: schedscope only. Healthy: one row per instance, "
+                "the values you meant to deploy. Unhealthy: instances disagreeing, or a policy or "
                 "preemption mode you did not intend (--scheduling-policy, --preemption-mode).",
                 (
                     Target(
@@ -275,11 +276,11 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
         (
             Panel(
                 "Idle-running sequences vs running",
-                "Trap 1: sequences admitted (running, holding KV blocks) that the token budget left "
-                "out of the step, against all running sequences; and idle sequence-steps per second. "
-                "Engines: idle from schedscope only; running from schedscope, vLLM V0 and V1. "
-                "Healthy: idle near 0, every running sequence is in every step. Unhealthy: idle a "
-                "large share of running, typically after raising --max-num-seqs without "
+                "Trap 1: sequences admitted (running, holding KV blocks) that the token budget "
+                "left out of the step, against all running sequences; and idle sequence-steps per "
+                "second. Engines: idle from schedscope only; running from schedscope, vLLM V0 and "
+                "V1. Healthy: idle near 0, every running sequence is in every step. Unhealthy: "
+                "idle a large share of running, typically after raising --max-num-seqs without "
                 "--max-num-batched-tokens: raise --max-num-batched-tokens or lower --max-num-seqs.",
                 (
                     Target(
@@ -294,13 +295,13 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
             ),
             Panel(
                 "Batch tokens per step vs max_num_batched_tokens",
-                "Tokens scheduled per engine step (p50, p99) against the token budget. Engines: quantiles from "
-                "vllm:iteration_tokens_total (schedscope, vLLM V0 and V1) or, where absent, "
-                "schedscope_batch_tokens; the budget line (schedscope_token_budget_tokens) from "
-                "schedscope only. Healthy: p99 reaches the budget under load (steps are full) and "
-                "p50 well below it when load is light. Unhealthy: p99 flat at the budget while "
-                "waiting or idle-running grows (raise --max-num-batched-tokens); steps far below the "
-                "budget with a full queue (the seat count limits: raise --max-num-seqs).",
+                "Tokens scheduled per engine step (p50, p99) against the token budget. Engines: "
+                "quantiles from vllm:iteration_tokens_total (schedscope, vLLM V0 and V1) or, where "
+                "absent, schedscope_batch_tokens; the budget line (schedscope_token_budget_tokens) "
+                "from schedscope only. Healthy: p99 reaches the budget under load (steps are full) "
+                "and p50 well below it when load is light. Unhealthy: p99 flat at the budget while "
+                "waiting or idle-running grows (raise --max-num-batched-tokens); steps far below "
+                "the budget with a full queue (the seat count limits: raise --max-num-seqs).",
                 (
                     Target(
                         _either(
@@ -321,16 +322,17 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
             ),
             Panel(
                 "Step duration",
-                "Wall time of one engine step (schedule, execute, postprocess), p50/p90/p99. Engines: "
-                "schedscope only. Healthy: steady, rising gently with batch size. Unhealthy: p99 far "
-                "above p50 means some steps carry long prefills that stall every decode in them "
-                "(lower --max-num-batched-tokens to chunk prefills finer).",
+                "Wall time of one engine step (schedule, execute, postprocess), p50/p90/p99. "
+                "Engines: schedscope only. Healthy: steady, rising gently with batch size. "
+                "Unhealthy: p99 far above p50 means some steps carry long prefills that stall "
+                "every decode in them (lower --max-num-batched-tokens to chunk prefills finer).",
                 _quantile_targets("schedscope_step_duration_seconds"),
                 unit="s",
             ),
             Panel(
                 "Token throughput and finished requests",
-                "Prompt and generation tokens per second and requests finished per second by reason. "
+                "Prompt and generation tokens per second and requests finished per second by "
+                "reason. "
                 + _BOTH
                 + " Healthy: generation tokens/s flat under steady load, finishes mostly stop "
                 "or length. Unhealthy: throughput falling while waiting grows (preemption or "
@@ -359,18 +361,19 @@ STALLS_LATENCY_ROWS: tuple[Row, ...] = (
                 "Inter-token gaps longer than the stall threshold, attributed to one cause "
                 "(swapped_out, recompute, preempted_waiting, prefill_interference, token_budget, "
                 "other). Engines: schedscope only. Healthy: near zero. Unhealthy: recompute (raise "
-                "--swap-space, or --preemption-mode swap), swapped_out or preempted_waiting (KV pool "
-                "too small: --gpu-memory-utilization, --max-num-seqs), prefill_interference (lower "
-                "--max-num-batched-tokens), token_budget (trap 1: raise --max-num-batched-tokens).",
+                "--swap-space, or --preemption-mode swap), swapped_out or preempted_waiting (KV "
+                "pool too small: --gpu-memory-utilization, --max-num-seqs), prefill_interference "
+                "(lower --max-num-batched-tokens), token_budget (trap 1: raise "
+                "--max-num-batched-tokens).",
                 (Target(_rate("schedscope_stalls_total", "model_name, cause"), "{{cause}}"),),
                 unit="ops",
             ),
             Panel(
                 "Stall time by cause",
-                "Seconds of stall per second (sum of schedscope_stall_duration_seconds) by cause, and "
-                "p99 stall length with exemplars that link to the stalled request's trace. Engines: "
-                "schedscope only. Healthy: a small fraction of a second per second. Unhealthy: "
-                "multi-second recompute stalls are trap 2 (raise --swap-space); long "
+                "Seconds of stall per second (sum of schedscope_stall_duration_seconds) by cause, "
+                "and p99 stall length with exemplars that link to the stalled request's trace. "
+                "Engines: schedscope only. Healthy: a small fraction of a second per second. "
+                "Unhealthy: multi-second recompute stalls are trap 2 (raise --swap-space); long "
                 "preempted_waiting stalls mean the pool is oversubscribed (--max-num-seqs, "
                 "--gpu-memory-utilization).",
                 (
@@ -393,23 +396,24 @@ STALLS_LATENCY_ROWS: tuple[Row, ...] = (
         (
             Panel(
                 "Time to first token",
-                "TTFT quantiles (vllm:time_to_first_token_seconds); exemplar dots open the request's "
-                "trace. "
+                "TTFT quantiles (vllm:time_to_first_token_seconds); exemplar dots open the "
+                "request's trace. "
                 + _BOTH
                 + " Healthy: p99 within your TTFT SLO and close to p50. Unhealthy: "
-                "p99 climbing with queue depth (queueing: --max-num-seqs, --gpu-memory-utilization), "
-                "or a long p99 under SJF/priority (starvation: --scheduling-policy, --aging-rate, "
-                "--max-wait-s).",
+                "p99 climbing with queue depth (queueing: --max-num-seqs, "
+                "--gpu-memory-utilization), or a long p99 under SJF/priority (starvation: "
+                "--scheduling-policy, --aging-rate, --max-wait-s).",
                 _quantile_targets("vllm:time_to_first_token_seconds"),
                 unit="s",
             ),
             Panel(
                 "Inter-token latency",
                 "Gap between consecutive output tokens. Engines: vLLM V1 and schedscope "
-                "(vllm:inter_token_latency_seconds) or vLLM V0 (vllm:time_per_output_token_seconds, "
-                "which V0 observed per token). Healthy: p99 a small multiple of p50. Unhealthy: a p99 "
-                "of seconds is a stall (see the stall panels): recompute (--swap-space, "
-                "--preemption-mode) or long prefills in the same step (--max-num-batched-tokens).",
+                "(vllm:inter_token_latency_seconds) or vLLM V0 "
+                "(vllm:time_per_output_token_seconds, which V0 observed per token). Healthy: p99 a "
+                "small multiple of p50. Unhealthy: a p99 of seconds is a stall (see the stall "
+                "panels): recompute (--swap-space, --preemption-mode) or long prefills in the "
+                "same step (--max-num-batched-tokens).",
                 _quantile_targets(
                     "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
                 ),
@@ -420,8 +424,8 @@ STALLS_LATENCY_ROWS: tuple[Row, ...] = (
                 "Each request's mean decode time per token. Engines: vLLM V1 and schedscope "
                 "(vllm:request_time_per_output_token_seconds) or vLLM V0 "
                 "(vllm:time_per_output_token_seconds, the name V0's dashboard plots as TPOT). "
-                "Healthy: flat under steady load. Unhealthy: rising with running requests (batch too "
-                "large for the step time you need: lower --max-num-seqs) or with preemptions "
+                "Healthy: flat under steady load. Unhealthy: rising with running requests (batch "
+                "too large for the step time you need: lower --max-num-seqs) or with preemptions "
                 "(--swap-space, --gpu-memory-utilization).",
                 _quantile_targets(
                     "vllm:request_time_per_output_token_seconds",
@@ -431,10 +435,11 @@ STALLS_LATENCY_ROWS: tuple[Row, ...] = (
             ),
             Panel(
                 "End-to-end request latency",
-                "E2E quantiles (vllm:e2e_request_latency_seconds). " + _BOTH + " Healthy: tracks "
-                "output length times TPOT plus TTFT. Unhealthy: a long tail beyond that is queueing "
-                "or stalls: check queue time and the stall panels (--max-num-seqs, --swap-space, "
-                "--scheduling-policy).",
+                "E2E quantiles (vllm:e2e_request_latency_seconds). "
+                + _BOTH
+                + " Healthy: tracks output length times TPOT plus TTFT. Unhealthy: a long tail "
+                "beyond that is queueing or stalls: check queue time and the stall panels "
+                "(--max-num-seqs, --swap-space, --scheduling-policy).",
                 _quantile_targets("vllm:e2e_request_latency_seconds"),
                 unit="s",
             ),
@@ -455,9 +460,9 @@ STALLS_LATENCY_ROWS: tuple[Row, ...] = (
             Panel(
                 "Queue time by request class",
                 "Trap 3: p50/p90/p99 queue wait per request class (schedscope_queue_time_seconds). "
-                "Engines: schedscope only. Healthy: long and short classes wait within a small factor "
-                "of each other. Unhealthy: the long class's p99 far above the short class's under "
-                "SJF or priority is starvation: set --aging-rate or --max-wait-s, or change "
+                "Engines: schedscope only. Healthy: long and short classes wait within a small "
+                "factor of each other. Unhealthy: the long class's p99 far above the short class's "
+                "under SJF or priority is starvation: set --aging-rate or --max-wait-s, or change "
                 "--scheduling-policy to fcfs.",
                 _quantile_targets("schedscope_queue_time_seconds", by="class"),
                 unit="s",
@@ -471,9 +476,10 @@ STALLS_LATENCY_ROWS: tuple[Row, ...] = (
                 "Recomputed tokens per second",
                 "Trap 2: tokens re-prefilled because a recompute preemption threw their KV away, "
                 "against all prompt tokens prefilled. Engines: recomputed from schedscope only; "
-                "prompt tokens from schedscope, vLLM V0 and V1. Healthy: zero or a sliver of prompt "
-                "tokens. Unhealthy: a visible share of prefill work is recompute: raise --swap-space "
-                "(swap fallbacks), use --preemption-mode swap, or lower --max-num-seqs.",
+                "prompt tokens from schedscope, vLLM V0 and V1. Healthy: zero or a sliver of "
+                "prompt tokens. Unhealthy: a visible share of prefill work is recompute: raise "
+                "--swap-space (swap fallbacks), use --preemption-mode swap, or lower "
+                "--max-num-seqs.",
                 (
                     Target(
                         _rate("schedscope_recomputed_tokens_total"), "recomputed {{model_name}}"
@@ -483,12 +489,12 @@ STALLS_LATENCY_ROWS: tuple[Row, ...] = (
             ),
             Panel(
                 "Swap bandwidth",
-                "Bytes per second copied device to host (out) and host to device (in), and blocks per "
-                "second (right axis). Engines: schedscope only (vLLM V1 does not swap). Healthy: "
-                "zero, or short bursts well under the copy bandwidth. Unhealthy: sustained swap "
-                "traffic means the batch outgrows the pool (lower --max-num-seqs, raise "
-                "--gpu-memory-utilization); swap-out without swap-in means host space is full "
-                "(--swap-space).",
+                "Bytes per second copied device to host (out) and host to device (in), and blocks "
+                "per second (right axis). Engines: schedscope only (vLLM V1 does not swap). "
+                "Healthy: zero, or short bursts well under the copy bandwidth. Unhealthy: "
+                "sustained swap traffic means the batch outgrows the pool (lower --max-num-seqs, "
+                "raise --gpu-memory-utilization); swap-out without swap-in means host space is "
+                "full (--swap-space).",
                 (
                     Target(
                         _rate("schedscope_swap_bytes_total", "model_name, direction"),
@@ -506,8 +512,8 @@ STALLS_LATENCY_ROWS: tuple[Row, ...] = (
                 "Dropped spans",
                 "Spans the tracer dropped (its export queue was full), per second. Engines: "
                 "schedscope only. Healthy: zero, every request's stall attribution is complete. "
-                "Unhealthy: above zero, per-request explanations have holes: trace less (sampling) or "
-                "size the span queue for the load; if it drops under load spikes, lower "
+                "Unhealthy: above zero, per-request explanations have holes: trace less (sampling) "
+                "or size the span queue for the load; if it drops under load spikes, lower "
                 "--max-num-seqs for the run being traced.",
                 (Target(_rate("schedscope_dropped_spans_total"), "dropped/s {{model_name}}"),),
                 unit="ops",

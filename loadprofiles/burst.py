@@ -10,8 +10,9 @@ requests that arrive in a burst wait for the drain (trap 3 in small, repeated do
 Capacity it assumes: the mixed classes (80% short chat, 20% long generation) on the
 served bundled engine, ~13 req/s on 2 cores (see `mixed`): the base rate is half of
 that, a burst is 4x past it (260 requests in 5 s), so each burst leaves a queue for
-the base load to drain. (3 and 24 req/s until the engine's prefill got ~2x faster, 2026-12-01.) Every class keeps prompt max +
-max_tokens <= 2048 (the default --max-model-len).
+the base load to drain. (3 and 24 req/s until the engine's prefill got ~2x faster,
+2026-12-01.) Every class keeps prompt max + max_tokens <= 2048 (the default
+--max-model-len).
 
 Simulator check (`schedscope simulate --profile burst --policy all`, seed 43, built-in
 cost model, 2,478 requests; queue-wait p99 short / long, goodput req/s of short /

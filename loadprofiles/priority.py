@@ -12,8 +12,8 @@ which class matters. Goodput per class is the number to read.
 Capacity it assumes: the served bundled engine sustains ~13 req/s of the mixed
 profile on 2 cores; this mix is heavier per request (batch: ~700-token prompts,
 ~300-token outputs), so 9 req/s is near its knee and the surge is well past it.
-(4 and 10 req/s until the engine's prefill got ~2x faster, 2026-12-01.) Every class keeps prompt max + max_tokens <= 2048 (the
-default --max-model-len).
+(4 and 10 req/s until the engine's prefill got ~2x faster, 2026-12-01.) Every class
+keeps prompt max + max_tokens <= 2048 (the default --max-model-len).
 
 Simulator check (`schedscope simulate --profile priority --policy all`, seed 46,
 built-in cost model, 1,398 requests; queue-wait p99 interactive / batch): fcfs 6.8 /

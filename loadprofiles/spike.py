@@ -10,9 +10,10 @@ the steady traffic after the spike stays slow is the recovery time.
 
 Capacity it assumes: the served bundled engine sustains ~13 req/s of these classes on
 2 cores (see `mixed`): the steady rate is half of that; the spike is ten times past
-it. (3 and 60 req/s until the engine's prefill got ~2x faster, 2026-12-01.) Short chat only plus a few long generations
-(90/10), so the spike is about arrivals, not lengths. Every class keeps prompt max +
-max_tokens <= 2048 (the default --max-model-len).
+it. (3 and 60 req/s until the engine's prefill got ~2x faster, 2026-12-01.) Short
+chat only plus a few long generations (90/10), so the spike is about arrivals, not
+lengths. Every class keeps prompt max + max_tokens <= 2048 (the default
+--max-model-len).
 
 Simulator check (`schedscope simulate --profile spike --policy all`, seed 45, built-in
 cost model, 904 requests; queue-wait p99 short / long): fcfs 3.6 / 3.5 s; sjf 3.3 /

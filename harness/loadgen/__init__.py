@@ -9,7 +9,8 @@ merge records without importing gevent or Locust:
 - ``client``      the streaming OpenAI client and its per-request measurement (gevent)
 - ``records``     the per-process JSON-lines writer and the per-process summary
 - ``dispatcher``  open-loop dispatch at the scheduled instants, closed-loop loops (gevent)
-- ``expose``      ``expose(PROFILE, globals())``: the line a profile file ends with (no Locust import)
+- ``expose``      ``expose(PROFILE, globals())``: the line a profile file ends with
+                  (no Locust import)
 - ``locust_user`` ``define(profile, namespace)``: the Locust user, shape and listeners
 - ``merge``       a records directory -> ``requests.parquet`` + ``summary.json`` (polars)
 """

@@ -243,8 +243,8 @@ class Profile:
                 trace = phase.trace
                 if trace.default_class is not None and trace.default_class not in seen:
                     raise ProfileError(
-                        f"phases[{i}].trace.default_class: unknown class "
-                        f"{trace.default_class!r} (known: {', '.join(c.name for c in self.classes)})"
+                        f"phases[{i}].trace.default_class: unknown class {trace.default_class!r} "
+                        f"(known: {', '.join(c.name for c in self.classes)})"
                     )
                 for name in sorted({c for c in trace.classes if c is not None} - seen):
                     line = trace.lines[trace.classes.index(name)]

@@ -60,7 +60,8 @@ def _check_keys(
             hint = difflib.get_close_matches(str(key), allowed, n=1)
             did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
             raise ProfileError(
-                f"{key}: unknown key for {what} (expected one of {', '.join(allowed)}{did_you_mean})"
+                f"{key}: unknown key for {what} "
+                f"(expected one of {', '.join(allowed)}{did_you_mean})"
             )
     for key in required:
         if key not in table:

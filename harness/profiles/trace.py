@@ -143,7 +143,8 @@ class ReplayTrace:
             raise ProfileError(f"file: expected a path, got {self.file!r}")
         if self.format not in FORMATS:
             raise ProfileError(
-                f"format: unknown trace format {self.format!r} (expected one of {', '.join(FORMATS)})"
+                f"format: unknown trace format {self.format!r} "
+                f"(expected one of {', '.join(FORMATS)})"
             )
         object.__setattr__(
             self, "time_scale", check_number("time_scale", self.time_scale, positive=True)

@@ -205,11 +205,12 @@ def drive(
         progressed = record.finished or record.emitted()
         stalled = 0 if progressed else stalled + 1
         if max_stall_steps is not None and stalled > max_stall_steps:
+            last = [(x.kind, x.request_id, x.reason, x.mode) for x in trace.decisions[-6:]]
             raise Stuck(
                 f"livelock: no token produced in {stalled} steps (step {record.step}, "
                 f"t={record.execute_end:.6f}): running={engine.scheduler.running} "
                 f"swapped={engine.scheduler.swapped} waiting={engine.scheduler.num_waiting}; "
-                f"last decisions: {[(x.kind, x.request_id, x.reason, x.mode) for x in trace.decisions[-6:]]}"
+                f"last decisions: {last}"
             )
         if record.execute_end == record.schedule_start and record.is_empty:
             # Nothing ran and no time passed: move to the next thing that can change.

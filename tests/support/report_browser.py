@@ -27,15 +27,19 @@ def find_chromium() -> str | None:
 
 
 # Counts plots and the plots Plotly actually drew (an SVG with a plot area inside).
-DOM_CHECK = """(() => {
+DOM_CHECK = (
+    """(() => {
   const divs = [...document.querySelectorAll('div.plotly-graph-div')];
   const drawn = divs.filter(d => d.querySelector('svg.main-svg') &&
       d.querySelector('.cartesianlayer, .barlayer, .scatterlayer'));
   const traces = divs.map(d => (d.data || []).length);
   return JSON.stringify({plots: divs.length, drawn: drawn.length, traces,
                          declared: Number(document.body.dataset.plots || -1),
-                         sections: [...document.querySelectorAll('div.plot')].map(p => p.dataset.section)});
-})()"""
+"""
+    "                         sections: [...document.querySelectorAll('div.plot')]"
+    ".map(p => p.dataset.section)});\n"
+    "})()"
+)
 
 
 async def _inspect(url: str, screenshot: Path, chromium: str, timeout_s: float) -> dict:

@@ -27,7 +27,10 @@ def test_ids_are_stable_hard_coded():
 
 
 def test_ids_are_stable_across_processes():
-    code = "from engine.serving.tokenizer import HashTokenizer; print(HashTokenizer(4096).encode('a b c'))"
+    code = (
+        "from engine.serving.tokenizer import HashTokenizer; "
+        "print(HashTokenizer(4096).encode('a b c'))"
+    )
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -69,7 +69,8 @@ def test_retaining_host_memory_is_idempotent():
     assert retain_freed_host_memory() is first
 
 
-WARM_UP_PROBE = textwrap.dedent("""
+WARM_UP_PROBE = textwrap.dedent(
+    """
     import resource, sys
     import torch
     torch.set_num_threads(1)  # as served: one allocating thread, one heap
@@ -83,12 +84,15 @@ WARM_UP_PROBE = textwrap.dedent("""
                           model="tiny")
     engine = build_torch_engine(config, VirtualClock(), device="cpu",
                                 warm_up=sys.argv[1] == "on")
-    engine.add_request(EngineRequest("r", [5] * 1000, SamplingParams(max_tokens=1, ignore_eos=True)))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+"""
+    '    engine.add_request(EngineRequest("r", [5] * 1000, '
+    "SamplingParams(max_tokens=1, ignore_eos=True)))\n"
+    """    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     record = engine.step()
     assert record.num_prefill_tokens == 1000, record
     print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-""")
+"""
+)
 
 
 def _first_prefill_faults(warm_up: str) -> int:

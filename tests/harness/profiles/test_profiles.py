@@ -274,13 +274,17 @@ def test_same_seed_same_schedule_and_different_seed_differs():
     assert other[0].request_id == "t-2-0000000" and first[0].request_id == "t-1-0000000"
 
 
-_DIGEST_SCRIPT = """
+_DIGEST_SCRIPT = (
+    """
 import hashlib, dataclasses
 from harness.profiles import build_plan, resolve_profile
 p = resolve_profile("default")
-h = hashlib.sha256(repr([dataclasses.astuple(s) for s in build_plan(p).open_loop_requests()]).encode())
-print(h.hexdigest())
 """
+    "h = hashlib.sha256(repr([dataclasses.astuple(s) "
+    "for s in build_plan(p).open_loop_requests()]).encode())\n"
+    """print(h.hexdigest())
+"""
+)
 
 
 def test_schedule_is_identical_across_processes():
@@ -499,8 +503,10 @@ def test_python_profile_as_dict_leaves_no_trace(tmp_path):
             """
             PROFILE = {
                 "name": "mine", "seed": 3,
-                "classes": [{"name": "a", "prompt_tokens": {"kind": "empirical", "file": "lengths.txt"},
-                             "output_tokens": 16}],
+"""
+            '                "classes": [{"name": "a", '
+            '"prompt_tokens": {"kind": "empirical", "file": "lengths.txt"},\n'
+            """                             "output_tokens": 16}],
                 "phases": [{"name": "p", "duration_s": 5, "rate": 2}],
             }
             """
@@ -569,7 +575,8 @@ def test_valid_toml_loads(tmp_path):
         (
             'kind = "lognormal"',
             'kind = "gama"',
-            r"classes\[1\]\.output_tokens\.kind: unknown distribution 'gama' \(expected one of fixed, ",
+            r"classes\[1\]\.output_tokens\.kind: unknown distribution 'gama' "
+            r"\(expected one of fixed, ",
         ),
         (
             "sigma = 0.5",
