@@ -30,6 +30,13 @@ IDLE_MIN_SEQ_STEPS = 100
 STARVATION_RATIO = 4.0
 STARVATION_MIN_S = 2.0
 STARVATION_VS_FCFS = 2.0
+#: An aging rate to start from, in the unit of each policy's key: SJF's key is a size in
+#: tokens, priority's a level. (0.1 tokens per second changes nothing under SJF; on the
+#: starvation profile 100 clears the trap.)
+AGING_EXAMPLES = {
+    "sjf": "100: tokens of size forgiven per second waited",
+    "priority": "0.1: priority levels per second waited",
+}
 PREEMPT_SHARE = 0.02
 WORST = 5
 
@@ -277,8 +284,8 @@ def diagnose(
             aging, max_wait = sched.get("aging_rate") or 0.0, sched.get("max_wait_s")
             long_rows = frame.filter(pl.col("class") == starvation["long_class"])
             knob = (
-                "--aging-rate (e.g. 0.1 per second waited) or --max-wait-s (e.g. the long "
-                "class's TTFT SLO)"
+                f"--aging-rate (e.g. --aging-rate {AGING_EXAMPLES[policy_name]}) or "
+                "--max-wait-s (e.g. the long class's TTFT SLO)"
                 if not aging and max_wait is None
                 else f"aging is on (--aging-rate {aging}, --max-wait-s {max_wait}) but not "
                 "enough: raise --aging-rate or lower --max-wait-s"

@@ -220,6 +220,11 @@ CONFIG = {
 
 
 def _diag(frame, steps=None, decisions=None, policy="fcfs", fcfs_long=None, stall_frame=None):
+    findings = _findings(frame, steps, decisions, policy, fcfs_long, stall_frame)
+    return [f["trap"] for f in findings]
+
+
+def _findings(frame, steps=None, decisions=None, policy="fcfs", fcfs_long=None, stall_frame=None):
     config = {**CONFIG, "scheduler": {**CONFIG["scheduler"], "scheduling_policy": policy}}
     data = PolicyData(
         run="t",
@@ -245,7 +250,7 @@ def _diag(frame, steps=None, decisions=None, policy="fcfs", fcfs_long=None, stal
     groups = tables.policy_groups(frame, 100.0, None)
     starv = tables.starvation(groups, frame)
     facts = diagnosis.engine_facts(data, frame)
-    return [f["trap"] for f in diagnosis.diagnose(data, frame, st, groups, starv, facts, fcfs_long)]
+    return diagnosis.diagnose(data, frame, st, groups, starv, facts, fcfs_long)
 
 
 def _steps(idle=0, free=500):
@@ -316,6 +321,17 @@ def test_trap_starvation_under_sjf_only():
     assert _diag(frame, _steps(), None, policy="fcfs") == []
     # no worse than FCFS's long class: not starvation by SJF
     assert _diag(frame, _steps(), None, policy="sjf", fcfs_long=25.0) == []
+
+
+def test_starvation_knob_gives_aging_in_the_policy_s_units():
+    """SJF ages its key in tokens per second waited, priority in levels per second: an
+    example of 0.1 per second (right for priority) changes nothing under SJF (measured on
+    the starvation profile: the long class's p99 queue wait stays at 55 s; 100 fixes it)."""
+    frame = _healthy(queue_long=30.0, queue_short=0.5)
+    (sjf,) = _findings(frame, _steps(), None, policy="sjf", fcfs_long=3.0)
+    assert "--aging-rate 100" in sjf["knob"] and "tokens" in sjf["knob"]
+    (priority,) = _findings(frame, _steps(), None, policy="priority", fcfs_long=3.0)
+    assert "--aging-rate 0.1" in priority["knob"] and "levels" in priority["knob"]
 
 
 def test_trap_memory_pressure():
