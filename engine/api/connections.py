@@ -160,9 +160,12 @@ class GuardedRequestHandler(RequestHandler):
                 None,
                 "too_many_connections",
             )
-            transport.write(
-                raw_json_response(503, "Service Unavailable", err, guard.limits.retry_after_s)
-            )
+            # A stream server's transports are asyncio.Transports (aiohttp casts to one);
+            # BaseTransport, the protocol's declared type, has no write.
+            if isinstance(transport, asyncio.Transport):
+                transport.write(
+                    raw_json_response(503, "Service Unavailable", err, guard.limits.retry_after_s)
+                )
             transport.close()
             return
         guard.num_open += 1

@@ -146,8 +146,9 @@ async def _first_outputs(
     try:
         done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
-            if task.exception() is not None:
-                raise task.exception()
+            exc = task.exception()
+            if exc is not None:
+                raise exc
         return [task.result() for task in tasks]
     finally:
         for task in tasks:

@@ -13,6 +13,7 @@ from engine.api.body import HeavyWork
 from engine.api.connections import ConnectionGuard
 from engine.api.generate_request import ServingContext
 from engine.serving.async_engine import AsyncEngine
+from engine.serving.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class ServerSettings:
 @dataclass
 class ServerState:
     engine: AsyncEngine
-    tokenizer: object
+    tokenizer: Tokenizer
     settings: ServerSettings
     context: ServingContext
     connections: ConnectionGuard

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -252,7 +252,7 @@ class AsyncEngine:
             raise
         return stream
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's outputs. Leaving the iteration early (a disconnect, a
         cancelled task) aborts the request; its blocks are freed at the next step."""
         stream = await self._add(request)

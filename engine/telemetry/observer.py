@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from engine.core import decisions as d
 from engine.core.sequence import SequenceStatus
@@ -94,7 +94,7 @@ class EngineMetrics:
         self.vllm_v0 = build_vllm_v0(families)
         self.vllm_v1 = build_vllm_v1(families, config)
         self.schedscope = build_schedscope(families, config.scheduler)
-        self._cache_info_child = None
+        self._cache_info_child: Gauge | None = None
 
         #: request id -> [last token time or None, flags since it]
         self._live: dict[str, list] = {}
@@ -144,11 +144,13 @@ class EngineMetrics:
             elif kind == d.PREEMPT:
                 self._preempted(x, live)
             elif kind == d.SWAP_OUT:
-                state = live.get(x.request_id)
+                target = x.request_id
+                state = live.get(target) if target is not None else None
                 if state is not None:
                     state[1] |= _F_SWAPPED
             elif kind == d.RECOMPUTE:
-                state = live.get(x.request_id)
+                target = x.request_id
+                state = live.get(target) if target is not None else None
                 if state is not None:
                     state[1] |= _F_RECOMPUTED
             elif kind == d.WAIT:
@@ -169,7 +171,7 @@ class EngineMetrics:
         num_waiting = record.num_waiting
         if num_waiting == 0:
             self._wait_reason = None
-        state = (
+        gauges = (
             record.num_running,
             num_waiting,
             self._wait_reason in DEFERRED_WAIT_REASONS,
@@ -180,9 +182,9 @@ class EngineMetrics:
             record.num_free_host_blocks,
             record.num_idle_running,
         )
-        if state != self._last_gauges:
-            self._last_gauges = state
-            self._set_gauges(*state)
+        if gauges != self._last_gauges:
+            self._last_gauges = gauges
+            self._set_gauges(*gauges)
         idle = record.num_idle_running
         if idle:
             self.schedscope.idle_running_steps.inc(idle)

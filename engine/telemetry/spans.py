@@ -17,8 +17,11 @@ exactly one event (named after its kind) on its step's ``engine.step`` span.
 
 from __future__ import annotations
 
+from typing import Any
+
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import AttributeValue
 
 from engine.core import decisions as d
 from engine.core.sequence import Sequence
@@ -107,7 +110,7 @@ class SpanObserver:
         self._histories: dict[str, list[tuple]] = {}
         #: The open engine.steps window: [context, first step, last step, num steps,
         #: start (engine time), end (engine time)].
-        self._window = None
+        self._window: list[Any] | None = None
         self.num_request_spans = 0
         self.num_decision_spans = 0
         self.num_step_spans = 0
@@ -206,7 +209,10 @@ class SpanObserver:
         events = []
         for dec in record.decisions:
             if dec.kind in STEP_EVENT_KINDS:
-                event = {DECISION: dec.kind, "schedscope.reason": dec.reason}
+                event: dict[str, AttributeValue] = {
+                    DECISION: dec.kind,
+                    "schedscope.reason": dec.reason,
+                }
                 if dec.request_id is not None:
                     event[REQUEST_ID] = dec.request_id
                 if dec.request_ids:

@@ -24,12 +24,16 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+if TYPE_CHECKING:
+    from engine.telemetry.spans import SpanObserver
 
 log = logging.getLogger("schedscope.telemetry")
 
@@ -357,7 +361,7 @@ def span_to_otlp_json(span: ReadableSpan) -> dict:
             }
             for link in span.links
         ]
-    status = {"code": span.status.status_code.value}
+    status: dict[str, int | str] = {"code": span.status.status_code.value}
     if span.status.description:
         status["message"] = span.status.description
     out["status"] = status
@@ -387,10 +391,10 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict:
     for resource, scopes in by_resource.values():
         scope_spans = []
         for (name, version), encoded in scopes.items():
-            scope = {"name": name}
+            scope_json = {"name": name}
             if version:
-                scope["version"] = version
-            scope_spans.append({"scope": scope, "spans": encoded})
+                scope_json["version"] = version
+            scope_spans.append({"scope": scope_json, "spans": encoded})
         resource_spans.append(
             {
                 "resource": {"attributes": _key_values(resource.attributes)},
@@ -471,7 +475,7 @@ class Tracing:
         self.finished_spans = FinishedSpans(
             self.processors, self.provider.resource, INSTRUMENTATION_SCOPE
         )
-        self.observer = None  # the SpanObserver feeding it, once installed
+        self.observer: SpanObserver | None = None  # the one feeding it, once installed
         self._shut_down = False
 
     @property
@@ -511,7 +515,7 @@ class Tracing:
             self.provider.shutdown()  # the processors are done: nothing left to wait for
             dropped = self.num_dropped_spans
             if dropped:
-                reasons = {}
+                reasons: dict[str, int] = {}
                 for p in self.processors:
                     for k, v in p.dropped_by_reason.items():
                         reasons[k] = reasons.get(k, 0) + v

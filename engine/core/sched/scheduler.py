@@ -231,6 +231,9 @@ class Scheduler:
                 prefills.append(seq)
         idle: list[Sequence] = []
         scheduled = out.seqs
+        # out.add(seq, 1), inlined below with the counts kept in locals and written
+        # once: the one per-sequence path of every step.
+        num_decodes = decode_context_tokens = 0
         for seq in decodes:
             if seq.status is not RUNNING:
                 continue  # preempted earlier in this loop to make room
@@ -243,12 +246,13 @@ class Scheduler:
                 ):
                     continue  # seq itself was preempted
                 bm.append_slots(seq, 1)
-            # out.add(seq, 1), inlined: the one per-sequence path of every step
             seq.num_scheduled_tokens = 1
             scheduled.append(seq)
-            out.num_decode_seqs += 1
-            out.num_decode_context_tokens += seq.num_tokens
+            num_decodes += 1
+            decode_context_tokens += seq.num_tokens
             budget -= 1
+        out.num_decode_seqs += num_decodes
+        out.num_decode_context_tokens += decode_context_tokens
         for seq in prefills:
             if seq.status is not RUNNING:
                 continue
