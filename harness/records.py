@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from engine.core.sequence import Sequence
+from engine.core.token_timing import STALL_FLOOR_S
 from engine.records.step_record import StepRecord
 
 #: One stall: when the gap began (engine time) and how long it lasted.
@@ -129,9 +130,11 @@ class RequestRecorder:
 
 
 def stall_threshold(
-    median_itl_s: float | None, floor_s: float = 0.25, factor: float = 5.0
+    median_itl_s: float | None, floor_s: float = STALL_FLOOR_S, factor: float = 5.0
 ) -> float:
-    """METRICS.md: the larger of 250 ms and 5x the run's median ITL."""
+    """METRICS.md: the larger of the stall floor (250 ms) and 5x the run's median ITL;
+    the floor alone when the median is unknown. The one definition: the simulator,
+    served records and the report all cut stalls with it."""
     if median_itl_s is None:
         return floor_s
     return max(floor_s, factor * median_itl_s)

@@ -17,9 +17,11 @@ and decisions.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,7 +41,9 @@ from harness.records import RequestRecorder, add_stalls, requests_frame, stall_t
 from harness.steps import StepLog
 
 if TYPE_CHECKING:
-    from engine.telemetry.tracing import TracingSettings
+    from engine.llm_engine import LLMEngine
+    from engine.telemetry.tracing import Tracing, TracingSettings
+    from harness.profiles import PhasePlan
 
 #: The token every simulated prompt is made of; its value changes nothing.
 PROMPT_TOKEN_ID = 5
@@ -97,126 +101,22 @@ def simulate(
     to its file (the next policy of a comparison).
     """
     engine = build_simulated_engine(config, cost_model or CostModel())
-    clock = engine.clock
     policy = config.scheduler.scheduling_policy
     open_specs, closed_phases = _pending_arrivals(profile, seed, requests)
+    # Observers in this order (records, steps, decisions, then spans): each sees a step
+    # record after the ones before it, as in a served engine.
     recorder = engine.observers.add(RequestRecorder(policy, profile.name))
     step_log = engine.observers.add(StepLog())
     decisions: list[Decision] = []
     if record_decisions:
         engine.observers.add(lambda record: decisions.extend(record.decisions))
-    traced = None
-    if tracing is not None:
-        from engine.telemetry.tracing import install_tracing
+    traced = _install_tracing(engine, tracing, truncate_trace_file)
 
-        traced = install_tracing(engine, tracing, truncate_file=truncate_trace_file)
-
-    # Closed-loop arrivals: (time, order, phase plan) heap of "a user sends now".
-    user_heap: list[tuple[float, int, int]] = []
-    closed_by_index = {}
-    order = 0
-    for phase_no, phase_plan in enumerate(closed_phases):
-        closed_by_index[phase_no] = phase_plan
-        for _ in range(phase_plan.concurrency):
-            heapq.heappush(user_heap, (phase_plan.start_s, order, phase_no))
-            order += 1
-    user_of: dict[str, int] = {}  # request id -> closed phase number of its user
-
-    empty_in_a_row = 0
-    idle = 0.0  # virtual seconds with nothing to do since the last step
-    next_open = 0
-    num_open = len(open_specs)
-
-    def add(spec: RequestSpec, at: float) -> None:
-        engine.add_request(
-            EngineRequest(
-                spec.request_id,
-                [PROMPT_TOKEN_ID] * spec.prompt_tokens,
-                SamplingParams(max_tokens=spec.max_tokens),
-                arrival_time=at,
-                priority=spec.priority,
-                request_class=spec.class_name,
-                oracle_output_tokens=spec.output_tokens,
-            )
-        )
-
-    def user_done(seq: Sequence) -> None:
-        """A closed-loop user's request ended: it sends its next one."""
-        phase_no = user_of.pop(seq.request_id, None)
-        if phase_no is None:
-            return
-        end = closed_by_index[phase_no].end_s
-        t = seq.finished_time if seq.finished_time is not None else clock.now()
-        if seq.status is SequenceStatus.FINISHED_REJECTED:
-            # Re-sending at the same instant would spin without the clock moving.
-            t += REJECTED_RETRY_AFTER_S
-        if t < end:
-            nonlocal order
-            heapq.heappush(user_heap, (t, order, phase_no))
-            order += 1
-
-    def next_arrival_time() -> float | None:
-        t_open = open_specs[next_open].scheduled_at if next_open < num_open else None
-        t_user = user_heap[0][0] if user_heap else None
-        if t_open is None:
-            return t_user
-        if t_user is None:
-            return t_open
-        return min(t_open, t_user)
-
-    while True:
-        now = clock.now()
-        # Admit everything that has arrived by now, in arrival order.
-        while True:
-            t_open = open_specs[next_open].scheduled_at if next_open < num_open else None
-            t_user = user_heap[0][0] if user_heap else None
-            if t_open is not None and t_open <= now and (t_user is None or t_open <= t_user):
-                add(open_specs[next_open], t_open)
-                next_open += 1
-            elif t_user is not None and t_user <= now:
-                t, _, phase_no = heapq.heappop(user_heap)
-                spec = closed_by_index[phase_no].next_request()
-                user_of[spec.request_id] = phase_no
-                add(spec, t)
-            else:
-                break
-        if engine.has_work():
-            record: StepRecord = engine.step(idle_before_s=idle)
-            idle = 0.0
-            for seq in record.finished:
-                user_done(seq)
-            if record.is_empty and engine.has_unfinished():
-                empty_in_a_row += 1
-                if empty_in_a_row > MAX_EMPTY_STEPS_IN_A_ROW:
-                    raise SimulationError(
-                        f"engine made no progress for {empty_in_a_row} steps at t={now}"
-                    )
-                targets = [t for t in (record.wake_at, next_arrival_time()) if t is not None]
-                if not targets:
-                    raise SimulationError(f"engine idle with unfinished requests at t={now}")
-                before = clock.now()
-                clock.advance_to(min(targets))
-                idle += clock.now() - before
-            elif not record.is_empty:
-                empty_in_a_row = 0
-            continue
-        t_next = next_arrival_time()
-        if t_next is None:
-            break
-        before = clock.now()
-        clock.advance_to(t_next)
-        idle += clock.now() - before
+    _Driver(engine, _Arrivals(open_specs, closed_phases)).run()
 
     tracing_stats = traced.shutdown() if traced is not None else None
     rows = recorder.rows
-    latency = (cost_model or CostModel()).client_latency_s
-    if latency:
-        # The client sees its first and last token this much later than the engine
-        # emits them (request in, tokens out); the engine's own times are unchanged.
-        for row in rows:
-            for name in ("ttft_s", "ttft_from_sent_s", "e2e_s"):
-                if row[name] is not None:
-                    row[name] += latency
+    _add_client_latency(rows, (cost_model or CostModel()).client_latency_s)
     threshold = stall_threshold(_median_itl(rows))
     add_stalls(rows, threshold)
     frame = requests_frame(rows).sort("scheduled_at", "request_id")
@@ -225,7 +125,7 @@ def simulate(
         profile=profile.name,
         requests=frame,
         decisions=decisions,
-        duration_s=clock.now(),
+        duration_s=engine.clock.now(),
         num_steps=step_log.num_steps,
         stall_threshold_s=threshold,
         kv_plan_text=engine.kv_plan.describe(config.cache.block_size),
@@ -233,6 +133,179 @@ def simulate(
         steps=step_log.frame(),
         tracing=tracing_stats,
     )
+
+
+def _install_tracing(
+    engine: LLMEngine, tracing: TracingSettings | None, truncate_file: bool
+) -> Tracing | None:
+    """The span observer ``tracing`` asks for, added to ``engine`` last; None without
+    tracing (the telemetry modules are then never imported)."""
+    if tracing is None:
+        return None
+    from engine.telemetry.tracing import install_tracing
+
+    return install_tracing(engine, tracing, truncate_file=truncate_file)
+
+
+def _engine_request(spec: RequestSpec, at: float) -> EngineRequest:
+    """``spec`` as the engine's request, arriving at engine time ``at``."""
+    return EngineRequest(
+        spec.request_id,
+        [PROMPT_TOKEN_ID] * spec.prompt_tokens,
+        SamplingParams(max_tokens=spec.max_tokens),
+        arrival_time=at,
+        priority=spec.priority,
+        request_class=spec.class_name,
+        oracle_output_tokens=spec.output_tokens,
+    )
+
+
+class _Arrivals:
+    """The requests still to arrive: the open-loop specs (in ``scheduled_at`` order) and
+    the closed-loop users' next sends.
+
+    Users are a heap of (time, order, closed phase number): ``order`` counts pushes, so
+    users due at the same instant send in the order they were queued. Each phase starts
+    with ``concurrency`` users at its start; a user sends again when its request ends
+    (:meth:`request_ended`), until its phase ends. On a tie the open-loop request comes
+    first.
+    """
+
+    def __init__(self, open_specs: list[RequestSpec], closed_phases: list[PhasePlan]) -> None:
+        self._open = open_specs
+        self._next_open = 0
+        self._users: list[tuple[float, int, int]] = []
+        self._order = 0
+        self._phases = dict(enumerate(closed_phases))
+        self._user_of: dict[str, int] = {}  # request id -> closed phase number of its user
+        for phase_no, phase_plan in self._phases.items():
+            for _ in range(phase_plan.concurrency):
+                self._push(phase_plan.start_s, phase_no)
+
+    def _push(self, t: float, phase_no: int) -> None:
+        heapq.heappush(self._users, (t, self._order, phase_no))
+        self._order += 1
+
+    def _open_time(self) -> float | None:
+        if self._next_open < len(self._open):
+            return self._open[self._next_open].scheduled_at
+        return None
+
+    def _user_time(self) -> float | None:
+        return self._users[0][0] if self._users else None
+
+    def next_time(self) -> float | None:
+        """When the next request arrives; None when every request has arrived."""
+        t_open, t_user = self._open_time(), self._user_time()
+        if t_open is None:
+            return t_user
+        if t_user is None:
+            return t_open
+        return min(t_open, t_user)
+
+    def pop_arrived(self, now: float) -> tuple[RequestSpec, float] | None:
+        """The next request that has arrived by ``now``, with its arrival time, taken
+        off the queue; None when the next one is later (or there is none)."""
+        t_open, t_user = self._open_time(), self._user_time()
+        if t_open is not None and t_open <= now and (t_user is None or t_open <= t_user):
+            self._next_open += 1
+            return self._open[self._next_open - 1], t_open
+        if t_user is not None and t_user <= now:
+            t, _, phase_no = heapq.heappop(self._users)
+            spec = self._phases[phase_no].next_request()
+            self._user_of[spec.request_id] = phase_no
+            return spec, t
+        return None
+
+    def request_ended(self, seq: Sequence, now: float) -> None:
+        """``seq`` ended (at its finished time, else at engine time ``now``): a
+        closed-loop user's request makes the user send its next one then, while its
+        phase lasts."""
+        phase_no = self._user_of.pop(seq.request_id, None)
+        if phase_no is None:
+            return
+        end = self._phases[phase_no].end_s
+        t = seq.finished_time if seq.finished_time is not None else now
+        if seq.status is SequenceStatus.FINISHED_REJECTED:
+            # Re-sending at the same instant would spin without the clock moving.
+            t += REJECTED_RETRY_AFTER_S
+        if t < end:
+            self._push(t, phase_no)
+
+
+class _Driver:
+    """The discrete-event loop of the module docstring, over one engine and its
+    arrivals: admit what has arrived, step while there is work, else jump the virtual
+    clock to the next arrival."""
+
+    def __init__(self, engine: LLMEngine, arrivals: _Arrivals) -> None:
+        self.engine = engine
+        self.clock = engine.clock
+        self.arrivals = arrivals
+        self.idle = 0.0  # virtual seconds with nothing to do since the last step
+        self.empty_in_a_row = 0
+
+    def run(self) -> None:
+        """Until every request has arrived and the engine has no work left. Raises
+        :class:`SimulationError` if the engine stops making progress."""
+        while True:
+            now = self.clock.now()
+            self._admit_arrived(now)
+            if self.engine.has_work():
+                self._step(now)
+                continue
+            t_next = self.arrivals.next_time()
+            if t_next is None:
+                return
+            self._advance_to(t_next)
+
+    def _admit_arrived(self, now: float) -> None:
+        """Add every request that has arrived by ``now``, in arrival order."""
+        while (arrived := self.arrivals.pop_arrived(now)) is not None:
+            self.engine.add_request(_engine_request(*arrived))
+
+    def _step(self, now: float) -> None:
+        """One engine step (``now``: the clock before it); its ended requests let their
+        closed-loop users send again."""
+        record: StepRecord = self.engine.step(idle_before_s=self.idle)
+        self.idle = 0.0
+        for seq in record.finished:
+            self.arrivals.request_ended(seq, self.clock.now())
+        if record.is_empty and self.engine.has_unfinished():
+            self._wait_after_empty_step(record, now)
+        elif not record.is_empty:
+            self.empty_in_a_row = 0
+
+    def _wait_after_empty_step(self, record: StepRecord, now: float) -> None:
+        """An empty step with requests unfinished (e.g. a static batch forming): move
+        the clock to the engine's wake time or the next arrival, whichever is first."""
+        self.empty_in_a_row += 1
+        if self.empty_in_a_row > MAX_EMPTY_STEPS_IN_A_ROW:
+            raise SimulationError(
+                f"engine made no progress for {self.empty_in_a_row} steps at t={now}"
+            )
+        targets = [t for t in (record.wake_at, self.arrivals.next_time()) if t is not None]
+        if not targets:
+            raise SimulationError(f"engine idle with unfinished requests at t={now}")
+        self._advance_to(min(targets))
+
+    def _advance_to(self, t: float) -> None:
+        """Move the clock to ``t``; the time skipped is idle time of the next step."""
+        before = self.clock.now()
+        self.clock.advance_to(t)
+        self.idle += self.clock.now() - before
+
+
+def _add_client_latency(rows: list[dict], latency_s: float) -> None:
+    """Shift each row's client-side times (TTFT, E2E) by the cost model's client
+    latency: the client sees its first and last token this much later than the engine
+    emits them (request in, tokens out); the engine's own times are unchanged."""
+    if not latency_s:
+        return
+    for row in rows:
+        for name in ("ttft_s", "ttft_from_sent_s", "e2e_s"):
+            if row[name] is not None:
+                row[name] += latency_s
 
 
 def _median_itl(rows: list[dict]) -> float | None:
@@ -268,35 +341,14 @@ def run_simulations(
     attribute ``schedscope.policy`` tells them apart) and each policy's own into
     its ``spans.parquet``.
     """
-    import dataclasses
-    from pathlib import Path
-
-    from harness.records import write_parquet
-    from harness.summary import SUMMARY_SCHEMA_VERSION, policy_summary, write_summary
+    from harness.summary import policy_run_info, policy_summary, run_summary, write_summary
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     used_seed = profile.seed if seed is None else seed
     requests = sample_requests(profile, num_requests, used_seed) if num_requests else None
-    combined = {
-        "schema_version": SUMMARY_SCHEMA_VERSION,
-        "mode": "simulate",
-        "profile": profile.name,
-        "seed": used_seed,
-        "cost_model": cost_model.to_dict(),
-        "policies": {},
-    }
+    combined = run_summary("simulate", profile.name, used_seed, {}, cost_model.to_dict())
     for number, (name, config) in enumerate(configs.items()):
-        tracing = None
-        if trace_file is not None:
-            from engine.telemetry.tracing import TracingSettings
-
-            tracing = TracingSettings(
-                trace_file=Path(trace_file),
-                model_name=config.model,
-                service_name=os.environ.get("OTEL_SERVICE_NAME") or "schedscope-simulate",
-                resource_attributes=(("schedscope.policy", name),),
-            )
         result = simulate(
             profile,
             config,
@@ -304,40 +356,68 @@ def run_simulations(
             seed=used_seed,
             requests=requests,
             record_decisions=write_decisions,
-            tracing=tracing,
+            tracing=_policy_tracing(trace_file, config, name),
             truncate_trace_file=number == 0,
         )
         target = out_dir if len(configs) == 1 else out_dir / name
-        target.mkdir(parents=True, exist_ok=True)
-        write_parquet(result.requests, target / "requests.parquet")
-        if write_decisions:
-            write_parquet(decisions_frame(result.decisions), target / "decisions.parquet")
-        write_parquet(result.steps, target / "steps.parquet")
-        extra_tracing = {}
-        if result.tracing is not None:
-            from harness.spans import read_spans, write_spans_parquet
-
-            frame = read_spans(trace_file)
-            write_spans_parquet(
-                frame.filter(pl.col("resource.schedscope.policy") == name), target / "spans.parquet"
-            )
-            extra_tracing = {"tracing": {**result.tracing, "trace_file": str(trace_file)}}
+        tracing_info = _write_records(result, target, write_decisions, trace_file, name)
         summary = policy_summary(
             result.requests,
             result.duration_s,
             profile,
-            extra={
-                "config": dataclasses.asdict(config),
-                "duration_s": result.duration_s,
-                "num_steps": result.num_steps,
-                "step_stats": result.step_stats,
-                "stall_threshold_s": result.stall_threshold_s,
-                "kv_cache": result.kv_plan_text,
-                **extra_tracing,
-            },
+            extra=policy_run_info(
+                config=dataclasses.asdict(config),
+                duration_s=result.duration_s,
+                num_steps=result.num_steps,
+                step_stats=result.step_stats,
+                stall_threshold_s=result.stall_threshold_s,
+                kv_cache=result.kv_plan_text,
+                tracing=tracing_info,
+            ),
         )
         combined["policies"][name] = summary
         if len(configs) > 1:
             write_summary(target / "summary.json", {**combined, "policies": {name: summary}})
     write_summary(out_dir / "summary.json", combined)
     return combined
+
+
+def _policy_tracing(
+    trace_file: Path | None, config: EngineConfig, name: str
+) -> TracingSettings | None:
+    """Tracing settings of one policy of a comparison: spans appended to ``trace_file``
+    with resource attribute ``schedscope.policy`` = ``name``; None without a file."""
+    if trace_file is None:
+        return None
+    from engine.telemetry.tracing import TracingSettings
+
+    return TracingSettings(
+        trace_file=Path(trace_file),
+        model_name=config.model,
+        service_name=os.environ.get("OTEL_SERVICE_NAME") or "schedscope-simulate",
+        resource_attributes=(("schedscope.policy", name),),
+    )
+
+
+def _write_records(
+    result: SimulationResult, target: Path, write_decisions: bool, trace_file, name: str
+) -> dict | None:
+    """Write one policy's requests, decisions (if asked), steps and, with tracing, its
+    spans (``name``'s of the shared ``trace_file``) into ``target``. Returns the
+    summary's ``tracing`` entry, or None without tracing."""
+    from harness.records import write_parquet
+
+    target.mkdir(parents=True, exist_ok=True)
+    write_parquet(result.requests, target / "requests.parquet")
+    if write_decisions:
+        write_parquet(decisions_frame(result.decisions), target / "decisions.parquet")
+    write_parquet(result.steps, target / "steps.parquet")
+    if result.tracing is None:
+        return None
+    from harness.spans import read_spans, write_spans_parquet
+
+    frame = read_spans(trace_file)
+    write_spans_parquet(
+        frame.filter(pl.col("resource.schedscope.policy") == name), target / "spans.parquet"
+    )
+    return {**result.tracing, "trace_file": str(trace_file)}

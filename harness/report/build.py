@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from engine.core.token_timing import STALL_FLOOR_S
 from harness.report import diagnosis, figures, stalls, tables, verdict
 from harness.report.cells import baseline, cell_groups
 from harness.report.inputs import PolicyData, RunData, open_runs
@@ -127,7 +128,7 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
         recorded = data.info.get("stall_threshold_s")
         note = None
         if recorded is None:
-            recorded = 0.25  # the engine's stall floor: gaps below it are not recorded
+            recorded = STALL_FLOOR_S  # records never keep a gap below the engine's floor
         if chosen < recorded - 1e-12:
             note = (
                 f"asked for {chosen:.3f} s but the records keep only gaps above "

@@ -29,6 +29,10 @@ import json
 
 import polars as pl
 
+# The stall threshold rule (the larger of the engine's stall floor and 5x the median
+# ITL) has one definition, the simulator's and the served records'; re-exported here as
+# the report's ``stalls.stall_threshold``.
+from harness.records import stall_threshold  # noqa: F401
 from harness.report.inputs import PolicyData
 from harness.report.tables import STALL_CAUSES
 
@@ -60,13 +64,6 @@ def median_itl(frame: pl.DataFrame) -> float | None:
     return weighted_percentile(
         rows["tpot_s"].to_numpy(), (rows["output_tokens"] - 1).to_numpy(), 50
     )
-
-
-def stall_threshold(
-    median_itl_s: float | None, floor_s: float = 0.25, factor: float = 5.0
-) -> float:
-    """METRICS.md: the larger of 250 ms and 5x the run's median ITL."""
-    return floor_s if median_itl_s is None else max(floor_s, factor * median_itl_s)
 
 
 def gaps(data: PolicyData, classes: pl.DataFrame, threshold_s: float) -> pl.LazyFrame:

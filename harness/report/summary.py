@@ -1,48 +1,38 @@
-"""summary.json: the CI gate's input (schema in docs/report.md).
+"""summary.json: the CI gate's input, version 2 (schema in docs/report.md).
 
-Schema version 2 keeps every key of version 1 (``harness/summary.py``, what
+The schema is ``harness/summary.py``'s (:func:`~harness.summary.report_summary`,
+:func:`~harness.summary.report_policy`): version 2 keeps every key of version 1 (what
 ``schedscope simulate`` writes) for the first run — ``mode``, ``profile``, ``seed``,
 ``cost_model``, ``policies.<policy>.{overall, classes, starvation, config,
 duration_s, stall_threshold_s, ...}`` — and adds ``runs.<label>`` (every run side by
 side, with the info it was read with), ``verdicts``, ``against_fcfs``, ``diagnosis``
 and, per group, ``itl_s``, ``stalls_by_cause``, ``stall_time_s``, ``generator_lag_s``,
-``slo_met``.
+``slo_met``. This module fills it from a built :class:`~harness.report.build.Report`.
 """
 
 from __future__ import annotations
 
-from harness.report.build import Report
-from harness.report.stats import clean
+from typing import TYPE_CHECKING
 
-SCHEMA_VERSION = 2
-RUN_INFO_KEYS = (
-    "config",
-    "duration_s",
-    "stall_threshold_s",
-    "num_steps",
-    "step_stats",
-    "kv_cache",
-    "tracing",
-)
+from harness.summary import report_policy, report_summary
+
+if TYPE_CHECKING:
+    from harness.report.build import PolicyReport, Report
 
 
-def _policy(p) -> dict:
-    out = {
-        "overall": p.groups["overall"],
-        "classes": p.groups["classes"],
-        "starvation": p.starvation,
-        "duration_s": clean(p.duration_s),
-        "stall_threshold_s": clean(p.threshold_s),
-        "engine": p.facts,
-        "stall_sources": p.stall_sources,
-        "findings": [f["trap"] for f in p.findings],
-        "missing": p.data.missing,
-        "run_info": p.data.info,
-    }
-    for key in RUN_INFO_KEYS:
-        if key in p.data.info and key not in ("duration_s", "stall_threshold_s"):
-            out[key] = p.data.info[key]
-    return out
+def _policy(p: PolicyReport) -> dict:
+    return report_policy(
+        p.groups,
+        p.starvation,
+        p.duration_s,
+        p.threshold_s,
+        p.data.info,
+        engine=p.facts,
+        stall_sources=p.stall_sources,
+        findings=[f["trap"] for f in p.findings],
+        missing=p.data.missing,
+        run_info=p.data.info,
+    )
 
 
 def summary_json(report: Report) -> dict:
@@ -61,34 +51,27 @@ def summary_json(report: Report) -> dict:
             "policies": {n: _policy(p) for n, p in rr.policies.items()},
         }
     first = report.runs[0]
-    out = {
-        k: v for k, v in first.run.info.items() if k in ("mode", "profile", "seed", "cost_model")
-    }
-    out.update(
-        {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "schedscope-report",
-            "runs": runs,
-            "run_labels": [rr.run.label for rr in report.runs],
-            "policies": runs[first.run.label]["policies"],
-            "verdicts": first.verdicts,
-            "against_fcfs": first.against_fcfs,
-            "diagnosis": [
-                {k: v for k, v in f.items()}
-                for rr in report.runs
-                for p in rr.policies.values()
-                for f in p.findings
-            ],
-            "missing": report.missing,
-            "options": {
-                "stall_threshold_s": report.options.stall_threshold_s,
-                "profile": report.options.profile,
-                "bootstrap_resamples": report.options.resamples,
-                "bootstrap_seed": report.options.seed,
-            },
-        }
+    return report_summary(
+        first.run.info,
+        runs[first.run.label]["policies"],
+        runs=runs,
+        run_labels=[rr.run.label for rr in report.runs],
+        verdicts=first.verdicts,
+        against_fcfs=first.against_fcfs,
+        diagnosis=[
+            {k: v for k, v in f.items()}
+            for rr in report.runs
+            for p in rr.policies.values()
+            for f in p.findings
+        ],
+        missing=report.missing,
+        options={
+            "stall_threshold_s": report.options.stall_threshold_s,
+            "profile": report.options.profile,
+            "bootstrap_resamples": report.options.resamples,
+            "bootstrap_seed": report.options.seed,
+        },
     )
-    return out
 
 
 def flat_rows(report: Report) -> list[dict]:

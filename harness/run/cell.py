@@ -1,6 +1,17 @@
 """One cell of a run, end to end: served (start the engine, Locust, scrape, stop, join),
 against a target (Locust and scrape only), or simulated. Each returns a
-:class:`CellResult` and leaves its files in the cell directory, whatever failed."""
+:class:`CellResult` and leaves its files in the cell directory, whatever failed.
+
+A served or --target cell runs in named steps: start the server (:func:`_start_server`),
+start the metrics source and the OTLP receiver (:func:`_start_metrics`,
+:func:`_start_otlp_receiver`), run Locust (:func:`_run_locust`), stop them in reverse
+order (:func:`_stop_metrics`, :func:`_stop_server`), then collect and join the records
+(:func:`_collect`). Each resource goes onto an ExitStack as it starts, so that an
+exception (Ctrl-C, a bug) stops whatever runs, the last started first, before it
+propagates; the normal path closes the same scopes in the same order, recording what
+each stop reports (exit codes, counts, failures) as it goes. Every stop is idempotent,
+so where the normal path stops a resource itself the stack's later stop is a no-op.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +20,14 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
+from engine.core.token_timing import STALL_FLOOR_S
 from harness.profiles import Profile, build_plan
 from harness.run.join import join_requests, shift_steps, write_spans
 from harness.run.live import RecordsTail, figures_line
@@ -22,13 +36,26 @@ from harness.run.matrix import Cell, knob_flags
 from harness.run.scrape import MetricsScraper, export_prometheus
 from harness.run.server import ServedEngine, ServerStartError
 
-#: The engine's stall floor: served records keep gaps above it (harness/records.py).
-SERVED_STALL_THRESHOLD_S = 0.25
+if TYPE_CHECKING:
+    from harness.prometheus import PrometheusServer
+    from harness.run.otlp_receiver import OtlpReceiver
+
+#: Served records keep the gaps above the engine's stall floor: a served run has no
+#: median ITL of its own to scale the threshold by (RequestRecorder.write).
+SERVED_STALL_THRESHOLD_S = STALL_FLOOR_S
 #: Beyond the schedule's planned end and Locust's grace, a Locust run is cut after this.
 LOCUST_SLACK_S = 120.0
 #: After a --target cell's load, how long the OTLP receiver waits for the target's
 #: batch exporter to send what it still holds (OTel's default schedule delay is 5 s).
 OTLP_FLUSH_WAIT_S = 6.0
+#: The files a load cell may leave, in the order run.json lists them.
+LOAD_CELL_FILES = (
+    "requests.parquet",
+    "metrics.parquet",
+    "steps.parquet",
+    "spans.parquet",
+    "decisions.parquet",
+)
 
 
 @dataclass
@@ -83,29 +110,6 @@ def planned(profile: Profile, seed: int | None) -> tuple[int, float]:
     return plan.num_open_requests, plan.duration_s
 
 
-def _cell_summary(
-    cell: Cell, result: CellResult, frame: pl.DataFrame, settings: CellSettings, extra: dict
-) -> dict:
-    from harness.records import REQUEST_SCHEMA
-    from harness.summary import SUMMARY_SCHEMA_VERSION, policy_summary
-
-    # A --target cell has no server-side columns: the summary counts them as absent
-    # (nulls), the file itself is left as it is.
-    absent = [
-        pl.lit(None, dtype=t).alias(c) for c, t in REQUEST_SCHEMA.items() if c not in frame.columns
-    ]
-    frame = frame.with_columns(absent) if absent else frame
-    duration = extra.get("duration_s") or 0.0
-    summary = policy_summary(frame, duration, settings.profile, extra=extra)
-    return {
-        "schema_version": SUMMARY_SCHEMA_VERSION,
-        "mode": result.mode,
-        "profile": settings.profile_name,
-        "seed": settings.seed,
-        "policies": {cell.name: summary},
-    }
-
-
 def _note_files(result: CellResult, names: tuple[str, ...]) -> None:
     for name in names:
         if (result.path / name).is_file():
@@ -114,166 +118,306 @@ def _note_files(result: CellResult, names: tuple[str, ...]) -> None:
             result.missing.append(name)
 
 
+@dataclass
+class _LoadCell:
+    """What the steps of one served or --target cell share: where its files go, what
+    its schedule plans, and what it has recorded so far (``result``; ``info``, the
+    run.json entries, in the order they were learnt)."""
+
+    cell: Cell
+    settings: CellSettings
+    result: CellResult
+    info: dict
+    show: Callable[[str], None]
+    scheduled: int
+    duration_s: float  # the schedule's
+
+    @property
+    def cell_dir(self) -> Path:
+        return self.result.path
+
+    @property
+    def raw(self) -> Path:  # the server's own record files and trace files
+        return self.cell_dir / "raw"
+
+    @property
+    def records(self) -> Path:  # Locust's client records
+        return self.cell_dir / "locust"
+
+
 def run_load_cell(
     cell: Cell, cell_dir: Path, settings: CellSettings, show: Callable[[str], None]
 ) -> CellResult:
-    """A served cell (the bundled engine started here) or a --target cell."""
-    mode = "target" if settings.target else "serve"
-    result = CellResult(cell, cell_dir, mode)
+    """A served cell (the bundled engine started here) or a --target cell.
+
+    Always returns the result with run.json written: a server that does not come up
+    fails the cell (its log tail kept; the run goes on to the next cell), a Locust that
+    crashes or hangs fails it but what was recorded is still collected. An exception
+    (Ctrl-C) stops Locust, the OTLP receiver, the metrics source and the server, in
+    that order, and propagates, leaving no run.json.
+    """
     started = time.monotonic()
-    raw = cell_dir / "raw"
-    records = cell_dir / "locust"
-    for d in (raw, records):
-        d.mkdir(parents=True, exist_ok=True)
     scheduled, duration = planned(settings.profile, settings.seed)
-    result.scheduled = scheduled
-    server = None
-    url = settings.target
-    epoch = None
-    info: dict = {"scheduled_requests": scheduled, "schedule_duration_s": duration}
-    if mode == "serve":
-        args = [
-            "--executor",
-            settings.executor,
-            "--scheduling-policy",
-            cell.policy,
-            *knob_flags(cell.knobs),
-            "--record-requests",
-            str(raw / "engine_requests.parquet"),
-            "--record-steps",
-            str(raw / "engine_steps.parquet"),
-            "--record-decisions",
-            str(raw / "engine_decisions.parquet"),
-            "--trace-file",
-            str(raw / "spans.jsonl"),
-        ]
-        if settings.cost_model is not None:
-            args += ["--cost-model", str(settings.cost_model)]
-        if settings.torch_threads is not None:
-            args += ["--torch-threads", str(settings.torch_threads)]
-        args += settings.serve_args
-        server = ServedEngine(args, cell_dir / "serve.log", settings.start_timeout_s)
-        info["serve_command"] = server.command[1:]
-        show(f"{cell.name}: starting schedscope serve ({settings.executor} executor)")
-        try:
-            url = server.start()
-        except ServerStartError as exc:
-            result.fail("server_start", str(exc), exc.log_tail, infrastructure=True)
-            server.stop()
-            info["server_exit_code"] = server.exit_code
-            result.wall_s = time.monotonic() - started
-            _note_files(result, ("requests.parquet",))
-            return _finish(result, settings, info)
-        epoch = server.health.get("clock_epoch_unix")
-        info["url"] = url
-        info["clock_epoch_unix"] = epoch
-    else:
-        info["url"] = url
-    prom = None
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-    scraper = MetricsScraper(url, headers=headers)
+    run = _LoadCell(
+        cell,
+        settings,
+        CellResult(cell, cell_dir, "target" if settings.target else "serve"),
+        {"scheduled_requests": scheduled, "schedule_duration_s": duration},
+        show,
+        scheduled,
+        duration,
+    )
+    run.result.scheduled = scheduled
+    for d in (run.raw, run.records):
+        d.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        server = None
+        url = settings.target
+        if run.result.mode == "serve":
+            server = _start_server(stack, run)
+            if server is None:  # recorded as the cell's failure; already stopped
+                run.result.wall_s = time.monotonic() - started
+                _note_files(run.result, ("requests.parquet",))
+                return _finish(run.result, settings, run.info)
+            url = server.url
+        else:
+            run.info["url"] = url
+        load_s = _run_load(run, url)
+        if server is not None:
+            _stop_server(server, run)
+    epoch = server.health.get("clock_epoch_unix") if server is not None else None
+    _collect(run.result, settings, run.records, run.raw, epoch, run.info, load_s)
+    run.result.wall_s = time.monotonic() - started
+    return _finish(run.result, settings, run.info)
+
+
+def _serve_args(cell: Cell, settings: CellSettings, raw: Path) -> list[str]:
+    """``schedscope serve`` arguments of a served cell: its policy and knobs, its record
+    and trace files under ``raw``, then the run's cost model, torch threads and own
+    serve arguments."""
+    args = [
+        "--executor",
+        settings.executor,
+        "--scheduling-policy",
+        cell.policy,
+        *knob_flags(cell.knobs),
+        "--record-requests",
+        str(raw / "engine_requests.parquet"),
+        "--record-steps",
+        str(raw / "engine_steps.parquet"),
+        "--record-decisions",
+        str(raw / "engine_decisions.parquet"),
+        "--trace-file",
+        str(raw / "spans.jsonl"),
+    ]
+    if settings.cost_model is not None:
+        args += ["--cost-model", str(settings.cost_model)]
+    if settings.torch_threads is not None:
+        args += ["--torch-threads", str(settings.torch_threads)]
+    return args + settings.serve_args
+
+
+def _start_server(stack: ExitStack, run: _LoadCell) -> ServedEngine | None:
+    """Start ``schedscope serve`` and wait until it is healthy. Its stop goes on
+    ``stack`` before it starts, so an interrupted start stops it too.
+
+    Returns the healthy server (its URL and clock epoch in ``run.info``), or None when
+    it did not come up: the cell's infrastructure failure (with the log tail) and the
+    server's exit code are then recorded, and the server is already stopped.
+    """
+    settings = run.settings
+    server = ServedEngine(
+        _serve_args(run.cell, settings, run.raw),
+        run.cell_dir / "serve.log",
+        settings.start_timeout_s,
+    )
+    stack.callback(server.stop)
+    run.info["serve_command"] = server.command[1:]
+    run.show(f"{run.cell.name}: starting schedscope serve ({settings.executor} executor)")
+    try:
+        url = server.start()
+    except ServerStartError as exc:
+        run.result.fail("server_start", str(exc), exc.log_tail, infrastructure=True)
+        server.stop()
+        run.info["server_exit_code"] = server.exit_code
+        return None
+    run.info["url"] = url
+    run.info["clock_epoch_unix"] = server.health.get("clock_epoch_unix")
+    return server
+
+
+def _run_load(run: _LoadCell, url: str) -> float:
+    """The load against ``url`` with its telemetry around it: start the metrics source
+    and the OTLP receiver, run Locust, then stop the receiver (after the target's flush
+    wait) and the metrics source (metrics.parquet written), in that order.
+
+    Returns the load's wall seconds, from just before the metrics source started to
+    Locust's end: the duration the cell's summary divides by.
+    """
     load_start = time.time()
+    with ExitStack() as metrics_scope:
+        metrics = _start_metrics(metrics_scope, run, url)
+        with ExitStack() as load_scope:
+            receiver = _start_otlp_receiver(load_scope, run)
+            load_end = _run_locust(load_scope, run, url, metrics)
+            if receiver is not None:
+                time.sleep(OTLP_FLUSH_WAIT_S)  # the target's batch exporter sends what it holds
+        # The receiver stopped with load_scope: every span it got is in its file.
+        if receiver is not None:
+            run.info["otlp_spans_received"] = receiver.num_spans
+        # Exported while a real Prometheus still runs; it stops with metrics_scope.
+        _stop_metrics(metrics, run, load_start)
+    return load_end - load_start
+
+
+@dataclass
+class _Metrics:
+    """A cell's metrics source: a real Prometheus (``prom``, with --prometheus) or the
+    /metrics ``scraper``. Both feed the live view and end in metrics.parquet."""
+
+    scraper: MetricsScraper
+    prom: PrometheusServer | None = None
+
+    def latest(self) -> dict[str, float]:
+        """The live view's queue depths, from whichever source runs."""
+        return _prom_latest(self.prom) if self.prom is not None else self.scraper.latest
+
+
+def _start_metrics(stack: ExitStack, run: _LoadCell, url: str) -> _Metrics:
+    """Start the metrics source of the cell, its stop on ``stack``: with --prometheus a
+    real Prometheus scraping ``url``, falling back (with a warning) to the /metrics
+    scraper when it cannot start; else the scraper."""
+    settings = run.settings
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    metrics = _Metrics(MetricsScraper(url, headers=headers))
     if settings.prometheus:
-        from harness.prometheus import PrometheusError, PrometheusServer
+        metrics.prom = _start_prometheus(stack, run, url)
+    if metrics.prom is None:
+        metrics.scraper.start()
+        stack.callback(metrics.scraper.stop)
+    return metrics
 
-        host = url.split("://", 1)[-1].rstrip("/")
-        try:
-            prom = PrometheusServer(
-                [host], scrape_interval_s=1.0, data_dir=cell_dir / "prometheus"
-            ).__enter__()
-            info["prometheus_url"] = prom.url
-        except PrometheusError as exc:
-            result.warnings.append(f"--prometheus: {exc}; scraping /metrics directly instead")
-            prom = None
-    if prom is None:
-        scraper.start()
-    receiver = None
-    if result.mode == "target" and settings.target_otlp_port is not None:
-        from harness.run.otlp_receiver import OtlpReceiver
 
-        try:
-            receiver = OtlpReceiver(
-                raw / "target_spans.jsonl", settings.target_otlp_port
-            ).__enter__()
-            info["otlp_receiver"] = receiver.url
-            show(f"{cell.name}: receiving the target's spans at {receiver.url}")
-        except OSError as exc:
-            result.warnings.append(f"--target-otlp-port: {exc}; no spans")
+def _start_prometheus(stack: ExitStack, run: _LoadCell, url: str) -> PrometheusServer | None:
+    """A real Prometheus scraping ``url`` every second, on ``stack``; None (with the
+    cell's warning) when it cannot start."""
+    from harness.prometheus import PrometheusError, PrometheusServer
+
+    host = url.split("://", 1)[-1].rstrip("/")
+    try:
+        prom = stack.enter_context(
+            PrometheusServer([host], scrape_interval_s=1.0, data_dir=run.cell_dir / "prometheus")
+        )
+    except PrometheusError as exc:
+        run.result.warnings.append(f"--prometheus: {exc}; scraping /metrics directly instead")
+        return None
+    run.info["prometheus_url"] = prom.url
+    return prom
+
+
+def _start_otlp_receiver(stack: ExitStack, run: _LoadCell) -> OtlpReceiver | None:
+    """For a --target cell with --target-otlp-port: receive the target's spans into
+    raw/target_spans.jsonl until ``stack`` closes. None for any other cell, or (with the
+    cell's warning) when the port cannot be served."""
+    port = run.settings.target_otlp_port
+    if run.result.mode != "target" or port is None:
+        return None
+    from harness.run.otlp_receiver import OtlpReceiver
+
+    try:
+        receiver = stack.enter_context(OtlpReceiver(run.raw / "target_spans.jsonl", port))
+    except OSError as exc:
+        run.result.warnings.append(f"--target-otlp-port: {exc}; no spans")
+        return None
+    run.info["otlp_receiver"] = receiver.url
+    run.show(f"{run.cell.name}: receiving the target's spans at {receiver.url}")
+    return receiver
+
+
+def _run_locust(stack: ExitStack, run: _LoadCell, url: str, metrics: _Metrics) -> float:
+    """Run Locust against ``url`` until it exits or its deadline passes (the schedule,
+    the grace, then LOCUST_SLACK_S), showing live figures every second; a Locust still
+    running at an exception is stopped by ``stack``. Records its exit code; a hung or
+    crashed Locust is the cell's infrastructure failure. Returns when it ended (Unix s).
+    """
+    cell, settings = run.cell, run.settings
     locust = LocustRun(
-        profile_file(settings.profile_name, cell_dir),
+        profile_file(settings.profile_name, run.cell_dir),
         url,
-        records,
-        cell_dir / "locust.log",
+        run.records,
+        run.cell_dir / "locust.log",
         cell.rate_scale,
         settings.duration_scale,
         settings.seed,
         extra=(["--api-key", settings.api_key] if settings.api_key else []) + settings.locust_args,
         grace_s=settings.grace_s,
     )
-    info["locust_command"] = ["locust", *locust.args]
+    run.info["locust_command"] = ["locust", *locust.args]
     locust.start()
-    tail = RecordsTail(records)
-    deadline = time.monotonic() + duration + settings.grace_s + LOCUST_SLACK_S
+    stack.callback(locust.stop)
+    tail = RecordsTail(run.records)
+    limit_s = run.duration_s + settings.grace_s + LOCUST_SLACK_S
+    deadline = time.monotonic() + limit_s
     locust_started = time.monotonic()
     while locust.poll() is None and time.monotonic() < deadline:
         time.sleep(1.0)
         tail.poll()
-        latest = scraper.latest
-        if prom is not None:
-            latest = _prom_latest(prom)
-        show(figures_line(cell.name, locust_started, tail, scheduled, latest))
+        run.show(figures_line(cell.name, locust_started, tail, run.scheduled, metrics.latest()))
     code = locust.wait(deadline)
     tail.poll()
     load_end = time.time()
-    info["locust_exit_code"] = code
+    run.info["locust_exit_code"] = code
     if locust.timed_out:
-        result.fail(
+        run.result.fail(
             "locust_timeout",
-            f"Locust still running {duration + settings.grace_s + LOCUST_SLACK_S:.0f} s "
-            "after its start: stopped",
+            f"Locust still running {limit_s:.0f} s after its start: stopped",
             locust.log_tail(),
             infrastructure=True,
         )
     elif code not in LOCUST_OK_CODES:
-        result.fail(
+        run.result.fail(
             "locust_crashed", f"Locust exited with {code}", locust.log_tail(), infrastructure=True
         )
-    if receiver is not None:
-        time.sleep(OTLP_FLUSH_WAIT_S)  # the target's batch exporter sends what it holds
-        receiver.__exit__(None, None, None)
-        info["otlp_spans_received"] = receiver.num_spans
-    # metrics
-    if prom is not None:
+    return load_end
+
+
+def _stop_metrics(metrics: _Metrics, run: _LoadCell, load_start: float) -> None:
+    """metrics.parquet of the load: Prometheus' series from ``load_start`` on (exported
+    while it still runs; a failed export degrades the cell), else the scraper's rows
+    once it has stopped, with its scrape count and failures."""
+    path = run.cell_dir / "metrics.parquet"
+    if metrics.prom is not None:
         try:
-            frame = export_prometheus(prom, load_start - 1, time.time() + 1)
-            frame.write_parquet(cell_dir / "metrics.parquet")
+            frame = export_prometheus(metrics.prom, load_start - 1, time.time() + 1)
+            frame.write_parquet(path)
         except Exception as exc:  # noqa: BLE001 - keep the rest of the cell
-            result.fail("prometheus_export", f"{type(exc).__name__}: {exc}")
-        prom.__exit__(None, None, None)
-    else:
-        scraper.stop()
-        scraper.write(cell_dir / "metrics.parquet")
-        info["scrapes"] = scraper.scrapes
-        if scraper.failures:
-            result.warnings.append(
-                f"{scraper.failures} of {scraper.scrapes + scraper.failures} "
-                f"/metrics scrapes failed (last: {scraper.last_error})"
-            )
-    if server is not None:
-        show(f"{cell.name}: stopping the server (SIGTERM; it drains and writes its records)")
-        exit_code = server.stop()
-        info["server_exit_code"] = exit_code
-        if server.killed:
-            result.fail(
-                "server_stop",
-                "the server did not exit after SIGTERM: killed (its record files may be missing)",
-                server.log_tail(),
-            )
-        elif exit_code not in (0, None):
-            result.fail("server_exit", f"the server exited with {exit_code}", server.log_tail())
-    _collect(result, settings, records, raw, epoch, info, load_end - load_start)
-    result.wall_s = time.monotonic() - started
-    return _finish(result, settings, info)
+            run.result.fail("prometheus_export", f"{type(exc).__name__}: {exc}")
+        return
+    scraper = metrics.scraper
+    scraper.stop()
+    scraper.write(path)
+    run.info["scrapes"] = scraper.scrapes
+    if scraper.failures:
+        run.result.warnings.append(
+            f"{scraper.failures} of {scraper.scrapes + scraper.failures} "
+            f"/metrics scrapes failed (last: {scraper.last_error})"
+        )
+
+
+def _stop_server(server: ServedEngine, run: _LoadCell) -> None:
+    """Stop the server (SIGTERM: it drains and writes its record files) and record its
+    exit code; a kill after the stop timeout or a non-zero exit degrades the cell."""
+    run.show(f"{run.cell.name}: stopping the server (SIGTERM; it drains and writes its records)")
+    exit_code = server.stop()
+    run.info["server_exit_code"] = exit_code
+    if server.killed:
+        run.result.fail(
+            "server_stop",
+            "the server did not exit after SIGTERM: killed (its record files may be missing)",
+            server.log_tail(),
+        )
+    elif exit_code not in (0, None):
+        run.result.fail("server_exit", f"the server exited with {exit_code}", server.log_tail())
 
 
 def _prom_latest(prom) -> dict[str, float]:
@@ -297,9 +441,41 @@ def _collect(
     info: dict,
     load_s: float,
 ) -> None:
+    """After the load, the cell's files from the raw records: requests.parquet (the
+    client rows joined with the engine's), steps and decisions on the clients' clock,
+    spans.parquet and summary.json; then which files are there and which are missing.
+    What cannot be made is a failure or a warning of the cell, never an exception.
+    ``epoch``: the server's clock epoch (Unix s), if known."""
+    client, loadgen = _client_records(result, records, info)
+    engine = None
+    if result.mode == "serve":
+        engine = _engine_requests(result, raw)
+        if epoch is None:
+            epoch = loadgen.get("server_clock_epoch_unix")
+    if client is not None:
+        _write_requests(result, client, engine, epoch, info)
+    _write_engine_records(result, raw, epoch)
+    _write_spans(result, settings, raw, info)
+    if client is not None:
+        _write_cell_summary(result, settings, load_s)
+    _note_files(result, LOAD_CELL_FILES)
+    if result.mode == "target":
+        result.missing = [
+            m for m in result.missing if m not in ("steps.parquet", "decisions.parquet")
+        ]
+        result.missing.append(
+            "engine records (steps, queue_s, preemptions, stalls): an external target has none"
+        )
+
+
+def _client_records(
+    result: CellResult, records: Path, info: dict
+) -> tuple[pl.DataFrame | None, dict]:
+    """(Locust's client rows, the load generator's summary) from ``records``. Rows that
+    cannot be merged are a ``merge`` failure (the rows read as they are, if they can be,
+    else None); a generator-limited load is a failure of its own."""
     from harness.loadgen.merge import MergeError, merge_records, read_records
 
-    cell = result.cell
     try:
         loadgen = merge_records(records)
         client = pl.read_parquet(records / "requests.parquet")
@@ -320,48 +496,72 @@ def _collect(
             f"{loadgen.get('in_flight_capped', 0)} requests waited for the in-flight cap: "
             "latencies include the generator's delay",
         )
-    engine = None
+    return client, loadgen
+
+
+def _engine_requests(result: CellResult, raw: Path) -> pl.DataFrame | None:
+    """The server's own request rows; None (an ``engine_records`` failure) when it did
+    not write them."""
     engine_file = raw / "engine_requests.parquet"
-    if result.mode == "serve":
-        if engine_file.is_file():
-            engine = pl.read_parquet(engine_file)
-        else:
-            result.fail(
-                "engine_records",
-                f"{engine_file.name} was not written: no server-side "
-                "columns (queue_s, preemptions, stalls ...)",
-            )
-        if epoch is None:
-            epoch = loadgen.get("server_clock_epoch_unix")
-    if client is not None:
-        frame = join_requests(client, engine, epoch, cell.policy, cell.name)
-        frame.write_parquet(result.path / "requests.parquet")
-        result.counts = (
-            dict(sorted(frame.group_by("status").len().iter_rows())) if frame.height else {}
+    if engine_file.is_file():
+        return pl.read_parquet(engine_file)
+    result.fail(
+        "engine_records",
+        f"{engine_file.name} was not written: no server-side "
+        "columns (queue_s, preemptions, stalls ...)",
+    )
+    return None
+
+
+def _write_requests(
+    result: CellResult,
+    client: pl.DataFrame,
+    engine: pl.DataFrame | None,
+    epoch: float | None,
+    info: dict,
+) -> None:
+    """requests.parquet: every client row, the engine's columns joined on one clock;
+    the status counts, and warnings for requests not ok or rows not scheduled."""
+    cell = result.cell
+    frame = join_requests(client, engine, epoch, cell.policy, cell.name)
+    frame.write_parquet(result.path / "requests.parquet")
+    result.counts = dict(sorted(frame.group_by("status").len().iter_rows())) if frame.height else {}
+    failed = {k: v for k, v in result.counts.items() if k != "ok"}
+    if failed:
+        result.warnings.append(
+            "requests not ok: " + ", ".join(f"{k} {v}" for k, v in failed.items())
         )
-        failed = {k: v for k, v in result.counts.items() if k != "ok"}
-        if failed:
-            result.warnings.append(
-                "requests not ok: " + ", ".join(f"{k} {v}" for k, v in failed.items())
-            )
-        if (
-            result.scheduled is not None
-            and frame.filter(pl.col("phase_kind") == "open").height != result.scheduled
-        ):
-            result.warnings.append(
-                f"{frame.height} rows for {result.scheduled} scheduled open-loop requests"
-            )
-        if engine is not None and epoch is not None:
-            joined = frame["queue_s"].is_not_null().sum() if "queue_s" in frame.columns else 0
-            info["engine_rows_joined"] = int(joined)
+    if (
+        result.scheduled is not None
+        and frame.filter(pl.col("phase_kind") == "open").height != result.scheduled
+    ):
+        result.warnings.append(
+            f"{frame.height} rows for {result.scheduled} scheduled open-loop requests"
+        )
+    if engine is not None and epoch is not None:
+        joined = frame["queue_s"].is_not_null().sum() if "queue_s" in frame.columns else 0
+        info["engine_rows_joined"] = int(joined)
+
+
+def _write_engine_records(result: CellResult, raw: Path, epoch: float | None) -> None:
+    """steps.parquet and decisions.parquet from the server's files, shifted onto the
+    clients' clock; neither without the server's clock epoch."""
+    if epoch is None:
+        return
     steps_file = raw / "engine_steps.parquet"
-    if steps_file.is_file() and epoch is not None:
+    if steps_file.is_file():
         shift_steps(pl.read_parquet(steps_file), epoch).write_parquet(result.path / "steps.parquet")
     decisions_file = raw / "engine_decisions.parquet"
-    if decisions_file.is_file() and epoch is not None:  # on the clients' clock, as steps
+    if decisions_file.is_file():  # on the clients' clock, as steps
         pl.read_parquet(decisions_file).with_columns(pl.col("time") + epoch).write_parquet(
             result.path / "decisions.parquet"
         )
+
+
+def _write_spans(result: CellResult, settings: CellSettings, raw: Path, info: dict) -> None:
+    """spans.parquet from the cell's trace file: the server's (served), the OTLP
+    receiver's or --target-trace-file's (--target). A trace file that cannot be read
+    degrades the cell; a missing one is a warning."""
     trace = raw / "spans.jsonl" if result.mode == "serve" else settings.target_trace_file
     if result.mode == "target" and settings.target_otlp_port is not None:
         trace = raw / "target_spans.jsonl"
@@ -372,32 +572,38 @@ def _collect(
             result.fail("spans", f"{trace}: {type(exc).__name__}: {exc}")
     elif trace is not None:
         result.warnings.append(f"no trace file at {trace}: no spans.parquet")
-    if client is not None:
-        frame = pl.read_parquet(result.path / "requests.parquet")
-        extra = {"duration_s": load_s, "stall_threshold_s": SERVED_STALL_THRESHOLD_S}
-        if cell.config is not None and result.mode == "serve":
-            extra["config"] = dataclasses.asdict(cell.config)
-        summary = _cell_summary(cell, result, frame, settings, extra)
-        (result.path / "summary.json").write_text(
-            json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n"
-        )
-    _note_files(
-        result,
-        (
-            "requests.parquet",
-            "metrics.parquet",
-            "steps.parquet",
-            "spans.parquet",
-            "decisions.parquet",
-        ),
+
+
+def _write_cell_summary(result: CellResult, settings: CellSettings, load_s: float) -> None:
+    """The cell's summary.json (version 1, harness/summary.py) from its requests.parquet
+    as written: the load's duration, the served records' stall threshold and, served,
+    the engine config."""
+    from harness.records import REQUEST_SCHEMA
+    from harness.summary import policy_run_info, policy_summary, run_summary
+
+    cell = result.cell
+    frame = pl.read_parquet(result.path / "requests.parquet")
+    # A --target cell has no server-side columns: the summary counts them as absent
+    # (nulls), the file itself is left as it is.
+    absent = [
+        pl.lit(None, dtype=t).alias(c) for c, t in REQUEST_SCHEMA.items() if c not in frame.columns
+    ]
+    frame = frame.with_columns(absent) if absent else frame
+    served_config = cell.config is not None and result.mode == "serve"
+    extra = policy_run_info(
+        duration_s=load_s,
+        stall_threshold_s=SERVED_STALL_THRESHOLD_S,
+        config=dataclasses.asdict(cell.config) if served_config else None,
     )
-    if result.mode == "target":
-        result.missing = [
-            m for m in result.missing if m not in ("steps.parquet", "decisions.parquet")
-        ]
-        result.missing.append(
-            "engine records (steps, queue_s, preemptions, stalls): an external target has none"
-        )
+    summary = run_summary(
+        result.mode,
+        settings.profile_name,
+        settings.seed,
+        {cell.name: policy_summary(frame, load_s or 0.0, settings.profile, extra=extra)},
+    )
+    (result.path / "summary.json").write_text(
+        json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n"
+    )
 
 
 def run_simulated_cell(

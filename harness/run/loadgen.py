@@ -105,15 +105,28 @@ class LocustRun:
             time.sleep(0.2)
         if self.process.poll() is None:
             self.timed_out = True
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+            self._terminate()
         self.exit_code = self.process.returncode
         self._log.close()
         return self.exit_code
+
+    def stop(self) -> None:
+        """Stop Locust if it still runs (SIGTERM, SIGKILL after 20 s) and close its log;
+        nothing once it has ended. For clean-up on an exception (Ctrl-C): the normal
+        end is :meth:`wait`, which records the exit code and a time-out."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self._terminate()
+        self._log.close()
+
+    def _terminate(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
 
     def log_tail(self, lines: int = 25) -> str:
         try:

@@ -152,14 +152,8 @@ def _rate_tag(rate: float) -> str:
     return f"x{rate:g}"
 
 
-def build_cells(
-    policies: list[str],
-    base_knobs: dict,
-    knob_sets: list[tuple[str, dict]],
-    rate_scales: list[float],
-    with_configs: bool = True,
-) -> list[Cell]:
-    """Every (policy, knob set, rate) cell with a validated EngineConfig."""
+def _check_policies(policies: list[str]) -> None:
+    """At least one policy, each known, none twice."""
     if not policies:
         raise RunFileError("policies: at least one")
     for p in policies:
@@ -169,22 +163,44 @@ def build_cells(
             )
     if len(set(policies)) != len(policies):
         raise RunFileError("policies: a policy listed twice")
+
+
+def _check_rate_scales(rate_scales: list[float]) -> None:
+    """At least one rate, each a positive number (not a bool), none twice."""
     if not rate_scales or any(
         not isinstance(r, (int, float)) or isinstance(r, bool) or r <= 0 for r in rate_scales
     ):
         raise RunFileError(f"rate_scales: positive numbers, got {rate_scales!r}")
     if len(set(rate_scales)) != len(rate_scales):
         raise RunFileError("rate_scales: a rate listed twice")
+
+
+def _cell_name(policy: str, set_name: str | None, rate: float, sweeps_rates: bool) -> str:
+    """``<policy>[-<knob set>][-x<rate>]`` (module docstring)."""
+    name = policy
+    if set_name:
+        name += f"-{set_name}"
+    if sweeps_rates:
+        name += f"-{_rate_tag(rate)}"
+    return name
+
+
+def build_cells(
+    policies: list[str],
+    base_knobs: dict,
+    knob_sets: list[tuple[str, dict]],
+    rate_scales: list[float],
+    with_configs: bool = True,
+) -> list[Cell]:
+    """Every (policy, knob set, rate) cell with a validated EngineConfig."""
+    _check_policies(policies)
+    _check_rate_scales(rate_scales)
     sets = knob_sets or [(None, {})]
     cells = []
     for policy in policies:
         for set_name, overrides in sets:
             for rate in rate_scales:
-                name = policy
-                if set_name:
-                    name += f"-{set_name}"
-                if len(rate_scales) > 1:
-                    name += f"-{_rate_tag(rate)}"
+                name = _cell_name(policy, set_name, rate, len(rate_scales) > 1)
                 knobs = {**base_knobs, **overrides, "scheduling_policy": policy}
                 config = None
                 if with_configs:

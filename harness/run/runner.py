@@ -257,6 +257,7 @@ def _report(
     root: Path, results: list[CellResult], console: Console, run_info: dict
 ) -> tuple[Path | None, dict | None]:
     from harness.report import ReportInputError, generate_report
+    from harness.summary import run_summary
 
     # A cell without requests.parquet cannot be read: the report covers the others and
     # says which ones are absent.
@@ -264,13 +265,7 @@ def _report(
     # The run's combined summary (the simulator's layout): the report reads the mode,
     # profile, seed and each cell's config, duration and stall threshold from it, and
     # replaces it with its own (which keeps them).
-    combined = {
-        "schema_version": 1,
-        "mode": run_info["mode"],
-        "profile": run_info["profile"],
-        "seed": run_info["seed"],
-        "policies": {},
-    }
+    combined = run_summary(run_info["mode"], run_info["profile"], run_info["seed"], {})
     for r in dirs:
         try:
             own = json.loads((r.path / "summary.json").read_text())
