@@ -41,6 +41,16 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
 
 #: (file, test name) -> markers of that test alone.
 TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
+    # the longest property and queueing-theory runs (~10-20 s each on 2 cores): the
+    # whole suite runs them, the edit-test loop does not
+    (
+        "engine/core/test_scheduler_properties.py",
+        "test_random_workloads_keep_invariants_and_finish_every_request",
+    ): ("slow",),
+    ("harness/simulate/test_simulator.py", "test_fcfs_single_server_matches_pollaczek_khinchine"): (
+        "slow",
+    ),
+    ("engine/api/test_server_fuzz.py", "test_fuzz_completions"): ("slow",),
     ("harness/run/test_run.py", "test_served_torch_two_policies"): ("torch_model",),
     (
         "harness/run/test_run.py",
