@@ -249,14 +249,14 @@ class LLMEngine:
         )
         scheduled = record.scheduled
         num_recompute = 0
-        for seq, token in zip(out.seqs, result.sampled, strict=True):
+        for seq, decode, token in zip(out.seqs, out.is_decode, result.sampled, strict=True):
             n = seq.num_scheduled_tokens
             computed = seq.num_computed_tokens
             pending = seq.num_pending_recompute_tokens
             if pending:
                 kind = RECOMPUTE
                 num_recompute += min(n, pending)
-            elif n == 1 and seq.is_decoding:
+            elif decode:
                 kind = DECODE
             else:
                 kind = PREFILL

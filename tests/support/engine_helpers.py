@@ -86,6 +86,13 @@ class CheckingExecutor(SimulatedExecutor):
             )
             scheduled[seq.request_id] = n
             self.scheduled_per_seq[seq.request_id] += n
+        # The step's decode/prefill counts follow the one definition of a decode
+        # (the scheduler inlines it on its hot path).
+        assert out.is_decode == [seq.is_decoding for seq in out.seqs]
+        decodes = [seq for seq in out.seqs if seq.is_decoding]
+        assert out.num_decode_seqs == len(decodes), (out.num_decode_seqs, len(decodes))
+        assert out.num_decode_context_tokens == sum(seq.num_tokens for seq in decodes)
+        assert out.num_prefill_seqs == len(out.seqs) - len(decodes)
         total = sum(scheduled.values())
         self.records.append(ExecRecord(out.step, ids, scheduled, total))
         return super().execute(out)

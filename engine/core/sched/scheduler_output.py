@@ -22,6 +22,10 @@ class SchedulerOutput:
     step: int
     time: float
     seqs: list[Sequence] = field(default_factory=list)
+    #: Aligned with ``seqs``: whether that sequence's work in this step is a decode
+    #: (``Sequence.is_decoding`` when it was scheduled). Classified once, here; the
+    #: step record reads it.
+    is_decode: list[bool] = field(default_factory=list)
     num_prefill_tokens: int = 0  # tokens of sequences still prefilling (or re-prefilling)
     num_decode_seqs: int = 0
     num_decode_context_tokens: int = 0  # sum of decode sequences' context lengths
@@ -70,7 +74,9 @@ class SchedulerOutput:
         """Put ``num_tokens`` of ``seq``'s uncomputed tokens into the step and count them."""
         seq.num_scheduled_tokens = num_tokens
         self.seqs.append(seq)
-        if seq.is_decoding:
+        decoding = seq.is_decoding
+        self.is_decode.append(decoding)
+        if decoding:
             self.num_decode_seqs += 1
             self.num_decode_context_tokens += seq.num_tokens
         else:
