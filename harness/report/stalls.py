@@ -78,7 +78,9 @@ def gaps(data: PolicyData, classes: pl.DataFrame, threshold_s: float) -> pl.Lazy
         .filter(pl.col("duration_s") > threshold_s)
         .with_columns(end_s=pl.col("start_s") + pl.col("duration_s"))
     )
-    return lazy.join(classes.lazy(), on="request_id", how="left").select(
+    # The gaps are numbered in this order (``gap``), so it must not depend on the join:
+    # without maintain_order Polars may return the rows in any order.
+    return lazy.join(classes.lazy(), on="request_id", how="left", maintain_order="left").select(
         "request_id", "class", "start_s", "duration_s", "end_s"
     )
 

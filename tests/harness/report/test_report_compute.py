@@ -404,3 +404,24 @@ def test_itl_is_exact_over_recorded_gaps_and_estimated_without_them():
     # records without gaps (the simulator's, the engine's): TPOT weighted by gaps
     g = tables.group_stats(_requests(n=2), 10.0, None)
     assert g["itl_s"]["source"] == "tpot_weighted" and g["itl_s"]["count"] == 20
+
+
+def test_gaps_keep_the_requests_order_whatever_the_class_table_order():
+    """The report numbers stalls in gaps() order, so stalls.parquet and the waterfall
+    must not change between runs: a left join without maintain_order returned the rows
+    in the class table's order (seen on every run at 20,000 requests)."""
+    n = 20_000
+    ids = [f"r{i}" for i in range(n)]
+    requests = pl.DataFrame(
+        {
+            "request_id": ids,
+            "stalls": [
+                [{"start_s": float(i), "duration_s": 1.0}, {"start_s": i + 0.5, "duration_s": 2.0}]
+                for i in range(n)
+            ],
+        }
+    )
+    classes = pl.DataFrame({"request_id": ids[::-1], "class": ["c"] * n})
+    data = PolicyData(run="t", policy="fcfs", path=None, requests=requests.lazy())  # type: ignore[arg-type]
+    starts = stalls.gaps(data, classes, 0.25).collect()["start_s"].to_list()
+    assert starts == sorted(starts)
