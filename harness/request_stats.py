@@ -1,6 +1,7 @@
 """Per-request statistics with one definition, shared by the simulator's summary
 (harness/summary.py) and the report (harness/report): JSON-clean numbers, whether a
-request met its class's SLOs, and Jain's fairness index (../shared/METRICS.md).
+request met its class's SLOs, Jain's fairness index (docs/metrics.md), and the
+percentiles every latency is summarised by.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import math
 
 import numpy as np
 import polars as pl
+
+#: The percentiles of every latency in summary.json and the report.
+PERCENTILES = (50, 90, 95, 99)
 
 
 def clean(value, digits: int = 9):

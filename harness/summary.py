@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles import Profile
-from harness.request_stats import clean, jain_index, slo_met_expr
+from harness.request_stats import PERCENTILES, clean, jain_index, slo_met_expr
 
 SUMMARY_SCHEMA_VERSION = 1
 REPORT_SCHEMA_VERSION = 2
@@ -44,7 +44,6 @@ POLICY_RUN_INFO_KEYS = (
 #: Run information version 2 states as the report used it, not as recorded.
 _REPORT_OWN_RUN_INFO = ("duration_s", "stall_threshold_s")
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "stall_s")
-PERCENTILES = (50, 90, 95, 99)
 
 
 def _distribution(series: pl.Series) -> dict:

@@ -16,9 +16,7 @@ import numpy as np
 
 # One definition each, shared with the simulator's summary (harness/summary.py);
 # re-exported here for the report's modules.
-from harness.request_stats import clean, jain_index, slo_met_expr  # noqa: F401
-
-PERCENTILES = (50, 90, 95, 99)
+from harness.request_stats import PERCENTILES, clean, jain_index, slo_met_expr  # noqa: F401
 
 
 def percentile(values, p: float) -> float | None:

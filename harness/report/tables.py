@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from engine.records.stall_causes import STALL_CAUSES
+from harness.records import REQUEST_SCHEMA
 from harness.report.stats import (
     PERCENTILES,
     clean,
@@ -24,36 +25,41 @@ from harness.report.stats import (
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "total_queue_s", "stall_s")
 STATUSES = ("ok", "error", "rejected", "aborted")
 
-#: requests.parquet columns the report reads (those absent are filled with nulls/zeros).
+#: requests.parquet columns the report reads (those absent are filled with nulls/zeros),
+#: typed as the request records define them (harness/records.py); the schedule offset is
+#: a client-side column (the load generator's records).
 REQUEST_COLUMNS = {
-    "request_id": pl.String,
-    "class": pl.String,
-    "status": pl.String,
-    "error": pl.String,
-    "priority": pl.Int64,
-    "prompt_tokens": pl.Int64,
-    "output_tokens": pl.Int64,
-    "max_tokens": pl.Int64,
-    "schedule_offset_s": pl.Float64,
-    "scheduled_at": pl.Float64,
-    "sent_at": pl.Float64,
-    "ttft_s": pl.Float64,
-    "tpot_s": pl.Float64,
-    "e2e_s": pl.Float64,
-    "max_itl_s": pl.Float64,
-    "queue_s": pl.Float64,
-    "total_queue_s": pl.Float64,
-    "preemptions": pl.Int64,
-    "preempt_swaps": pl.Int64,
-    "preempt_recomputes": pl.Int64,
-    "swapped_s": pl.Float64,
-    "recomputed_tokens": pl.Int64,
-    "idle_running_steps": pl.Int64,
-    "stall_s": pl.Float64,
-    "num_stalls": pl.Int64,
-    "first_scheduled_at": pl.Float64,
-    "first_token_at": pl.Float64,
-    "finished_at": pl.Float64,
+    name: pl.Float64 if name == "schedule_offset_s" else REQUEST_SCHEMA[name]
+    for name in (
+        "request_id",
+        "class",
+        "status",
+        "error",
+        "priority",
+        "prompt_tokens",
+        "output_tokens",
+        "max_tokens",
+        "schedule_offset_s",
+        "scheduled_at",
+        "sent_at",
+        "ttft_s",
+        "tpot_s",
+        "e2e_s",
+        "max_itl_s",
+        "queue_s",
+        "total_queue_s",
+        "preemptions",
+        "preempt_swaps",
+        "preempt_recomputes",
+        "swapped_s",
+        "recomputed_tokens",
+        "idle_running_steps",
+        "stall_s",
+        "num_stalls",
+        "first_scheduled_at",
+        "first_token_at",
+        "finished_at",
+    )
 }
 ZERO_DEFAULTS = {
     "preemptions",
