@@ -1,4 +1,4 @@
-"""Per-request records (``requests.parquet``): one row per request, METRICS.md names.
+"""Per-request records (``requests.parquet``): one row per request, docs/metrics.md names.
 
 The simulator knows the server side exactly and the client side as if the network
 were instant: ``scheduled_at == sent_at == arrival at the engine`` and a token is
@@ -132,7 +132,7 @@ class RequestRecorder:
 def stall_threshold(
     median_itl_s: float | None, floor_s: float = STALL_FLOOR_S, factor: float = 5.0
 ) -> float:
-    """METRICS.md: the larger of the stall floor (250 ms) and 5x the run's median ITL;
+    """docs/metrics.md: the larger of the stall floor (250 ms) and 5x the run's median ITL;
     the floor alone when the median is unknown. The one definition: the simulator,
     served records and the report all cut stalls with it."""
     if median_itl_s is None:

@@ -7,6 +7,7 @@ sockets and telemetry, no import cycles with type-only imports counted).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -90,3 +91,29 @@ def test_contracts_catch_a_break(tmp_path, module, line, broken):
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
     assert broken in result.stdout
+
+
+def test_the_repository_cites_nothing_outside_itself():
+    """A user who clones schedscope has only the repository: no code, test or doc may
+    send them to the developers' private notes, and tests say what they check rather
+    than which issue asked for it."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    if not tracked:  # not a git checkout (a source archive): check what is on disk
+        tracked = [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()]
+    suffixes = {".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".cfg"}
+    # the private notes are upper-case file names (docs/metrics.md is the user's own)
+    outside = re.compile(
+        r"\.\./shared|\bshared/|(?<![\w/])(DESIGN|METRICS|FACTS|STYLE)\.md|(?i:scheduler[ -]guide)"
+    )
+    issue = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    found = []
+    for name in tracked:
+        path = REPO / name
+        if path.suffix not in suffixes or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if outside.search(line) or (name.startswith("tests/") and issue.search(line)):
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)

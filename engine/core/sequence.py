@@ -33,7 +33,7 @@ class SequenceStatus(enum.Enum):
 
     @property
     def record_status(self) -> str:
-        """The status records and spans give a request that ended this way (METRICS.md:
+        """The status records and spans give a request that ended this way (docs/records.md:
         ok | error | rejected | aborted); ``error`` for one that has not ended."""
         return _RECORD_STATUS.get(self, "error")
 
@@ -189,7 +189,7 @@ class Sequence:
 
     @property
     def queue_s(self) -> float | None:
-        """First admission minus arrival (METRICS.md ``queue_s``)."""
+        """First admission minus arrival (docs/metrics.md ``queue_s``)."""
         if self.first_scheduled_time is None:
             return None
         return self.first_scheduled_time - self.arrival_time

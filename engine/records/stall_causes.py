@@ -3,7 +3,7 @@
 A stall is an inter-token gap at or above the run's stall threshold (never below
 ``engine.core.token_timing.STALL_FLOOR_S``; docs/metrics.md, "Stalls"). Each stall is
 attributed to exactly one cause, from what the engine did to the request over that gap:
-the first that applies in this order (METRICS.md's precedence, kept by
+the first that applies in this order (docs/metrics.md's precedence, kept by
 :data:`STALL_CAUSES`):
 
 - :data:`SWAPPED_OUT` — the request was swapped out (a swap preemption or a

@@ -2,7 +2,7 @@
 
 The gaps come from ``requests.parquet``'s ``stalls`` column (the engine's token timing:
 ``start_s`` = the earlier token, ``duration_s``); the gap is [start_s, end_s]. Evidence
-of what the engine did to the request inside that interval, in METRICS.md's
+of what the engine did to the request inside that interval, in docs/metrics.md's
 precedence (rank 0 wins):
 
 0. ``swapped_out`` — a ``preempt`` span of mode ``swap`` or a ``swap_out`` span starts

@@ -4,7 +4,7 @@
   ``merge_records``) left-joined with the engine's ``--record-requests`` row of the same
   ``request_id``. Client columns win for the client-side metrics (``ttft_s``,
   ``tpot_s``, ``e2e_s``, ``max_itl_s``, ``status``, ``output_tokens``,
-  ``first_token_at`` ...). The engine's server-side columns keep their METRICS.md names
+  ``first_token_at`` ...). The engine's server-side columns keep their docs/metrics.md names
   (``queue_s``, ``total_queue_s``, ``preemptions``, ``preempt_swaps``,
   ``preempt_recomputes``, ``swapped_s``, ``recomputed_tokens``, ``idle_running_steps``,
   ``stall_s``, ``num_stalls``, ``stalls``, ``first_scheduled_at``, ``finished_at``);
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
-#: Engine columns kept under their METRICS.md names (the server side of a request).
+#: Engine columns kept under their docs/metrics.md names (the server side of a request).
 SERVER_COLUMNS = (
     "queue_s",
     "total_queue_s",

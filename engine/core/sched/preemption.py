@@ -7,7 +7,7 @@ or *recomputes* (its blocks are freed; it waits again and re-prefills everything
 had computed). Which one, by ``--preemption-mode``:
 
 - ``swap``: swap; when the host pool is full, recompute that request instead,
-  recorded with ``detail=swap_space_exhausted`` (trap 2 of the scheduler guide: a
+  recorded with ``detail=swap_space_exhausted`` (trap 2 in docs/traps.md: a
   small ``--swap-space`` turns preemptions into multi-second re-prefills);
 - ``recompute``: always recompute (vLLM V1's only mode);
 - ``auto`` (schedscope's own; vLLM has no such choice): per request, the cheaper of
