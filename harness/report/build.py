@@ -206,13 +206,18 @@ def _figures(report: Report) -> list[tuple[str, str, object]]:
                 figures.latency_cdfs(frames, metric, f"{title}: CDF by class"),
             )
         )
+    # each run's time axes start at its schedule's start, on the engine's clock
+    origins = {
+        k: float(_engine_aligned(p.frame, np.array([figures.schedule_origin(p.frame)]))[0])
+        for k, p in keyed.items()
+    }
     for key, p in keyed.items():
         arrivals = p.frame["scheduled_at"].drop_nulls().to_numpy()
         arrivals = _engine_aligned(p.frame, arrivals)
-        fig = figures.queue_timeline(key, p.data.steps, p.data.metrics, arrivals)
+        fig = figures.queue_timeline(key, p.data.steps, p.data.metrics, arrivals, origins[key])
         if fig is not None:
             out.append(("timeline", f"{key}: queue depth and KV usage", fig))
-    fig = figures.stalls_timeline({k: p.stalls for k, p in keyed.items()})
+    fig = figures.stalls_timeline({k: p.stalls for k, p in keyed.items()}, origins)
     if fig is not None:
         out.append(("stalls", "Stalls over time by cause", fig))
     for key, p in keyed.items():

@@ -5,6 +5,10 @@ CDFs at ``CDF_POINTS`` quantiles, timelines in at most ``MAX_BINS`` time bins, t
 waterfall of ten requests. A figure is a ``plotly.graph_objects.Figure``; ``render``
 turns each into a ``<div>`` with one inline script (plotly.js itself is inlined once
 per page by ``render.plotly_js``).
+
+Time axes are seconds since the start of each run's schedule (``schedule_origin``, the
+one home of that origin), so runs and policies served one after another line up; the
+hover text keeps each point's absolute time (``absolute_times``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,70 @@ INTERVAL_COLORS = {
     "swapped": "#d62728",
 }
 LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=40), height=420)
+TIME_AXIS_TITLE = "seconds since the start of the schedule"
+#: A clock reading at or past this (1973 in Unix seconds) is on an epoch's clock (Unix
+#: time: served runs), not on a clock that starts with the run (the simulator's virtual
+#: clock starts every policy at 0, the engine's own clock at its start).
+EPOCH_LIKE_S = 1e8
+
+
+def clock_origin(instants) -> float:
+    """The origin of a run's instants when nothing better is known: 0 on a clock that
+    starts with the run (nothing shifts), the earliest instant on an epoch's clock."""
+    values = np.asarray(instants, dtype=float)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return 0.0
+    first = float(values.min())
+    return first if first >= EPOCH_LIKE_S else 0.0
+
+
+def schedule_origin(frame: pl.DataFrame) -> float:
+    """The instant a run's schedule started, on the clock of its ``scheduled_at``: the
+    origin of every time axis of that run (one per run and policy).
+
+    A served run's rows carry ``schedule_offset_s`` (the load generator's offset into
+    the schedule; ``scheduled_at`` = the generator's start + offset, a closed loop's
+    later): the start is min(``scheduled_at`` - ``schedule_offset_s``). Without offsets
+    the clock decides (``clock_origin`` of ``scheduled_at``): a simulation's virtual
+    clock is already seconds since its schedule started (origin 0, nothing changes);
+    Unix instants start at the earliest arrival.
+    """
+    if "scheduled_at" not in frame.columns or frame.height == 0:
+        return 0.0
+    if "schedule_offset_s" in frame.columns:
+        start = frame.select(
+            (
+                pl.col("scheduled_at").cast(pl.Float64)
+                - pl.col("schedule_offset_s").cast(pl.Float64)
+            ).min()
+        ).item()
+        if start is not None:
+            return float(start)
+    return clock_origin(frame["scheduled_at"].drop_nulls().cast(pl.Float64).to_numpy())
+
+
+def absolute_times(instants) -> list[str]:
+    """Hover labels of absolute instants: UTC ISO time (and the raw Unix seconds) on an
+    epoch's clock, the raw clock reading on a run's own clock."""
+    values = np.asarray(instants, dtype=float)
+    if values.size == 0:
+        return []
+    if np.nanmin(values) < EPOCH_LIKE_S:
+        return [f"clock {v:.3f} s" for v in values]
+    return [f"{t} (Unix {v:.3f})" for t, v in zip(_utc_iso(values), values, strict=True)]
+
+
+def _utc_iso(values: np.ndarray) -> np.ndarray:
+    """Unix seconds as UTC ISO 8601 times to the millisecond (``...T12:34:56.789Z``)."""
+    ms = np.round(values * 1e3).astype("datetime64[ms]")
+    return np.char.add(np.datetime_as_string(ms, unit="ms"), "Z")
+
+
+def _time_axis_title(origin: float) -> str:
+    if origin >= EPOCH_LIKE_S:
+        return f"{TIME_AXIS_TITLE} (0 = {_utc_iso(np.array([origin]))[0]})"
+    return TIME_AXIS_TITLE
 
 
 def latency_cdfs(series: dict[str, pl.DataFrame], metric: str, title: str) -> go.Figure:
@@ -86,9 +154,18 @@ def _bins(start: float, end: float) -> float:
 
 
 def queue_timeline(
-    name: str, steps: pl.LazyFrame | None, metrics: pl.LazyFrame | None, arrivals: np.ndarray
+    name: str,
+    steps: pl.LazyFrame | None,
+    metrics: pl.LazyFrame | None,
+    arrivals: np.ndarray,
+    origin: float | None = None,
 ) -> go.Figure | None:
-    """Waiting/running/swapped and KV usage over time, with the arrival rate."""
+    """Waiting/running/swapped and KV usage over time, with the arrival rate.
+
+    ``steps``, ``metrics`` and ``arrivals`` are instants on one clock; ``origin`` is the
+    run's schedule start on it (``schedule_origin``), the axis's 0. ``None``: the
+    ``clock_origin`` of the arrivals (else of the series).
+    """
     series = None
     if steps is not None:
         series = steps.select(
@@ -122,6 +199,8 @@ def queue_timeline(
     if series is None or series.height == 0:
         return None
     t0, t1 = float(series["t"].min()), float(series["t"].max())
+    if origin is None:
+        origin = clock_origin(arrivals if arrivals.size else series["t"].to_numpy())
     width = _bins(t0, t1)
     binned = (
         series.with_columns(bin=((pl.col("t") - t0) / width).floor())
@@ -129,7 +208,8 @@ def queue_timeline(
         .agg(pl.col("waiting", "running", "swapped").max(), pl.col("kv_usage").max())
         .sort("bin")
     )
-    x = t0 + binned["bin"].to_numpy() * width
+    at = t0 + binned["bin"].to_numpy() * width
+    x, when = at - origin, absolute_times(at)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     if arrivals.size:
         a_width = max(1.0, width)
@@ -138,11 +218,14 @@ def queue_timeline(
         )
         fig.add_trace(
             go.Bar(
-                x=edges[:-1],
+                x=edges[:-1] - origin,
                 y=counts / a_width,
                 name="arrivals (req/s)",
                 marker_color="rgba(120,120,120,0.35)",
                 offsetgroup="a",
+                customdata=absolute_times(edges[:-1]),
+                hovertemplate="arrivals %{y:.3g} req/s<br>%{x:.3f} s since the schedule "
+                "started<br>%{customdata}<extra></extra>",
             ),
             secondary_y=False,
         )
@@ -154,6 +237,9 @@ def queue_timeline(
                 name=f"{col} (max per bin)",
                 mode="lines",
                 line=dict(color=color),
+                customdata=when,
+                hovertemplate=f"{col} %{{y}}<br>%{{x:.3f}} s since the schedule started"
+                "<br>%{customdata}<extra></extra>",
             ),
             secondary_y=False,
         )
@@ -164,18 +250,27 @@ def queue_timeline(
             name="KV usage (0-1)",
             mode="lines",
             line=dict(color="#2ca02c", dash="dot"),
+            customdata=when,
+            hovertemplate="KV usage %{y:.3f}<br>%{x:.3f} s since the schedule started"
+            "<br>%{customdata}<extra></extra>",
         ),
         secondary_y=True,
     )
     fig.update_yaxes(title_text="requests / requests per s", secondary_y=False)
     fig.update_yaxes(title_text="KV usage", range=[0, 1.05], secondary_y=True)
-    fig.update_xaxes(title_text="time (s)")
+    fig.update_xaxes(title_text=_time_axis_title(origin))
     fig.update_layout(title=f"{name}: queue depth, KV usage and arrival rate", **LAYOUT)
     return fig
 
 
-def stalls_timeline(stalls: dict[str, pl.DataFrame]) -> go.Figure | None:
-    """Stall seconds per time bin by cause (stacked), one row per policy."""
+def stalls_timeline(
+    stalls: dict[str, pl.DataFrame], origins: dict[str, float] | None = None
+) -> go.Figure | None:
+    """Stall seconds per time bin by cause (stacked), one row per policy.
+
+    ``origins``: each key's schedule start on its stalls' clock (``schedule_origin``),
+    the row's 0; a key without one gets the ``clock_origin`` of its stall starts.
+    """
     keys = [k for k, f in stalls.items() if f.height]
     if not keys:
         return None
@@ -189,6 +284,9 @@ def stalls_timeline(stalls: dict[str, pl.DataFrame]) -> go.Figure | None:
     for row, key in enumerate(keys, 1):
         frame = stalls[key]
         t0, t1 = float(frame["start_s"].min()), float(frame["start_s"].max())
+        origin = (origins or {}).get(key)
+        if origin is None:
+            origin = clock_origin(frame["start_s"].to_numpy())
         width = _bins(t0, t1)
         binned = (
             frame.with_columns(bin=((pl.col("start_s") - t0) / width).floor())
@@ -200,20 +298,24 @@ def stalls_timeline(stalls: dict[str, pl.DataFrame]) -> go.Figure | None:
             part = binned.filter(pl.col("cause") == cause)
             if part.height == 0:
                 continue
+            at = t0 + part["bin"].to_numpy() * width
             fig.add_trace(
                 go.Bar(
-                    x=t0 + part["bin"].to_numpy() * width,
+                    x=at - origin,
                     y=part["duration_s"].to_numpy(),
                     name=cause,
                     legendgroup=cause,
                     showlegend=row == 1,
                     marker_color=CAUSE_COLORS[cause],
+                    customdata=absolute_times(at),
+                    hovertemplate=f"{key}: {cause} %{{y:.3f}} s<br>%{{x:.3f}} s since the "
+                    "schedule started<br>%{customdata}<extra></extra>",
                 ),
                 row=row,
                 col=1,
             )
         fig.update_yaxes(title_text="stall s", row=row, col=1)
-    fig.update_xaxes(title_text="time (s)", row=len(keys), col=1)
+    fig.update_xaxes(title_text=TIME_AXIS_TITLE, row=len(keys), col=1)
     fig.update_layout(
         barmode="stack",
         title="Stalls over time by cause",
