@@ -22,6 +22,14 @@ out. :class:`GuardedRequestHandler` (aiohttp's protocol, one per connection) add
   headers, a bad chunk size) as OpenAI-style JSON bodies instead of text/plain, and
   logged at a bounded rate.
 
+:func:`check_framing` (called by the error middleware, before anything else looks at a
+request) refuses what aiohttp's parser lets through but this server does not speak
+(RFC 9112): a request line naming a version other than HTTP/1.0 or HTTP/1.1 (the
+parser takes ``HTTP/0.9`` and ``HTTP/2.0``) is a 505, answered in HTTP/1.1; a
+``Transfer-Encoding`` other than ``chunked`` alone (the parser reads ``gzip, chunked``
+as plain chunked and would hand the handler gzip bytes as the body) is a 501. Both
+close the connection.
+
 :class:`GuardedTCPSite` is aiohttp's ``TCPSite`` whose connections use this handler.
 """
 
@@ -33,7 +41,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion10, HttpVersion11
 from aiohttp.web_protocol import RequestHandler
 
 from engine.api.errors import ApiError
@@ -90,6 +99,44 @@ def raw_json_response(
     if retry_after_s is not None:
         head.append(f"Retry-After: {retry_after_s}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+#: The versions a text request line may name: HTTP/2 and HTTP/3 are not text protocols,
+#: and HTTP/0.9 has no headers.
+SUPPORTED_VERSIONS = (HttpVersion10, HttpVersion11)
+
+
+def check_framing(request: web.BaseRequest) -> None:
+    """505 for an HTTP version other than 1.0 and 1.1; 501 for a transfer coding other
+    than ``chunked`` (RFC 9112 section 6.1: a transfer coding the server does not
+    understand is a 501, never ignored). aiohttp has already framed the body as chunked
+    when ``chunked`` came last; the handler never sees it, and the connection closes."""
+    version = request.version
+    if version not in SUPPORTED_VERSIONS:
+        # aiohttp writes the status line in the request's version: make it HTTP/1.1, the
+        # version of the bytes on the wire ("HTTP/2.0 505" would claim another protocol).
+        # The property is cached (aiohttp's reify), so both go.
+        request._version = HttpVersion11
+        request._cache.pop("version", None)
+        raise ApiError(
+            505,
+            f"HTTP/{version.major}.{version.minor} is not supported; this server speaks "
+            "HTTP/1.1 and HTTP/1.0 (over a text request line)",
+            "invalid_request_error",
+            None,
+            "http_version_not_supported",
+        )
+    values = request.headers.getall(hdrs.TRANSFER_ENCODING, [])
+    if values and [c.strip().lower() for v in values for c in v.split(",")] != ["chunked"]:
+        shown = ", ".join(values)
+        raise ApiError(
+            501,
+            f"Transfer-Encoding {shown[:80]!r} is not implemented; this server decodes only "
+            "'chunked' (send a compressed body with Content-Encoding instead)",
+            "invalid_request_error",
+            "Transfer-Encoding",
+            "unsupported_transfer_encoding",
+        )
 
 
 class ConnectionGuard:

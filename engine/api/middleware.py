@@ -9,6 +9,7 @@ import logging
 from aiohttp import web
 
 from engine.api.body import too_large
+from engine.api.connections import check_framing
 from engine.api.errors import ApiError, unavailable
 from engine.api.json_codec import dumps
 from engine.api.state import STATE
@@ -58,8 +59,9 @@ def _too_large(request: web.Request) -> ApiError:
     return too_large(request.app[STATE].settings.max_body_bytes)
 
 
-#: After these the connection is closed: what is left of the body is not worth reading.
-_CLOSING_STATUSES = frozenset({408, 413, 415})
+#: After these the connection is closed: what is left of the body is not worth reading
+#: (or, 501 and 505, not framed in a way this server reads).
+_CLOSING_STATUSES = frozenset({408, 413, 415, 501, 505})
 
 
 @web.middleware
@@ -72,6 +74,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     if started is not None:  # a guarded connection: this request's headers are complete
         started()
     try:
+        check_framing(request)
         response = await handler(request)
     except ApiError as err:
         if request.writer.output_size:

@@ -3,10 +3,13 @@
 
 Validation is strict and explicit: every field is type-checked by hand (``True`` is an
 ``int`` in Python and is refused where a number is expected; NaN and infinities are
-refused everywhere), every bound is checked, and every failure is an :class:`ApiError`
-whose message names the field and what was wrong. A client mistake is always a 4xx.
-Unknown keys are ignored (as vLLM does); known OpenAI features this server does not
-implement are refused when set to anything but their neutral value.
+refused everywhere; every integer field, ``n`` included, takes JSON integers only, so
+``2.0`` is refused everywhere), every bound is checked, and every failure is an
+:class:`ApiError` whose message names the field and what was wrong (the bound it
+breaks: "must be >= 1" for 0, "too large" for 2**63). A client mistake is always a 4xx.
+Unknown keys are ignored (as vLLM does); known OpenAI features and vLLM sampling and
+decoding extensions this server does not implement (:data:`UNSUPPORTED_FIELDS`) are
+refused when set to anything but their neutral value.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ MAX_BATCH_PROMPTS = 128
 #: The largest float32: sampling runs in float32, so a temperature above it is infinite.
 FLOAT32_MAX = 3.4028234663852886e38
 
-#: Fields of the OpenAI API this server does not implement, with the values that mean
-#: "not used" (accepted silently); anything else is a 400 naming the field.
+#: Fields of the OpenAI API, and sampling and decoding extensions of vLLM's, that this
+#: server does not implement, with the values that mean "not used" (accepted silently:
+#: vLLM clients send some defaults on every request); anything else is a 400 naming the
+#: field. A neutral value must match in type too: ``best_of: 1.0`` is not ``1``.
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
@@ -50,19 +55,46 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
+    # vLLM's
+    "min_p": (None, 0, 0.0),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "prompt_logprobs": (None,),  # 0 is not neutral: the prompt tokens' own logprobs
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "guided_whitespace_pattern": (None,),
+    "guided_decoding_backend": (None,),
+    "structured_outputs": (None,),  # vLLM >= 0.10.2's form of the guided_* fields
 }
+#: The integer fields among them: a value that is not an integer (``best_of: 1.0``) is
+#: refused as on every integer field, before it is compared with the neutral values.
+_UNSUPPORTED_INTEGERS = ("best_of", "top_logprobs", "prompt_logprobs")
 
 
 # -- field readers ----------------------------------------------------------------------
-def _int(body: dict, name: str, default: Any, lo: int = INT64_MIN, hi: int = INT64_MAX) -> Any:
-    value = body.get(name)
-    if value is None:
-        return default
+def _check_integer(value: Any, name: str) -> None:
+    """The one rule of every integer field: a JSON integer. Not a boolean, and not a
+    number with a fraction part or an exponent even when its value is whole (``2.0``,
+    ``1e3``): the OpenAI API types these fields integer."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(
             f"{name} must be an integer, got {json_type(value)} {show_value(value)}", name
         )
+
+
+def _int(body: dict, name: str, default: Any, lo: int = INT64_MIN, hi: int = INT64_MAX) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    _check_integer(value, name)
     if not lo <= value <= hi:
+        if value > hi and hi == INT64_MAX:  # e.g. 2**63: say so, not "must be >= 1"
+            raise bad_request(
+                f"{name} is too large: must be at most {hi} (int64), got {show_value(value)}",
+                name,
+            )
         bounds = f">= {lo}" if hi == INT64_MAX else f"in [{lo}, {hi}]"
         raise bad_request(f"{name} must be {bounds}, got {show_value(value)}", name)
     return value
@@ -118,10 +150,14 @@ def check_model(body: dict, ctx: ServingContext) -> str:
 
 def _check_unsupported(body: dict) -> None:
     n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise bad_request(f"only n=1 is supported, got n={show_value(n)}", "n")
+    if n is not None:
+        _check_integer(n, "n")  # as every integer field: n=1.0 is refused, as max_tokens=1.0
+        if n != 1:
+            raise bad_request(f"only n=1 is supported, got n={show_value(n)}", "n")
     for name, neutral in UNSUPPORTED_FIELDS.items():
         value = body.get(name)
+        if value is not None and name in _UNSUPPORTED_INTEGERS:
+            _check_integer(value, name)
         if not any(value == v and type(value) is type(v) for v in neutral) and value is not None:
             raise bad_request(
                 f"{name} is not supported by this server (got {show_value(value)})", name

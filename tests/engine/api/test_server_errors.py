@@ -249,3 +249,119 @@ def test_duplicate_in_flight_id_is_409_and_full_queue_is_429(server, http):
     _wait_for(lambda: server.health()["num_in_flight"] == 0)
     health = server.health()
     assert health["num_free_device_blocks"] == health["num_device_blocks"]
+
+
+# -- vLLM sampling and decoding fields that are not implemented ---------------------------
+UNIMPLEMENTED = [
+    ("min_p", 0.05),
+    ("use_beam_search", True),
+    ("length_penalty", 0.8),
+    ("prompt_logprobs", 0),  # 0 is not neutral: it asks for the prompt tokens' logprobs
+    ("prompt_logprobs", 5),
+    ("guided_json", {"type": "object", "properties": {"a": {"type": "string"}}}),
+    ("guided_regex", "[a-z]+"),
+    ("guided_choice", ["yes", "no"]),
+    ("guided_grammar", 'root ::= "a"'),
+    ("guided_whitespace_pattern", " "),
+    ("guided_decoding_backend", "xgrammar"),
+    ("structured_outputs", {"json": {"type": "object"}}),
+]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("name,value", UNIMPLEMENTED)
+def test_unimplemented_vllm_sampling_fields_are_a_400_naming_the_field(http, route, name, value):
+    """They were accepted and ignored: a guided_json request got free text, min_p and
+    beam search were silently off."""
+    body = ok(**{name: value})
+    if route == "/v1/chat/completions":
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], name: value}
+    status, _, data = http.post_json(route, body, AUTH)
+    error = assert_error(status, data, 400, f"{name} is not supported")
+    assert error["param"] == name
+
+
+def test_the_neutral_values_vllm_clients_send_are_served(http):
+    neutral = {
+        "min_p": 0,
+        "use_beam_search": False,
+        "length_penalty": 1.0,
+        "prompt_logprobs": None,
+        "guided_json": None,
+        "guided_regex": None,
+        "guided_choice": None,
+        "guided_grammar": None,
+        "guided_decoding_backend": None,
+        "structured_outputs": None,
+    }
+    status, _, data = http.post_json("/v1/completions", ok(**neutral), AUTH)
+    assert status == 200, data
+    other = {"min_p": 0.0, "length_penalty": 1}
+    assert http.post_json("/v1/completions", ok(**other), AUTH)[0] == 200
+
+
+# -- one rule for every integer field ----------------------------------------------------
+INTEGER_FIELDS = [
+    ("n", 1.0),  # was accepted, while max_tokens=1000.0 was refused
+    ("max_tokens", 2.0),
+    ("min_tokens", 0.0),
+    ("top_k", 40.0),
+    ("seed", 7.0),
+    ("priority", 0.0),
+    ("best_of", 1.0),  # was "best_of is not supported": the value is not an integer
+    ("top_logprobs", 0.0),
+    ("prompt_logprobs", 0.0),
+]
+
+
+@pytest.mark.parametrize("name,value", INTEGER_FIELDS)
+def test_an_integral_float_is_refused_on_every_integer_field(http, name, value):
+    status, _, data = http.post_json("/v1/completions", ok(**{name: value}), AUTH)
+    error = assert_error(status, data, 400, f"{name} must be an integer, got number {value}")
+    assert error["param"] == name
+
+
+def test_an_integral_float_is_refused_for_max_completion_tokens(http):
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_completion_tokens": 3.0,
+    }
+    status, _, data = http.post_json("/v1/chat/completions", body, AUTH)
+    error = assert_error(status, data, 400, "max_completion_tokens must be an integer")
+    assert error["param"] == "max_completion_tokens"
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "min_tokens", "seed"])
+@pytest.mark.parametrize("value", [2**63, 10**30])
+def test_an_integer_over_int64_is_too_large_not_too_small(http, name, value):
+    """max_tokens=2**63 was answered "max_tokens must be >= 1"."""
+    status, _, data = http.post_json("/v1/completions", ok(**{name: value}), AUTH)
+    error = assert_error(status, data, 400, f"{name} is too large: must be at most {2**63 - 1}")
+    assert ">=" not in error["message"] and error["param"] == name
+
+
+def test_max_completion_tokens_over_int64_is_too_large(http):
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_completion_tokens": 2**64,
+    }
+    status, _, data = http.post_json("/v1/chat/completions", body, AUTH)
+    assert_error(status, data, 400, "max_completion_tokens is too large")
+
+
+@pytest.mark.parametrize(
+    "fields,fragment",
+    [
+        ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+        ({"min_tokens": -1}, "min_tokens must be >= 0, got -1"),
+        ({"seed": -(2**63) - 1}, f"seed must be >= {-(2**63)}"),
+        ({"top_k": 2**31}, f"top_k must be in [-1, {2**31 - 1}]"),
+        ({"priority": -(2**31) - 1}, f"priority must be in [{-(2**31)}, {2**31 - 1}]"),
+        ({"n": 2}, "only n=1 is supported, got n=2"),
+    ],
+)
+def test_integer_bounds_are_named_truly(http, fields, fragment):
+    status, _, data = http.post_json("/v1/completions", ok(**fields), AUTH)
+    assert_error(status, data, 400, fragment)

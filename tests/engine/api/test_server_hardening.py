@@ -770,3 +770,120 @@ def test_a_gzip_body_of_several_members_is_inflated_whole(http):
         "POST", "/v1/completions", body, {**AUTH, "Content-Encoding": "gzip"}
     )
     assert status == 200, reply
+
+
+# -- HTTP framing this server does not speak (RFC 9112) ------------------------------------
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n0\r\n\r\n"
+
+
+def raw_post(target: bytes, body: bytes, head: bytes) -> bytes:
+    return (
+        b"POST "
+        + target
+        + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + KEY.encode()
+        + b"\r\nContent-Type: application/json\r\n"
+        + head
+        + b"\r\n"
+        + body
+    )
+
+
+def raw_reply(server, raw: bytes) -> tuple[bytes, dict]:
+    """The whole reply to ``raw`` (read until the server closes the connection): its
+    head and its error object."""
+    with connect(server) as sock:
+        sock.sendall(raw)
+        reply = read_all(sock)  # times out unless the server closes the connection
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return head, json.loads(body)["error"]
+
+
+@pytest.mark.parametrize(
+    "coding,encode",
+    [
+        (b"gzip, chunked", gzip.compress),  # the fault: read as plain chunked
+        (b"gzip, chunked", lambda data: data),  # ... and the gzip bytes never checked
+        (b"GZIP,chunked", gzip.compress),
+        (b"deflate, chunked", zlib.compress),
+        (b"identity, chunked", lambda data: data),  # no transfer coding since RFC 9112
+    ],
+)
+def test_a_transfer_coding_other_than_chunked_is_a_501_never_ignored(server, http, coding, encode):
+    """RFC 9112 section 6.1: a transfer coding the server does not implement is a 501.
+    aiohttp framed "gzip, chunked" as plain chunked and handed the handler the gzip
+    bytes (a 400 about UTF-8) or, for a body that was not gzip at all, served it."""
+    before = json.loads(http.request("GET", "/health")[2])["num_steps"]
+    raw = raw_post(
+        b"/v1/completions", chunked(encode(completion())), b"Transfer-Encoding: " + coding + b"\r\n"
+    )
+    head, error = raw_reply(server, raw)
+    assert head.startswith(b"HTTP/1.1 501 "), head
+    assert b"Connection: close" in head, head
+    assert error["code"] == "unsupported_transfer_encoding"
+    assert error["param"] == "Transfer-Encoding"
+    assert coding.decode() in error["message"] and "chunked" in error["message"]
+    # refused before anything ran: no route, no engine step
+    assert json.loads(http.request("GET", "/health")[2])["num_steps"] == before
+
+
+def test_a_transfer_coding_is_refused_on_every_route_before_the_api_key(server):
+    raw = b"POST /ping HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" + chunked(
+        gzip.compress(b"{}")
+    )
+    head, _ = raw_reply(server, raw)
+    assert head.startswith(b"HTTP/1.1 501 "), head
+    raw = raw_post(b"/v1/completions", chunked(b"{}"), b"Transfer-Encoding: br, chunked\r\n")
+    raw = raw.replace(KEY.encode(), b"wrong")
+    head, error = raw_reply(server, raw)
+    assert head.startswith(b"HTTP/1.1 501 "), head  # not a 401: the framing comes first
+    assert error["code"] == "unsupported_transfer_encoding"
+
+
+@pytest.mark.parametrize("coding", [b"chunked", b"Chunked"])
+def test_a_chunked_body_is_still_served(server, coding):
+    raw = raw_post(
+        b"/v1/completions",
+        chunked(completion()),
+        b"Transfer-Encoding: " + coding + b"\r\nConnection: close\r\n",
+    )
+    with connect(server) as sock:
+        sock.sendall(raw)
+        reply = read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 200 "), reply[:300]
+    assert json.loads(reply.partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/0.9"])
+@pytest.mark.parametrize(
+    "request_line", [b"GET /health", b"GET /v1/models", b"POST /v1/completions", b"GET /nowhere"]
+)
+def test_a_request_line_of_another_http_version_is_a_505_in_http_1_1(server, version, request_line):
+    """aiohttp's parser takes HTTP/2.0 and HTTP/0.9 in a text request line; the server
+    answered "HTTP/2.0 200" (a status line of a protocol it does not speak)."""
+    body = completion()
+    raw = (
+        request_line
+        + b" "
+        + version
+        + b"\r\nHost: x\r\nAuthorization: Bearer "
+        + KEY.encode()
+        + b"\r\nContent-Type: application/json\r\n"
+        + b"Content-Length: %d\r\n\r\n" % len(body)
+        + body
+    )
+    head, error = raw_reply(server, raw)
+    assert head.startswith(b"HTTP/1.1 505 HTTP Version Not Supported\r\n"), head
+    assert b"Connection: close" in head, head
+    assert error["code"] == "http_version_not_supported"
+    assert version.decode() in error["message"]
+
+
+@pytest.mark.parametrize("version", [b"HTTP/1.0", b"HTTP/1.1"])
+def test_http_1_0_and_1_1_request_lines_are_served(server, version):
+    raw = b"GET /health " + version + b"\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with connect(server) as sock:
+        sock.sendall(raw)
+        reply = read_all(sock)
+    assert reply.startswith(version + b" 200 OK\r\n"), reply[:200]
