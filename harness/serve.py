@@ -13,7 +13,7 @@ import typer
 from engine.config import ConfigError, EngineConfig
 from engine.core.cost_model import CostModel, CostModelError
 from engine.factory import EXECUTORS, build_engine
-from engine.records.writers import RecordWriterSpec
+from engine.records.writers import LostRecord, RecordWriterSpec
 from engine.serving.tokenizer import HashTokenizer, Tokenizer, load_tokenizer
 from harness.decision_log import DecisionLog
 from harness.records import RequestRecorder
@@ -277,10 +277,12 @@ def _serve_with_engine_process(
         return 1
     log.info("%s executor, model %s, in the engine process", executor, engine_config.model)
     try:
-        return run_server(engine, tokenizer, settings)
+        code = run_server(engine, tokenizer, settings)
     except OSError as exc:  # the address is taken, or not ours to bind
         log.error("cannot serve on %s:%d: %s", settings.host, settings.port, exc)
-        return 1
+        code = 1
+    # The engine process wrote the records and reported what it could not write.
+    return _exit_code(code, spec.record_writers, engine.lost_records)
 
 
 def _serve_with_engine_thread(
@@ -332,21 +334,51 @@ def _serve_with_engine_thread(
         from engine.serving.engine_core import publish_dropped_spans
 
         publish_dropped_spans(llm_engine, traced)
+    lost: list[LostRecord] | None = None
     try:
-        return run_server(async_engine, tokenizer, settings)
+        code = run_server(async_engine, tokenizer, settings)
     except OSError as exc:  # the address is taken, or not ours to bind
         log.error("cannot serve on %s:%d: %s", settings.host, settings.port, exc)
-        return 1
+        code = 1
     finally:
-        if traced is not None:
-            stats = traced.shutdown()
-            log.info(
-                "spans: %d ended, %d exported, %d dropped",
-                stats["spans"],
-                stats["exported_spans"],
-                stats["dropped_spans"],
-            )
-        write_records(writers)
+        try:
+            if traced is not None:
+                stats = traced.shutdown()
+                log.info(
+                    "spans: %d ended, %d exported, %d dropped",
+                    stats["spans"],
+                    stats["exported_spans"],
+                    stats["dropped_spans"],
+                )
+        finally:  # the records are written whatever the span flush did
+            lost = write_records(writers)
+    return _exit_code(code, tuple(w.spec for w in writers), lost)
+
+
+def _exit_code(
+    code: int, specs: tuple[RecordWriterSpec, ...], lost: list[LostRecord] | None
+) -> int:
+    """The server's exit code, made non-zero when a record file was lost: one that could
+    not be written (``lost``, each already logged with its error where it failed), or
+    every one when the engine stopped without reporting them (``lost`` None: a killed
+    or dead engine process)."""
+    if not specs:
+        return code
+    if lost is None:
+        log.error(
+            "the engine stopped without writing its records; not written: %s",
+            ", ".join(f"{spec.name} ({spec.path})" for spec in specs),
+        )
+        return code or 1
+    if lost:
+        log.error(
+            "%d of %d record files not written: %s",
+            len(lost),
+            len(specs),
+            "; ".join(item.describe() for item in lost),
+        )
+        return code or 1
+    return code
 
 
 def _step_log(config: EngineConfig) -> StepLog:

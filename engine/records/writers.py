@@ -57,14 +57,36 @@ def install_record_writers(
     return installed
 
 
-def write_records(installed: list[InstalledWriter]) -> None:
-    """Write every writer's file. One that fails is logged; the others still write."""
+@dataclass(frozen=True)
+class LostRecord:
+    """A record file that could not be written: which, where, and why (picklable: the
+    engine process reports it to the API process)."""
+
+    name: str
+    path: str
+    error: str
+
+    def describe(self) -> str:
+        return f"{self.name} to {self.path}: {self.error}"
+
+
+def write_records(installed: list[InstalledWriter]) -> list[LostRecord]:
+    """Write every writer's file; returns the ones that could not be written (empty:
+    all were). Each fails alone: one that raises (a full disk, a path gone) is logged
+    with its error, and the others still write."""
+    lost = []
     for item in installed:
         path = item.spec.path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             item.writer.write(path)
-        except Exception:
-            log.exception("could not write %s to %s", item.spec.name, path)
+        except Exception as exc:
+            error = str(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+            # One line naming the file and the error (the traceback only at debug level:
+            # a full disk is not a bug).
+            log.error("could not write %s to %s: %s", item.spec.name, path, error)
+            log.debug("writing %s to %s failed", item.spec.name, path, exc_info=True)
+            lost.append(LostRecord(item.spec.name, str(path), error))
         else:
             log.info("%s: %s", item.spec.name, path)
+    return lost

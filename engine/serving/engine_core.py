@@ -14,8 +14,10 @@ it over two pipes:
   ``("added", add_id, seq_no, reject_reason)`` / ``("add_error", add_id, message)``,
   ``("outputs", tokens, ended, stats)`` — once per step and once per batch of aborts,
   where ``tokens`` is ``[(seq_no, token_id)]`` and ``ended`` is
-  ``[(seq_no, finish_reason, error)]`` — ``("metrics", metrics_id, body, content_type)``
-  and ``("stopped",)``.
+  ``[(seq_no, finish_reason, error)]`` — ``("metrics", metrics_id, body, content_type)``,
+  and at shutdown ``("records", lost)`` once the record files are written (``lost``:
+  the ``engine.records.writers.LostRecord`` of each file that could not be), then
+  ``("stopped",)``.
 
 ``metrics`` asks for the Prometheus exposition of the engine's registry
 (``engine.telemetry.metrics``, which lives here, with the observers): ``accept`` is the
@@ -107,21 +109,31 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
     finally:
         # Records first: they are local files, quick to write, and the API process
         # waits for this process only so long. The span flush may wait on a slow
-        # collector, within its own bound (TracingSettings' shutdown budget).
-        write_records(writers)
-        if tracing is not None:
-            # A concurrent engine step cannot be running here: the loop has returned.
-            stats = tracing.shutdown()
-            log.info(
-                "spans: %d ended, %d exported, %d dropped",
-                stats["spans"],
-                stats["exported_spans"],
-                stats["dropped_spans"],
-            )
+        # collector, within its own bound (TracingSettings' shutdown budget). Whatever
+        # the records do, the spans are still flushed.
         try:
-            outputs.send(("stopped",))
-        except (BrokenPipeError, OSError):
-            pass
+            lost = write_records(writers)
+            # Now, not with "stopped": a span flush that outlasts the API process's
+            # wait must not hide whether the records were written.
+            _send_quietly(outputs, ("records", lost))
+        finally:
+            if tracing is not None:
+                # A concurrent engine step cannot be running here: the loop has returned.
+                stats = tracing.shutdown()
+                log.info(
+                    "spans: %d ended, %d exported, %d dropped",
+                    stats["spans"],
+                    stats["exported_spans"],
+                    stats["dropped_spans"],
+                )
+            _send_quietly(outputs, ("stopped",))
+
+
+def _send_quietly(outputs, message) -> None:
+    try:
+        outputs.send(message)
+    except (BrokenPipeError, OSError):
+        pass  # the API process is gone
 
 
 def publish_dropped_spans(engine, tracing) -> None:

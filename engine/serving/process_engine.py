@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnProcess
 
 from engine.config import ConfigError, EngineConfig
+from engine.records.writers import LostRecord
 from engine.serving.async_engine import (
     AsyncEngine,
     EngineDeadError,
@@ -82,6 +83,10 @@ class ProcessEngine(AsyncEngine):
         self._sender: threading.Thread | None = None
         self._pending_metrics: dict[int, asyncio.Future] = {}
         self._next_metrics_id = 0
+        #: The record files (``spec.record_writers``) the engine process could not write,
+        #: as it reported them at shutdown; None until it has reported (and for good when
+        #: it died or was killed first: then none was written, or not known to be).
+        self.lost_records: list[LostRecord] | None = None
 
     @property
     def config(self) -> EngineConfig:
@@ -210,6 +215,8 @@ class ProcessEngine(AsyncEngine):
                     future = self._pending_metrics.pop(message[1], None)
                 if future is not None:
                     self._resolve(future, (message[2], message[3]))
+            elif kind == "records":
+                self.lost_records = list(message[1])
             elif kind == "stopped":
                 return
         if self.state not in ("stopped", "draining"):

@@ -23,8 +23,10 @@ from engine.telemetry.collectors import DroppedSpans
 from engine.telemetry.family_factory import FamilyFactory
 
 #: At most this many request classes get their own ``schedscope_queue_time_seconds``
-#: series; classes come from a client header (X-Request-Class), so later ones share
-#: the series ``class="other"``.
+#: series (the first ones seen, for the engine's life; no class is one of them);
+#: classes come from a client header (X-Request-Class), so later ones share the series
+#: ``class="other"``, and ``schedscope_request_class_overflow_total`` counts the
+#: requests folded into it.
 MAX_CLASS_LABELS = 32
 OTHER_CLASS = "other"
 
@@ -51,6 +53,8 @@ class SchedscopeMetrics:
     recomputed_tokens: Counter
     queue_by_class: Histogram
     queue_children: dict[str, Histogram]
+    #: requests whose class was past MAX_CLASS_LABELS (observed as class="other")
+    class_overflow: Counter
     free_device: Gauge
     free_host: Gauge
     total_device: Gauge
@@ -115,6 +119,11 @@ def build_schedscope(f: FamilyFactory, sched) -> SchedscopeMetrics:
         QUEUE_BUCKETS,
         ["class"],
     )
+    class_overflow = counter(
+        "schedscope_request_class_overflow",
+        f"Requests whose X-Request-Class came after the first {MAX_CLASS_LABELS} classes "
+        'and share schedscope_queue_time_seconds{class="other"}.',
+    ).labels(*values)
     blocks_free = gauge("schedscope_kv_blocks_free", "Free KV blocks.", ["pool"])
     blocks_total = gauge("schedscope_kv_blocks_capacity", "KV blocks in the pool.", ["pool"])
     free_device, free_host = (blocks_free.labels(*values, p) for p in ("device", "host"))
@@ -168,6 +177,7 @@ def build_schedscope(f: FamilyFactory, sched) -> SchedscopeMetrics:
         recomputed_tokens=recomputed_tokens,
         queue_by_class=queue_by_class,
         queue_children={},
+        class_overflow=class_overflow,
         free_device=free_device,
         free_host=free_host,
         total_device=total_device,

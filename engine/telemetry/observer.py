@@ -15,6 +15,7 @@ request since its last token, kept as bit flags per live request.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -45,6 +46,8 @@ from engine.telemetry.families_vllm import (
     build_vllm_v1,
 )
 from engine.telemetry.family_factory import FamilyFactory
+
+log = logging.getLogger("schedscope.telemetry")
 
 # What happened to a request since its last token (bit flags).
 _F_SWAPPED = 1
@@ -100,6 +103,7 @@ class EngineMetrics:
         self._live: dict[str, list] = {}
         self._wait_reason: str | None = None
         self._last_gauges: tuple | None = None
+        self._class_overflow_logged = False
         self.num_steps = 0
 
     # -- configuration ---------------------------------------------------------------------
@@ -298,6 +302,7 @@ class EngineMetrics:
             if len(self.schedscope.queue_children) >= MAX_CLASS_LABELS:
                 # Classes come from a client header: past the cap they share one
                 # series, so no client can grow /metrics (and its render) without bound.
+                self._class_overflow(cls)
                 cls = OTHER_CLASS
                 child = self.schedscope.queue_children.get(cls)
             if child is None:
@@ -305,6 +310,19 @@ class EngineMetrics:
                     *self._labelvalues, cls
                 )
         child.observe(seq.first_scheduled_time - seq.arrival_time, request_exemplar(seq))
+
+    def _class_overflow(self, cls: str) -> None:
+        self.schedscope.class_overflow.inc()
+        if not self._class_overflow_logged:
+            self._class_overflow_logged = True
+            log.warning(
+                "request class %r and any later new class are counted as class=%r in "
+                "schedscope_queue_time_seconds: the first %d classes have their own "
+                "series (schedscope_request_class_overflow_total counts the requests)",
+                cls,
+                OTHER_CLASS,
+                MAX_CLASS_LABELS,
+            )
 
     def _finished(self, seq) -> None:
         if seq.status is SequenceStatus.FINISHED_REJECTED:

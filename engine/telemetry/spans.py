@@ -86,7 +86,8 @@ class SpanObserver:
     (``tracing.FinishedSpans``).
 
     A request's root span has the request's trace id (``request_trace_id``: the
-    client's, or one derived from the request, as Prometheus exemplars have it).
+    client's, or one derived from the request, as Prometheus exemplars have it). A
+    request whose client ``traceparent`` has the sampled flag off gets no spans.
     ``epoch_unix`` maps engine time to Unix time; ``bytes_per_block`` prices swapped
     blocks in bytes (0: not known)."""
 
@@ -112,6 +113,8 @@ class SpanObserver:
         #: start (engine time), end (engine time)].
         self._window: list[Any] | None = None
         self.num_request_spans = 0
+        #: Requests whose client ``traceparent`` had the sampled flag off: no spans.
+        self.num_unsampled_requests = 0
         self.num_decision_spans = 0
         self.num_step_spans = 0
 
@@ -266,6 +269,11 @@ class SpanObserver:
         end = max(end, start)
         spans = self.spans
         parent = _client_parent(seq.traceparent)
+        if parent is not None and not parent.trace_flags.sampled:
+            # W3C Trace Context: the caller did not sample this trace, so neither do we
+            # (as the SDK's default parent-based sampler would): no spans in it.
+            self.num_unsampled_requests += 1
+            return
         trace_id = request_trace_id(seq)  # the client's trace id when it sent one
         root = spans.context(trace_id)
         status = seq.status.record_status

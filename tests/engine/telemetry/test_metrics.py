@@ -480,3 +480,35 @@ def test_request_classes_from_clients_cannot_grow_the_exposition_without_bound()
         value(metrics, "schedscope_queue_time_seconds_count", **{"class": OTHER_CLASS})
         == 100 - MAX_CLASS_LABELS
     )
+
+
+def test_request_classes_past_the_cap_are_counted_and_logged_once(caplog):
+    """A class past the cap is not silently merged: the requests folded into
+    class="other" are counted (0 until then: the series exists), and the first one is
+    logged, once."""
+    from engine.telemetry.metrics import MAX_CLASS_LABELS, OTHER_CLASS
+
+    engine = make_engine(block_size=4, gpu_blocks=512, max_num_seqs=128, max_model_len=64)
+    metrics = install_metrics(engine, "tiny")
+    overflow = "schedscope_request_class_overflow_total"
+    assert metrics.registry.get_sample_value(overflow, LABELS) == 0
+    classes = [f"class-{i}" for i in range(MAX_CLASS_LABELS)] + ["late", "later", "late"]
+    with caplog.at_level("WARNING", logger="schedscope.telemetry"):
+        for i, cls in enumerate(classes):
+            engine.add_request(
+                EngineRequest(
+                    f"r{i}",
+                    [5, 6, 7],
+                    SamplingParams(max_tokens=2),
+                    arrival_time=0.0,
+                    request_class=cls,
+                )
+            )
+            while engine.has_unfinished():
+                engine.step()
+    assert value(metrics, overflow) == 3
+    assert value(metrics, "schedscope_queue_time_seconds_count", **{"class": OTHER_CLASS}) == 3
+    warnings = [r.getMessage() for r in caplog.records if "request class" in r.getMessage()]
+    assert len(warnings) == 1 and "'late'" in warnings[0] and str(MAX_CLASS_LABELS) in warnings[0]
+    om = metrics.render("application/openmetrics-text")[0].decode()
+    assert "# HELP schedscope_request_class_overflow " in om

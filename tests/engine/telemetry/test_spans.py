@@ -222,3 +222,36 @@ def test_install_tracing_writes_nothing_without_exporters(tmp_path):
     drive(engine, [Req("a", 0.0)])
     assert tracing.shutdown()["dropped_spans"] == 0
     assert (tmp_path / "t.jsonl").read_text().count("llm_request") == 1
+
+
+def test_a_client_trace_that_is_not_sampled_gets_no_spans():
+    """W3C Trace Context: flags 00 means the caller did not sample its trace; the
+    engine adds no spans to it (a sampled client trace and untraced requests still
+    get theirs, and the steps their engine.step spans)."""
+    engine = make_engine(block_size=4, gpu_blocks=64, cost_model=COSTS)
+    unsampled_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+    def client(request_id: str, traceparent: str) -> EngineRequest:
+        return EngineRequest(
+            request_id,
+            [7] * 4,
+            SamplingParams(max_tokens=3),
+            arrival_time=0.0,
+            traceparent=traceparent,
+        )
+
+    trace, spans = run_traced(
+        engine,
+        [Req("plain", 0.0, prompt_len=4, max_tokens=3)],
+        extra=[
+            client("sampled", TRACEPARENT),
+            client("unsampled", f"00-{unsampled_trace}-00f067aa0ba902b7-00"),
+        ],
+    )
+    assert not [s for s in spans if s.context.trace_id == int(unsampled_trace, 16)]
+    assert not [s for s in spans if s.attributes.get(sp.REQUEST_ID) == "unsampled"]
+    requests = {s.attributes[sp.REQUEST_ID]: s for s in spans if s.name == sp.LLM_REQUEST}
+    assert set(requests) == {"sampled", "plain"}
+    assert requests["sampled"].context.trace_id == int(CLIENT_TRACE, 16)
+    assert [s for s in spans if s.name == sp.ENGINE_STEP]
+    assert trace.seqs["unsampled"].finish_reason == "length"

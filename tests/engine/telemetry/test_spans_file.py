@@ -3,7 +3,9 @@ spans.parquet (harness.spans) with the attributes as columns."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 import polars as pl
 import pytest
@@ -175,6 +177,70 @@ def test_failed_exports_count_as_dropped(tmp_path):
         tracing.tracer.start_span("x").end()
     tracing.shutdown()
     assert processor.num_dropped_spans == 10 and processor.num_exported == 0
+
+
+class _DiskThatFillsUp:
+    """The trace file on a disk with ``free`` bytes left (None: plenty): a write past it
+    stops short, and the next one fails with ENOSPC, as write(2) does on a full disk.
+
+    A test double: a real full file system needs root (a small tmpfs or loop mount).
+    It writes through a real file, so what a reader finds is what a full disk would
+    have left there."""
+
+    def __init__(self, path) -> None:
+        self.raw = open(path, "r+b", buffering=0)  # noqa: SIM115
+        self.raw.seek(0, 2)
+        self.free: int | None = None
+
+    def write(self, data) -> int:
+        data = data.encode() if isinstance(data, str) else bytes(data)
+        if self.free is not None:
+            if self.free == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            data = data[: self.free]
+            self.free -= len(data)
+        return self.raw.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
+def test_a_full_disk_never_leaves_a_torn_line_in_the_trace_file(tmp_path):
+    """A batch the disk has no room for is lost whole (and counted); the batch after
+    space returns starts on a line of its own, so every line of the file parses."""
+    path = tmp_path / "trace.jsonl"
+    exporter = OtlpJsonLinesExporter(path)
+    exporter._file.close()
+    disk = exporter._file = _DiskThatFillsUp(path)
+    tracing = Tracing(TracingSettings(schedule_delay_ms=60_000), exporters=[exporter])
+
+    def batch(name: str) -> None:
+        for i in range(3):
+            tracing.tracer.start_span(f"{name}{i}").end()
+        tracing.force_flush()
+
+    batch("before")
+    disk.free = 50  # the disk fills up partway through the next batch
+    batch("torn")
+    batch("full")  # still full
+    disk.free = None  # space is back
+    batch("after")
+    stats = tracing.shutdown()
+
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    names = [
+        span["name"]
+        for line in lines
+        for resource in json.loads(line)["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+    assert names == ["before0", "before1", "before2", "after0", "after1", "after2"]
+    assert read_spans(path).height == 6
+    assert stats["spans"] == 12 and stats["exported_spans"] == 6
+    assert stats["dropped_spans"] == 6
+    assert tracing.processors[0].dropped_by_reason["export_failed"] == 6
 
 
 def test_resolve_tracing_flags_and_environment(tmp_path):
