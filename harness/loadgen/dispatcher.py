@@ -12,6 +12,14 @@ one ended, until the phase ends; a 429 waits its Retry-After first.
 
 Every scheduled request gets exactly one row: finished, failed, killed in flight when
 the run stopped (``aborted``), or never sent because the run stopped first.
+
+Stopping comes in two steps, so that Locust's ``--stop-timeout`` can let what is in flight
+finish: ``drain()`` stops sending (no request leaves after it: the open-loop requests not
+sent get "not sent" rows, closed loops end after their current request) and ``run()``
+returns when the last request in flight has ended; ``stop()`` then kills whatever is still
+in flight (its rows: ``aborted``, "in flight when the run stopped", passed to ``on_row``
+with ``cut=True``). ``cut_in_flight`` and ``not_sent`` count the two kinds of row the
+stop made; "not sent" rows are not passed to ``on_row`` (they are no requests).
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ from harness.profiles import Plan
 
 log = logging.getLogger(__name__)
 
+#: The ``error`` of a row killed in flight by ``Dispatcher.stop``.
+IN_FLIGHT_WHEN_STOPPED = "in flight when the run stopped"
+#: The ``error`` of an open-loop row never sent because the run stopped first.
+NOT_SENT = "not sent: the run stopped before its scheduled instant"
+
 
 class Dispatcher:
     def __init__(
@@ -43,7 +56,7 @@ class Dispatcher:
         share: Share,
         run_start: float,
         max_in_flight: int,
-        on_row: Callable[[dict], None] = lambda row: None,
+        on_row: Callable[[dict, bool], None] = lambda row, cut: None,
     ) -> None:
         self.client = client
         self.writer = writer
@@ -58,15 +71,23 @@ class Dispatcher:
         self._stopping = False
         self._rows: set[int] = set()  # id() of rows in flight
         self._workers: list[gevent.Greenlet] = []
+        self._open: gevent.Greenlet | None = None
+        self._wake = gevent.event.Event()  # set when sending stops: closed loops stop waiting
         self.finished = gevent.event.Event()
+        self.cut_in_flight = 0  # rows killed in flight by stop()
+        self.not_sent = 0  # open-loop rows never sent because the run stopped
+        self.stopped_at: float | None = None  # when drain() or stop() ended the sending
 
     # -- running --------------------------------------------------------------------
     def run(self) -> None:
-        """Send the whole share; returns when every request has its row."""
-        self._workers = [gevent.spawn(self._open_loop)]
+        """Send the share; returns when every request has its row (after ``drain()``: when
+        the requests already sent have ended)."""
+        self._open = gevent.spawn(self._open_loop)
+        self._workers = [self._open]
         self._workers += [gevent.spawn(self._closed_loop, loop) for loop in self.share.closed_loops]
         gevent.joinall(self._workers)
         self._group.join()
+        self._write_unsent()
         self.finished.set()
 
     def _open_loop(self) -> None:
@@ -94,9 +115,10 @@ class Dispatcher:
         phase = copy.copy(self.plan.phases[loop.phase])  # its own chunk cache
         phase._chunk = None
         begin, end = self.run_start + loop.start_s, self.run_start + loop.end_s
+        wait = self._wake.wait  # a sleep that drain() ends
         delay = begin - time.time()
         if delay > 0:
-            gevent.sleep(delay)
+            wait(delay)
         m = 0
         while not self._stopping and time.time() < end:
             spec = phase.request_at(loop.spec_index(m))
@@ -104,22 +126,30 @@ class Dispatcher:
             row = self.client.new_row(spec, "closed", time.time(), False)
             retry_after = self._one(spec, row, False)
             left = end - time.time()
-            if left <= 0:
+            if left <= 0 or self._stopping:
                 break
             if retry_after:
-                gevent.sleep(min(retry_after, left))
+                wait(min(retry_after, left))
             elif row["status"] == "error" and row["http_status"] is None:
-                gevent.sleep(min(0.05, left))  # connection refused: do not spin
+                wait(min(0.05, left))  # connection refused: do not spin
 
     def _one(self, spec, row: dict, slot: bool) -> float | None:
+        if self._stopping:  # spawned at its instant, but the run stopped before it left
+            if slot:
+                self._slots.release()
+            self._not_sent(row)
+            return None
         key = id(row)
         self._rows.add(key)
         retry_after = None
+        cut = False
         try:
             retry_after = self.client.send(row, spec)
         except gevent.GreenletExit:
+            cut = True
+            self.cut_in_flight += 1
             row["status"] = "aborted"
-            row["error"] = row["error"] or "in flight when the run stopped"
+            row["error"] = row["error"] or IN_FLIGHT_WHEN_STOPPED
             if row["first_token_at"] is not None:
                 row["ttft_s"] = row["first_token_at"] - row["scheduled_at"]
                 row["ttft_from_sent_s"] = row["first_token_at"] - row["sent_at"]
@@ -134,22 +164,47 @@ class Dispatcher:
                 self._slots.release()
             self.writer.write(row)
             try:
-                self.on_row(row)
+                self.on_row(row, cut)
             except Exception:  # noqa: BLE001
                 log.exception("on_row failed")
         return retry_after
 
     # -- stopping -------------------------------------------------------------------
+    def drain(self) -> None:
+        """Stop sending, and let what is in flight finish: ``run()`` returns (and
+        ``finished`` is set) when the last request in flight has ended."""
+        if self._stopping or self.finished.is_set():
+            return
+        self._stopping = True
+        self.stopped_at = time.time()
+        self._wake.set()
+        if self._open is not None:
+            # Between two requests it waits in a sleep or for a slot: safe to kill there.
+            self._open.kill(block=False)
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop sending; abort what is in flight; give every unsent open request its row."""
         if self.finished.is_set():
             return
-        self._stopping = True
+        if not self._stopping:
+            self._stopping = True
+            self.stopped_at = time.time()
+        self._wake.set()
+        gevent.sleep(0)  # requests spawned but not started write their "not sent" rows
         gevent.killall(self._workers, block=True, timeout=timeout_s)
         self._group.kill(block=True, timeout=timeout_s)
-        for spec in self.share.open_requests[self._next_open :]:
-            row = self.client.new_row(spec, "open", self.run_start + spec.scheduled_at, False)
-            row["error"] = "not sent: the run stopped before its scheduled instant"
-            self.writer.write(row)
-        self._next_open = len(self.share.open_requests)
+        self._write_unsent()
         self.finished.set()
+
+    def _write_unsent(self) -> None:
+        specs = self.share.open_requests
+        for spec in specs[self._next_open :]:
+            self._not_sent(
+                self.client.new_row(spec, "open", self.run_start + spec.scheduled_at, False)
+            )
+        self._next_open = len(specs)
+
+    def _not_sent(self, row: dict) -> None:
+        row["error"] = NOT_SENT
+        self.writer.write(row)
+        self.not_sent += 1

@@ -16,6 +16,16 @@ each its index, W, the options and a common start instant in a ``schedscope_spli
 message), the per-request Locust events (``TTFT``/``TPOT``/``E2E``, named
 ``ttft <class>`` ...), and the end (rows for whatever was left, the summary, the
 generator-limited warning).
+
+The end of a run that stops before its schedule has been answered (``-t`` shorter than
+the profile, the web UI's stop, Ctrl-C): sending stops at once (``test_stopping``); what
+is in flight may finish within Locust's ``--stop-timeout``, because the placeholder user's
+task (which Locust waits for that long) returns when the process's last request has
+ended; what is still in flight then is cut. A cut request's row is ``aborted`` as before,
+but Locust counts it as a ``CUT`` request (``cut <class>``), not a failure, so a healthy
+server's run exits 0; the start says how many scheduled requests ``-t`` leaves unsent, the
+end how many were cut and left unsent. Only a run stopped because ``--grace`` ran out
+counts its requests still in flight as failures (the server did not answer in time).
 """
 
 from __future__ import annotations
@@ -26,8 +36,10 @@ import sys
 import time
 
 import gevent
+import gevent.event
+from gevent.lock import Semaphore
 from locust import LoadTestShape, User, constant, events, task
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from harness.loadgen import options as opts_mod
 from harness.loadgen.client import TRANSPORTS, OpenAIClient, probe
@@ -40,6 +52,8 @@ log = logging.getLogger("schedscope.loadgen")
 
 #: Seconds between the master's start message and the common start instant.
 DISTRIBUTED_LEAD_S = 1.5
+#: Locust's request type of a request cut in flight by the end of the run (not a failure).
+CUT = "CUT"
 
 _arguments_added = False
 
@@ -48,7 +62,40 @@ class RequestFailure(Exception):
     """A request's failure as Locust shows it (status, HTTP status, message)."""
 
 
-def _fire_row(environment, row: dict) -> None:
+def _plan(profile, options: opts_mod.LoadgenOptions):
+    """The profile as the options scale it, and its plan."""
+    if options.rate_scale != 1.0:
+        profile = profile.with_rate_scale(options.rate_scale)
+    profile = profile.with_duration_scale(options.duration_scale)
+    seed = profile.seed if options.seed < 0 else options.seed
+    return build_plan(profile, seed)
+
+
+def cut_notice(profile, options: opts_mod.LoadgenOptions, run_time: float | None) -> str | None:
+    """What ``-t run_time`` cuts from the schedule (None when it cuts nothing): the
+    open-loop requests scheduled at or after ``run_time`` will not be sent."""
+    if not run_time:
+        return None
+    scaled = profile.with_duration_scale(options.duration_scale)
+    if run_time >= scaled.duration_s:
+        return None
+    plan = _plan(profile, options)
+    specs = plan.open_loop_requests()
+    unsent = sum(1 for s in specs if s.scheduled_at >= run_time)
+    closed = [p.phase.name for p in plan.phases if p.kind == "closed" and p.end_s > run_time]
+    msg = (
+        f"schedscope: -t {run_time:g}s is shorter than the {plan.duration_s:g} s schedule of "
+        f"{plan.profile.name}: the run will be cut, and {unsent} of its {len(specs)} scheduled "
+        f"open-loop requests (those scheduled at or after {run_time:g} s) will not be sent"
+    )
+    if closed:
+        msg += f"; closed-loop phase(s) {', '.join(closed)} cut short or not run"
+    return msg + " (their rows: status aborted; not failures)"
+
+
+def _fire_row(environment, row: dict, cut: bool = False) -> None:
+    """Locust's events for one row; ``cut``: killed in flight by the end of the run,
+    counted as a ``CUT`` request (not a failure)."""
     fire = environment.events.request.fire
     cls = row["class"]
     if row["status"] == "ok":
@@ -78,6 +125,15 @@ def _fire_row(environment, row: dict) -> None:
             response_length=row["output_tokens"] or 0,
             exception=None,
             context=context,
+        )
+    elif cut:
+        fire(
+            request_type=CUT,
+            name=f"cut {cls}",
+            response_time=max(0.0, time.time() - row["scheduled_at"]) * 1e3,
+            response_length=0,
+            exception=None,
+            context={"request_id": row["request_id"]},
         )
     else:
         elapsed = max(0.0, time.time() - row["scheduled_at"]) * 1e3
@@ -117,17 +173,21 @@ class _Run:
         self.writer: RecordWriter | None = None
         self.summary: dict | None = None
         self.error: str | None = None
+        self.draining = False
+        #: Requests cut in flight count as failures (the stop came from --grace running out).
+        self.cut_is_failure = False
+        self.ended = gevent.event.Event()  # set when the summary has been written
+        self._finishing = Semaphore()
         self.greenlet = gevent.spawn(self._main)
+
+    def _on_row(self, row: dict, cut: bool) -> None:
+        _fire_row(self.environment, row, cut and not self.cut_is_failure)
 
     def _main(self) -> None:
         o = self.options
         try:
-            profile = self.state.profile
-            if o.rate_scale != 1.0:
-                profile = profile.with_rate_scale(o.rate_scale)
-            profile = profile.with_duration_scale(o.duration_scale)
-            seed = profile.seed if o.seed < 0 else o.seed
-            self.plan = plan = build_plan(profile, seed)
+            self.plan = plan = _plan(self.state.profile, o)
+            profile, seed = plan.profile, plan.seed
             self.share = mine = share(plan, self.index, self.count)
             transport = TRANSPORTS[o.http_client](
                 self.host, o.max_in_flight + 16, o.request_timeout
@@ -171,8 +231,10 @@ class _Run:
                 mine,
                 start,
                 o.max_in_flight,
-                on_row=lambda row: _fire_row(self.environment, row),
+                on_row=self._on_row,
             )
+            if self.draining:  # stopped while it was starting: nothing will be sent
+                self.dispatcher.drain()
             log.info(
                 "schedscope: worker %d/%d sends %d open-loop requests and %d closed loops "
                 "of %s (seed %d) to %s",
@@ -192,10 +254,30 @@ class _Run:
             self.error = f"{type(e).__name__}: {e}"
         self.finish()
 
+    # -- stopping -------------------------------------------------------------------
+    def drain(self) -> None:
+        """Send nothing more; what is in flight goes on (``ended`` is set when it has)."""
+        self.draining = True
+        if self.dispatcher is not None:
+            self.dispatcher.drain()
+
+    def stop(self, timeout_s: float = 0.0) -> dict | None:
+        """Stop sending, let what is in flight finish within ``timeout_s``, cut the rest."""
+        self.drain()
+        if timeout_s > 0:
+            self.ended.wait(timeout_s)
+        if not self.ended.is_set():
+            self.greenlet.kill(block=True, timeout=15)
+        return self.finish()
+
     def finish(self) -> dict | None:
         """Rows for whatever is left, then the summary (once)."""
-        if self.summary is not None:
-            return self.summary
+        with self._finishing:
+            if self.summary is None:
+                self._finish()
+        return self.summary
+
+    def _finish(self) -> None:
         if self.dispatcher is not None:
             self.dispatcher.stop()
         s = {
@@ -208,7 +290,7 @@ class _Run:
             "options": self.options.public(),
         }
         if self.writer is not None:
-            w = self.writer
+            w, d = self.writer, self.dispatcher
             s.update(
                 profile=self.plan.profile.name,
                 seed=self.plan.seed,
@@ -227,6 +309,10 @@ class _Run:
                 server_clock_epoch_unix=self.info.clock_epoch_unix,
                 http_client=self.options.http_client,
                 max_in_flight=self.options.max_in_flight,
+                stopped_sending_unix=d.stopped_at if d else None,
+                cut_in_flight=d.cut_in_flight if d else 0,
+                not_sent=d.not_sent if d else 0,
+                cut_is_failure=self.cut_is_failure,
                 **w.lag_stats(self.options.lag_limit_ms / 1e3),
             )
             w.write_summary(s)
@@ -234,8 +320,8 @@ class _Run:
             if s["generator_limited"]:
                 _warn_generator_limited([s])
         self.summary = s
+        self.ended.set()
         self.state.on_run_finished(self, s)
-        return s
 
 
 def _warn_generator_limited(summaries: list[dict]) -> None:
@@ -265,6 +351,19 @@ class _State:
         self.workers = 0
         self.done: dict[int, dict] = {}
         self.local_done = False
+        self.clients: dict[int, str] = {}  # the master's workers: index -> client id
+        self.stopping = gevent.event.Event()  # set by test_stopping, cleared at test_start
+        self.grace_over = False  # the run stops because --grace ran out
+
+    # -- the placeholder user's task ------------------------------------------------------
+    def hold(self) -> None:
+        """Returns once the run is stopping and this process's last request has ended, so
+        that Locust's --stop-timeout (how long Locust waits for a user's task) is how long
+        what is in flight may still finish."""
+        self.stopping.wait()
+        run = self.run
+        if run is not None:
+            run.ended.wait()
 
     # -- Locust events ----------------------------------------------------------------
     def on_init(self, environment, runner=None, **_kw) -> None:
@@ -273,14 +372,22 @@ class _State:
             runner.register_message("schedscope_done", self._on_done_message)
         elif isinstance(runner, WorkerRunner):
             runner.register_message("schedscope_split", self._on_split_message)
+            runner.register_message("schedscope_stop", self._on_stop_message)
 
     def on_test_start(self, environment, **_kw) -> None:
         runner = environment.runner
+        self.stopping.clear()
         if isinstance(runner, WorkerRunner):
             return  # a worker starts on the master's schedscope_split
         options = opts_mod.LoadgenOptions.from_parsed(environment.parsed_options)
         self.done = {}
         self.local_done = False
+        self.grace_over = False
+        notice = cut_notice(
+            self.profile, options, getattr(environment.parsed_options, "run_time", None)
+        )
+        if notice:
+            print(notice, file=sys.stderr, flush=True)
         run_id = f"{self.profile.name}-{int(time.time() * 1000)}"
         duration = self.profile.with_duration_scale(options.duration_scale).duration_s
         if isinstance(runner, MasterRunner):
@@ -289,6 +396,7 @@ class _State:
                 key=lambda c: runner.get_worker_index(c.id),
             )
             self.workers = len(clients)
+            self.clients = {i: c.id for i, c in enumerate(clients)}
             start = time.time() + DISTRIBUTED_LEAD_S
             for i, c in enumerate(clients):
                 runner.send_message(
@@ -327,6 +435,25 @@ class _State:
     def _on_done_message(self, environment, msg, **_kw) -> None:
         self.done[msg.data["worker"]] = msg.data
 
+    def _on_stop_message(self, environment, msg, **_kw) -> None:
+        """A worker: the master is stopping the run (its ``test_stopping``)."""
+        if self.run is not None and self.run.summary is None:
+            self.run.cut_is_failure = bool(msg.data["cut_is_failure"])
+            gevent.spawn(self.run.stop, float(msg.data["stop_timeout"]))
+
+    def on_test_stopping(self, environment, **_kw) -> None:
+        """Sending stops here; what is in flight may finish until Locust's stop timeout."""
+        runner = environment.runner
+        self.stopping.set()
+        if isinstance(runner, MasterRunner):
+            if self.workers and len(self.done) < self.workers:
+                runner.send_message(
+                    "schedscope_stop",
+                    {"cut_is_failure": self.grace_over, "stop_timeout": environment.stop_timeout},
+                )
+        elif self.run is not None:
+            self.run.drain()
+
     def on_run_finished(self, run: _Run, summary: dict) -> None:
         runner = self.environment.runner if self.environment else None
         if isinstance(runner, WorkerRunner):
@@ -338,10 +465,29 @@ class _State:
     def on_test_stop(self, environment, **_kw) -> None:
         runner = environment.runner
         if self.run is not None and not isinstance(runner, MasterRunner):
-            self.run.greenlet.kill(block=True, timeout=15)
-            self.run.finish()
+            self.run.stop()  # Locust's stop timeout is over: cut what is still in flight
+        if isinstance(runner, MasterRunner):
+            self._wait_for_workers(runner, environment.stop_timeout + 20.0)
         if not isinstance(runner, WorkerRunner):
             self._report()
+
+    def _wait_for_workers(self, runner, timeout_s: float) -> None:
+        """The master: wait for the summaries of the workers still connected (each has
+        ``--stop-timeout`` to let its requests finish after the schedscope_stop message)."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            nodes = {i: runner.clients.get(cid) for i, cid in self.clients.items()}
+            waiting = [
+                i
+                for i, node in nodes.items()
+                if i not in self.done and node is not None and node.state != STATE_MISSING
+            ]
+            if not waiting:
+                return
+            gevent.sleep(0.1)
+        log.warning(
+            "schedscope: no summary from worker(s) %s", sorted(set(self.clients) - set(self.done))
+        )
 
     def _report(self) -> None:
         if not self.done:
@@ -355,6 +501,18 @@ class _State:
             file=sys.stderr,
             flush=True,
         )
+        cut = sum(s.get("cut_in_flight", 0) for s in self.done.values())
+        unsent = sum(s.get("not_sent", 0) for s in self.done.values())
+        if cut or unsent:
+            failures = any(s.get("cut_is_failure") for s in self.done.values())
+            how = "counted as failures: --grace ran out" if failures else f"Locust's {CUT} requests"
+            print(
+                f"schedscope: the run stopped before its schedule was answered: {cut} request(s) "
+                f"cut in flight ({how}) and {unsent} scheduled request(s) not sent; their rows "
+                f"have status aborted",
+                file=sys.stderr,
+                flush=True,
+            )
         if isinstance(self.environment.runner, MasterRunner):
             _warn_generator_limited(list(self.done.values()))
 
@@ -372,6 +530,9 @@ class _State:
                 return None
             if time.time() > self.deadline:
                 log.warning("schedscope: the schedule and --grace are over; stopping")
+                self.grace_over = True
+                if self.run is not None:
+                    self.run.cut_is_failure = True
                 return None
         return (self.users, float(self.users))
 
@@ -387,8 +548,8 @@ def define(profile, namespace: dict) -> None:
         wait_time = constant(3600)
 
         @task
-        def idle(self) -> None:
-            gevent.sleep(3600)
+        def hold(self) -> None:
+            state.hold()
 
     class ProfileShape(LoadTestShape):
         """One user per process; ends when the schedule has been sent and answered."""
@@ -410,4 +571,5 @@ def define(profile, namespace: dict) -> None:
         _arguments_added = True
     events.init.add_listener(state.on_init)
     events.test_start.add_listener(state.on_test_start)
+    events.test_stopping.add_listener(state.on_test_stopping)
     events.test_stop.add_listener(state.on_test_stop)

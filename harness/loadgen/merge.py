@@ -10,7 +10,9 @@ pick one run out of a directory that holds several) and writes:
   list of float64);
 - ``summary.json``: the run's counts by status, send lag percentiles over the
   open-loop rows, ``generator_limited`` (p99 lag over the limit, or any request that
-  waited for the in-flight cap), the workers' summaries, the server's clock epoch.
+  waited for the in-flight cap), the requests the end of the run cut in flight
+  (``cut_in_flight``) or left unsent (``not_sent``), the workers' summaries, the
+  server's clock epoch.
 
 Command line: ``python -m harness.loadgen.merge RECORDS_DIR [--out DIR] [--run-id ID]``.
 """
@@ -133,6 +135,8 @@ def merge_records(
         "in_flight_capped": capped,
         "generator_limited": bool((p99 is not None and p99 > lag_limit_s) or capped > 0),
         "probe_requests": sum(w.get("probe_requests", 0) for w in workers),
+        "cut_in_flight": sum(w.get("cut_in_flight", 0) for w in workers),
+        "not_sent": sum(w.get("not_sent", 0) for w in workers),
         "worker_summaries": workers,
     }
     out.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,7 @@ def run_locust(
     timeout: float = 90,
     background: bool = False,
     failures: bool = False,
+    profile: Path = PROFILE_FILE,
 ):
     """Locust exits 1 when any request failed (its --exit-code-on-error): pass
     ``failures=True`` where failures are the point."""
@@ -46,7 +47,7 @@ def run_locust(
     cmd = [
         LOCUST,
         "-f",
-        str(PROFILE_FILE),
+        str(profile),
         "--host",
         url,
         "--headless",
@@ -74,8 +75,8 @@ def metric_sum(url: str, name: str) -> float:
     )
 
 
-def plan_open_ids(duration_scale: float = 1.0, rate_scale: float = 1.0):
-    profile = load_profile(PROFILE_FILE).with_rate_scale(rate_scale)
+def plan_open_ids(duration_scale: float = 1.0, rate_scale: float = 1.0, path: Path = PROFILE_FILE):
+    profile = load_profile(path).with_rate_scale(rate_scale)
     plan = build_plan(profile.with_duration_scale(duration_scale))
     return {s.request_id: s.scheduled_at for s in plan.open_loop_requests()}
 
@@ -84,6 +85,47 @@ def step_cost_model(tmp_path: Path, step_s: float) -> str:
     path = tmp_path / "cost.json"
     CostModel.constant(step_s).save(path)
     return str(path)
+
+
+def locust_table(out: str) -> dict[tuple[str, str], tuple[int, int]]:
+    """Locust's printed statistics: (type, name) -> (requests, failures); the total is
+    ("", "Aggregated")."""
+    table = {}
+    for m in re.finditer(r"^(\w*)\s+(\S[^|]*?)\s+(\d+)\s+(\d+)\([\d.]+%\)\s+\|", out, re.M):
+        table[(m.group(1), m.group(2))] = (int(m.group(3)), int(m.group(4)))
+    assert ("", "Aggregated") in table, out
+    return table
+
+
+def check_cut_run(out: str, records: Path, open_ids: dict[str, float], run_time: float):
+    """A run that -t cut: it said so at the start (the count from the plan), every scheduled
+    open-loop request has its row, nothing failed, and the end's counts are the rows'."""
+    summary = merge_records(records)
+    frame = pl.read_parquet(records / "requests.parquet")
+    beyond = sum(1 for t in open_ids.values() if t >= run_time)
+    assert 0 < beyond < len(open_ids)
+    assert (
+        f"-t {run_time:g}s is shorter than the" in out
+        and f"{beyond} of its {len(open_ids)} scheduled open-loop requests" in out
+    ), out
+    opened = frame.filter(pl.col("phase_kind") == "open")
+    assert set(opened["request_id"]) == set(open_ids)
+    assert set(frame["status"]) <= {"ok", "aborted"}, summary["status_counts"]
+    unsent = frame.filter(pl.col("sent_at").is_null())
+    assert unsent.height >= beyond and (unsent["status"] == "aborted").all()
+    assert (unsent["error"] == "not sent: the run stopped before its scheduled instant").all()
+    cut = frame.filter(pl.col("error") == "in flight when the run stopped")
+    assert (cut["status"] == "aborted").all() and cut["sent_at"].null_count() == 0
+    assert summary["cut_in_flight"] == cut.height and summary["not_sent"] == unsent.height
+    assert (
+        f"{cut.height} request(s) cut in flight (Locust's CUT requests) and "
+        f"{unsent.height} scheduled request(s) not sent" in out
+    ), out
+    table = locust_table(out)
+    assert table[("", "Aggregated")][1] == 0, out  # no failure
+    assert sum(n for (kind, _), (n, _f) in table.items() if kind == "CUT") == cut.height
+    assert all(f == 0 for (kind, _), (_n, f) in table.items() if kind == "CUT")
+    return summary, frame, cut
 
 
 def test_shares_partition_the_plan():
@@ -262,3 +304,90 @@ def test_completions_text_prompts_sized_with_tokenize(tmp_path, mode):
     frame = pl.read_parquet(tmp_path / "rec" / "requests.parquet")
     assert set(frame["prompt_method"]) == {"tokenize"}
     assert (frame["server_prompt_tokens"] == frame["prompt_tokens"]).all()
+
+
+def test_run_time_cut_in_flight_is_not_a_failure(tmp_path):
+    # 0.1 s steps: every request is in flight for 0.2 s or more, a long one for 2 s or
+    # more, so -t 3s cuts some in flight; the open phase runs 4 s of the 6 s schedule.
+    cost = step_cost_model(tmp_path, 0.1)
+    records = tmp_path / "rec"
+    with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
+        out = run_locust(
+            server.url, records, "--duration-scale", "2", "-t", "3s", "--lag-limit-ms", "1000"
+        )  # exit code 0
+    summary, frame, cut = check_cut_run(out, records, plan_open_ids(2.0), 3.0)
+    assert cut.height > 0
+    stopped = summary["worker_summaries"][0]["stopped_sending_unix"]
+    assert (cut["sent_at"] <= stopped).all()
+    assert "closed-loop phase(s) closed cut short or not run" in out
+
+
+def test_stop_timeout_lets_in_flight_requests_finish(tmp_path):
+    cost = step_cost_model(tmp_path, 0.1)
+    records = tmp_path / "rec"
+    with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
+        args = ["--duration-scale", "2", "-t", "3s", "--stop-timeout", "30"]
+        out = run_locust(server.url, records, *args, "--lag-limit-ms", "1000")
+        successes = metric_sum(server.url, "vllm:request_success_total")
+    summary, frame, cut = check_cut_run(out, records, plan_open_ids(2.0), 3.0)
+    assert cut.height == 0
+    sent = frame.filter(pl.col("sent_at").is_not_null())
+    assert (sent["status"] == "ok").all() and sent.height > 0
+    assert successes == sent.height + summary["probe_requests"]
+    # Requests were in flight when sending stopped, and finished within the stop timeout.
+    stopped = summary["worker_summaries"][0]["stopped_sending_unix"]
+    assert stopped is not None and (sent["last_token_at"] > stopped).sum() > 0
+    assert (sent["sent_at"] <= stopped).all()
+
+
+def test_two_processes_cut_by_run_time(tmp_path):
+    cost = step_cost_model(tmp_path, 0.1)
+    records = tmp_path / "rec"
+    with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
+        args = ["--duration-scale", "2", "-t", "3s", "--processes", "2"]
+        out = run_locust(server.url, records, *args, "--lag-limit-ms", "1000")
+    summary, frame, _ = check_cut_run(out, records, plan_open_ids(2.0), 3.0)
+    assert summary["workers"] == 2 and set(frame["worker"]) == {0, 1}
+    assert "from 2 of 2 process(es)" in out
+
+
+def test_the_mixed_profile_cut_by_run_time_exits_0(tmp_path):
+    # The everyday profile under the built-in cost model: its requests (~160 tokens) are
+    # in flight for seconds, so -t cuts them.
+    path = ROOT / "loadprofiles" / "mixed.py"
+    records = tmp_path / "rec"
+    with CliServer(["--executor", "sim"]) as server:
+        out = run_locust(server.url, records, "-t", "3s", "--lag-limit-ms", "1000", profile=path)
+    check_cut_run(out, records, plan_open_ids(path=path), 3.0)
+
+
+def test_failures_still_fail_a_run_cut_by_run_time(tmp_path):
+    # One running, one waiting: most arrivals get 429 (rejected rows, Locust failures).
+    cost = step_cost_model(tmp_path, 0.05)
+    args = ["--executor", "sim", "--cost-model", cost, "--max-num-seqs", "1", "--max-waiting", "1"]
+    records = tmp_path / "rec"
+    with CliServer(args) as server:
+        out = run_locust(server.url, records, "--duration-scale", "2", "-t", "3s", failures=True)
+    merge_records(records)
+    frame = pl.read_parquet(records / "requests.parquet")
+    assert frame.filter(pl.col("status") == "rejected").height > 0
+    assert frame.filter(pl.col("sent_at").is_null()).height > 0  # and the cut happened
+    assert locust_table(out)[("", "Aggregated")][1] > 0
+
+
+def test_requests_still_in_flight_when_grace_runs_out_are_failures(tmp_path):
+    # 0.5 s steps: a long request (20+ tokens) takes 10 s or more, past the 0.75 s schedule
+    # plus --grace 0 (the run stops about 5 s after the schedule's end).
+    cost = step_cost_model(tmp_path, 0.5)
+    records = tmp_path / "rec"
+    with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
+        args = ["--duration-scale", "0.25", "--grace", "0", "--lag-limit-ms", "1000"]
+        out = run_locust(server.url, records, *args, failures=True)
+    summary = merge_records(records)
+    frame = pl.read_parquet(records / "requests.parquet")
+    cut = frame.filter(pl.col("error") == "in flight when the run stopped")
+    assert cut.height > 0 and summary["cut_in_flight"] == cut.height
+    assert "counted as failures: --grace ran out" in out
+    table = locust_table(out)
+    assert table[("", "Aggregated")][1] >= cut.height
+    assert not any(kind == "CUT" for kind, _ in table)
