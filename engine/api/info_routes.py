@@ -70,6 +70,7 @@ def health_body(state: ServerState) -> dict:
         "clock_epoch_unix": stats.clock_epoch_unix,
         "engine_time_s": engine.now(),
         "num_observer_errors": stats.num_observer_errors,
+        "num_metrics_renders": engine.num_metrics_renders,
         "num_failed_requests": state.num_failed_requests,
         "num_open_connections": state.connections.num_open,
         "num_refused_connections": state.connections.num_refused,
@@ -107,9 +108,12 @@ async def load(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus exposition of the engine's metrics: OpenMetrics (with exemplars) when
-    the scraper's ``Accept`` asks for it, else the classic text format. In process mode
-    the engine process renders it between steps; a 503 when it does not answer in
-    ``metrics_timeout_s``."""
+    the scraper's ``Accept`` asks for it, else the classic text format. Answered from the
+    latest rendering, never by making the engine render (``render_metrics``): in process
+    mode the engine process pushes it at most once per ``METRICS_INTERVAL_S`` while it
+    works (and once as it goes idle), so a scrape is at most that stale and any number
+    of scrapers costs the engine the same. A 503 when the engine has pushed no
+    rendering of that format within ``metrics_timeout_s`` (or cannot render)."""
     state = request.app[STATE]
     try:
         rendered = await state.engine.render_metrics(

@@ -116,6 +116,15 @@ class EngineStats:
             setattr(self, name, value)
 
 
+#: While the engine works, how often /metrics is re-rendered (in process mode by the
+#: engine process, between steps: ``engine.serving.engine_core``): the most the bytes a
+#: scrape gets can lag the engine (plus one step).
+METRICS_INTERVAL_S = 1.0
+#: While the engine is idle (no step changes the metrics), how often it is still
+#: re-rendered: for what is read at scrape time (``schedscope_dropped_spans_total``).
+METRICS_IDLE_REFRESH_S = 5.0
+
+
 def engine_snapshot(engine: LLMEngine) -> dict:
     """The queue depths and pool usage behind /health, as EngineStats field names (sent
     as they are from an engine process)."""
@@ -159,6 +168,12 @@ class AsyncEngine:
         #: work: one hand-off per step at most, no spinning while idle).
         self.num_loop_iterations = 0
         self.num_handoffs = 0
+        #: Times the engine's /metrics exposition was rendered (whichever format): a
+        #: scrape is answered from the latest rendering (``render_metrics``), so this grows
+        #: with time and steps, not with scrapes.
+        self.num_metrics_renders = 0
+        # thread mode's renderings: format -> (monotonic time, steps observed, rendered)
+        self._metrics_cache: dict[bool, tuple[float, int, tuple[bytes, str]]] = {}
 
     @property
     def config(self):
@@ -274,12 +289,32 @@ class AsyncEngine:
     ) -> tuple[bytes, str] | None:
         """The engine's Prometheus exposition, (body, content type) for the scraper's
         ``Accept`` header; None when the engine has no metrics (``engine.metrics``).
-        Rendered here directly (prometheus_client's metrics are thread-safe), so
-        ``timeout_s`` is not needed."""
+        Rendered here (prometheus_client's metrics are thread-safe), but at most once
+        per ``METRICS_INTERVAL_S`` per format while the engine works (a render holds the
+        GIL the step loop needs): meanwhile scrapes get the latest rendering. Once the
+        engine is idle, a scrape after a step renders afresh. ``timeout_s`` is not
+        needed."""
         metrics = getattr(self.engine, "metrics", None)
         if metrics is None:
             return None
-        return metrics.render(accept)
+        from engine.telemetry.exposition import wants_openmetrics
+
+        fmt = wants_openmetrics(accept)
+        now = time.monotonic()
+        steps = metrics.num_steps
+        cached = self._metrics_cache.get(fmt)
+        if cached is not None:
+            at, at_steps, rendered = cached
+            age = now - at
+            if at_steps == steps:
+                if age < METRICS_IDLE_REFRESH_S:
+                    return rendered
+            elif age < METRICS_INTERVAL_S and self.engine.has_work():
+                return rendered
+        rendered = metrics.render(accept)
+        self.num_metrics_renders += 1
+        self._metrics_cache[fmt] = (now, steps, rendered)
+        return rendered
 
     def abort(self, request_id: str, sequence: Sequence | None = None) -> None:
         """Thread-safe; takes effect between steps. With ``sequence``, only if that

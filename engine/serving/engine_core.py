@@ -9,22 +9,32 @@ same reason. The API process keeps the HTTP server, the tokenizer and the stream
 it over two pipes:
 
 - commands in: ``("add", add_id, EngineRequest)``, ``("abort", request_id, seq_no)``,
-  ``("metrics", metrics_id, accept)``, ``("stop",)``;
+  ``("metrics", fmt)``, ``("stop",)``;
 - messages out: ``("ready", info)`` once built (or ``("failed", message)``),
   ``("added", add_id, seq_no, reject_reason)`` / ``("add_error", add_id, message)``,
   ``("outputs", tokens, ended, stats)`` — once per step and once per batch of aborts,
   where ``tokens`` is ``[(seq_no, token_id)]`` and ``ended`` is
-  ``[(seq_no, finish_reason, error)]`` — ``("metrics", metrics_id, body, content_type)``,
+  ``[(seq_no, finish_reason, error)]`` — ``("metrics", step, num_renders, rendered)``,
   and at shutdown ``("records", lost)`` once the record files are written (``lost``:
   the ``engine.records.writers.LostRecord`` of each file that could not be), then
   ``("stopped",)``.
 
-``metrics`` asks for the Prometheus exposition of the engine's registry
-(``engine.telemetry.metrics``, which lives here, with the observers): ``accept`` is the
-scraper's ``Accept`` header, which picks OpenMetrics (exemplars) or the classic text
-format. It is answered between steps, like every command, with the rendered bytes and
-their content type, or ``body`` None when the engine runs without metrics
-(``--no-metrics``). The API process waits for the answer with a timeout.
+``/metrics`` never waits on this process: the Prometheus exposition of the engine's
+registry (``engine.telemetry.metrics``, which lives here, with the observers) is
+*pushed* to the API process, which answers every scrape at once from the latest bytes.
+A scrape cannot make this process render: ``("metrics", fmt)`` only says that a format
+(``"text"``, the classic format; ``"openmetrics"``, with exemplars) has been asked for,
+once per format for the life of the engine; from then on :class:`_MetricsPublisher`
+renders every format asked for, between steps, at most once per
+:data:`METRICS_INTERVAL_S` while the engine works, and once more as soon as it goes idle
+(a scrape after the last request ended sees it ended). ``rendered`` is
+``{fmt: (body, content_type)}`` (``body`` None, ``content_type`` ``"error"`` when the
+render failed), ``step`` the last step record's ``step`` the bytes include, ``num_renders``
+how many times the engine process has rendered. So the bytes served are at most
+:data:`METRICS_INTERVAL_S` (plus one step) old while the engine works, and current
+once it is idle; rendering costs the engine at most one render of each format asked
+for per interval, however many scrapers there are. ``info["metrics"]`` (in ``ready``)
+says whether the engine has metrics at all (``--no-metrics``: none, and no renders).
 
 Sequences are named by their engine-assigned ``seq_no``: unique for the life of the
 engine, so an abort or an output can never reach a newer request that reuses an id.
@@ -36,18 +46,26 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.records.step_record import StepRecord
 from engine.records.writers import RecordWriterSpec, install_record_writers, write_records
-from engine.serving.async_engine import engine_snapshot
+from engine.serving.async_engine import (
+    METRICS_IDLE_REFRESH_S,
+    METRICS_INTERVAL_S,
+    engine_snapshot,
+)
 
 if TYPE_CHECKING:  # imported at run time only when tracing is on (opentelemetry)
     from engine.telemetry.tracing import TracingSettings
 
 log = logging.getLogger("schedscope.engine")
+
+#: The ``Accept`` header each format is rendered for.
+METRICS_FORMATS = {"text": None, "openmetrics": "application/openmetrics-text"}
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,7 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
                 "clock_epoch_unix": clock.epoch_unix,
                 "num_device_blocks": engine.block_manager.num_device_blocks,
                 "num_host_blocks": engine.block_manager.num_host_blocks,
+                "metrics": getattr(engine, "metrics", None) is not None,
             },
         )
     )
@@ -167,16 +186,22 @@ class _Core:
         self.outputs = outputs
         self.idle_wait_s = idle_wait_s
         self.running = True
+        self.last_step = 0  # the last step record's ``step``
+        metrics = getattr(engine, "metrics", None)
+        self.publisher = None if metrics is None else _MetricsPublisher(metrics, self._send)
         engine.observers.add(self._on_step)
 
     def run(self) -> None:
         engine = self.engine
         clock = engine.clock
         idle = 0.0
+        publisher = self.publisher
         while self.running:
             if not self._apply_commands(0.0):
                 return
             if not engine.has_work():
+                if publisher is not None:
+                    publisher.publish_if_due(self.last_step, idle=True)
                 started = clock.now()
                 if not self._apply_commands(self.idle_wait_s):
                     return
@@ -194,6 +219,8 @@ class _Core:
                     engine.reset_scheduler()
                 continue
             idle = 0.0
+            if publisher is not None:
+                publisher.publish_if_due(self.last_step, idle=False)
             if record.is_empty and engine.has_unfinished():
                 wake_at = record.wake_at
                 delay = self.idle_wait_s if wake_at is None else max(0.0, wake_at - clock.now())
@@ -233,8 +260,8 @@ class _Core:
                     if held is not None and (seq_no is None or held.seq_no == seq_no):
                         ended.append(engine.abort(request_id))
                 elif kind == "metrics":
-                    _, metrics_id, accept = command
-                    self._send(("metrics", metrics_id, *self._render_metrics(accept)))
+                    if self.publisher is not None:
+                        self.publisher.want(command[1])
                 elif kind == "stop":
                     self.running = False
                     break
@@ -254,19 +281,10 @@ class _Core:
             )
         return self.running
 
-    def _render_metrics(self, accept: str | None) -> tuple[bytes | None, str | None]:
-        metrics = getattr(self.engine, "metrics", None)
-        if metrics is None:
-            return None, None
-        try:
-            return metrics.render(accept)
-        except Exception:  # never let a scrape stop the engine
-            log.exception("rendering metrics failed")
-            return None, "error"
-
     def _on_step(self, record: StepRecord) -> None:
         tokens = [(e.seq.seq_no, e.token_id) for e in record.scheduled if e.token_id is not None]
         ended = [(s.seq_no, s.finish_reason, s.error) for s in record.finished]
+        self.last_step = record.step
         self._send(("outputs", tokens, ended, self._stats(record)))
 
     def _stats(self, record: StepRecord | None = None) -> dict:
@@ -282,3 +300,53 @@ class _Core:
             self.outputs.send(message)
         except (BrokenPipeError, OSError):
             self.running = False
+
+
+class _MetricsPublisher:
+    """Renders the exposition between steps and pushes it to the API process: only the
+    formats asked for, at most once per :data:`METRICS_INTERVAL_S` while the engine
+    works, once when it goes idle after steps, and every :data:`METRICS_IDLE_REFRESH_S`
+    while it stays idle. Nothing a scraper does changes how often it renders."""
+
+    def __init__(
+        self, metrics, send, interval_s: float = METRICS_INTERVAL_S, clock=time.monotonic
+    ) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self.send = send
+        self.interval_s = interval_s
+        self.formats: list[str] = []
+        self.rendered_at = float("-inf")
+        self.rendered_step = -1
+        self.num_renders = 0
+
+    def want(self, fmt: str) -> None:
+        if fmt in METRICS_FORMATS and fmt not in self.formats:
+            self.formats.append(fmt)
+            self.rendered_at = float("-inf")  # its first bytes: at once
+
+    def publish_if_due(self, step: int, idle: bool) -> None:
+        """``step``: the last step record's; ``idle``: the engine has no work."""
+        if not self.formats:
+            return
+        now = self.clock()
+        age = now - self.rendered_at
+        changed = step != self.rendered_step
+        if changed:
+            due = idle or age >= self.interval_s
+        else:
+            due = age >= (METRICS_IDLE_REFRESH_S if idle else self.interval_s)
+        if due:
+            self.publish(step, now)
+
+    def publish(self, step: int, now: float) -> None:
+        rendered: dict[str, tuple[bytes | None, str]] = {}
+        for fmt in self.formats:
+            try:
+                rendered[fmt] = self.metrics.render(METRICS_FORMATS[fmt])
+            except Exception:  # never let a render stop the engine
+                log.exception("rendering metrics failed")
+                rendered[fmt] = (None, "error")
+        self.num_renders += 1
+        self.rendered_at, self.rendered_step = now, step
+        self.send(("metrics", step, self.num_renders, rendered))

@@ -25,6 +25,7 @@ from multiprocessing.context import SpawnProcess
 from engine.config import ConfigError, EngineConfig
 from engine.records.writers import LostRecord
 from engine.serving.async_engine import (
+    METRICS_INTERVAL_S,
     AsyncEngine,
     EngineDeadError,
     RequestRejected,
@@ -32,11 +33,15 @@ from engine.serving.async_engine import (
     _Add,
 )
 from engine.serving.engine_core import EngineCoreSpec, run_engine_core
+from engine.telemetry.exposition import wants_openmetrics
 
 log = logging.getLogger("schedscope.engine")
 
 #: How long the child may take to build its engine (import torch, load the model).
 START_TIMEOUT_S = 300.0
+#: How long a scrape waits for the exposition the idle engine is about to push (its
+#: render after its last step) before it takes the older bytes.
+METRICS_IDLE_WAIT_S = 2 * METRICS_INTERVAL_S
 
 
 class EngineProcessError(EngineDeadError):
@@ -81,8 +86,13 @@ class ProcessEngine(AsyncEngine):
         self._outputs: Connection | None = None  # receive end, read by the reader
         self._reader: threading.Thread | None = None
         self._sender: threading.Thread | None = None
-        self._pending_metrics: dict[int, asyncio.Future] = {}
-        self._next_metrics_id = 0
+        # /metrics: the latest exposition the engine process pushed, per format (from
+        # the reader thread), the step it includes, and the formats asked for so far.
+        self._has_metrics = True  # until "ready" says
+        self._metrics: dict[str, tuple[bytes | None, str]] = {}
+        self._metrics_step = -1
+        self._metrics_formats: set[str] = set()
+        self._metrics_pushed = asyncio.Event()  # set (in the loop) at each push
         #: The record files (``spec.record_writers``) the engine process could not write,
         #: as it reported them at shutdown; None until it has reported (and for good when
         #: it died or was killed first: then none was written, or not known to be).
@@ -130,6 +140,7 @@ class ProcessEngine(AsyncEngine):
         self.stats.clock_epoch_unix = info["clock_epoch_unix"]
         self.stats.num_device_blocks = self.stats.num_free_device_blocks = info["num_device_blocks"]
         self.stats.num_host_blocks = self.stats.num_free_host_blocks = info["num_host_blocks"]
+        self._has_metrics = info.get("metrics", True)
         return info
 
     def _start_backend(self) -> None:
@@ -185,13 +196,8 @@ class ProcessEngine(AsyncEngine):
         try:
             self._read_messages()
         finally:
-            # No answer can come any more: a scrape waiting for one fails now, not at
-            # its timeout.
-            with self._lock:
-                scrapes = list(self._pending_metrics.values())
-                self._pending_metrics.clear()
-            for future in scrapes:
-                self._resolve(future, EngineProcessError("the engine process has stopped"))
+            # No push can come any more: a scrape waiting for one is answered now.
+            self._call_in_loop(self._metrics_pushed.set)
 
     def _read_messages(self) -> None:
         outputs, process = self._outputs, self._process
@@ -211,10 +217,12 @@ class ProcessEngine(AsyncEngine):
                     command = self._pending_adds.pop(message[1])
                 self._resolve(command.accepted, ValueError(message[2]))
             elif kind == "metrics":
+                _, step, num_renders, rendered = message
                 with self._lock:
-                    future = self._pending_metrics.pop(message[1], None)
-                if future is not None:
-                    self._resolve(future, (message[2], message[3]))
+                    self._metrics.update(rendered)
+                    self._metrics_step = step
+                    self.num_metrics_renders = num_renders
+                self._call_in_loop(self._metrics_pushed.set)
             elif kind == "records":
                 self.lost_records = list(message[1])
             elif kind == "stopped":
@@ -233,31 +241,53 @@ class ProcessEngine(AsyncEngine):
     async def render_metrics(
         self, accept: str | None, timeout_s: float = 5.0
     ) -> tuple[bytes, str] | None:
-        """The engine process's Prometheus exposition (rendered there, between steps):
-        (body, content type), or None when it runs without metrics. TimeoutError when it
-        does not answer within ``timeout_s`` (a step longer than that, or a dead process)."""
+        """The engine process's Prometheus exposition: (body, content type), or None
+        when it runs without metrics. Never waits on the engine: the latest bytes the
+        engine process pushed (``engine.serving.engine_core``: at most
+        ``METRICS_INTERVAL_S`` old while it works). Waits only for what the engine sends
+        unasked: a format's first bytes (up to ``timeout_s``, then TimeoutError), and,
+        when the engine has gone idle since its last push, the push it makes then (up to
+        ``METRICS_IDLE_WAIT_S``, then the older bytes)."""
         if self.state in ("created", "failed", "stopped") or self._process is None:
             raise EngineProcessError(f"engine is {self.state}")
-        if self._reader is None or not self._reader.is_alive():
-            raise EngineProcessError("the engine process has stopped")
-        loop = self._loop
-        assert loop is not None  # set by start(): the state is running or draining
-        future = loop.create_future()
-        with self._lock:
-            metrics_id = self._next_metrics_id
-            self._next_metrics_id += 1
-            self._pending_metrics[metrics_id] = future
-        self._outbox.put(("metrics", metrics_id, accept))
-        try:
-            body, content_type = await asyncio.wait_for(future, timeout_s)
-        finally:
-            with self._lock:
-                self._pending_metrics.pop(metrics_id, None)
-        if body is None:
-            if content_type == "error":
-                raise RuntimeError("the engine process could not render its metrics")
+        if not self._has_metrics:
             return None
+        fmt = "openmetrics" if wants_openmetrics(accept) else "text"
+        if fmt not in self._metrics_formats:
+            self._metrics_formats.add(fmt)
+            self._outbox.put(("metrics", fmt))  # once per format: never per scrape
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline, idle_deadline = started + timeout_s, started + METRICS_IDLE_WAIT_S
+        while True:
+            with self._lock:
+                rendered, step = self._metrics.get(fmt), self._metrics_step
+            if rendered is not None and (step >= self.stats.num_steps or not self._idle()):
+                break
+            if self._reader is None or not self._reader.is_alive():
+                if rendered is not None:
+                    break
+                raise EngineProcessError("the engine process has stopped")
+            wait_s = (deadline if rendered is None else min(deadline, idle_deadline)) - loop.time()
+            if wait_s <= 0:
+                if rendered is not None:
+                    break
+                raise TimeoutError
+            # woken by a push; in slices, so that the engine's news (busy again, or
+            # gone) is seen too
+            self._metrics_pushed.clear()
+            try:
+                await asyncio.wait_for(self._metrics_pushed.wait(), min(wait_s, 0.05))
+            except TimeoutError:
+                pass
+        body, content_type = rendered
+        if body is None:
+            raise RuntimeError("the engine process could not render its metrics")
         return body, content_type
+
+    def _idle(self) -> bool:
+        s = self.stats
+        return s.num_running + s.num_waiting + s.num_swapped == 0
 
     def _on_added(self, add_id: int, seq_no: int, reject_reason: str | None) -> None:
         with self._lock:

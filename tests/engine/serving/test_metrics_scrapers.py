@@ -1,0 +1,171 @@
+"""/metrics cannot freeze generation: however many scrapers hammer it, the engine
+renders the exposition at most once per ``METRICS_INTERVAL_S`` while it works (the API
+process answers every scrape from the latest rendering) and keeps stepping. A real
+``schedscope serve --executor sim`` subprocess, scraped from threads of this one."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from engine.serving.async_engine import METRICS_INTERVAL_S
+from harness.local_server import CliServer, HttpClient
+
+NUM_SCRAPERS = 20
+NUM_STREAMS = 8
+WINDOW_S = 3.0
+BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 200, "ignore_eos": True}
+
+
+def health(url: str) -> dict:
+    client = HttpClient(url)
+    try:
+        status, _, raw = client.request("GET", "/health")
+    finally:
+        client.close()
+    assert status == 200
+    return json.loads(raw)
+
+
+class _Load:
+    """Requests back to back on ``NUM_STREAMS`` threads: the engine always has work."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.statuses: list[int] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(NUM_STREAMS)]
+
+    def _run(self) -> None:
+        client = HttpClient(self.url, timeout=60)
+        while not self.stop.is_set():
+            self.statuses.append(client.post_json("/v1/completions", BODY)[0])
+        client.close()
+
+    def __enter__(self) -> _Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+
+def scrape_in_loop(url: str, stop: threading.Event, answers: list[int], accept: str) -> None:
+    client = HttpClient(url, timeout=30)
+    headers = {"Accept": accept} if accept else {}
+    while not stop.is_set():
+        status, _, body = client.request("GET", "/metrics", headers=headers)
+        answers.append(status)
+        assert status != 200 or b"vllm:num_requests_running" in body
+    client.close()
+
+
+def window(url: str, seconds: float) -> tuple[int, int, float]:
+    """(steps, renders, elapsed) over ``seconds``, from /health."""
+    before, started = health(url), time.monotonic()
+    time.sleep(seconds)
+    after, elapsed = health(url), time.monotonic() - started
+    return (
+        after["num_steps"] - before["num_steps"],
+        after["num_metrics_renders"] - before["num_metrics_renders"],
+        elapsed,
+    )
+
+
+@pytest.mark.parametrize("core", ["process", "thread"])
+def test_many_scrapers_neither_stall_the_engine_nor_make_it_render_more(core, tmp_path):
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"step_overhead_s": 0.02}))  # ~50 steps/s, mostly asleep
+    args = ["--executor", "sim", "--cost-model", str(cost), "--engine-core", core]
+    with CliServer(args) as server, _Load(server.url) as load:
+        url = server.url
+        time.sleep(1.0)  # the streams are running
+        quiet_steps, _, quiet_s = window(url, WINDOW_S)
+        assert quiet_steps > 0
+        stop, answers = threading.Event(), []
+        scrapers = [
+            threading.Thread(
+                target=scrape_in_loop,
+                # both formats: each is rendered at most once per interval
+                args=(url, stop, answers, "application/openmetrics-text" if i % 2 else ""),
+                daemon=True,
+            )
+            for i in range(NUM_SCRAPERS)
+        ]
+        for thread in scrapers:
+            thread.start()
+        try:
+            time.sleep(0.5)  # every scraper is in its loop
+            busy_steps, renders, busy_s = window(url, WINDOW_S)
+        finally:
+            stop.set()
+            for thread in scrapers:
+                thread.join(30)
+        scraped = len(answers)
+        assert answers and set(answers) == {200}, sorted(set(answers))
+        assert set(load.statuses) <= {200}
+    # The count: renders follow the interval (both formats in one rendering in process
+    # mode, one per format in thread mode), not the hundreds of scrapes answered.
+    per_interval = 1 if core == "process" else 2
+    assert renders <= per_interval * (busy_s / METRICS_INTERVAL_S + 2), (renders, scraped)
+    assert scraped >= 10 * max(renders, 1), (renders, scraped)
+    # The effect: the engine keeps stepping (a loose ratio, for a noisy shared machine;
+    # rendering on every scrape brought it to a near standstill).
+    ratio = (busy_steps / busy_s) / (quiet_steps / quiet_s)
+    assert ratio >= 0.5, (ratio, busy_steps, quiet_steps)
+
+
+class _FakeMetrics:
+    def __init__(self) -> None:
+        self.renders: list[str | None] = []
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        self.renders.append(accept)
+        return b"x", str(accept)
+
+
+def test_the_engine_renders_on_its_own_schedule_not_the_scrapers():
+    """The engine process's policy: the formats asked for, at most once per interval
+    while it works, once as it goes idle after steps, then only every idle refresh."""
+    from engine.serving import engine_core
+
+    now = [100.0]
+    sent: list = []
+    metrics = _FakeMetrics()
+    publisher = engine_core._MetricsPublisher(metrics, sent.append, clock=lambda: now[0])
+    publisher.publish_if_due(1, idle=False)
+    assert sent == []  # nothing asked for: nothing rendered
+    for _ in range(100):  # however often a format is asked for: once
+        publisher.want("text")
+    publisher.publish_if_due(1, idle=False)
+    assert len(sent) == 1 and sent[0][:2] == ("metrics", 1)
+    assert sent[0][3] == {"text": (b"x", "None")}
+    for step in range(2, 50):  # busy, many steps within one interval: no render
+        now[0] += METRICS_INTERVAL_S / 100
+        publisher.publish_if_due(step, idle=False)
+    assert len(sent) == 1
+    now[0] += METRICS_INTERVAL_S
+    publisher.publish_if_due(50, idle=False)
+    assert len(sent) == 2 and sent[-1][1] == 50
+    publisher.publish_if_due(51, idle=False)
+    assert len(sent) == 2
+    publisher.publish_if_due(51, idle=True)  # gone idle after a step: at once
+    assert len(sent) == 3 and sent[-1][1] == 51
+    for _ in range(40):  # idle, nothing new: only the idle refresh
+        now[0] += 0.1
+        publisher.publish_if_due(51, idle=True)
+    assert len(sent) == 3
+    now[0] += engine_core.METRICS_IDLE_REFRESH_S
+    publisher.publish_if_due(51, idle=True)
+    assert len(sent) == 4
+    publisher.want("openmetrics")  # a new format: both, at once
+    publisher.publish_if_due(51, idle=True)
+    assert set(sent[-1][3]) == {"text", "openmetrics"} and sent[-1][2] == 5
+    publisher.want("bogus")
+    assert publisher.formats == ["text", "openmetrics"]
