@@ -51,6 +51,19 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
         "slow",
     ),
     ("engine/api/test_server_fuzz.py", "test_fuzz_completions"): ("slow",),
+    # live `schedscope serve` subprocesses (the unit tests of these files stay fast)
+    (
+        "engine/serving/test_metrics_scrapers.py",
+        "test_many_scrapers_neither_stall_the_engine_nor_make_it_render_more",
+    ): ("slow",),
+    (
+        "engine/serving/test_lost_records.py",
+        "test_a_full_disk_loses_only_its_record_file_and_the_exit_code_says_so",
+    ): ("slow",),
+    (
+        "engine/serving/test_lost_records.py",
+        "test_an_engine_process_killed_before_writing_its_records_is_a_failed_exit",
+    ): ("slow",),
     ("harness/run/test_run.py", "test_served_torch_two_policies"): ("torch_model",),
     (
         "harness/run/test_run.py",
