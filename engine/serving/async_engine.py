@@ -125,6 +125,19 @@ METRICS_INTERVAL_S = 1.0
 METRICS_IDLE_REFRESH_S = 5.0
 
 
+def metrics_render_due(
+    age_s: float, changed: bool, idle: bool, interval_s: float = METRICS_INTERVAL_S
+) -> bool:
+    """Whether the exposition rendered ``age_s`` ago must be rendered again: the one rule
+    of both engine cores. ``changed``: a step ran since; ``idle``: the engine has no work.
+    After steps, at once when the engine has gone idle, else once per ``interval_s``;
+    with no step since, every ``METRICS_IDLE_REFRESH_S`` while idle (values read at
+    scrape time) and every ``interval_s`` while working."""
+    if changed:
+        return idle or age_s >= interval_s
+    return age_s >= (METRICS_IDLE_REFRESH_S if idle else interval_s)
+
+
 def engine_snapshot(engine: LLMEngine) -> dict:
     """The queue depths and pool usage behind /health, as EngineStats field names (sent
     as they are from an engine process)."""
@@ -305,11 +318,7 @@ class AsyncEngine:
         cached = self._metrics_cache.get(fmt)
         if cached is not None:
             at, at_steps, rendered = cached
-            age = now - at
-            if at_steps == steps:
-                if age < METRICS_IDLE_REFRESH_S:
-                    return rendered
-            elif age < METRICS_INTERVAL_S and self.engine.has_work():
+            if not metrics_render_due(now - at, at_steps != steps, not self.engine.has_work()):
                 return rendered
         rendered = metrics.render(accept)
         self.num_metrics_renders += 1

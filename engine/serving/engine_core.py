@@ -54,9 +54,9 @@ from engine.config import EngineConfig
 from engine.records.step_record import StepRecord
 from engine.records.writers import RecordWriterSpec, install_record_writers, write_records
 from engine.serving.async_engine import (
-    METRICS_IDLE_REFRESH_S,
     METRICS_INTERVAL_S,
     engine_snapshot,
+    metrics_render_due,
 )
 
 if TYPE_CHECKING:  # imported at run time only when tracing is on (opentelemetry)
@@ -330,13 +330,8 @@ class _MetricsPublisher:
         if not self.formats:
             return
         now = self.clock()
-        age = now - self.rendered_at
         changed = step != self.rendered_step
-        if changed:
-            due = idle or age >= self.interval_s
-        else:
-            due = age >= (METRICS_IDLE_REFRESH_S if idle else self.interval_s)
-        if due:
+        if metrics_render_due(now - self.rendered_at, changed, idle, self.interval_s):
             self.publish(step, now)
 
     def publish(self, step: int, now: float) -> None:

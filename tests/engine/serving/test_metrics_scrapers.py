@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from engine.serving.async_engine import METRICS_INTERVAL_S
+from engine.serving.async_engine import METRICS_IDLE_REFRESH_S, METRICS_INTERVAL_S
 from harness.local_server import CliServer, HttpClient
 
 NUM_SCRAPERS = 20
@@ -161,7 +161,7 @@ def test_the_engine_renders_on_its_own_schedule_not_the_scrapers():
         now[0] += 0.1
         publisher.publish_if_due(51, idle=True)
     assert len(sent) == 3
-    now[0] += engine_core.METRICS_IDLE_REFRESH_S
+    now[0] += METRICS_IDLE_REFRESH_S
     publisher.publish_if_due(51, idle=True)
     assert len(sent) == 4
     publisher.want("openmetrics")  # a new format: both, at once
