@@ -254,7 +254,6 @@ def _serve_with_engine_process(
     tracing=None,
     record_decisions=None,
 ) -> int:
-    from engine.api import run_server
     from engine.serving.engine_core import EngineCoreSpec
     from engine.serving.process_engine import EngineProcessError, ProcessEngine
 
@@ -276,11 +275,7 @@ def _serve_with_engine_process(
         log.error("%s", exc)
         return 1
     log.info("%s executor, model %s, in the engine process", executor, engine_config.model)
-    try:
-        code = run_server(engine, tokenizer, settings)
-    except OSError as exc:  # the address is taken, or not ours to bind
-        log.error("cannot serve on %s:%d: %s", settings.host, settings.port, exc)
-        code = 1
+    code = _serve(engine, tokenizer, settings)
     # The engine process wrote the records and reported what it could not write.
     return _exit_code(code, spec.record_writers, engine.lost_records)
 
@@ -297,7 +292,6 @@ def _serve_with_engine_thread(
     tracing=None,
     record_decisions=None,
 ) -> int:
-    from engine.api import run_server
     from engine.records.writers import install_record_writers, write_records
     from engine.serving.async_engine import AsyncEngine
 
@@ -336,10 +330,7 @@ def _serve_with_engine_thread(
         publish_dropped_spans(llm_engine, traced)
     lost: list[LostRecord] | None = None
     try:
-        code = run_server(async_engine, tokenizer, settings)
-    except OSError as exc:  # the address is taken, or not ours to bind
-        log.error("cannot serve on %s:%d: %s", settings.host, settings.port, exc)
-        code = 1
+        code = _serve(async_engine, tokenizer, settings)
     finally:
         try:
             if traced is not None:
@@ -353,6 +344,17 @@ def _serve_with_engine_thread(
         finally:  # the records are written whatever the span flush did
             lost = write_records(writers)
     return _exit_code(code, tuple(w.spec for w in writers), lost)
+
+
+def _serve(engine, tokenizer, settings) -> int:
+    """The HTTP server until shutdown: its exit code, 1 when it cannot bind."""
+    from engine.api import run_server
+
+    try:
+        return run_server(engine, tokenizer, settings)
+    except OSError as exc:  # the address is taken, or not ours to bind
+        log.error("cannot serve on %s:%d: %s", settings.host, settings.port, exc)
+        return 1
 
 
 def _exit_code(
