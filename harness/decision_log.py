@@ -44,6 +44,11 @@ class DecisionLog:
         if record.decisions:
             self.decisions.extend(record.decisions)
 
+    def take_frame(self) -> pl.DataFrame:
+        """The decisions recorded since the last call, forgotten here."""
+        decisions, self.decisions = self.decisions, []
+        return decisions_frame(decisions)
+
     def write(self, path: Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -128,6 +128,13 @@ class RequestRecorder:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_parquet(requests_frame(rows), path)
 
+    def take_frame(self) -> pl.DataFrame:
+        """The rows recorded since the last call (stalls at the floor threshold, as
+        :meth:`write`), forgotten here: a served run's records written as it goes."""
+        rows, self.rows = self.rows, []
+        add_stalls(rows, stall_threshold(None))
+        return requests_frame(rows)
+
 
 def stall_threshold(
     median_itl_s: float | None, floor_s: float = STALL_FLOOR_S, factor: float = 5.0

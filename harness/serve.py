@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import typer
@@ -15,9 +16,16 @@ from engine.core.cost_model import CostModel, CostModelError
 from engine.factory import EXECUTORS, build_engine
 from engine.records.writers import LostRecord, RecordWriterSpec
 from engine.serving.tokenizer import HashTokenizer, Tokenizer, load_tokenizer
+from harness.decision_log import SCHEMA as DECISION_SCHEMA
 from harness.decision_log import DecisionLog
-from harness.records import RequestRecorder
-from harness.steps import StepLog
+from harness.incremental_records import (
+    FLUSH_INTERVAL_S,
+    IncrementalRecordWriter,
+    parts_dir,
+    recover_record_file,
+)
+from harness.records import REQUEST_SCHEMA, RequestRecorder
+from harness.steps import STEP_SCHEMA, StepLog
 
 log = logging.getLogger("schedscope.serve")
 
@@ -226,8 +234,9 @@ def raise_open_file_limit(target: int = 65536) -> None:
 
 
 def _check_writable(path: Path, flag: str) -> None:
-    """Records are written at shutdown: a path that cannot take them is refused now,
-    not found out after the whole run."""
+    """A path that cannot take its file is refused now, not found out after the whole
+    run; so are the parts of a record file a crashed run left (they would be merged
+    into this run's file)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -240,6 +249,14 @@ def _check_writable(path: Path, flag: str) -> None:
         or (path.exists() and not os.access(path, os.W_OK))
     ):
         raise typer.BadParameter(f"cannot write {path}", param_hint=flag)
+    leftover = parts_dir(path)
+    if leftover.exists():
+        # Its parts would be merged into this run's file: a crashed run's rows, mixed in.
+        raise typer.BadParameter(
+            f"{leftover} holds the records of a run that did not finish; recover them "
+            f"with `schedscope recover-records {path}` (or delete that folder) first",
+            param_hint=flag,
+        )
 
 
 def _serve_with_engine_process(
@@ -367,10 +384,16 @@ def _exit_code(
     if not specs:
         return code
     if lost is None:
-        log.error(
-            "the engine stopped without writing its records; not written: %s",
-            ", ".join(f"{spec.name} ({spec.path})" for spec in specs),
-        )
+        recovered = [_recover_after_crash(spec) for spec in specs]
+        if not all(recovered):
+            log.error(
+                "the engine stopped without writing its records; not written: %s",
+                ", ".join(
+                    f"{spec.name} ({spec.path})"
+                    for spec, done in zip(specs, recovered, strict=True)
+                    if not done
+                ),
+            )
         return code or 1
     if lost:
         log.error(
@@ -383,29 +406,54 @@ def _exit_code(
     return code
 
 
-def _step_log(config: EngineConfig) -> StepLog:
-    return StepLog()
+def _recover_after_crash(spec: RecordWriterSpec) -> bool:
+    """The engine process died before writing ``spec``'s file: merge the parts it wrote
+    as it ran. True when the file holds them (every row up to the last flush)."""
+    try:
+        num_rows = recover_record_file(spec.path)
+    except Exception as exc:
+        log.error("could not recover %s into %s: %s", spec.name, spec.path, exc)
+        return False
+    if num_rows is None:
+        return False
+    log.error(
+        "the engine stopped without closing its records: %s (%s) holds the %d rows written "
+        "up to its last flush; rows of the last %.0f s before the engine stopped are lost",
+        spec.name,
+        spec.path,
+        num_rows,
+        FLUSH_INTERVAL_S,
+    )
+    return True
 
 
-def _request_log(config: EngineConfig) -> RequestRecorder:
-    return RequestRecorder(config.scheduler.scheduling_policy, "served")
+def _step_log(path: Path, config: EngineConfig) -> IncrementalRecordWriter:
+    return IncrementalRecordWriter(StepLog(), path, STEP_SCHEMA)
 
 
-def _decision_log(config: EngineConfig) -> DecisionLog:
-    return DecisionLog()
+def _request_log(path: Path, config: EngineConfig) -> IncrementalRecordWriter:
+    recorder = RequestRecorder(config.scheduler.scheduling_policy, "served")
+    return IncrementalRecordWriter(recorder, path, REQUEST_SCHEMA)
+
+
+def _decision_log(path: Path, config: EngineConfig) -> IncrementalRecordWriter:
+    return IncrementalRecordWriter(DecisionLog(), path, DECISION_SCHEMA)
 
 
 def record_writer_specs(
     record_steps: Path | None, record_requests: Path | None, record_decisions: Path | None
 ) -> tuple[RecordWriterSpec, ...]:
     """The engine's record writers for ``--record-steps``, ``--record-requests`` and
-    ``--record-decisions`` (the factories are module-level: the engine process
-    unpickles them)."""
+    ``--record-decisions``: each writes its file as the engine runs
+    (:mod:`harness.incremental_records`). The factories are module-level functions
+    bound to their path: the engine process unpickles them."""
     chosen = (
         (record_steps, _step_log, "step records"),
         (record_requests, _request_log, "request records"),
         (record_decisions, _decision_log, "decisions"),
     )
     return tuple(
-        RecordWriterSpec(make, path, name) for path, make, name in chosen if path is not None
+        RecordWriterSpec(partial(make, path), path, name)
+        for path, make, name in chosen
+        if path is not None
     )

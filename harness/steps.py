@@ -52,12 +52,22 @@ class StepLog:
     """Observer: the composition of every non-empty step, column by column."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list] = {name: [] for name in STEP_SCHEMA}
         self._idle_carry = 0.0
+        self._new_columns()
+
+    def _new_columns(self) -> None:
+        self.columns: dict[str, list] = {name: [] for name in STEP_SCHEMA}
         # Columns that are a StepRecord attribute of the same name.
         self._same_named = [
             (name, self.columns[name]) for name in STEP_SCHEMA if name not in _DERIVED
         ]
+
+    def take_frame(self) -> pl.DataFrame:
+        """The steps recorded since the last call, forgotten here (a served run's
+        records written as it goes); an idle wait not yet charged to a step carries on."""
+        frame = self.frame()
+        self._new_columns()
+        return frame
 
     def write(self, path) -> None:
         from harness.records import write_parquet

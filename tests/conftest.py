@@ -62,7 +62,11 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
     ): ("slow",),
     (
         "engine/serving/test_lost_records.py",
-        "test_an_engine_process_killed_before_writing_its_records_is_a_failed_exit",
+        "test_an_engine_process_killed_keeps_its_records_up_to_the_last_flush",
+    ): ("slow",),
+    (
+        "engine/serving/test_lost_records.py",
+        "test_an_engine_process_killed_before_its_first_flush_is_a_failed_exit",
     ): ("slow",),
     ("harness/run/test_run.py", "test_served_torch_two_policies"): ("torch_model",),
     (

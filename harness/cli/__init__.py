@@ -8,7 +8,16 @@ One module per command; each parses and checks its arguments, calls the harness
 here, in the order ``schedscope --help`` lists them.
 """
 
-from harness.cli import calibrate, dashboards, export_tokenizer, report, run, serve, simulate
+from harness.cli import (
+    calibrate,
+    dashboards,
+    export_tokenizer,
+    recover_records,
+    report,
+    run,
+    serve,
+    simulate,
+)
 from harness.cli.app import app
 
 app.command()(simulate.simulate)
@@ -17,6 +26,7 @@ app.command()(serve.serve)
 app.command("export-tokenizer")(export_tokenizer.export_tokenizer)
 app.command()(calibrate.calibrate)
 app.command()(report.report)
+app.command("recover-records")(recover_records.recover_records)
 app.add_typer(dashboards.dashboards_app, name="dashboards")
 
 __all__ = ["app"]

@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 
 from engine.records.writers import InstalledWriter, RecordWriterSpec, write_records
+from harness.incremental_records import part_paths, parts_dir
 from harness.local_server import CliServer, HttpClient
 from harness.spans import read_spans
 
@@ -57,23 +58,70 @@ def test_a_full_disk_loses_only_its_record_file_and_the_exit_code_says_so(tmp_pa
     assert "spans: " in output and "record files not written" in output
 
 
-def test_an_engine_process_killed_before_writing_its_records_is_a_failed_exit(tmp_path):
-    """The records live in the engine process: when it dies, they are lost, and the
-    server says so (the file named, a non-zero exit) rather than exiting 0."""
+def _engine_core(server):
     import psutil
 
+    children = psutil.Process(server.process.pid).children()
+    cores = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+    assert len(cores) == 1
+    return cores[0]
+
+
+def _wait_for_health(server, status: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while HttpClient(server.url).request("GET", "/health")[0] != status:
+        assert time.monotonic() < deadline, f"/health never answered {status}"
+        time.sleep(0.05)
+
+
+def test_an_engine_process_killed_keeps_its_records_up_to_the_last_flush(tmp_path):
+    """The records are written as the engine runs: after a kill -9 of the engine
+    process, every request that had ended a flush interval before is in the record
+    files (merged by the server from the parts the engine wrote), and the exit code
+    still says that the engine died."""
+    files = {name: tmp_path / f"{name}.parquet" for name in ("steps", "requests", "decisions")}
+    args = ["--executor", "sim", "--record-steps", str(files["steps"])]
+    args += ["--record-requests", str(files["requests"])]
+    args += ["--record-decisions", str(files["decisions"])]
+    with CliServer(args) as server:
+        client = HttpClient(server.url)
+        for i in range(20):
+            status, _, raw = client.post_json("/v1/completions", BODY, {"X-Request-Id": f"r{i}"})
+            assert status == 200, raw
+        # on disk while the engine still runs (and is idle): within a flush interval
+        deadline = time.monotonic() + 30
+        while True:
+            parts = parts_dir(files["requests"])
+            if part_paths(files["requests"]) and pl.read_parquet(parts).height == 20:
+                break
+            assert time.monotonic() < deadline, "the request records never reached the disk"
+            time.sleep(0.1)
+        _engine_core(server).kill()
+        _wait_for_health(server, 503)
+        server.terminate()
+        code = server.wait(60)
+        output = server.output()
+    assert code != 0, output
+    requests = pl.read_parquet(files["requests"])
+    assert sorted(requests["request_id"].to_list()) == sorted(f"r{i}" for i in range(20))
+    assert set(requests["status"]) == {"ok"}
+    steps = pl.read_parquet(files["steps"])
+    assert steps.height > 0 and steps["step"].is_sorted()
+    admitted = pl.read_parquet(files["decisions"]).filter(pl.col("kind") == "admit")
+    assert admitted["request_id"].n_unique() == 20
+    for path in files.values():
+        assert not parts_dir(path).exists()
+    assert f"request records ({files['requests']}) holds the 20 rows" in output, output
+    assert "not written" not in output, output
+
+
+def test_an_engine_process_killed_before_its_first_flush_is_a_failed_exit(tmp_path):
+    """Nothing flushed yet (the engine killed at once): the file is named as not
+    written, and the exit is non-zero."""
     requests = tmp_path / "requests.parquet"
     with CliServer(["--executor", "sim", "--record-requests", str(requests)]) as server:
-        status, _, _ = HttpClient(server.url).post_json("/v1/completions", BODY)
-        assert status == 200
-        children = psutil.Process(server.process.pid).children()
-        cores = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
-        assert len(cores) == 1
-        cores[0].kill()
-        deadline = time.monotonic() + 30
-        while HttpClient(server.url).request("GET", "/health")[0] != 503:
-            assert time.monotonic() < deadline, "the server did not see the engine die"
-            time.sleep(0.05)
+        _engine_core(server).kill()
+        _wait_for_health(server, 503)
         server.terminate()
         code = server.wait(60)
         output = server.output()
