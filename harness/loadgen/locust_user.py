@@ -289,6 +289,11 @@ class _Run:
             "error": self.error,
             "options": self.options.public(),
         }
+        if self.share is not None:  # known before the probe: a run that never sent has it
+            s.update(
+                num_open_requests=self.share.num_open,
+                num_closed_loops=len(self.share.closed_loops),
+            )
         if self.writer is not None:
             w, d = self.writer, self.dispatcher
             s.update(
@@ -297,8 +302,6 @@ class _Run:
                 duration_s=self.plan.duration_s,
                 run_start_unix=self.start_at,
                 run_end_unix=time.time(),
-                num_open_requests=self.share.num_open,
-                num_closed_loops=len(self.share.closed_loops),
                 rows=w.num_rows,
                 status_counts=w.status_counts,
                 records_file=w.path.name,
@@ -513,6 +516,20 @@ class _State:
                 file=sys.stderr,
                 flush=True,
             )
+        ok = sum(s.get("status_counts", {}).get("ok", 0) for s in self.done.values())
+        scheduled = sum(
+            s.get("num_open_requests", 0) + s.get("num_closed_loops", 0) for s in self.done.values()
+        )
+        if scheduled and not ok:
+            # Cut or unsent requests are not failures, but a run in which none completed
+            # measured nothing: a hung or far too slow server must not pass as healthy.
+            print(
+                f"schedscope: no request completed before the run stopped ({rows} request "
+                f"rows, {cut} cut in flight; the server answered none); exit code 1",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.environment.process_exit_code = 1
         if isinstance(self.environment.runner, MasterRunner):
             _warn_generator_limited(list(self.done.values()))
 

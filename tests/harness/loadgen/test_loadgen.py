@@ -361,6 +361,20 @@ def test_the_mixed_profile_cut_by_run_time_exits_0(tmp_path):
     check_cut_run(out, records, plan_open_ids(path=path), 3.0)
 
 
+def test_a_run_cut_by_run_time_in_which_no_request_completed_fails(tmp_path):
+    # 5 s steps, as good as hung: nothing (not even the generator's probe) ends within
+    # -t 3s. Cut requests are not failures, but a run that measured nothing is no pass.
+    cost = step_cost_model(tmp_path, 5.0)
+    records = tmp_path / "rec"
+    with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
+        args = ["--duration-scale", "2", "-t", "3s", "--lag-limit-ms", "1000"]
+        out = run_locust(server.url, records, *args, failures=True)
+    summary = merge_records(records)
+    assert summary["status_counts"].get("ok", 0) == 0, summary["status_counts"]
+    assert "no request completed before the run stopped" in out
+    assert all(f == 0 for (_kind, _), (_n, f) in locust_table(out).items()), out
+
+
 def test_failures_still_fail_a_run_cut_by_run_time(tmp_path):
     # One running, one waiting: most arrivals get 429 (rejected rows, Locust failures).
     cost = step_cost_model(tmp_path, 0.05)
