@@ -16,6 +16,7 @@ import time
 
 import psutil
 import pytest
+from typer.testing import CliRunner
 
 from engine.api.server import ServerSettings
 from engine.config import EngineConfig
@@ -25,6 +26,7 @@ from engine.serving.async_engine import AsyncEngine
 from engine.serving.engine_core import EngineCoreSpec
 from engine.serving.process_engine import ProcessEngine
 from engine.serving.tokenizer import HashTokenizer
+from harness.cli import app
 from harness.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 from tests.support.served import engine_process, health, open_stream, read_stream
 
@@ -205,3 +207,14 @@ def test_the_thread_engine_core_is_stalled_while_a_step_outlasts_the_deadline():
         assert answers[0][0] == 200
         body = server.health()
         assert (body["state"], body["seconds_without_progress"]) == ("running", None)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_liveness_timeout_that_is_not_a_number_of_seconds_exits_2_naming_the_flag(value):
+    result = CliRunner().invoke(
+        app,
+        ["serve", "--executor", "sim", "--engine-liveness-timeout-s", value],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for --engine-liveness-timeout-s: must be a number" in result.output
