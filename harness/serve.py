@@ -87,9 +87,11 @@ def serve(
     no_tracing: bool = False,
     metrics: bool = True,
     record_decisions: Path | None = None,
+    engine_liveness_timeout_s: float = 30.0,
 ) -> int:
-    """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code.
-    Flag mistakes raise ``typer.BadParameter`` (exit 2) naming the flag."""
+    """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code (1 when
+    the engine died: ``engine.api.signals.EXIT_ENGINE_LOST``). Flag mistakes raise
+    ``typer.BadParameter`` (exit 2) naming the flag."""
     from engine.api import ServerSettings
 
     if executor not in EXECUTORS:
@@ -113,6 +115,11 @@ def serve(
             raise typer.BadParameter(
                 f"must be a number of seconds > 0, got {value}", param_hint=flag
             )
+    if not (engine_liveness_timeout_s >= 0 and math.isfinite(engine_liveness_timeout_s)):
+        raise typer.BadParameter(
+            f"must be a number of seconds >= 0 (0: no deadline), got {engine_liveness_timeout_s}",
+            param_hint="--engine-liveness-timeout-s",
+        )
     if max_connections < 1:
         raise typer.BadParameter(
             f"must be >= 1, got {max_connections}", param_hint="--max-connections"
@@ -177,6 +184,7 @@ def serve(
         body_timeout_s=body_timeout_s,
         max_connections=max_connections,
         metrics=metrics,
+        engine_liveness_timeout_s=engine_liveness_timeout_s,
     )
     raise_open_file_limit()
     if engine_core == "process":

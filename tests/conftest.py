@@ -30,6 +30,7 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     "engine/api/test_server_cli.py": ("slow",),
     "engine/api/test_server_load.py": ("slow",),
     "engine/serving/test_engine_process.py": ("slow",),
+    "engine/serving/test_engine_supervision.py": ("slow",),
     "engine/sim/test_served_path.py": ("slow",),
     "engine/telemetry/test_metrics_served.py": ("slow",),
     "engine/telemetry/test_spans_served.py": ("slow",),

@@ -54,13 +54,18 @@ async def models(request: web.Request) -> web.Response:
 def health_body(state: ServerState) -> dict:
     engine = state.engine
     stats = engine.stats
+    without_progress_s = engine.seconds_without_progress()
+    serving_state = _serving_state(state, without_progress_s)
     return {
-        "status": "ok" if _healthy(state) else "unavailable",
-        "state": "draining" if state.draining and engine.state == "running" else engine.state,
+        "status": "ok" if serving_state == "running" else "unavailable",
+        "state": serving_state,
+        "seconds_without_progress": (
+            None if without_progress_s is None else round(without_progress_s, 3)
+        ),
         "num_running": stats.num_running,
         "num_waiting": stats.num_waiting,
         "num_swapped": stats.num_swapped,
-        "num_unfinished": stats.num_running + stats.num_waiting + stats.num_swapped,
+        "num_unfinished": stats.num_unfinished,
         "num_in_flight": engine.num_in_flight,
         "num_free_device_blocks": stats.num_free_device_blocks,
         "num_device_blocks": stats.num_device_blocks,
@@ -81,8 +86,23 @@ def health_body(state: ServerState) -> dict:
     }
 
 
+def _serving_state(state: ServerState, without_progress_s: float | None) -> str:
+    """/health's ``state``: the engine's, unless it runs but the server drains, or it has
+    had work and not stepped for longer than the liveness timeout ("stalled": hung, or
+    stopped by a signal); only "running" is healthy."""
+    engine_state = state.engine.state
+    if engine_state != "running":
+        return engine_state
+    if state.draining:
+        return "draining"
+    timeout_s = state.settings.engine_liveness_timeout_s
+    if timeout_s > 0 and without_progress_s is not None and without_progress_s > timeout_s:
+        return "stalled"
+    return "running"
+
+
 def _healthy(state: ServerState) -> bool:
-    return state.engine.state == "running" and not state.draining
+    return _serving_state(state, state.engine.seconds_without_progress()) == "running"
 
 
 async def health(request: web.Request) -> web.Response:

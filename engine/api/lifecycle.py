@@ -61,6 +61,12 @@ class ApiServer:
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         return self.url
 
+    async def wait_for_responses(self, timeout_s: float) -> None:
+        """Wait until no request is being served, for up to ``timeout_s``."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.state.in_flight and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+
     async def stop(self) -> None:
         """Refuse new requests (503), let in-flight ones finish for up to
         ``shutdown_timeout_s``, abort the rest, then close the listener."""

@@ -30,6 +30,9 @@ class ServerSettings:
     max_connections: int = 1024  # open connections; more are refused with a 503
     metrics: bool = True  # GET /metrics (open without the API key, like /health)
     metrics_timeout_s: float = 5.0  # how long /metrics waits for the engine process
+    #: /health says "stalled" (503) when the engine has had work and not stepped for
+    #: longer than this; 0: never
+    engine_liveness_timeout_s: float = 30.0
 
 
 @dataclass

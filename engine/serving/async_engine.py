@@ -115,6 +115,11 @@ class EngineStats:
         for name, value in snapshot.items():
             setattr(self, name, value)
 
+    @property
+    def num_unfinished(self) -> int:
+        """The requests the scheduler holds (running, waiting or swapped out)."""
+        return self.num_running + self.num_waiting + self.num_swapped
+
 
 #: While the engine works, how often /metrics is re-rendered (in process mode by the
 #: engine process, between steps: ``engine.serving.engine_core``): the most the bytes a
@@ -187,6 +192,14 @@ class AsyncEngine:
         self.num_metrics_renders = 0
         # thread mode's renderings: format -> (monotonic time, steps observed, rendered)
         self._metrics_cache: dict[bool, tuple[float, int, tuple[bytes, str]]] = {}
+        #: Why the engine can no longer serve (its process died, or had to be killed at
+        #: shutdown); None while it can. Set on the event loop, with every stream ended;
+        #: the server then exits non-zero (``engine.api.signals``).
+        self.failure: str | None = None
+        self._lost = asyncio.Event()
+        # time.monotonic() of the step loop's last sign of life (or of work arriving at
+        # an idle engine): written by the step loop's side, read by /health
+        self._progress_at = time.monotonic()
 
     @property
     def config(self):
@@ -243,6 +256,21 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
+    def seconds_without_progress(self) -> float | None:
+        """Liveness: while the engine has work (streams in flight, or requests the
+        scheduler holds), the seconds since its step loop last turned (thread: a loop
+        iteration; engine process: any message from it, each sent between steps), or
+        since work came to an idle engine; None while it has no work."""
+        if not self._streams and self.stats.num_unfinished == 0:
+            return None
+        return max(0.0, time.monotonic() - self._progress_at)
+
+    async def wait_lost(self) -> str:
+        """Wait until the engine can no longer serve; returns why (``failure``)."""
+        await self._lost.wait()
+        assert self.failure is not None
+        return self.failure
+
     # -- requests (event-loop side) ----------------------------------------------------
     def now(self) -> float:
         """The engine clock's current time (thread-safe): stamp arrivals with it."""
@@ -262,6 +290,8 @@ class AsyncEngine:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
         request = request.stamped(self.now())
+        if self.seconds_without_progress() is None:
+            self._progress_at = time.monotonic()  # an idle engine owes no step until now
         stream = _Stream(asyncio.Queue())
         self._streams[request_id] = stream
         loop = self._loop
@@ -337,6 +367,7 @@ class AsyncEngine:
         idle = 0.0  # seconds waited with nothing to do since the last step
         while not self._stop.is_set():
             self.num_loop_iterations += 1
+            self._progress_at = time.monotonic()
             self._apply_commands()
             if not engine.has_work():
                 idle += self._wait(self._idle_wait_s, clock)
@@ -452,6 +483,15 @@ class AsyncEngine:
                 future.set_result(value)
 
         self._call_in_loop(settle)
+
+    def _engine_lost(self, error: str) -> None:
+        """(event loop) The engine can no longer run: ``failure`` says why, every stream
+        ends with ``error``, no request is unfinished any more (each has failed)."""
+        self.failure = error
+        stats = self.stats
+        stats.num_running = stats.num_waiting = stats.num_swapped = 0
+        self._end_all_streams(error)
+        self._lost.set()
 
     def _end_all_streams(self, error: str) -> None:
         for request_id in list(self._streams):

@@ -9,6 +9,12 @@ another, read by a reader thread that hands them to the event loop once per mess
 The API process needs no torch. The engine clock is shared: both processes read the
 same monotonic clock (``time.perf_counter``, CLOCK_MONOTONIC on Linux), so arrivals are
 stamped here, on the engine's clock, when the server has parsed a request.
+
+Liveness: every message the reader receives is a sign that the engine's loop turns
+(``AsyncEngine.seconds_without_progress``, /health's "stalled"). When the pipe closes
+without the engine's ``("stopped",)`` (it died, or was killed for not stopping in
+:data:`STOP_TIMEOUT_S`), the reader reaps the process and fails everything it held:
+``failure`` is set, every stream ends with the error, and the server exits non-zero.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ log = logging.getLogger("schedscope.engine")
 
 #: How long the child may take to build its engine (import torch, load the model).
 START_TIMEOUT_S = 300.0
+#: How long the child may take to stop when asked (write its records, flush its spans)
+#: before it is killed.
+STOP_TIMEOUT_S = 15.0
 #: How long a scrape waits for the exposition the idle engine is about to push (its
 #: render after its last step) before it takes the older bytes.
 METRICS_IDLE_WAIT_S = 2 * METRICS_INTERVAL_S
@@ -86,6 +95,7 @@ class ProcessEngine(AsyncEngine):
         self._outputs: Connection | None = None  # receive end, read by the reader
         self._reader: threading.Thread | None = None
         self._sender: threading.Thread | None = None
+        self._killed = False  # by _stop_backend: it did not stop in STOP_TIMEOUT_S
         # /metrics: the latest exposition the engine process pushed, per format (from
         # the reader thread), the step it includes, and the formats asked for so far.
         self._has_metrics = True  # until "ready" says
@@ -159,9 +169,10 @@ class ProcessEngine(AsyncEngine):
         self._outbox.put(("stop",))
         self._outbox.put(None)  # ends the sender
         if self._process is not None:
-            await asyncio.to_thread(self._process.join, 15.0)
+            await asyncio.to_thread(self._process.join, STOP_TIMEOUT_S)
             if self._process.is_alive():
-                log.error("the engine process did not stop; killing it")
+                log.error("the engine process did not stop in %g s; killing it", STOP_TIMEOUT_S)
+                self._killed = True
                 self._process.kill()
                 await asyncio.to_thread(self._process.join, 5.0)
         if self._reader is not None:
@@ -207,6 +218,7 @@ class ProcessEngine(AsyncEngine):
                 message = outputs.recv()
             except (EOFError, OSError):
                 break
+            self._progress_at = time.monotonic()  # each message is sent between steps
             kind = message[0]
             if kind == "outputs":
                 self._on_outputs(*message[1:])
@@ -227,16 +239,24 @@ class ProcessEngine(AsyncEngine):
                 self.lost_records = list(message[1])
             elif kind == "stopped":
                 return
+        # The pipe closed without "stopped": the process died, or was killed (it did not
+        # stop in time). Reap it now (no zombie while the server winds down), then fail
+        # whatever it held: every stream gets its error, and the server exits non-zero.
+        process.join(5.0)
+        if self._killed:
+            error = f"the engine process did not stop in {STOP_TIMEOUT_S:g} s and was killed"
+        else:
+            error = f"the engine process exited (code {process.exitcode})"
+        log.error("%s", error)
         if self.state not in ("stopped", "draining"):
-            log.error("the engine process exited (code %s)", process.exitcode)
             self.state = "failed"
-            self.stats.errors.append("the engine process exited")
-            with self._lock:
-                pending = list(self._pending_adds.values())
-                self._pending_adds.clear()
-            for command in pending:
-                self._resolve(command.accepted, EngineProcessError("the engine process exited"))
-            self._call_in_loop(self._end_all_streams, "the engine process exited")
+        self.stats.errors.append(error)
+        with self._lock:
+            pending = list(self._pending_adds.values())
+            self._pending_adds.clear()
+        for command in pending:
+            self._resolve(command.accepted, EngineProcessError(error))
+        self._call_in_loop(self._engine_lost, error)
 
     async def render_metrics(
         self, accept: str | None, timeout_s: float = 5.0
@@ -286,8 +306,7 @@ class ProcessEngine(AsyncEngine):
         return body, content_type
 
     def _idle(self) -> bool:
-        s = self.stats
-        return s.num_running + s.num_waiting + s.num_swapped == 0
+        return self.stats.num_unfinished == 0
 
     def _on_added(self, add_id: int, seq_no: int, reject_reason: str | None) -> None:
         with self._lock:

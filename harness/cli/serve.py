@@ -110,6 +110,13 @@ def serve(
         "--no-tracing",
         help="No spans at all, whatever the flags and OTEL_* variables say.",
     ),
+    engine_liveness_timeout_s: float = typer.Option(
+        30.0,
+        "--engine-liveness-timeout-s",
+        help="/health answers 503 'stalled' when the engine has had work and not stepped "
+        "for longer than this (hung, or stopped); long enough for a legitimate long step on "
+        "a slow CPU. 0: no deadline.",
+    ),
     metrics: bool = typer.Option(
         True,
         "--metrics/--no-metrics",
@@ -143,5 +150,6 @@ def serve(
             no_tracing=no_tracing,
             metrics=metrics,
             record_decisions=record_decisions,
+            engine_liveness_timeout_s=engine_liveness_timeout_s,
         )
     )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import threading
 import time
 
@@ -16,21 +15,9 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.local_server import CliServer, HttpClient
+from tests.support.served import engine_process, health
 
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True}
-
-
-def health(url: str) -> tuple[int, dict]:
-    status, _, raw = HttpClient(url).request("GET", "/health")
-    return status, json.loads(raw)
-
-
-def engine_process(server: CliServer) -> psutil.Process:
-    children = psutil.Process(server.process.pid).children()
-    # multiprocessing's spawn start method also starts a resource tracker
-    cores = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
-    assert len(cores) == 1, [c.cmdline() for c in children]
-    return cores[0]
 
 
 def test_serves_with_the_engine_in_its_own_process_and_leaves_none_behind():
@@ -72,35 +59,6 @@ def test_a_ctrl_c_to_the_process_group_drains_instead_of_killing_the_engine(tmp_
         assert server.wait(30) == 0
     status, _, raw = result[0]
     assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 100
-
-
-def test_a_dead_engine_process_fails_in_flight_requests_and_health_says_so(tmp_path):
-    slow = tmp_path / "cost.json"
-    slow.write_text(json.dumps({"step_overhead_s": 0.01}))
-    with CliServer(["--executor", "sim", "--cost-model", str(slow)]) as server:
-        core = engine_process(server)
-        host, port = server.url.removeprefix("http://").split(":")
-        raw = json.dumps({**BODY, "max_tokens": 500, "stream": True}).encode()
-        sock = socket.create_connection((host, int(port)), timeout=10)
-        sock.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-            b"application/json\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
-        )
-        received = sock.recv(65536)
-        assert received.startswith(b"HTTP/1.1 200")
-        core.kill()
-        while b"data: [DONE]" not in received:
-            chunk = sock.recv(65536)
-            assert chunk, "the stream was cut instead of ended with an error event"
-            received += chunk
-        sock.close()
-        assert b'"error"' in received and b"engine process exited" in received
-        code, body = health(server.url)
-        assert code == 503 and body["state"] == "failed"
-        status, _, raw = HttpClient(server.url).post_json("/v1/completions", BODY)
-        assert status == 503
-        server.terminate()
-        assert server.wait(30) == 0
 
 
 def test_a_configuration_the_engine_process_refuses_exits_2_naming_it():
@@ -148,7 +106,7 @@ def test_an_add_pending_when_the_engine_process_dies_is_refused_as_unavailable()
         receive, send = multiprocessing.Pipe(duplex=False)
         send.close()  # the engine process is gone
         engine._outputs = receive
-        engine._process = type("Dead", (), {"exitcode": -9})()
+        engine._process = type("Dead", (), {"exitcode": -9, "join": lambda self, timeout: None})()
         accepted = engine._loop.create_future()
         engine._pending_adds[0] = _Add(
             EngineRequest("x", [1, 2]), _Stream(asyncio.Queue()), accepted
