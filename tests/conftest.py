@@ -57,6 +57,10 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_many_scrapers_neither_stall_the_engine_nor_make_it_render_more",
     ): ("slow",),
     (
+        "engine/serving/test_metrics_scrapers.py",
+        "test_an_engine_nobody_scrapes_any_more_stops_rendering",
+    ): ("slow",),
+    (
         "engine/serving/test_lost_records.py",
         "test_a_full_disk_loses_only_its_record_file_and_the_exit_code_says_so",
     ): ("slow",),
