@@ -29,6 +29,7 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     # servers and load generators in subprocesses, under load
     "engine/api/test_server_cli.py": ("slow",),
     "engine/api/test_server_load.py": ("slow",),
+    "engine/api/test_server_nothing_lost.py": ("slow",),
     "engine/serving/test_engine_process.py": ("slow",),
     "engine/sim/test_served_path.py": ("slow",),
     "engine/telemetry/test_metrics_served.py": ("slow",),
