@@ -29,6 +29,7 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     # servers and load generators in subprocesses, under load
     "engine/api/test_server_cli.py": ("slow",),
     "engine/api/test_server_load.py": ("slow",),
+    "engine/api/test_server_nothing_lost.py": ("slow",),
     "engine/serving/test_engine_process.py": ("slow",),
     "engine/serving/test_engine_supervision.py": ("slow",),
     "engine/sim/test_served_path.py": ("slow",),
@@ -56,6 +57,10 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
     (
         "engine/serving/test_metrics_scrapers.py",
         "test_many_scrapers_neither_stall_the_engine_nor_make_it_render_more",
+    ): ("slow",),
+    (
+        "engine/serving/test_metrics_scrapers.py",
+        "test_an_engine_nobody_scrapes_any_more_stops_rendering",
     ): ("slow",),
     (
         "engine/serving/test_lost_records.py",

@@ -128,6 +128,10 @@ METRICS_INTERVAL_S = 1.0
 #: While the engine is idle (no step changes the metrics), how often it is still
 #: re-rendered: for what is read at scrape time (``schedscope_dropped_spans_total``).
 METRICS_IDLE_REFRESH_S = 5.0
+#: A format nobody has scraped for this long is no longer rendered (engine process): an
+#: engine whose scrapers have stopped renders nothing. The API process says a format is
+#: still wanted at most once per ``METRICS_INTERVAL_S`` of scrapes.
+METRICS_UNWANTED_AFTER_S = 3 * METRICS_IDLE_REFRESH_S
 
 
 def metrics_render_due(

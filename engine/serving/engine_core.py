@@ -15,19 +15,23 @@ it over two pipes:
   ``("outputs", tokens, ended, stats)`` — once per step and once per batch of aborts,
   where ``tokens`` is ``[(seq_no, token_id)]`` and ``ended`` is
   ``[(seq_no, finish_reason, error)]`` — ``("metrics", step, num_renders, rendered)``,
-  and at shutdown ``("records", lost)`` once the record files are written (``lost``:
-  the ``engine.records.writers.LostRecord`` of each file that could not be), then
-  ``("stopped",)``.
+  ``("metrics_unwanted", formats)``, and at shutdown ``("records", lost)`` once the
+  record files are written (``lost``: the ``engine.records.writers.LostRecord`` of each
+  file that could not be), then ``("stopped",)``.
 
 ``/metrics`` never waits on this process: the Prometheus exposition of the engine's
 registry (``engine.telemetry.metrics``, which lives here, with the observers) is
 *pushed* to the API process, which answers every scrape at once from the latest bytes.
 A scrape cannot make this process render: ``("metrics", fmt)`` only says that a format
-(``"text"``, the classic format; ``"openmetrics"``, with exemplars) has been asked for,
-once per format for the life of the engine; from then on :class:`_MetricsPublisher`
-renders every format asked for, between steps, at most once per
+(``"text"``, the classic format; ``"openmetrics"``, with exemplars) is still being
+scraped, sent at most once per :data:`METRICS_INTERVAL_S` per format however many
+scrapes there are; :class:`_MetricsPublisher` renders every format asked for within
+:data:`METRICS_UNWANTED_AFTER_S`, between steps, at most once per
 :data:`METRICS_INTERVAL_S` while the engine works, and once more as soon as it goes idle
-(a scrape after the last request ended sees it ended). ``rendered`` is
+(a scrape after the last request ended sees it ended). A format not asked for within
+:data:`METRICS_UNWANTED_AFTER_S` is dropped and ``("metrics_unwanted", formats)`` says
+so (the API process forgets its bytes, so the next scrape waits for fresh ones, as a
+format's first scrape does): an engine nobody scrapes renders nothing. ``rendered`` is
 ``{fmt: (body, content_type)}`` (``body`` None, ``content_type`` ``"error"`` when the
 render failed), ``step`` the last step record's ``step`` the bytes include, ``num_renders``
 how many times the engine process has rendered. So the bytes served are at most
@@ -55,6 +59,7 @@ from engine.records.step_record import StepRecord
 from engine.records.writers import RecordWriterSpec, install_record_writers, write_records
 from engine.serving.async_engine import (
     METRICS_INTERVAL_S,
+    METRICS_UNWANTED_AFTER_S,
     engine_snapshot,
     metrics_render_due,
 )
@@ -304,32 +309,52 @@ class _Core:
 
 class _MetricsPublisher:
     """Renders the exposition between steps and pushes it to the API process: only the
-    formats asked for, at most once per :data:`METRICS_INTERVAL_S` while the engine
-    works, once when it goes idle after steps, and every :data:`METRICS_IDLE_REFRESH_S`
-    while it stays idle. Nothing a scraper does changes how often it renders."""
+    formats asked for within :data:`METRICS_UNWANTED_AFTER_S`, at most once per
+    :data:`METRICS_INTERVAL_S` while the engine works, once when it goes idle after
+    steps, and every :data:`METRICS_IDLE_REFRESH_S` while it stays idle. Nothing a
+    scraper does makes it render more often; scrapers that stop make it stop."""
 
     def __init__(
-        self, metrics, send, interval_s: float = METRICS_INTERVAL_S, clock=time.monotonic
+        self,
+        metrics,
+        send,
+        interval_s: float = METRICS_INTERVAL_S,
+        clock=time.monotonic,
+        unwanted_after_s: float = METRICS_UNWANTED_AFTER_S,
     ) -> None:
         self.metrics = metrics
         self.clock = clock
         self.send = send
         self.interval_s = interval_s
-        self.formats: list[str] = []
+        self.unwanted_after_s = unwanted_after_s
+        self.wanted_at: dict[str, float] = {}  # format -> when it was last asked for
         self.rendered_at = float("-inf")
         self.rendered_step = -1
         self.num_renders = 0
 
+    @property
+    def formats(self) -> list[str]:
+        return list(self.wanted_at)
+
     def want(self, fmt: str) -> None:
-        if fmt in METRICS_FORMATS and fmt not in self.formats:
-            self.formats.append(fmt)
+        if fmt not in METRICS_FORMATS:
+            return
+        if fmt not in self.wanted_at:
             self.rendered_at = float("-inf")  # its first bytes: at once
+        self.wanted_at[fmt] = self.clock()
 
     def publish_if_due(self, step: int, idle: bool) -> None:
         """``step``: the last step record's; ``idle``: the engine has no work."""
-        if not self.formats:
+        if not self.wanted_at:
             return
         now = self.clock()
+        unwanted = [f for f, at in self.wanted_at.items() if now - at > self.unwanted_after_s]
+        if unwanted:
+            for fmt in unwanted:
+                del self.wanted_at[fmt]
+            self.send(("metrics_unwanted", unwanted))
+            if not self.wanted_at:
+                return
         changed = step != self.rendered_step
         if metrics_render_due(now - self.rendered_at, changed, idle, self.interval_s):
             self.publish(step, now)

@@ -97,11 +97,12 @@ class ProcessEngine(AsyncEngine):
         self._sender: threading.Thread | None = None
         self._killed = False  # by _stop_backend: it did not stop in STOP_TIMEOUT_S
         # /metrics: the latest exposition the engine process pushed, per format (from
-        # the reader thread), the step it includes, and the formats asked for so far.
+        # the reader thread), the step it includes, and when the engine was last told
+        # that each format is scraped (monotonic; under the lock too).
         self._has_metrics = True  # until "ready" says
         self._metrics: dict[str, tuple[bytes | None, str]] = {}
         self._metrics_step = -1
-        self._metrics_formats: set[str] = set()
+        self._metrics_told_at: dict[str, float] = {}
         self._metrics_pushed = asyncio.Event()  # set (in the loop) at each push
         #: The record files (``spec.record_writers``) the engine process could not write,
         #: as it reported them at shutdown; None until it has reported (and for good when
@@ -235,6 +236,11 @@ class ProcessEngine(AsyncEngine):
                     self._metrics_step = step
                     self.num_metrics_renders = num_renders
                 self._call_in_loop(self._metrics_pushed.set)
+            elif kind == "metrics_unwanted":  # no longer rendered: its bytes would go stale
+                with self._lock:
+                    for fmt in message[1]:
+                        self._metrics.pop(fmt, None)
+                        self._metrics_told_at.pop(fmt, None)
             elif kind == "records":
                 self.lost_records = list(message[1])
             elif kind == "stopped":
@@ -265,7 +271,8 @@ class ProcessEngine(AsyncEngine):
         when it runs without metrics. Never waits on the engine: the latest bytes the
         engine process pushed (``engine.serving.engine_core``: at most
         ``METRICS_INTERVAL_S`` old while it works). Waits only for what the engine sends
-        unasked: a format's first bytes (up to ``timeout_s``, then TimeoutError), and,
+        unasked: a format's first bytes (up to ``timeout_s``, then TimeoutError; first
+        again after the engine stopped rendering a format nobody scraped), and,
         when the engine has gone idle since its last push, the push it makes then (up to
         ``METRICS_IDLE_WAIT_S``, then the older bytes)."""
         if self.state in ("created", "failed", "stopped") or self._process is None:
@@ -273,9 +280,14 @@ class ProcessEngine(AsyncEngine):
         if not self._has_metrics:
             return None
         fmt = "openmetrics" if wants_openmetrics(accept) else "text"
-        if fmt not in self._metrics_formats:
-            self._metrics_formats.add(fmt)
-            self._outbox.put(("metrics", fmt))  # once per format: never per scrape
+        now = time.monotonic()
+        with self._lock:
+            told_at = self._metrics_told_at.get(fmt)
+            tell = told_at is None or now - told_at >= METRICS_INTERVAL_S
+            if tell:
+                self._metrics_told_at[fmt] = now
+        if tell:  # "still scraped": at most once per interval, never per scrape
+            self._outbox.put(("metrics", fmt))
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline, idle_deadline = started + timeout_s, started + METRICS_IDLE_WAIT_S

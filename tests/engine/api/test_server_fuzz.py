@@ -1,11 +1,13 @@
 """Hypothesis fuzzing of request bodies and headers against one live server.
 
-2,000 cases in all: completions and chat bodies built from valid ones with fields
-replaced by random JSON (wrong types, huge and negative numbers, NaN, nested junk),
-deleted, or joined by unknown keys; raw bytes; random X-Request-Id and Authorization
-headers. Every answer must be < 500, every error an OpenAI error body, every 200 a
-well-formed completion or a complete event stream; afterwards the server is healthy,
-idle, and holds no KV blocks.
+2,300 cases in all: completions, chat, /tokenize and /detokenize bodies built from valid
+ones with fields replaced by random JSON (wrong types, huge and negative numbers, NaN,
+nested junk), deleted, or joined by unknown keys; raw bytes; random X-Request-Id and
+Authorization headers. Then every field of each route, alone, at each edge of its type
+(int32, int64 and float bounds, 5,000-digit numbers, non-JSON literals, every other JSON
+type): about 3,200 bodies. Every answer must be < 500, every error an OpenAI error body,
+every 200 a well-formed completion, event stream or token list; afterwards the server is
+healthy, idle, and holds no KV blocks.
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ def assert_idle_and_leak_free(server: BackgroundServer, http: HttpClient) -> Non
     assert health["num_engine_errors"] == 0 and health["num_failed_requests"] == 0
 
 
-# -- the fuzz tests (900 + 500 + 350 + 250 = 2,000 cases) ---------------------------------
+# -- the fuzz tests (900 + 500 + 350 + 250 + 300 = 2,300 cases) ---------------------------------
 def test_fuzz_completions(server, http):
     @fuzz(900)
     @given(body=bodies(COMPLETION, ("model", "prompt", "max_tokens")))
@@ -238,4 +240,131 @@ def test_fuzz_headers(server, http):
             assert response_headers["x-request-id"] == given_id
 
     case()
+    assert_idle_and_leak_free(server, http)
+
+
+# -- /tokenize and /detokenize -----------------------------------------------------------
+TOKENIZE_FLAGS = {
+    "model": st.just(MODEL),
+    "add_special_tokens": st.booleans(),
+    "return_token_strs": st.booleans(),
+}
+TOKENIZE_PROMPT = {**TOKENIZE_FLAGS, "prompt": text_prompt}
+TOKENIZE_CHAT = {
+    **TOKENIZE_FLAGS,
+    "messages": st.lists(message, min_size=1, max_size=3),
+    "add_generation_prompt": st.booleans(),
+    "continue_final_message": st.booleans(),
+    "chat_template": st.none() | st.text(max_size=8),
+    "tools": st.just([]),
+}
+DETOKENIZE = {
+    "model": st.just(MODEL),
+    "tokens": st.lists(st.integers(0, 4095) | st.integers(-(2**70), 2**70), max_size=8),
+}
+
+
+def check_tokenize(path: str, status: int, headers: dict, data: bytes) -> None:
+    assert status < 500, (status, data[:300])
+    answer = json.loads(data)
+    if status >= 400:
+        error = answer["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and error["message"]
+    elif path == "/tokenize":
+        assert status == 200 and answer["count"] == len(answer["tokens"]), answer
+        assert answer["token_strs"] is None or len(answer["token_strs"]) == answer["count"]
+    else:
+        assert status == 200 and isinstance(answer["prompt"], str), answer
+
+
+def test_fuzz_tokenize(server, http):
+    @fuzz(300)
+    @given(
+        case=st.one_of(
+            st.tuples(st.just("/tokenize"), bodies(TOKENIZE_PROMPT, ("prompt",))),
+            st.tuples(st.just("/tokenize"), bodies(TOKENIZE_CHAT, ("messages",))),
+            st.tuples(st.just("/detokenize"), bodies(DETOKENIZE, ("tokens",))),
+            st.tuples(st.sampled_from(["/tokenize", "/detokenize"]), raw_bytes()),
+        )
+    )
+    def case(case: tuple[str, bytes]) -> None:
+        path, body = case
+        check_tokenize(path, *http.request("POST", path, body))
+
+    case()
+    assert_idle_and_leak_free(server, http)
+
+
+# -- every field at the edges of its type -------------------------------------------------
+#: Raw JSON: the bounds of int32, int64 and beyond (one literal longer than Python's
+#: default int-parsing limit of 4,300 digits), float32's and float64's, subnormals,
+#: literals JSON forbids, and every other JSON type.
+EXTREMES = [
+    "0", "-1", "1", "2", "2147483647", "2147483648", "-2147483648", "-2147483649",
+    "9223372036854775807", "9223372036854775808", "-9223372036854775808",
+    "-9223372036854775809", "18446744073709551616", "1" * 5000, "-" + "9" * 400,
+    "1.0", "0.5", "-0.0", "1e-46", "1e-320", "5e-324", "3.4e38", "3.5e38", "1e308",
+    "1.7976931348623157e308", "-1.7976931348623157e308", "1e999", "-1e999",
+    "NaN", "Infinity", "-Infinity", "true", "false", "null", '""', '"1"',
+    '"' + "x" * 5000 + '"', '"\\ud800"', "[]", "[1, 2]", '["a"]', "[[]]", "{}", '{"a": 1}',
+]  # fmt: skip
+BASE = {
+    "/v1/completions": {"model": MODEL, "prompt": "a b", "max_tokens": 2},
+    "/v1/chat/completions": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    },
+    "/tokenize": {"model": MODEL, "prompt": "a b"},
+    "/detokenize": {"model": MODEL, "tokens": [5, 6]},
+}
+SAMPLING_FIELDS = [
+    *sorted(COMMON),
+    *("best_of", "echo", "suffix", "logprobs", "top_logprobs", "logit_bias"),
+    *("frequency_penalty", "presence_penalty", "repetition_penalty", "min_p"),
+    *("length_penalty", "prompt_logprobs", "use_beam_search", "response_format"),
+]
+FIELDS = {
+    "/v1/completions": ["prompt", *SAMPLING_FIELDS],
+    "/v1/chat/completions": ["messages", "max_completion_tokens", *SAMPLING_FIELDS],
+    "/tokenize": ["model", "prompt", "add_special_tokens", "return_token_strs"],
+    "/detokenize": ["model", "tokens"],
+}
+
+
+def with_field(base: dict, name: str, raw: str) -> bytes:
+    """``base`` with ``name`` set to the raw JSON ``raw`` (appended, so it wins)."""
+    rest = json.dumps({k: v for k, v in base.items() if k != name})
+    return (rest[:-1] + f', "{name}": {raw}}}').encode()
+
+
+@pytest.mark.parametrize("path", list(FIELDS))
+def test_every_field_at_the_edges_of_its_type_is_answered_below_500(server, http, path):
+    """Each field of the route, alone, at each of the extremes: a 4xx naming the
+    problem, or a well-formed answer; never a 5xx. And as an element of the arrays a
+    prompt, a chat and the token ids are made of."""
+    cases = [(name, raw) for name in FIELDS[path] for raw in EXTREMES]
+    bodies_sent = [with_field(BASE[path], name, raw) for name, raw in cases]
+    if path == "/v1/completions":
+        bodies_sent += [with_field(BASE[path], "prompt", f"[{raw}]") for raw in EXTREMES]
+        bodies_sent += [with_field(BASE[path], "stop_token_ids", f"[{raw}]") for raw in EXTREMES]
+    if path == "/v1/chat/completions":
+        for raw in EXTREMES:
+            bodies_sent.append(with_field(BASE[path], "messages", f"[{raw}]"))
+            message = f'[{{"role": "user", "content": {raw}}}]'
+            bodies_sent.append(with_field(BASE[path], "messages", message))
+            bodies_sent.append(with_field(BASE[path], "messages", f'[{{"role": {raw}}}]'))
+    if path == "/detokenize":
+        bodies_sent += [with_field(BASE[path], "tokens", f"[{raw}]") for raw in EXTREMES]
+    for body in bodies_sent:
+        status, headers, data = http.request("POST", path, body)
+        try:
+            if path.startswith("/v1/"):
+                check(status, headers, data)
+            else:
+                check_tokenize(path, status, headers, data)
+        except AssertionError as exc:
+            raise AssertionError(f"{body[:200]!r}: {exc}") from exc
+    print(f"{path}: {len(bodies_sent)} bodies")
     assert_idle_and_leak_free(server, http)

@@ -6,12 +6,17 @@ process answers every scrape from the latest rendering) and keeps stepping. A re
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
 import pytest
 
-from engine.serving.async_engine import METRICS_IDLE_REFRESH_S, METRICS_INTERVAL_S
+from engine.serving.async_engine import (
+    METRICS_IDLE_REFRESH_S,
+    METRICS_INTERVAL_S,
+    METRICS_UNWANTED_AFTER_S,
+)
 from harness.local_server import CliServer, HttpClient
 
 NUM_SCRAPERS = 20
@@ -121,6 +126,48 @@ def test_many_scrapers_neither_stall_the_engine_nor_make_it_render_more(core, tm
     assert busy_steps > 0, (busy_steps, quiet_steps, quiet_s)
 
 
+def generation_tokens(url: str, accept: str) -> float:
+    """``vllm:generation_tokens_total`` as one scrape of ``/metrics`` reports it."""
+    client = HttpClient(url)
+    try:
+        headers = {"Accept": accept} if accept else {}
+        status, _, body = client.request("GET", "/metrics", headers=headers)
+    finally:
+        client.close()
+    assert status == 200, body[:200]
+    match = re.search(rb"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", body, re.MULTILINE)
+    assert match, body[:500]
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("core", ["process", "thread"])
+def test_an_engine_nobody_scrapes_any_more_stops_rendering(core, tmp_path):
+    """Scraped a few times, then not at all while it keeps working for longer than
+    ``METRICS_UNWANTED_AFTER_S``: the renders stop (one more at most, as the window
+    closes). A scrape after that gets fresh bytes, not the ones left from before."""
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"step_overhead_s": 0.02}))
+    args = ["--executor", "sim", "--cost-model", str(cost), "--engine-core", core]
+    formats = ("", "application/openmetrics-text")
+    with CliServer(args) as server, _Load(server.url) as load:
+        url = server.url
+        time.sleep(0.5)  # the streams are running
+        before = {}
+        for _ in range(3):
+            for accept in formats:
+                before[accept] = generation_tokens(url, accept)
+            time.sleep(0.5)
+        # nobody scrapes from here on; the engine keeps working
+        time.sleep(METRICS_UNWANTED_AFTER_S + 2 * METRICS_INTERVAL_S)
+        steps, renders, elapsed = window(url, 3 * METRICS_INTERVAL_S)
+        assert steps > 0
+        # The old rule rendered once per interval for good: ~3 here.
+        assert renders <= 1, (renders, elapsed)
+        for accept in formats:  # rendered again when scraped again, and fresh
+            assert generation_tokens(url, accept) > before[accept]
+        assert set(load.statuses) <= {200}
+
+
 class _FakeMetrics:
     def __init__(self) -> None:
         self.renders: list[str | None] = []
@@ -169,3 +216,48 @@ def test_the_engine_renders_on_its_own_schedule_not_the_scrapers():
     assert set(sent[-1][3]) == {"text", "openmetrics"} and sent[-1][2] == 5
     publisher.want("bogus")
     assert publisher.formats == ["text", "openmetrics"]
+
+
+def test_a_format_not_asked_for_within_the_window_is_no_longer_rendered():
+    """Each scrape's "still wanted" keeps a format rendered; one not asked for within
+    ``METRICS_UNWANTED_AFTER_S`` is dropped (and the API process told), and renders
+    stop; asked for again, it is rendered at once, as a new format is."""
+    from engine.serving import engine_core
+
+    now = [0.0]
+    sent: list = []
+    publisher = engine_core._MetricsPublisher(_FakeMetrics(), sent.append, clock=lambda: now[0])
+    publisher.want("text")
+    publisher.want("openmetrics")
+    step = 0
+
+    def work(seconds: float) -> None:  # the engine steps every 10 ms
+        nonlocal step
+        for _ in range(round(seconds / 0.01)):
+            now[0] += 0.01
+            step += 1
+            publisher.publish_if_due(step, idle=False)
+
+    def renders() -> list:
+        return [m for m in sent if m[0] == "metrics"]
+
+    for _ in range(30):  # scraped (text only) once a second, for longer than the window
+        work(1.0)
+        publisher.want("text")
+    assert publisher.formats == ["text"]
+    assert [m for m in sent if m[0] == "metrics_unwanted"] == [
+        ("metrics_unwanted", ["openmetrics"])
+    ]
+    assert set(renders()[-1][3]) == {"text"}
+    assert 29 <= len(renders()) <= 32
+    count = len(renders())
+    work(METRICS_UNWANTED_AFTER_S + 5)  # nobody scrapes: renders stop, then none at all
+    assert publisher.formats == [] and sent[-1] == ("metrics_unwanted", ["text"])
+    assert len(renders()) <= count + METRICS_UNWANTED_AFTER_S / METRICS_INTERVAL_S + 1
+    count = len(renders())
+    work(30.0)
+    publisher.publish_if_due(step, idle=True)
+    assert len(renders()) == count
+    publisher.want("text")  # scraped again: at once
+    publisher.publish_if_due(step, idle=False)
+    assert len(renders()) == count + 1 and set(renders()[-1][3]) == {"text"}

@@ -194,3 +194,57 @@ def test_no_metrics_flag(core):
         assert client.request("GET", "/metrics")[0] == 404
         assert client.request("GET", "/health")[0] == 200
         client.close()
+
+
+def test_ten_thousand_request_classes_from_clients_make_33_series_over_http():
+    """X-Request-Class is whatever clients send: 10,000 requests, each of its own class,
+    through the engine process. The exposition keeps the first 32 classes and one
+    class="other"; ``schedscope_request_class_overflow_total`` counts the 9,968 folded
+    into it, and every request is in some class's count."""
+    import asyncio
+
+    import aiohttp
+
+    from engine.telemetry.metrics import MAX_CLASS_LABELS, OTHER_CLASS
+
+    num_requests, concurrency = 10_000, 32
+    body = {"model": "tiny", "prompt": "a", "max_tokens": 1}
+
+    async def client(url: str, session: aiohttp.ClientSession, first: int) -> list[int]:
+        statuses = []
+        for i in range(first, num_requests, concurrency):
+            headers = {"X-Request-Class": f"class-{i}"}
+            async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
+                await r.read()
+                statuses.append(r.status)
+        return statuses
+
+    async def load(url: str) -> list[int]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            results = await asyncio.gather(*(client(url, session, i) for i in range(concurrency)))
+        return [s for statuses in results for s in statuses]
+
+    with CliServer(["--executor", "sim"]) as server:
+        statuses = asyncio.run(load(server.url))
+        http = HttpClient(server.url)
+        status, _, raw = http.request("GET", "/metrics")
+        http.close()
+    assert status == 200 and statuses == [200] * num_requests
+    text = raw.decode()
+    classes = set(re.findall(r'\bclass="([^"]*)"', text))
+    assert len(classes) == MAX_CLASS_LABELS + 1 and OTHER_CLASS in classes, len(classes)
+    assert re.search(
+        r"^schedscope_request_class_overflow_total\{[^}]*\} "
+        + re.escape(f"{float(num_requests - MAX_CLASS_LABELS)}")
+        + "$",
+        text,
+        re.M,
+    ), [line for line in text.splitlines() if "overflow" in line]
+    counts = {
+        cls: float(value)
+        for cls, value in re.findall(
+            r'^schedscope_queue_time_seconds_count\{[^}]*class="([^"]*)"[^}]*\} (\S+)$', text, re.M
+        )
+    }
+    assert counts[OTHER_CLASS] == num_requests - MAX_CLASS_LABELS
+    assert sum(counts.values()) == num_requests

@@ -287,3 +287,89 @@ def test_every_decision_of_a_served_run_under_memory_pressure_is_one_span():
         )
     span_kinds = {"admit", "preempt", "swap_out", "swap_in", "recompute", "reject", "abort", "fail"}
     assert by_kind == {k: v for k, v in counts.items() if k in span_kinds}
+
+
+class BlackHole:
+    """A TCP listener on 127.0.0.1 that accepts every connection and never reads or
+    answers: a collector that hangs."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.connections.append(connection)
+
+    def __enter__(self) -> BlackHole:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.listener.close()
+        for connection in self.connections:
+            connection.close()
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return sock.getsockname()[1]
+
+
+def serve_a_load(args: list[str], num_requests: int) -> tuple[float, str]:
+    """``num_requests`` streams of 20 tokens, 30 at a time, against a fresh server: (the
+    seconds they took, the server's log once it has stopped). Every one must complete;
+    the server must exit 0 on SIGTERM."""
+    body = {"model": "tiny", "prompt": "a b c", "max_tokens": 20, "ignore_eos": True}
+
+    def user(url: str, first: int, statuses: list[int]) -> None:
+        client = HttpClient(url, timeout=60)
+        for _ in range(first, num_requests, 30):
+            statuses.append(client.post_json("/v1/completions", {**body, "stream": True})[0])
+        client.close()
+
+    with CliServer(["--executor", "sim", *args]) as server:
+        statuses: list[int] = []
+        started = time.monotonic()
+        threads = [threading.Thread(target=user, args=(server.url, i, statuses)) for i in range(30)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        elapsed = time.monotonic() - started
+        assert statuses == [200] * num_requests, sorted(set(statuses))
+        server.terminate()
+        assert server.wait(30) == 0
+        return elapsed, server.output()
+
+
+def test_a_dead_or_hanging_collector_costs_the_requests_nothing(tmp_path):
+    """The same load three times: without spans, exporting to a closed port, and to a
+    collector that accepts and never answers. Every request completes each time, in a
+    time of the same order as without spans (a wide bound: the export runs on its own
+    thread and never waits in a step), and every span is counted as dropped, none as
+    exported; the server still exits 0 within its bound."""
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"step_overhead_s": 0.005}))
+    base = ["--cost-model", str(cost)]
+    num_requests = 300
+    quiet_s, _ = serve_a_load([*base, "--no-tracing"], num_requests)
+    with BlackHole() as hole:
+        for url in (
+            f"http://127.0.0.1:{closed_port()}/v1/traces",
+            f"http://127.0.0.1:{hole.port}/v1/traces",
+        ):
+            elapsed, log = serve_a_load([*base, "--otlp-traces-endpoint", url], num_requests)
+            print(f"{url}: {elapsed:.2f} s (no spans: {quiet_s:.2f} s)")
+            assert elapsed < 3 * quiet_s + 5, (url, elapsed, quiet_s)
+            match = re.search(r"spans: (\d+) ended, (\d+) exported, (\d+) dropped", log)
+            assert match, log[-2000:]
+            ended, exported, dropped = map(int, match.groups())
+            assert ended >= num_requests and exported == 0 and dropped == ended, match.group(0)
