@@ -27,8 +27,9 @@ request) refuses what aiohttp's parser lets through but this server does not spe
 (RFC 9112): a request line naming a version other than HTTP/1.0 or HTTP/1.1 (the
 parser takes ``HTTP/0.9`` and ``HTTP/2.0``) is a 505, answered in HTTP/1.1; a
 ``Transfer-Encoding`` other than ``chunked`` alone (the parser reads ``gzip, chunked``
-as plain chunked and would hand the handler gzip bytes as the body) is a 501. Both
-close the connection.
+as plain chunked and would hand the handler gzip bytes as the body) is a 501; any
+``Transfer-Encoding`` in an HTTP/1.0 request (HTTP/1.0 has no transfer codings; the
+parser framed it as chunked all the same) is a 400. All three close the connection.
 
 :class:`GuardedTCPSite` is aiohttp's ``TCPSite`` whose connections use this handler.
 """
@@ -107,11 +108,25 @@ SUPPORTED_VERSIONS = (HttpVersion10, HttpVersion11)
 
 
 def check_framing(request: web.BaseRequest) -> None:
-    """505 for an HTTP version other than 1.0 and 1.1; 501 for a transfer coding other
-    than ``chunked`` (RFC 9112 section 6.1: a transfer coding the server does not
-    understand is a 501, never ignored). aiohttp has already framed the body as chunked
-    when ``chunked`` came last; the handler never sees it, and the connection closes."""
+    """400 for an HTTP/1.0 request with a Transfer-Encoding; 505 for an HTTP version
+    other than 1.0 and 1.1; 501 for a transfer coding other than ``chunked`` (RFC 9112
+    section 6.1: a transfer coding the server does not understand is a 501, never
+    ignored). aiohttp has already framed the body as chunked when ``chunked`` came
+    last; the handler never sees it, and the connection closes."""
     version = request.version
+    values = request.headers.getall(hdrs.TRANSFER_ENCODING, [])
+    if values and version == HttpVersion10:
+        # RFC 9112 section 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty
+        # framing (HTTP/1.0 has no transfer codings), even with a Content-Length.
+        raise ApiError(
+            400,
+            "Transfer-Encoding is not part of HTTP/1.0, so a chunked body cannot be framed; "
+            "send Content-Length, or use HTTP/1.1",
+            "invalid_request_error",
+            "Transfer-Encoding",
+            "unsupported_transfer_encoding",
+            {"Connection": "close"},
+        )
     if version not in SUPPORTED_VERSIONS:
         # aiohttp writes the status line in the request's version: make it HTTP/1.1, the
         # version of the bytes on the wire ("HTTP/2.0 505" would claim another protocol).
@@ -126,7 +141,6 @@ def check_framing(request: web.BaseRequest) -> None:
             None,
             "http_version_not_supported",
         )
-    values = request.headers.getall(hdrs.TRANSFER_ENCODING, [])
     if values and [c.strip().lower() for v in values for c in v.split(",")] != ["chunked"]:
         shown = ", ".join(values)
         raise ApiError(
