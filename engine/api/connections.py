@@ -18,6 +18,14 @@ out. :class:`GuardedRequestHandler` (aiohttp's protocol, one per connection) add
   response), so idle keep-alive connections can never lock clients out; when none is
   idle, the new connection gets a 503 with ``Retry-After`` and is closed before any byte
   of it is parsed.
+- a cap per client: one client (a peer address, :func:`client_address`) holds at most
+  ``max_connections_per_client``; at its cap its new connection first evicts that
+  client's own longest-idle connection, else gets a 429 with ``Retry-After`` and is
+  closed, so sockets of one client that trickle their requests cannot take the
+  connections every other client needs. A connection whose peer address is its own
+  local address comes from this machine (a load generator beside the server, on
+  loopback or not) and is not counted against any client: on one machine every client
+  has the same address, and a local benchmark opens as many connections as it likes.
 - errors of aiohttp's HTTP parser (a bad request line, a header too long, too many
   headers, a bad chunk size) as OpenAI-style JSON bodies instead of text/plain, and
   logged at a bounded rate.
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import logging
 import time
 from dataclasses import dataclass
@@ -60,6 +69,55 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0  # also the keep-alive timeout (see the module docstring)
     max_connections: int = 1024
     retry_after_s: int = 1
+    max_connections_per_client: int | None = None  # None: half of max_connections
+
+    @property
+    def per_client_cap(self) -> int:
+        """The connections one client may hold: by default half the server's cap (so
+        another client always finds the other half), never more than the cap."""
+        if self.max_connections_per_client is None:
+            return max(1, self.max_connections // 2)
+        return min(self.max_connections_per_client, self.max_connections)
+
+
+def client_address(sockaddr: object) -> str | None:
+    """Who a peer is, for the per-client limits: its IP address, an IPv6 address by
+    its /64 (one host is given a whole /64 to pick source addresses from), an
+    IPv4-mapped IPv6 address as the IPv4 one; None for a socket without an IP."""
+    ip = _ip_of(sockaddr)
+    if ip is None:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+def _ip_of(sockaddr: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not isinstance(sockaddr, tuple) or not sockaddr or not isinstance(sockaddr[0], str):
+        return None
+    try:
+        return ipaddress.ip_address(sockaddr[0].partition("%")[0])  # no IPv6 zone
+    except ValueError:
+        return None
+
+
+def client_of(request: web.BaseRequest) -> str | None:
+    """The client address (:func:`client_address`) of a request's connection; None
+    once the connection is gone."""
+    transport = request.transport
+    return client_address(transport.get_extra_info("peername")) if transport else None
+
+
+def limited_client(transport: asyncio.BaseTransport) -> str | None:
+    """The client a connection counts against, or None when it is not limited: its
+    peer address is its own local address (this machine), or it has no IP."""
+    peer = transport.get_extra_info("peername")
+    local = _ip_of(transport.get_extra_info("sockname"))
+    if local is not None and _ip_of(peer) == local:
+        return None
+    return client_address(peer)
 
 
 class RateLimitedLog:
@@ -159,18 +217,21 @@ class ConnectionGuard:
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
         self.num_open = 0
-        self.num_refused = 0
+        self.num_refused = 0  # both kinds: at the server's cap, at a client's
+        self.num_refused_per_client = 0  # at a client's cap
         self.num_evicted = 0
         self.num_header_timeouts = 0
         self.num_parser_errors = 0
         self.log = RateLimitedLog(log)
         #: Connections between requests with nothing received since, oldest first.
         self.idle: dict[GuardedRequestHandler, None] = {}
+        #: Open connections of each limited client (see limited_client).
+        self.open_by_client: dict[str, int] = {}
 
-    def evict_idle(self) -> bool:
-        """Close the connection idle longest; False when none is idle."""
-        while self.idle:
-            handler = next(iter(self.idle))
+    def evict_idle(self, client: str | None = None) -> bool:
+        """Close the connection idle longest (of ``client``, when given); False when
+        none is idle."""
+        for handler in [h for h in self.idle if client is None or h.client == client]:
             del self.idle[handler]
             if handler.close_idle():
                 self.num_evicted += 1
@@ -201,18 +262,42 @@ class GuardedRequestHandler(RequestHandler):
         self._refused = False
         self._deadline: asyncio.TimerHandle | None = None
         self._bytes_since_armed = 0
+        #: The client this connection counts against (None: not limited).
+        self.client: str | None = None
 
     # -- the connection's life --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
-        if guard.num_open >= guard.limits.max_connections and not guard.evict_idle():
-            self._refused = True
-            guard.num_refused += 1
+        limits = guard.limits
+        client = limited_client(transport)
+        if client is not None:
+            held = guard.open_by_client.get(client, 0)
+            if held >= limits.per_client_cap and not guard.evict_idle(client):
+                guard.num_refused_per_client += 1
+                guard.log.warning(
+                    "refused-client",
+                    "refused a connection from %s: it has %d open and busy, the limit per "
+                    "client is %d (--max-connections-per-client)",
+                    client,
+                    held,
+                    limits.per_client_cap,
+                )
+                err = ApiError(
+                    429,
+                    f"this client has {held} open connections, the server's limit per "
+                    "client; reuse one or retry later",
+                    "rate_limit_error",
+                    None,
+                    "too_many_client_connections",
+                )
+                self._refuse(transport, 429, "Too Many Requests", err)
+                return
+        if guard.num_open >= limits.max_connections and not guard.evict_idle():
             guard.log.warning(
                 "refused",
                 "refused a connection: %d are open and busy, the limit is %d (--max-connections)",
                 guard.num_open,
-                guard.limits.max_connections,
+                limits.max_connections,
             )
             err = ApiError(
                 503,
@@ -221,23 +306,41 @@ class GuardedRequestHandler(RequestHandler):
                 None,
                 "too_many_connections",
             )
-            # A stream server's transports are asyncio.Transports (aiohttp casts to one);
-            # BaseTransport, the protocol's declared type, has no write.
-            if isinstance(transport, asyncio.Transport):
-                transport.write(
-                    raw_json_response(503, "Service Unavailable", err, guard.limits.retry_after_s)
-                )
-            transport.close()
+            self._refuse(transport, 503, "Service Unavailable", err)
             return
         guard.num_open += 1
+        if client is not None:
+            self.client = client
+            guard.open_by_client[client] = guard.open_by_client.get(client, 0) + 1
         super().connection_made(transport)
         self._arm()
+
+    def _refuse(
+        self, transport: asyncio.BaseTransport, status: int, reason: str, err: ApiError
+    ) -> None:
+        """Answer ``err`` and close, before any byte of the connection is parsed."""
+        self._refused = True
+        self._guard.num_refused += 1
+        # A stream server's transports are asyncio.Transports (aiohttp casts to one);
+        # BaseTransport, the protocol's declared type, has no write.
+        if isinstance(transport, asyncio.Transport):
+            transport.write(
+                raw_json_response(status, reason, err, self._guard.limits.retry_after_s)
+            )
+        transport.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._refused:
             return  # never registered with aiohttp's server
         self._disarm()
-        self._guard.num_open -= 1
+        guard = self._guard
+        guard.num_open -= 1
+        if self.client is not None:
+            left = guard.open_by_client[self.client] - 1
+            if left:
+                guard.open_by_client[self.client] = left
+            else:
+                del guard.open_by_client[self.client]
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

@@ -708,7 +708,7 @@ def test_heavy_work_stays_one_at_a_time_when_its_callers_leave():
     import asyncio
     import threading
 
-    from engine.api.body import HeavyWork
+    from engine.api.heavy_work import HeavyWork
 
     running, peak, release = [0], [0], threading.Event()
     lock = threading.Lock()
