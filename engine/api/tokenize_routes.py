@@ -68,7 +68,7 @@ def add_tokenize_routes(
             )
         else:  # a small body's answer is small too: at most about a token per byte
             body = respond(raw, parse)
-        return web.Response(body=body, content_type="application/json")
+        return web.Response(body=body, content_type="application/json", charset="utf-8")
 
     async def tokenize(request: web.Request) -> web.Response:
         return await run(request, tokenize_body)
