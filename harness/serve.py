@@ -82,6 +82,9 @@ def serve(
     header_timeout_s: float = 10.0,
     body_timeout_s: float = 30.0,
     max_connections: int = 1024,
+    max_connections_per_client: int | None = None,
+    max_tokenize_body_bytes: int = 256 * 1024,
+    max_tokenize_tokens: int = 131072,
     trace_file: Path | None = None,
     otlp_traces_endpoint: str | None = None,
     no_tracing: bool = False,
@@ -120,10 +123,14 @@ def serve(
             f"must be a number of seconds >= 0 (0: no deadline), got {engine_liveness_timeout_s}",
             param_hint="--engine-liveness-timeout-s",
         )
-    if max_connections < 1:
-        raise typer.BadParameter(
-            f"must be >= 1, got {max_connections}", param_hint="--max-connections"
-        )
+    for count, flag in (
+        (max_connections, "--max-connections"),
+        (max_connections_per_client, "--max-connections-per-client"),
+        (max_tokenize_body_bytes, "--max-tokenize-body-bytes"),
+        (max_tokenize_tokens, "--max-tokenize-tokens"),
+    ):
+        if count is not None and count < 1:
+            raise typer.BadParameter(f"must be >= 1, got {count}", param_hint=flag)
     try:
         model = CostModel.load(cost_model) if cost_model else None
     except CostModelError as exc:
@@ -183,6 +190,9 @@ def serve(
         header_timeout_s=header_timeout_s,
         body_timeout_s=body_timeout_s,
         max_connections=max_connections,
+        max_connections_per_client=max_connections_per_client,
+        max_tokenize_body_bytes=max_tokenize_body_bytes,
+        max_tokenize_tokens=max_tokenize_tokens,
         metrics=metrics,
         engine_liveness_timeout_s=engine_liveness_timeout_s,
     )

@@ -14,7 +14,7 @@ from engine.api.generation import OFFLOAD_PARSE_BYTES, chat_completions, complet
 from engine.api.info_routes import health, load, metrics, models, ping, version
 from engine.api.middleware import error_middleware, guard_middleware
 from engine.api.state import STATE, ServerSettings, ServerState
-from engine.api.tokenize_routes import add_tokenize_routes
+from engine.api.tokenize_routes import TokenizeLimits, add_tokenize_routes
 from engine.serving.async_engine import AsyncEngine
 
 log = logging.getLogger("schedscope.server")
@@ -34,10 +34,15 @@ def create_app(
         (settings.served_model_name,), config.scheduler.max_model_len, tokenizer
     )
     app = web.Application(
-        client_max_size=settings.max_body_bytes, middlewares=[error_middleware, guard_middleware]
+        # aiohttp's own bound on a body read: the largest route's (each route has its own).
+        client_max_size=max(settings.max_body_bytes, settings.max_tokenize_body_bytes),
+        middlewares=[error_middleware, guard_middleware],
     )
     limits = ConnectionLimits(
-        settings.header_timeout_s, connection_cap(settings.max_connections), settings.retry_after_s
+        settings.header_timeout_s,
+        connection_cap(settings.max_connections),
+        settings.retry_after_s,
+        settings.max_connections_per_client,
     )
     app[STATE] = ServerState(async_engine, tokenizer, settings, context, ConnectionGuard(limits))
     app.router.add_post("/v1/completions", completions)
@@ -46,8 +51,9 @@ def create_app(
     add_tokenize_routes(
         app,
         context,
-        OFFLOAD_PARSE_BYTES,
-        settings.max_body_bytes,
+        TokenizeLimits(
+            settings.max_tokenize_body_bytes, settings.max_tokenize_tokens, OFFLOAD_PARSE_BYTES
+        ),
         settings.body_timeout_s,
         app[STATE].heavy_work,
     )

@@ -40,30 +40,6 @@ _INFLATE_PIECE = 64 * 1024
 MAX_CODINGS = 2
 
 
-class HeavyWork:
-    """CPU-heavy request work (parsing, validating, tokenizing a large body) on a worker
-    thread, at most ``limit`` at a time. A worker thread alone does not keep the event
-    loop responsive: it still holds the GIL while it parses, so eight concurrent
-    900 KB bodies left ``/health`` waiting 2 s. One at a time, the loop shares the GIL
-    with one worker; the other bodies wait their turn without costing anything."""
-
-    def __init__(self, limit: int = 1) -> None:
-        self._gate = asyncio.Semaphore(limit)
-
-    async def run(self, fn, *args):
-        await self._gate.acquire()
-        # The gate opens when the work ends, not when its caller does: a client that
-        # hangs up cannot stop a thread that is already parsing its body.
-        work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-        work.add_done_callback(self._finished)
-        return await asyncio.shield(work)
-
-    def _finished(self, work: asyncio.Future) -> None:
-        self._gate.release()
-        if not work.cancelled():
-            work.exception()  # retrieved: a caller that left must not leave it unseen
-
-
 def _codings() -> tuple[str, ...]:
     names = ["identity", "gzip", "x-gzip", "deflate"]
     if brotli is not None:
@@ -120,10 +96,10 @@ def content_codings(request: web.Request) -> list[str]:
     return codings
 
 
-def too_large(max_bytes: int) -> ApiError:
+def too_large(max_bytes: int, flag: str = "--max-body-bytes") -> ApiError:
     return ApiError(
         413,
-        f"request body is larger than the server's limit of {max_bytes} bytes",
+        f"request body is larger than the server's limit of {max_bytes} bytes ({flag})",
         "invalid_request_error",
         None,
         "request_too_large",
@@ -207,18 +183,22 @@ def inflate(data: bytes, codings: list[str], max_bytes: int) -> bytes:
     return data
 
 
-async def read_json_body(request: web.Request, max_bytes: int, timeout_s: float) -> bytes:
-    """The body of a JSON request, inflated and bounded (see the module docstring)."""
+async def read_json_body(
+    request: web.Request, max_bytes: int, timeout_s: float, flag: str = "--max-body-bytes"
+) -> bytes:
+    """The body of a JSON request, inflated and bounded by ``max_bytes`` (see the
+    module docstring); ``flag`` is the setting a 413 names."""
     check_media_type(request)
     codings = content_codings(request)
     declared = request.content_length
     if declared is not None and declared > max_bytes:  # refused before a byte is read
-        raise too_large(max_bytes)
+        raise too_large(max_bytes, flag)
     try:
         async with asyncio.timeout(timeout_s):
-            raw = await request.read()  # aiohttp bounds this by client_max_size
+            # aiohttp bounds this by client_max_size, the largest limit of any route.
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise too_large(max_bytes) from None
+        raise too_large(max_bytes, flag) from None
     except TimeoutError:
         raise ApiError(
             408,
@@ -228,4 +208,13 @@ async def read_json_body(request: web.Request, max_bytes: int, timeout_s: float)
             "request_timeout",
             {"Connection": "close"},
         ) from None
-    return inflate(raw, codings, max_bytes) if codings else raw
+    if len(raw) > max_bytes:  # a chunked body declares no length
+        raise too_large(max_bytes, flag)
+    if not codings:
+        return raw
+    try:
+        return inflate(raw, codings, max_bytes)
+    except ApiError as err:
+        if err.status == 413:
+            raise too_large(max_bytes, flag) from None
+        raise

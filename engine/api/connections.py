@@ -18,6 +18,14 @@ out. :class:`GuardedRequestHandler` (aiohttp's protocol, one per connection) add
   response), so idle keep-alive connections can never lock clients out; when none is
   idle, the new connection gets a 503 with ``Retry-After`` and is closed before any byte
   of it is parsed.
+- a cap per client: one client (a peer address, :func:`client_address`) holds at most
+  ``max_connections_per_client``; at its cap its new connection first evicts that
+  client's own longest-idle connection, else gets a 429 with ``Retry-After`` and is
+  closed, so sockets of one client that trickle their requests cannot take the
+  connections every other client needs. A connection whose peer address is its own
+  local address comes from this machine (a load generator beside the server, on
+  loopback or not) and is not counted against any client: on one machine every client
+  has the same address, and a local benchmark opens as many connections as it likes.
 - errors of aiohttp's HTTP parser (a bad request line, a header too long, too many
   headers, a bad chunk size) as OpenAI-style JSON bodies instead of text/plain, and
   logged at a bounded rate.
@@ -27,8 +35,9 @@ request) refuses what aiohttp's parser lets through but this server does not spe
 (RFC 9112): a request line naming a version other than HTTP/1.0 or HTTP/1.1 (the
 parser takes ``HTTP/0.9`` and ``HTTP/2.0``) is a 505, answered in HTTP/1.1; a
 ``Transfer-Encoding`` other than ``chunked`` alone (the parser reads ``gzip, chunked``
-as plain chunked and would hand the handler gzip bytes as the body) is a 501. Both
-close the connection.
+as plain chunked and would hand the handler gzip bytes as the body) is a 501; any
+``Transfer-Encoding`` in an HTTP/1.0 request (HTTP/1.0 has no transfer codings; the
+parser framed it as chunked all the same) is a 400. All three close the connection.
 
 :class:`GuardedTCPSite` is aiohttp's ``TCPSite`` whose connections use this handler.
 """
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import logging
 import time
 from dataclasses import dataclass
@@ -59,6 +69,55 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0  # also the keep-alive timeout (see the module docstring)
     max_connections: int = 1024
     retry_after_s: int = 1
+    max_connections_per_client: int | None = None  # None: half of max_connections
+
+    @property
+    def per_client_cap(self) -> int:
+        """The connections one client may hold: by default half the server's cap (so
+        another client always finds the other half), never more than the cap."""
+        if self.max_connections_per_client is None:
+            return max(1, self.max_connections // 2)
+        return min(self.max_connections_per_client, self.max_connections)
+
+
+def client_address(sockaddr: object) -> str | None:
+    """Who a peer is, for the per-client limits: its IP address, an IPv6 address by
+    its /64 (one host is given a whole /64 to pick source addresses from), an
+    IPv4-mapped IPv6 address as the IPv4 one; None for a socket without an IP."""
+    ip = _ip_of(sockaddr)
+    if ip is None:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+def _ip_of(sockaddr: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not isinstance(sockaddr, tuple) or not sockaddr or not isinstance(sockaddr[0], str):
+        return None
+    try:
+        return ipaddress.ip_address(sockaddr[0].partition("%")[0])  # no IPv6 zone
+    except ValueError:
+        return None
+
+
+def client_of(request: web.BaseRequest) -> str | None:
+    """The client address (:func:`client_address`) of a request's connection; None
+    once the connection is gone."""
+    transport = request.transport
+    return client_address(transport.get_extra_info("peername")) if transport else None
+
+
+def limited_client(transport: asyncio.BaseTransport) -> str | None:
+    """The client a connection counts against, or None when it is not limited: its
+    peer address is its own local address (this machine), or it has no IP."""
+    peer = transport.get_extra_info("peername")
+    local = _ip_of(transport.get_extra_info("sockname"))
+    if local is not None and _ip_of(peer) == local:
+        return None
+    return client_address(peer)
 
 
 class RateLimitedLog:
@@ -107,11 +166,25 @@ SUPPORTED_VERSIONS = (HttpVersion10, HttpVersion11)
 
 
 def check_framing(request: web.BaseRequest) -> None:
-    """505 for an HTTP version other than 1.0 and 1.1; 501 for a transfer coding other
-    than ``chunked`` (RFC 9112 section 6.1: a transfer coding the server does not
-    understand is a 501, never ignored). aiohttp has already framed the body as chunked
-    when ``chunked`` came last; the handler never sees it, and the connection closes."""
+    """400 for an HTTP/1.0 request with a Transfer-Encoding; 505 for an HTTP version
+    other than 1.0 and 1.1; 501 for a transfer coding other than ``chunked`` (RFC 9112
+    section 6.1: a transfer coding the server does not understand is a 501, never
+    ignored). aiohttp has already framed the body as chunked when ``chunked`` came
+    last; the handler never sees it, and the connection closes."""
     version = request.version
+    values = request.headers.getall(hdrs.TRANSFER_ENCODING, [])
+    if values and version == HttpVersion10:
+        # RFC 9112 section 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty
+        # framing (HTTP/1.0 has no transfer codings), even with a Content-Length.
+        raise ApiError(
+            400,
+            "Transfer-Encoding is not part of HTTP/1.0, so a chunked body cannot be framed; "
+            "send Content-Length, or use HTTP/1.1",
+            "invalid_request_error",
+            "Transfer-Encoding",
+            "unsupported_transfer_encoding",
+            {"Connection": "close"},
+        )
     if version not in SUPPORTED_VERSIONS:
         # aiohttp writes the status line in the request's version: make it HTTP/1.1, the
         # version of the bytes on the wire ("HTTP/2.0 505" would claim another protocol).
@@ -126,7 +199,6 @@ def check_framing(request: web.BaseRequest) -> None:
             None,
             "http_version_not_supported",
         )
-    values = request.headers.getall(hdrs.TRANSFER_ENCODING, [])
     if values and [c.strip().lower() for v in values for c in v.split(",")] != ["chunked"]:
         shown = ", ".join(values)
         raise ApiError(
@@ -145,18 +217,21 @@ class ConnectionGuard:
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
         self.num_open = 0
-        self.num_refused = 0
+        self.num_refused = 0  # both kinds: at the server's cap, at a client's
+        self.num_refused_per_client = 0  # at a client's cap
         self.num_evicted = 0
         self.num_header_timeouts = 0
         self.num_parser_errors = 0
         self.log = RateLimitedLog(log)
         #: Connections between requests with nothing received since, oldest first.
         self.idle: dict[GuardedRequestHandler, None] = {}
+        #: Open connections of each limited client (see limited_client).
+        self.open_by_client: dict[str, int] = {}
 
-    def evict_idle(self) -> bool:
-        """Close the connection idle longest; False when none is idle."""
-        while self.idle:
-            handler = next(iter(self.idle))
+    def evict_idle(self, client: str | None = None) -> bool:
+        """Close the connection idle longest (of ``client``, when given); False when
+        none is idle."""
+        for handler in [h for h in self.idle if client is None or h.client == client]:
             del self.idle[handler]
             if handler.close_idle():
                 self.num_evicted += 1
@@ -187,18 +262,42 @@ class GuardedRequestHandler(RequestHandler):
         self._refused = False
         self._deadline: asyncio.TimerHandle | None = None
         self._bytes_since_armed = 0
+        #: The client this connection counts against (None: not limited).
+        self.client: str | None = None
 
     # -- the connection's life --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
-        if guard.num_open >= guard.limits.max_connections and not guard.evict_idle():
-            self._refused = True
-            guard.num_refused += 1
+        limits = guard.limits
+        client = limited_client(transport)
+        if client is not None:
+            held = guard.open_by_client.get(client, 0)
+            if held >= limits.per_client_cap and not guard.evict_idle(client):
+                guard.num_refused_per_client += 1
+                guard.log.warning(
+                    "refused-client",
+                    "refused a connection from %s: it has %d open and busy, the limit per "
+                    "client is %d (--max-connections-per-client)",
+                    client,
+                    held,
+                    limits.per_client_cap,
+                )
+                err = ApiError(
+                    429,
+                    f"this client has {held} open connections, the server's limit per "
+                    "client; reuse one or retry later",
+                    "rate_limit_error",
+                    None,
+                    "too_many_client_connections",
+                )
+                self._refuse(transport, 429, "Too Many Requests", err)
+                return
+        if guard.num_open >= limits.max_connections and not guard.evict_idle():
             guard.log.warning(
                 "refused",
                 "refused a connection: %d are open and busy, the limit is %d (--max-connections)",
                 guard.num_open,
-                guard.limits.max_connections,
+                limits.max_connections,
             )
             err = ApiError(
                 503,
@@ -207,23 +306,41 @@ class GuardedRequestHandler(RequestHandler):
                 None,
                 "too_many_connections",
             )
-            # A stream server's transports are asyncio.Transports (aiohttp casts to one);
-            # BaseTransport, the protocol's declared type, has no write.
-            if isinstance(transport, asyncio.Transport):
-                transport.write(
-                    raw_json_response(503, "Service Unavailable", err, guard.limits.retry_after_s)
-                )
-            transport.close()
+            self._refuse(transport, 503, "Service Unavailable", err)
             return
         guard.num_open += 1
+        if client is not None:
+            self.client = client
+            guard.open_by_client[client] = guard.open_by_client.get(client, 0) + 1
         super().connection_made(transport)
         self._arm()
+
+    def _refuse(
+        self, transport: asyncio.BaseTransport, status: int, reason: str, err: ApiError
+    ) -> None:
+        """Answer ``err`` and close, before any byte of the connection is parsed."""
+        self._refused = True
+        self._guard.num_refused += 1
+        # A stream server's transports are asyncio.Transports (aiohttp casts to one);
+        # BaseTransport, the protocol's declared type, has no write.
+        if isinstance(transport, asyncio.Transport):
+            transport.write(
+                raw_json_response(status, reason, err, self._guard.limits.retry_after_s)
+            )
+        transport.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._refused:
             return  # never registered with aiohttp's server
         self._disarm()
-        self._guard.num_open -= 1
+        guard = self._guard
+        guard.num_open -= 1
+        if self.client is not None:
+            left = guard.open_by_client[self.client] - 1
+            if left:
+                guard.open_by_client[self.client] = left
+            else:
+                del guard.open_by_client[self.client]
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

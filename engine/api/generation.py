@@ -17,6 +17,7 @@ import math
 from aiohttp import web
 
 from engine.api.body import read_json_body
+from engine.api.connections import client_of
 from engine.api.engine_outputs import end_error
 from engine.api.errors import ApiError, bad_request, unavailable
 from engine.api.generate_request import GenerateRequest, ServingContext
@@ -36,7 +37,8 @@ from engine.core import decisions as d
 from engine.core.request import EngineRequest, parse_traceparent
 from engine.serving.async_engine import EngineDeadError, RequestOutput, RequestRejected
 
-#: Bodies larger than this are validated (and their prompt tokenized) on a worker thread.
+#: Bodies larger than this are validated (and their prompt tokenized) on a worker thread,
+#: in the turn engine.api.heavy_work gives them; smaller ones at once, on the event loop.
 OFFLOAD_PARSE_BYTES = 64 * 1024
 
 
@@ -60,7 +62,9 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         request_class = read_request_class(request)
         raw = await read_json_body(request, settings.max_body_bytes, settings.body_timeout_s)
         if len(raw) > OFFLOAD_PARSE_BYTES:  # parsing and tokenizing must not stall the loop
-            req = await state.heavy_work.run(_parse_body, raw, kind, state.context)
+            req = await state.heavy_work.run(
+                _parse_body, raw, kind, state.context, client=client_of(request), cost=len(raw)
+            )
         else:
             req = _parse_body(raw, kind, state.context)
         # Arrival at the engine is now, when the request is understood — not when the

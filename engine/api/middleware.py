@@ -60,7 +60,8 @@ def _too_large(request: web.Request) -> ApiError:
 
 
 #: After these the connection is closed: what is left of the body is not worth reading
-#: (or, 501 and 505, not framed in a way this server reads).
+#: (or, 501 and 505, not framed in a way this server reads). So it is after an error
+#: that says ``Connection: close`` (an HTTP/1.0 request with a Transfer-Encoding).
 _CLOSING_STATUSES = frozenset({408, 413, 415, 501, 505})
 
 
@@ -73,6 +74,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     started = getattr(request.protocol, "request_started", None)
     if started is not None:  # a guarded connection: this request's headers are complete
         started()
+    closing = False
     try:
         check_framing(request)
         response = await handler(request)
@@ -80,6 +82,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         if request.writer.output_size:
             raise
         response = error_response(err)
+        closing = err.headers.get("Connection", "").lower() == "close"
     except web.HTTPException as exc:
         if exc.status < 400 or request.writer.output_size:
             raise
@@ -89,7 +92,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
             raise
         log.exception("unhandled error serving %s %s", request.method, request.path)
         response = error_response(ApiError(500, "internal server error", "server_error"))
-    if response.status in _CLOSING_STATUSES or not request.content.is_eof():
+    if closing or response.status in _CLOSING_STATUSES or not request.content.is_eof():
         # A body left unread is not drained: the connection ends with the response.
         response.force_close()
     return response

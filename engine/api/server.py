@@ -14,6 +14,8 @@ Each concept has its own module; this one re-exports them:
 - ``engine.api.signals``: :func:`run_server`, serving until SIGINT/SIGTERM;
 - ``engine.api.middleware``: error bodies, the API key and draining guard;
 - ``engine.api.generation``: the completion and chat routes, up to the first output;
+- ``engine.api.heavy_work``: the budget of large bodies' parsing, handed out fairly;
+- ``engine.api.connections``: the header deadline, the connection caps, HTTP framing;
 - ``engine.api.request_identity``: a request's id, class and trace context (headers);
 - ``engine.api.non_streamed`` and ``engine.api.streaming``: the two kinds of response;
 - ``engine.api.engine_outputs``: what a choice's engine outputs mean for either;

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from engine.api.body import HeavyWork
 from engine.api.connections import ConnectionGuard
 from engine.api.generate_request import ServingContext
+from engine.api.heavy_work import HeavyWork
 from engine.serving.async_engine import AsyncEngine
 from engine.serving.tokenizer import Tokenizer
 
@@ -28,6 +28,12 @@ class ServerSettings:
     header_timeout_s: float = 10.0  # a request's headers must arrive within this
     body_timeout_s: float = 30.0  # and its body within this, once its headers are in
     max_connections: int = 1024  # open connections; more are refused with a 503
+    # open connections of one client (peer address) at most; more are refused with a
+    # 429. None: half of max_connections. Connections from the server's own address
+    # (a load generator on the same machine) are not limited (engine.api.connections).
+    max_connections_per_client: int | None = None
+    max_tokenize_body_bytes: int = 256 * 1024  # /tokenize and /detokenize bodies
+    max_tokenize_tokens: int = 131072  # tokens /tokenize answers, /detokenize decodes
     metrics: bool = True  # GET /metrics (open without the API key, like /health)
     metrics_timeout_s: float = 5.0  # how long /metrics waits for the engine process
     #: /health says "stalled" (503) when the engine has had work and not stepped for
@@ -46,7 +52,7 @@ class ServerState:
     in_flight: set[str] = field(default_factory=set)  # request ids being served
     num_failed_requests: int = 0  # ended with an engine error
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models' created
-    heavy_work: HeavyWork = field(default_factory=HeavyWork)  # large bodies, one at a time
+    heavy_work: HeavyWork = field(default_factory=HeavyWork)  # large bodies, fairly
 
 
 STATE = web.AppKey("schedscope_state", ServerState)

@@ -7,45 +7,68 @@ template as ``/v1/chat/completions``, so ``count`` is the ``usage.prompt_tokens`
 request would report. ``/detokenize`` takes ``{"tokens": [ids]}`` and answers
 ``{"prompt": text}``. ``model`` is optional (vLLM); when sent it must be the served
 model (else 404, as on the generation routes). Unknown fields are ignored.
+
+Both cost the server CPU and nothing else (no engine queue bounds them), and answer
+more bytes than they are sent, so they have limits of their own
+(:class:`TokenizeLimits`): a smaller body limit than the generation routes' (413), and
+a bound on the tokens of one request (400 naming it), checked by the tokenizer's cheap
+lower bound before tokenizing when it has one.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from engine.api.body import HeavyWork, read_json_body
+from engine.api.body import read_json_body
 from engine.api.chat_template import chat_messages, render_chat
-from engine.api.errors import bad_request
+from engine.api.connections import client_of
+from engine.api.errors import ApiError, bad_request
 from engine.api.generate_request import ServingContext
+from engine.api.heavy_work import HeavyWork
 from engine.api.json_codec import check_text, dumps, parse_json_object
 from engine.api.validation import check_model
+
+
+@dataclass(frozen=True)
+class TokenizeLimits:
+    max_body_bytes: int  # a larger body is a 413
+    max_tokens: int  # tokens /tokenize answers, or /detokenize decodes, at most
+    offload_parse_bytes: int  # larger bodies are served on a worker thread
 
 
 def add_tokenize_routes(
     app: web.Application,
     context: ServingContext,
-    offload_parse_bytes: int,
-    max_body_bytes: int,
+    limits: TokenizeLimits,
     body_timeout_s: float,
     heavy_work: HeavyWork,
 ) -> None:
     """Add ``POST /tokenize`` and ``POST /detokenize`` to ``app``. Bodies are read as
     the generation routes read theirs (engine.api.body: JSON only, bounded inflation, a
-    deadline); one larger than ``offload_parse_bytes`` is parsed, validated and
-    tokenized on a worker thread, so a long prompt does not stall the event loop."""
+    deadline) under ``limits.max_body_bytes``; one larger than
+    ``limits.offload_parse_bytes`` is parsed, validated, tokenized and its response
+    encoded on a worker thread (heavy_work), so neither a long prompt nor its long
+    answer stalls the event loop."""
 
-    def parse_raw(raw: bytes, parse) -> dict:
-        return parse(parse_json_object(raw), context)
+    def respond(raw: bytes, parse) -> bytes:
+        # The response is encoded where the body is parsed: encoding 10 MB of JSON costs
+        # the event loop as much as parsing it.
+        return dumps(parse(parse_json_object(raw), context, limits.max_tokens)).encode()
 
     async def run(request: web.Request, parse) -> web.Response:
-        raw = await read_json_body(request, max_body_bytes, body_timeout_s)
-        if len(raw) > offload_parse_bytes:
-            result = await heavy_work.run(parse_raw, raw, parse)
-        else:
-            result = parse_raw(raw, parse)
-        return web.Response(text=dumps(result), content_type="application/json")
+        raw = await read_json_body(
+            request, limits.max_body_bytes, body_timeout_s, "--max-tokenize-body-bytes"
+        )
+        if len(raw) > limits.offload_parse_bytes:
+            body = await heavy_work.run(
+                respond, raw, parse, client=client_of(request), cost=len(raw)
+            )
+        else:  # a small body's answer is small too: at most about a token per byte
+            body = respond(raw, parse)
+        return web.Response(body=body, content_type="application/json", charset="utf-8")
 
     async def tokenize(request: web.Request) -> web.Response:
         return await run(request, tokenize_body)
@@ -55,6 +78,15 @@ def add_tokenize_routes(
 
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
+
+
+def too_many_tokens(count: int, limit: int, param: str, at_least: bool = False) -> ApiError:
+    return bad_request(
+        f"{param} is {'at least ' if at_least else ''}{count} tokens; this server "
+        f"tokenizes at most {limit} tokens in one request (--max-tokenize-tokens)",
+        param,
+        "too_many_tokens",
+    )
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
@@ -71,8 +103,9 @@ def _optional_model(body: dict, ctx: ServingContext) -> None:
         check_model(body, ctx)
 
 
-def tokenize_body(body: dict, ctx: ServingContext) -> dict[str, Any]:
-    """The response to a ``/tokenize`` body (an :class:`ApiError` for a bad one)."""
+def tokenize_body(body: dict, ctx: ServingContext, max_tokens: int) -> dict[str, Any]:
+    """The response to a ``/tokenize`` body (an :class:`ApiError` for a bad one, or for
+    a text of more than ``max_tokens`` tokens)."""
     _optional_model(body, ctx)
     has_prompt = body.get("prompt") is not None
     has_messages = body.get("messages") is not None
@@ -98,14 +131,21 @@ def tokenize_body(body: dict, ctx: ServingContext) -> dict[str, Any]:
                     name,
                 )
         text = render_chat(chat_messages(body), add_generation_prompt)
+        param = "messages"
     elif has_prompt:
         prompt = body["prompt"]
         if not isinstance(prompt, str):
             raise bad_request("prompt must be a string (token ids need no tokenizing)", "prompt")
         text = check_text(prompt, "prompt")
+        param = "prompt"
     else:
         raise bad_request("missing required field: prompt (or messages, the chat form)", "prompt")
+    bound = getattr(ctx.tokenizer, "num_tokens_lower_bound", None)
+    if bound is not None and (at_least := bound(text)) > max_tokens:
+        raise too_many_tokens(at_least, max_tokens, param, at_least=True)  # never tokenized
     tokens = ctx.tokenizer.encode(text)
+    if len(tokens) > max_tokens:
+        raise too_many_tokens(len(tokens), max_tokens, param)
     token_strs = None
     if _flag(body, "return_token_strs", False):
         pieces = getattr(ctx.tokenizer, "tokenize", None)
@@ -120,13 +160,16 @@ def tokenize_body(body: dict, ctx: ServingContext) -> dict[str, Any]:
     }
 
 
-def detokenize_body(body: dict, ctx: ServingContext) -> dict[str, Any]:
-    """The response to a ``/detokenize`` body. Special tokens are kept in the text
-    (vLLM decodes with ``skip_special_tokens=False`` here)."""
+def detokenize_body(body: dict, ctx: ServingContext, max_tokens: int) -> dict[str, Any]:
+    """The response to a ``/detokenize`` body (of at most ``max_tokens`` ids). Special
+    tokens are kept in the text (vLLM decodes with ``skip_special_tokens=False``
+    here)."""
     _optional_model(body, ctx)
     tokens = body.get("tokens")
     if tokens is None:
         raise bad_request("missing required field: tokens", "tokens")
+    if isinstance(tokens, list) and len(tokens) > max_tokens:
+        raise too_many_tokens(len(tokens), max_tokens, "tokens")
     vocab = ctx.tokenizer.vocab_size
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens

@@ -67,10 +67,16 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "guided_whitespace_pattern": (None,),
     "guided_decoding_backend": (None,),
     "structured_outputs": (None,),  # vLLM >= 0.10.2's form of the guided_* fields
+    "early_stopping": (None, False),  # beam search's
+    "include_stop_str_in_output": (None, False),  # a stop string's text is left out
+    "skip_special_tokens": (None, True),  # output text never shows special tokens
+    "allowed_token_ids": (None,),  # vLLM refuses an empty list too
+    "bad_words": (None, []),
+    "truncate_prompt_tokens": (None,),  # an over-long prompt is a 400, never cut
 }
 #: The integer fields among them: a value that is not an integer (``best_of: 1.0``) is
 #: refused as on every integer field, before it is compared with the neutral values.
-_UNSUPPORTED_INTEGERS = ("best_of", "top_logprobs", "prompt_logprobs")
+_UNSUPPORTED_INTEGERS = ("best_of", "top_logprobs", "prompt_logprobs", "truncate_prompt_tokens")
 
 
 # -- field readers ----------------------------------------------------------------------

@@ -94,6 +94,25 @@ def serve(
         help="Open connections at most; at the cap the longest-idle one is closed for a new "
         "one, or, none idle, the new one gets a 503. Lowered to fit the open-file limit.",
     ),
+    max_connections_per_client: int | None = typer.Option(
+        None,
+        "--max-connections-per-client",
+        help="Open connections of one client (peer address; an IPv6 /64) at most; at its "
+        "cap its own longest-idle one is closed for a new one, or, none idle, the new one "
+        "gets a 429. Connections from the server's own address (this machine) are not "
+        "limited. Default: half of --max-connections.",
+    ),
+    max_tokenize_body_bytes: int = typer.Option(
+        256 * 1024,
+        "--max-tokenize-body-bytes",
+        help="Larger /tokenize and /detokenize bodies get 413.",
+    ),
+    max_tokenize_tokens: int = typer.Option(
+        131072,
+        "--max-tokenize-tokens",
+        help="/tokenize answers at most this many tokens, /detokenize decodes at most this "
+        "many; more is a 400 naming the limit.",
+    ),
     trace_file: Path | None = typer.Option(
         None,
         "--trace-file",
@@ -145,6 +164,9 @@ def serve(
             header_timeout_s=header_timeout_s,
             body_timeout_s=body_timeout_s,
             max_connections=max_connections,
+            max_connections_per_client=max_connections_per_client,
+            max_tokenize_body_bytes=max_tokenize_body_bytes,
+            max_tokenize_tokens=max_tokenize_tokens,
             trace_file=trace_file,
             otlp_traces_endpoint=otlp_traces_endpoint,
             no_tracing=no_tracing,

@@ -135,6 +135,9 @@ def test_sigterm_aborts_what_is_left_at_the_bound(slow_cost_model):
         (["--executor", "tpu"], "--executor"),
         (["--port", "70000"], "--port"),
         (["--max-body-bytes", "0"], "--max-body-bytes"),
+        (["--max-connections-per-client", "0"], "--max-connections-per-client"),
+        (["--max-tokenize-body-bytes", "0"], "--max-tokenize-body-bytes"),
+        (["--max-tokenize-tokens", "-1"], "--max-tokenize-tokens"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(args, fragment):

@@ -265,6 +265,16 @@ UNIMPLEMENTED = [
     ("guided_whitespace_pattern", " "),
     ("guided_decoding_backend", "xgrammar"),
     ("structured_outputs", {"json": {"type": "object"}}),
+    ("include_stop_str_in_output", True),
+    ("skip_special_tokens", False),
+    ("skip_special_tokens", 1),  # not the boolean true
+    ("allowed_token_ids", [5, 6]),
+    ("allowed_token_ids", []),  # vLLM refuses an empty list too
+    ("bad_words", ["hello"]),
+    ("truncate_prompt_tokens", 1),
+    ("truncate_prompt_tokens", -1),  # vLLM: truncate to max_model_len
+    ("early_stopping", True),
+    ("early_stopping", "never"),
 ]
 
 
@@ -272,7 +282,8 @@ UNIMPLEMENTED = [
 @pytest.mark.parametrize("name,value", UNIMPLEMENTED)
 def test_unimplemented_vllm_sampling_fields_are_a_400_naming_the_field(http, route, name, value):
     """They were accepted and ignored: a guided_json request got free text, min_p and
-    beam search were silently off."""
+    beam search were silently off; allowed_token_ids and bad_words did not constrain
+    the output, truncate_prompt_tokens did not cut the prompt."""
     body = ok(**{name: value})
     if route == "/v1/chat/completions":
         body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], name: value}
@@ -293,6 +304,12 @@ def test_the_neutral_values_vllm_clients_send_are_served(http):
         "guided_grammar": None,
         "guided_decoding_backend": None,
         "structured_outputs": None,
+        "include_stop_str_in_output": False,
+        "skip_special_tokens": True,  # vLLM's default, and what the output text does
+        "allowed_token_ids": None,
+        "bad_words": [],
+        "truncate_prompt_tokens": None,
+        "early_stopping": False,
     }
     status, _, data = http.post_json("/v1/completions", ok(**neutral), AUTH)
     assert status == 200, data
@@ -311,6 +328,7 @@ INTEGER_FIELDS = [
     ("best_of", 1.0),  # was "best_of is not supported": the value is not an integer
     ("top_logprobs", 0.0),
     ("prompt_logprobs", 0.0),
+    ("truncate_prompt_tokens", 5.0),
 ]
 
 

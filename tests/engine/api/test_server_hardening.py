@@ -708,7 +708,7 @@ def test_heavy_work_stays_one_at_a_time_when_its_callers_leave():
     import asyncio
     import threading
 
-    from engine.api.body import HeavyWork
+    from engine.api.heavy_work import HeavyWork
 
     running, peak, release = [0], [0], threading.Event()
     lock = threading.Lock()
@@ -887,3 +887,16 @@ def test_http_1_0_and_1_1_request_lines_are_served(server, version):
         sock.sendall(raw)
         reply = read_all(sock)
     assert reply.startswith(version + b" 200 OK\r\n"), reply[:200]
+
+
+def test_an_http_1_0_request_with_a_transfer_encoding_is_a_400_and_closes(server, http):
+    """HTTP/1.0 has no transfer codings (RFC 9112 section 6.1: the framing is faulty);
+    aiohttp framed the body as chunked and the request was served."""
+    before = json.loads(http.request("GET", "/health")[2])["num_steps"]
+    raw = raw_post(b"/v1/completions", chunked(completion()), b"Transfer-Encoding: chunked\r\n")
+    head, error = raw_reply(server, raw.replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1))
+    assert head.startswith(b"HTTP/1.0 400 "), head
+    assert b"Connection: close" in head, head
+    assert error["code"] == "unsupported_transfer_encoding"
+    assert error["param"] == "Transfer-Encoding" and "HTTP/1.0" in error["message"]
+    assert json.loads(http.request("GET", "/health")[2])["num_steps"] == before  # not served
