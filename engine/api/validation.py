@@ -73,6 +73,14 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (None,),  # vLLM refuses an empty list too
     "bad_words": (None, []),
     "truncate_prompt_tokens": (None,),  # an over-long prompt is a 400, never cut
+    "spaces_between_special_tokens": (None, True),  # no special tokens in the text
+    "logits_processors": (None, []),
+    "return_tokens_as_token_ids": (None, False),
+    # vLLM's chat extensions: the server's one chat template, always with the cue
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
 }
 #: The integer fields among them: a value that is not an integer (``best_of: 1.0``) is
 #: refused as on every integer field, before it is compared with the neutral values.

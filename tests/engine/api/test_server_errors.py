@@ -275,6 +275,13 @@ UNIMPLEMENTED = [
     ("truncate_prompt_tokens", -1),  # vLLM: truncate to max_model_len
     ("early_stopping", True),
     ("early_stopping", "never"),
+    ("spaces_between_special_tokens", False),
+    ("logits_processors", ["my.module:Processor"]),
+    ("return_tokens_as_token_ids", True),
+    ("chat_template", "{{ messages }}"),
+    ("chat_template_kwargs", {"enable_thinking": True}),
+    ("add_generation_prompt", False),
+    ("continue_final_message", True),
 ]
 
 
@@ -310,6 +317,13 @@ def test_the_neutral_values_vllm_clients_send_are_served(http):
         "bad_words": [],
         "truncate_prompt_tokens": None,
         "early_stopping": False,
+        "spaces_between_special_tokens": True,
+        "logits_processors": None,
+        "return_tokens_as_token_ids": False,
+        "chat_template": None,
+        "chat_template_kwargs": {},
+        "add_generation_prompt": True,
+        "continue_final_message": False,
     }
     status, _, data = http.post_json("/v1/completions", ok(**neutral), AUTH)
     assert status == 200, data
