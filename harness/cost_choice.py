@@ -100,7 +100,7 @@ def _fit_facts(entry: cost_store.StoredModel) -> str:
 def calibrate_here(fingerprint: Fingerprint) -> CostModel:
     """A quick profiling fit of the fingerprint's model on its device, with the torch
     threads the fingerprint says the served steps use (``schedscope calibrate
-    --quick``'s grid, 3 repetitions: about a minute on 2 CPU cores)."""
+    --quick``'s grid, 3 repetitions: about 10 s on 2 CPU cores)."""
     import torch
 
     from harness.calibrate import CalibrateInputError, calibrate_by_profiling
