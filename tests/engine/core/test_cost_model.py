@@ -30,5 +30,5 @@ def test_an_empty_fingerprint_is_left_out_and_an_old_file_loads(tmp_path):
 
 
 def test_a_fingerprint_that_is_not_an_object_is_refused():
-    with pytest.raises(CostModelError, match="fingerprint"):
+    with pytest.raises(CostModelError, match="fingerprint must be an object"):
         CostModel.from_dict({"fingerprint": "laptop"})
