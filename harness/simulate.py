@@ -331,6 +331,7 @@ def run_simulations(
     num_requests: int | None = None,
     write_decisions: bool = True,
     trace_file=None,
+    machine: dict | None = None,
 ) -> dict:
     """Simulate each policy's config, write its records, return the combined summary.
 
@@ -339,7 +340,8 @@ def run_simulations(
 
     ``trace_file``: every policy's spans go to this OTLP-JSON lines file (resource
     attribute ``schedscope.policy`` tells them apart) and each policy's own into
-    its ``spans.parquet``.
+    its ``spans.parquet``. ``machine``: the fingerprint of the machine simulated
+    (:mod:`harness.machine`), the summary's ``machine``.
     """
     from harness.summary import policy_run_info, policy_summary, run_summary, write_summary
 
@@ -347,7 +349,9 @@ def run_simulations(
     out_dir.mkdir(parents=True, exist_ok=True)
     used_seed = profile.seed if seed is None else seed
     requests = sample_requests(profile, num_requests, used_seed) if num_requests else None
-    combined = run_summary("simulate", profile.name, used_seed, {}, cost_model.to_dict())
+    combined = run_summary(
+        "simulate", profile.name, used_seed, {}, cost_model.to_dict(), machine=machine
+    )
     for number, (name, config) in enumerate(configs.items()):
         result = simulate(
             profile,

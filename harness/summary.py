@@ -29,7 +29,7 @@ REPORT_SCHEMA_VERSION = 2
 #: Version 2's ``kind``: a report's summary, as opposed to a run's.
 REPORT_KIND = "schedscope-report"
 #: The run's keys of version 1 (in version 2: the first run's, those it knows).
-RUN_KEYS = ("mode", "profile", "seed", "cost_model")
+RUN_KEYS = ("mode", "profile", "seed", "cost_model", "machine")
 #: A policy's run information, kept next to its statistics: what the report reads back
 #: from a version-1 summary (harness/report/inputs.py) and carries into version 2.
 POLICY_RUN_INFO_KEYS = (
@@ -153,14 +153,23 @@ def policy_run_info(
 
 
 def run_summary(
-    mode: str, profile: str, seed: int | None, policies: dict, cost_model: dict | None = None
+    mode: str,
+    profile: str,
+    seed: int | None,
+    policies: dict,
+    cost_model: dict | None = None,
+    machine: dict | None = None,
 ) -> dict:
     """A version-1 summary.json: the run's keys and ``policies`` (policy name ->
     :func:`policy_summary`). ``cost_model`` (the simulator's) is left out when None:
-    a served run has none."""
+    a served run has none. ``machine``: the fingerprint of the machine the run ran on
+    (or, simulated, the machine whose steps the cost model stands for;
+    :mod:`harness.machine`), left out when None."""
     out = {"schema_version": SUMMARY_SCHEMA_VERSION, "mode": mode, "profile": profile, "seed": seed}
     if cost_model is not None:
         out["cost_model"] = cost_model
+    if machine is not None:
+        out["machine"] = machine
     out["policies"] = policies
     return out
 

@@ -7,6 +7,7 @@ real component it cannot find fails in CI and skips elsewhere (tests/support/com
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,22 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
         "torch_model",
     ),
 }
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cost_model_store(tmp_path_factory: pytest.TempPathFactory):
+    """The store of fitted cost models (harness/cost_store.py) in a directory of this
+    session's, for every test and the subprocesses they start: no test reads or writes
+    the user's cache, and simulations see no fit unless a test stores one."""
+    from harness.cost_store import STORE_ENV
+
+    before = os.environ.get(STORE_ENV)
+    os.environ[STORE_ENV] = str(tmp_path_factory.mktemp("cost-model-store"))
+    yield
+    if before is None:
+        os.environ.pop(STORE_ENV, None)
+    else:
+        os.environ[STORE_ENV] = before
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

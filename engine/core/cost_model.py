@@ -17,7 +17,8 @@ computes while building the step)::
 Linear because each term is a kernel whose cost is linear in that quantity
 (weight GEMMs in tokens, attention in context, copies in blocks); the fit of
 ``schedscope calibrate`` checks how true that is on a device. The parameters load
-from JSON; the file also records the device, model and date it was fitted on.
+from JSON; the file also records the device, model and date it was fitted on, and
+the fingerprint of the machine (when the harness recorded one).
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ class CostModel:
     fitted_at: str = ""
     source: str = "default"
     fit: dict = field(default_factory=dict)  # calibration statistics, free-form
+    #: The machine the fit was made on (the harness's fingerprint: its parts, ``key``
+    #: and ``machine_key``), free-form here; empty for the built-in defaults and for
+    #: files written before it was recorded. Left out of :meth:`to_dict` when empty, so
+    #: such a model's dict (and the summaries that carry it) keep their bytes.
+    fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in FEATURES:
@@ -121,6 +127,10 @@ class CostModel:
             raise CostModelError(
                 f"cost model parameter client_latency_s must be a number >= 0, got "
                 f"{self.client_latency_s!r}"
+            )
+        if not isinstance(self.fingerprint, dict):
+            raise CostModelError(
+                f"cost model fingerprint must be an object, got {self.fingerprint!r}"
             )
 
     @classmethod
@@ -212,7 +222,10 @@ class CostModel:
 
     # -- files -------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.fingerprint:
+            del out["fingerprint"]
+        return out
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")

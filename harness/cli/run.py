@@ -5,13 +5,16 @@ report. The plan comes from :func:`harness.run_plan.plan_run`, the run itself fr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
 
-from harness.cli.app import console
+from harness.cli.app import console, err_console
 from harness.cli.options import parse_policies
+from harness.cost_choice import choose, is_named_choice
 from harness.knobs import with_engine_knobs
+from harness.machine import Fingerprint, fingerprint
 from harness.profiles import ProfileError, resolve_profile
 
 #: `schedscope run`'s default --duration-scale: the `mixed` profile's 120 s schedule cut
@@ -79,8 +82,12 @@ def run(
         help="The served engine's executor: torch (the bundled model "
         "computes) or sim (sleeps the cost model's step time).",
     ),
-    cost_model: Path | None = typer.Option(
-        None, "--cost-model", help="Cost model JSON for --executor sim and --simulate."
+    cost_model: str | None = typer.Option(
+        None,
+        "--cost-model",
+        help="For --simulate and --executor sim: builtin, auto (calibrate when this machine "
+        "has no fit) or a cost model JSON file; default: this machine's fit from "
+        "`schedscope calibrate`, else the built-in (with a warning).",
     ),
     torch_threads: int | None = typer.Option(
         None, "--torch-threads", help="Passed to schedscope serve."
@@ -145,11 +152,17 @@ def run(
         raise typer.BadParameter(str(exc), param_hint="--profile") from None
     if target and not target.startswith(("http://", "https://")):
         raise typer.BadParameter("expected http://HOST:PORT", param_hint="--target")
-    if cost_model is not None and not cost_model.is_file():
-        raise typer.BadParameter(f"{cost_model}: no such file", param_hint="--cost-model")
+    machine = fingerprint(
+        next((c.config.model for c in plan.cells if c.config is not None), "tiny"),
+        executor="torch" if simulate_mode else ("external" if target else executor),
+        torch_threads=torch_threads,
+    )
+    cost_model_file = _cost_model_file(
+        cost_model, machine, uses_cost_model=simulate_mode or (executor == "sim" and not target)
+    )
     settings = {
         "executor": executor,
-        "cost_model": cost_model,
+        "cost_model": cost_model_file,
         "torch_threads": torch_threads,
         "target": target.rstrip("/") if target else None,
         "target_trace_file": target_trace_file,
@@ -167,6 +180,7 @@ def run(
         keep_raw=keep_raw,
         argv=["schedscope", *sys.argv[1:]],
         report=report,
+        machine=machine.to_dict(),
     )
     code, report_path, root = run_matrix(options, console)
     console.print(f"run: {root}", soft_wrap=True, highlight=False, markup=False)
@@ -174,3 +188,23 @@ def run(
         # The last line: the report's path alone (`make demo`, `| tail -1`).
         console.print(str(report_path), soft_wrap=True, highlight=False, markup=False)
     raise typer.Exit(code)
+
+
+def _cost_model_file(value: str | None, machine: Fingerprint, uses_cost_model: bool) -> Path | None:
+    """--cost-model as the file the cells read (None: the built-in). A file must exist;
+    otherwise, when the run simulates, :func:`harness.cost_choice.choose` picks the
+    model for ``machine`` (the simulated steps are the torch executor's) and says which
+    on stderr."""
+    if not is_named_choice(value):
+        path = Path(str(value))
+        if not path.is_file():
+            raise typer.BadParameter(f"{path}: no such file", param_hint="--cost-model")
+        return path
+    if not uses_cost_model:
+        return None
+    try:
+        choice = choose(value, dataclasses.replace(machine, executor="torch"))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
+    err_console.print(choice.line, soft_wrap=True, highlight=False, markup=False)
+    return choice.path

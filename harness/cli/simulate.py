@@ -10,10 +10,12 @@ import typer
 
 from engine.config import ConfigError, EngineConfig
 from engine.core.cost_model import CostModel, CostModelError
-from harness.cli.app import console
+from harness.cli.app import console, err_console
 from harness.cli.options import parse_policies
 from harness.compare import print_comparison, print_span_counts
+from harness.cost_choice import choose, is_named_choice
 from harness.knobs import build_engine_config, with_engine_knobs
+from harness.machine import Fingerprint, fingerprint
 from harness.profiles import Profile, ProfileError, resolve_profile
 
 
@@ -29,10 +31,12 @@ def simulate(
         help="fcfs, sjf or priority; a comma-separated list or 'all' compares several.",
     ),
     out: Path = typer.Option(Path("runs/simulate"), "--out", help="Directory for the records."),
-    cost_model: Path | None = typer.Option(
+    cost_model: str | None = typer.Option(
         None,
         "--cost-model",
-        help="Cost model JSON (from `schedscope calibrate`); default: built-in.",
+        help="builtin, auto (calibrate when this machine has no fit) or a cost model JSON "
+        "file; default: this machine's fit from `schedscope calibrate`, else the built-in "
+        "(with a warning).",
     ),
     seed: int | None = typer.Option(None, "--seed", help="Schedule seed (default: the profile's)."),
     rate_scale: float = typer.Option(
@@ -72,8 +76,9 @@ def simulate(
 
     policies = parse_policies(policy)
     prof = _scaled_profile(profile, rate_scale, duration_scale)
-    model = _cost_model(cost_model)
     configs = _policy_configs(knob_values, policies)
+    machine = fingerprint(next(iter(configs.values())).model)
+    model = _cost_model(cost_model, machine)
     if num_requests is not None and num_requests < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--num-requests")
     _check_kv_plan(next(iter(configs.values())))
@@ -91,6 +96,7 @@ def simulate(
         num_requests=num_requests,
         write_decisions=write_decisions,
         trace_file=trace_file,
+        machine=machine.to_dict(),
     )
     print_comparison(summary, console)
     console.print(f"records: {out}")
@@ -116,11 +122,20 @@ def _scaled_profile(profile: str, rate_scale: float, duration_scale: float) -> P
     return prof
 
 
-def _cost_model(path: Path | None) -> CostModel:
+def _cost_model(value: str | None, machine: Fingerprint) -> CostModel:
+    """--cost-model: a file as given; otherwise :func:`harness.cost_choice.choose`'s
+    model for this machine, named in one line on stderr."""
+    if not is_named_choice(value):
+        try:
+            return CostModel.load(Path(str(value)))
+        except CostModelError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
     try:
-        return CostModel.load(path) if path else CostModel()
-    except CostModelError as exc:
+        choice = choose(value, machine)
+    except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
+    err_console.print(choice.line, soft_wrap=True, highlight=False, markup=False)
+    return choice.model
 
 
 def _policy_configs(knob_values: dict, policies: list[str]) -> dict[str, EngineConfig]:

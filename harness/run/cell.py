@@ -102,6 +102,8 @@ class CellSettings:
     locust_args: list[str] = field(default_factory=list)
     serve_args: list[str] = field(default_factory=list)
     start_timeout_s: float = 180.0
+    #: the fingerprint of the machine (harness/machine.py), for run.json and summary.json
+    machine: dict | None = None
 
 
 def planned(profile: Profile, seed: int | None) -> tuple[int, float]:
@@ -600,6 +602,7 @@ def _write_cell_summary(result: CellResult, settings: CellSettings, load_s: floa
         settings.profile_name,
         settings.seed,
         {cell.name: policy_summary(frame, load_s or 0.0, settings.profile, extra=extra)},
+        machine=settings.machine,
     )
     (result.path / "summary.json").write_text(
         json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n"
@@ -627,6 +630,7 @@ def run_simulated_cell(
         cell_dir,
         seed=settings.seed,
         trace_file=raw / "spans.jsonl",
+        machine=settings.machine,
     )
     frame = pl.read_parquet(cell_dir / "requests.parquet").with_columns(
         pl.lit(cell.name).alias("cell")
@@ -664,6 +668,7 @@ def _finish(result: CellResult, settings: CellSettings, info: dict) -> CellResul
         "knobs": cell.knobs,
         "config": dataclasses.asdict(cell.config) if cell.config is not None else None,
         "versions": versions(),
+        "machine": settings.machine,
         "status": "failed"
         if result.infrastructure_failure
         else ("degraded" if result.failures else "ok"),

@@ -33,6 +33,9 @@ class RunOptions:
     keep_raw: bool = True
     argv: list[str] = field(default_factory=list)
     report: bool = True
+    #: the fingerprint of the machine the run runs on (harness/machine.py), recorded in
+    #: every run.json and summary.json
+    machine: dict | None = None
 
 
 def default_root(base: Path = Path("runs")) -> Path:
@@ -175,6 +178,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
             if k != "api_key"
         },
         "versions": versions(),
+        "machine": options.machine,
         "started": datetime.now().isoformat(timespec="seconds"),
     }
     (root / "run.json").write_text(json.dumps(run_info, indent=2, default=str) + "\n")
@@ -198,6 +202,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                 profile=profile,
                 duration_scale=plan.duration_scale,
                 seed=plan.seed,
+                machine=options.machine,
                 **options.settings,
             )
             cell_dir = root / cell.name
@@ -271,6 +276,7 @@ def _report(
             own = json.loads((r.path / "summary.json").read_text())
             combined["policies"].update(own.get("policies") or {})
             combined.setdefault("cost_model", own.get("cost_model"))
+            combined.setdefault("machine", own.get("machine"))
         except (OSError, ValueError):
             continue
     (root / "summary.json").write_text(json.dumps(combined, indent=2, default=str) + "\n")

@@ -87,6 +87,10 @@ def test_calibrate_command_writes_a_cost_model_the_simulator_uses(tmp_path):
     assert data["device"].startswith("cpu")
     assert data["model"] and data["fitted_at"][:4].isdigit()
     assert data["fit"]["holdout_points"] > 0 and data["fit"]["train_points"] > 0
+    # --out records the machine it was fitted on: the profiled threads, the checkpoint
+    assert data["fingerprint"]["model"] == str(model_dir.resolve())
+    assert data["fingerprint"]["device"] == "cpu"
+    assert data["fingerprint"]["torch_threads"] == data["fit"]["threads"]
     assert 0 <= data["fit"]["holdout_median_rel_error"]
     fitted = CostModel.load(out)
     assert all(getattr(fitted, name) >= 0 for name in FEATURES)
@@ -112,3 +116,19 @@ def test_calibrate_names_a_bad_model(tmp_path):
     )
     assert result.exit_code == 2
     assert "gigantic" in result.output
+
+
+def test_calibrate_without_out_writes_into_the_store(tmp_path, monkeypatch):
+    from harness import cost_store
+    from harness.machine import fingerprint
+
+    store = tmp_path / "store"
+    monkeypatch.setenv(cost_store.STORE_ENV, str(store))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["calibrate", "--quick", "--repeats", "1", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "cost_model.json").exists()
+    [entry] = cost_store.entries(store)
+    assert f"written: {entry.path}" in result.stdout
+    threads = entry.model.fit["threads"]
+    assert entry.fingerprint == fingerprint("tiny", device="cpu", torch_threads=threads)

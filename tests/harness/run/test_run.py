@@ -9,6 +9,7 @@ with the built-in cost model's step times, not from torch's noisy 2-core timings
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,15 +19,20 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from engine.core.cost_model import CostModel
+from harness import cost_store
 from harness.local_server import CliServer
+from harness.machine import fingerprint
 from tests.support.paths import DATA, REPO
 
 ROOT = REPO
 DATA = DATA
 
 
-def run_cli(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+def run_cli(
+    args: list[str], timeout: float = 400, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "harness.cli", "run", *args],
         cwd=ROOT,
@@ -202,6 +208,40 @@ def test_simulate(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["mode"] == "simulate" and set(summary["policies"]) == {"fcfs", "sjf", "priority"}
     assert any(c["policy"] == "sjf" and c["lower_than_fcfs"] for c in summary["against_fcfs"])
+    # no fit stored for this machine (tests/conftest.py's private store): the built-in,
+    # with the warning and its fix, and the machine recorded everywhere
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("cost model:")]
+    assert "built-in, fitted on another machine" in line and "`schedscope calibrate`" in line
+    machine = json.loads((out / "run.json").read_text())["machine"]
+    assert machine == fingerprint("tiny").to_dict()
+    assert summary["machine"] == machine
+    for policy in ("fcfs", "sjf", "priority"):
+        assert json.loads((out / policy / "run.json").read_text())["machine"] == machine
+        assert json.loads((out / policy / "summary.json").read_text())["machine"] == machine
+
+
+def test_simulate_uses_this_machines_stored_fit(tmp_path):
+    store = tmp_path / "store"
+    model = dataclasses.replace(
+        CostModel(), step_overhead_s=8e-3, fit={"holdout_median_rel_error": 0.02}
+    )
+    path = cost_store.save(model, fingerprint("tiny"), store)
+    out = tmp_path / "sim"
+    proc = run_cli(
+        ["--simulate", "--policy", "fcfs", "--duration-scale", "0.05", "--no-report"]
+        + ["--out", str(out)],
+        timeout=120,
+        env={cost_store.STORE_ENV: str(store)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("cost model:")]
+    assert line.startswith(f"cost model: {path} (fitted on this machine")
+    assert "2.0%" in line
+    run_info = json.loads((out / "run.json").read_text())
+    assert run_info["settings"]["cost_model"] == str(path)
+    summary = json.loads((out / "fcfs" / "summary.json").read_text())
+    assert summary["cost_model"]["step_overhead_s"] == 8e-3
+    assert summary["machine"] == fingerprint("tiny").to_dict()
 
 
 def test_server_that_fails_to_start_keeps_the_rest(tmp_path):

@@ -1,0 +1,117 @@
+"""Which cost model ``schedscope simulate`` and ``schedscope run --simulate`` use, and
+the one line on stderr that says so (docs/simulator.md, "Which cost model").
+
+``--cost-model``:
+
+* not given: this machine's fit from the store (:mod:`harness.cost_store`) when there
+  is one; else the built-in model, with a warning that it was fitted on another
+  machine and the command that fixes it. A stored fit made with another schedscope
+  version or other model shapes (stale) is named and not used.
+* ``builtin``: the built-in model; the line says so, without the warning.
+* ``auto``: this machine's fit; when there is none (or only a stale one), fit one now
+  by quick profiling, store it and use it.
+* a file: that file, as before (no line: the file is what was asked for).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.core.cost_model import CostModel
+from harness import cost_store
+from harness.machine import Fingerprint
+
+BUILTIN = "builtin"
+AUTO = "auto"
+#: What the built-in defaults were fitted on (engine/core/cost_model.py says how).
+BUILTIN_FITTED_ON = "x86_64, 2 cores, 1 torch thread, torch 2.13 CPU build, model tiny fp32"
+#: How far off the built-in model was on another machine (docs/simulator.md).
+OFF_BY = "predictions here may be off by a large factor (3-4x was seen on another 2-core machine)"
+FIX = "run `schedscope calibrate` to fit this machine's"
+
+
+@dataclass(frozen=True)
+class Choice:
+    model: CostModel
+    #: the file the model came from; None for the built-in
+    path: Path | None
+    #: the line for stderr
+    line: str
+
+
+def is_named_choice(value: str | None) -> bool:
+    """True for the values :func:`choose` decides (not given, builtin, auto); anything
+    else is a file path (``./auto`` names a file called auto)."""
+    return value is None or value in (BUILTIN, AUTO)
+
+
+def choose(
+    value: str | None,
+    fingerprint: Fingerprint,
+    calibrate: Callable[[Fingerprint], CostModel] | None = None,
+) -> Choice:
+    """The cost model for ``value`` (None, ``builtin`` or ``auto``) on the machine of
+    ``fingerprint``. ``calibrate`` fits one under ``auto`` (default:
+    :func:`calibrate_here`)."""
+    builtin = f"built-in, fitted on another machine ({BUILTIN_FITTED_ON})"
+    if value == BUILTIN:
+        return Choice(CostModel(), None, f"cost model: {builtin} (--cost-model builtin)")
+    lookup = cost_store.find(fingerprint)
+    if lookup.match is not None and lookup.match.model is not None:
+        match = lookup.match
+        return Choice(match.model, match.path, f"cost model: {match.path} ({_fit_facts(match)})")
+    stale = ""
+    if lookup.stale:
+        entry = lookup.stale[-1]
+        changes = (
+            ", ".join(entry.fingerprint.stale_against(fingerprint)) if entry.fingerprint else ""
+        )
+        stale = f"{entry.path} is stale ({changes}): not used; "
+    if value == AUTO:
+        fitted = (calibrate or calibrate_here)(fingerprint)
+        path = cost_store.save(fitted, fingerprint)
+        entry = cost_store.load(path)
+        return Choice(
+            entry.model or fitted,
+            path,
+            f"cost model: {stale}none fitted on this machine, so calibrated now by quick "
+            f"profiling: {path} ({_fit_facts(entry)})",
+        )
+    if stale:
+        return Choice(
+            CostModel(),
+            None,
+            f"cost model: {stale}refit with `schedscope calibrate`; using the {builtin}; {OFF_BY}",
+        )
+    return Choice(CostModel(), None, f"cost model: {builtin}; {OFF_BY}; {FIX}")
+
+
+def _fit_facts(entry: cost_store.StoredModel) -> str:
+    error = entry.holdout_error
+    fitted_at = entry.model.fitted_at if entry.model else ""
+    return (
+        f"fitted on this machine{' ' + fitted_at if fitted_at else ''}, held-out median "
+        f"error {'unknown' if error is None else f'{error:.1%}'}"
+    )
+
+
+def calibrate_here(fingerprint: Fingerprint) -> CostModel:
+    """A quick profiling fit of the fingerprint's model on its device, with the torch
+    threads the fingerprint says the served steps use (``schedscope calibrate
+    --quick``'s grid, 3 repetitions: about 10 s on 2 CPU cores)."""
+    import torch
+
+    from harness.calibrate import CalibrateInputError, calibrate_by_profiling
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(fingerprint.torch_threads)
+    try:
+        return calibrate_by_profiling(
+            fingerprint.model, fingerprint.device, block_size=16, repeats=3, quick=True
+        )
+    except CalibrateInputError as exc:
+        raise ValueError(f"--cost-model auto: cannot calibrate: {exc}") from None
+    finally:
+        torch.set_num_threads(before)

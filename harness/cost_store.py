@@ -1,0 +1,114 @@
+"""The per-user store of fitted cost models, keyed by machine fingerprint
+(:mod:`harness.machine`): ``schedscope calibrate`` saves into it, ``schedscope
+simulate`` and ``schedscope run --simulate`` look up this machine's fit in it.
+
+Where: the platform's user cache directory (platformdirs: ``~/.cache/schedscope/
+cost-models`` on Linux), or :data:`STORE_ENV` when set. One JSON file per fingerprint
+key, ``cost-model-<key>.json``: a cost model file like any other (``--cost-model
+FILE`` reads it), whose ``fingerprint`` field says what it was fitted on. A refit on
+the same machine replaces the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.core.cost_model import CostModel, CostModelError
+from harness.machine import Fingerprint, FingerprintError
+
+#: Overrides the store's directory (tests, a shared team directory, CI).
+STORE_ENV = "SCHEDSCOPE_COST_MODEL_DIR"
+
+
+def store_dir() -> Path:
+    """The store's directory: $SCHEDSCOPE_COST_MODEL_DIR, else the user cache's."""
+    override = os.environ.get(STORE_ENV)
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("schedscope", appauthor=False)) / "cost-models"
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """One file of the store: its model and fingerprint, or why it cannot be read."""
+
+    path: Path
+    model: CostModel | None = None
+    fingerprint: Fingerprint | None = None
+    problem: str | None = None
+
+    @property
+    def holdout_error(self) -> float | None:
+        """The fit's held-out median relative error, when it recorded one."""
+        value = (self.model.fit if self.model else {}).get("holdout_median_rel_error")
+        return float(value) if isinstance(value, int | float) else None
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The store against one fingerprint: the fit made for it (``match``, the newest
+    when several), and fits for the same machine, model and executor made with another
+    schedscope version or model shapes (``stale``)."""
+
+    match: StoredModel | None
+    stale: tuple[StoredModel, ...]
+
+
+def path_for(fingerprint: Fingerprint, directory: Path | None = None) -> Path:
+    return (directory or store_dir()) / f"cost-model-{fingerprint.key}.json"
+
+
+def save(model: CostModel, fingerprint: Fingerprint, directory: Path | None = None) -> Path:
+    """Store ``model`` as the fit for ``fingerprint`` (recorded in the file); its path."""
+    path = path_for(fingerprint, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with_fingerprint(model, fingerprint).save(path)
+    return path
+
+
+def with_fingerprint(model: CostModel, fingerprint: Fingerprint) -> CostModel:
+    return dataclasses.replace(model, fingerprint=fingerprint.to_dict())
+
+
+def load(path: Path) -> StoredModel:
+    """One stored file read back; a file that is not a cost model with a fingerprint
+    comes back with its ``problem``, not an exception (one bad file spoils no lookup)."""
+    try:
+        model = CostModel.load(path)
+    except CostModelError as exc:
+        return StoredModel(path, problem=str(exc))
+    if not model.fingerprint:
+        return StoredModel(path, model, problem="no fingerprint recorded")
+    try:
+        fingerprint = Fingerprint.from_dict(model.fingerprint)
+    except (FingerprintError, TypeError) as exc:
+        return StoredModel(path, model, problem=f"unreadable fingerprint: {exc}")
+    return StoredModel(path, model, fingerprint)
+
+
+def entries(directory: Path | None = None) -> list[StoredModel]:
+    """Every stored file, by name; none when the store does not exist yet."""
+    directory = directory or store_dir()
+    if not directory.is_dir():
+        return []
+    return [load(p) for p in sorted(directory.glob("*.json"))]
+
+
+def find(fingerprint: Fingerprint, directory: Path | None = None) -> Lookup:
+    """The stored fit for ``fingerprint`` and the stale ones (:class:`Lookup`). The key
+    is recomputed from each file's parts, never taken from the file."""
+    matches, stale = [], []
+    for entry in entries(directory):
+        if entry.fingerprint is None:
+            continue
+        if entry.fingerprint.key == fingerprint.key:
+            matches.append(entry)
+        elif entry.fingerprint.machine_key == fingerprint.machine_key:
+            stale.append(entry)
+    newest = max(matches, key=lambda e: e.model.fitted_at if e.model else "", default=None)
+    return Lookup(newest, tuple(stale))
