@@ -14,26 +14,14 @@ import time
 
 import aiohttp
 
+from engine.core.cost_model import CostModel
 from harness.local_server import CliServer, HttpClient
 
 
 def cost_model(tmp_path, step_s: float) -> str:
     """Every step takes ``step_s``, whatever it holds."""
     path = tmp_path / "cost.json"
-    path.write_text(
-        json.dumps(
-            {
-                "step_overhead_s": step_s,
-                "prefill_token_s": 0.0,
-                "decode_seq_s": 0.0,
-                "decode_context_token_s": 0.0,
-                "prefill_attention_s": 0.0,
-                "swap_block_s": 0.0,
-                "prefill_seq_s": 0.0,
-                "mixed_step_s": 0.0,
-            }
-        )
-    )
+    CostModel.constant(step_s).save(path)
     return str(path)
 
 
