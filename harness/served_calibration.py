@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 EXECUTORS = ("torch", "sim")
 #: The shape families of the calibration schedule, in phase order.
 SHAPE_FAMILIES = ("decode_heavy", "prefill_burst", "mixed", "long_context")
+#: The calibration server's KV pool, in tokens: twice what the full schedule holds at
+#: once on a slow machine.
+KV_POOL_TOKENS = 1 << 17
 #: A decode batch this large (and no prefill) is a decode-heavy step.
 DECODE_HEAVY_SEQS = 32
 #: A step with this many prefill tokens is part of a prefill burst.
@@ -223,6 +226,14 @@ def _serve_args(
         model,
         "--block-size",
         str(block_size),
+        # A KV pool the schedule fits in with room to spare (it never preempts), and a
+        # token host pool: allocating the default pools (sized from memory, 4 GiB of
+        # swap space) takes longer than the quick schedule's served run, and a pool's
+        # size does not change how long a step takes.
+        "--num-gpu-blocks-override",
+        str(KV_POOL_TOKENS // block_size),
+        "--num-cpu-blocks-override",
+        "512",
         "--record-steps",
         str(records / "steps.parquet"),
         "--record-requests",
