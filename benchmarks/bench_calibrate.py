@@ -60,7 +60,11 @@ def run(kind: str, args, work: Path) -> None:
         f"(p90 {fit['holdout_p90_rel_error']:.1%}, {fit['holdout_points']} steps), "
         f"target <= {max_err:.0%}: {'MET' if err <= max_err else 'MISSED'}"
     )
-    print(f"       coverage {served['coverage']}; {before} before, {load()} after")
+    noise = served.get("step_noise")
+    print(
+        f"       coverage {served['coverage']}; step-to-step noise "
+        f"{'-' if noise is None else f'{noise:.1%}'}; {before} before, {load()} after"
+    )
 
 
 def main() -> None:

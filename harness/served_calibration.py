@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     import polars as pl
 
 EXECUTORS = ("torch", "sim")
-#: The shape families of the calibration schedule, in phase order.
+#: The shape families of the calibration schedule (its phases run long_context first).
 SHAPE_FAMILIES = ("decode_heavy", "prefill_burst", "mixed", "long_context")
 #: The calibration server's KV pool, in tokens: twice what the full schedule holds at
 #: once on a slow machine.
@@ -117,8 +117,10 @@ def calibration_profile(quick: bool = False, max_model_len: int | None = None) -
         raise ValueError(f"max_model_len {limit} is too short to calibrate with (>= 256)")
     # Quick: the busy round alone, with shorter outputs (fewer, shorter steps).
     out = 0.6 if quick else 1.0
-    long_prompt = (int(limit * 0.7), int(limit * 0.85))
-    long_output = (max(8, int(limit * 0.08 * out)), int(limit * 0.14 * out))
+    # Long contexts: prompt + output up to max_model_len, most of the time decoding
+    # (a prefill step per request, hundreds of decode steps over a long context).
+    long_prompt = (int(limit * 0.6), int(limit * 0.75))
+    long_output = (max(8, int(limit * 0.15 * out)), int(limit * 0.25 * out))
     classes = (
         RequestClass(
             name="decode_heavy",
@@ -146,6 +148,15 @@ def calibration_profile(quick: bool = False, max_model_len: int | None = None) -
     def round_of(label: str, rate: float, seconds: float) -> tuple[Phase, ...]:
         """The four families once, at ``rate`` times their busy rates."""
         return (
+            # first, while nothing else runs: on a slow machine the other families'
+            # requests are still decoding long after their phase, and short contexts
+            # beside the long ones would pull every step's mean context down
+            Phase(
+                name=f"long_context{label}",
+                duration_s=6 * seconds,
+                rate=1.0 * rate,
+                classes={**only, "long_context": 1.0},
+            ),
             # arrivals much faster than they finish: ~100 streams decoding at once
             Phase(
                 name=f"decode_heavy{label}",
@@ -166,12 +177,6 @@ def calibration_profile(quick: bool = False, max_model_len: int | None = None) -
                 duration_s=6 * seconds,
                 rate=8.0 * rate,
                 classes={**only, "mixed": 3.0, "decode_heavy": 1.0, "prefill_burst": 0.5},
-            ),
-            Phase(
-                name=f"long_context{label}",
-                duration_s=5 * seconds,
-                rate=2.0 * rate,
-                classes={**only, "long_context": 1.0},
             ),
         )
 
@@ -214,6 +219,25 @@ def shape_coverage(steps: pl.DataFrame, max_model_len: int | None = None) -> dic
     }
     counts = steps.select(**{k: v.sum() for k, v in families.items()})
     return {k: int(counts[k][0]) for k in SHAPE_FAMILIES}
+
+
+def step_noise(steps: pl.DataFrame) -> float | None:
+    """The machine's own step-to-step noise: the median relative difference between
+    consecutive decode-only steps of the same batch size (the same work but for a
+    context a token longer per sequence). No fit can hold out much better than this;
+    None when the run has no such pair."""
+    import numpy as np
+
+    steps = steps.sort("step")
+    start = steps["schedule_start"].to_numpy()
+    cycles = start[1:] - start[:-1] - steps["idle_before_s"].to_numpy()[1:]
+    seqs = steps["num_seqs"].to_numpy()[:-1]
+    decode_only = (steps["num_prefill_tokens"].to_numpy() == 0)[:-1] & (seqs > 0)
+    pair = decode_only[1:] & decode_only[:-1] & (seqs[1:] == seqs[:-1])
+    pair &= (cycles[1:] > 0) & (cycles[:-1] > 0)
+    if not pair.any():
+        return None
+    return float(np.median(np.abs(cycles[1:][pair] / cycles[:-1][pair] - 1)))
 
 
 def _serve_args(
@@ -341,11 +365,17 @@ def calibrate_served(
     client.write_parquet(records / "client.parquet")
     latency = client_latency(client, records / "requests.parquet", epoch)
     coverage = shape_coverage(steps)
+    noise = step_noise(steps)
     echo(
         f"served {len(rows)} requests in {served_s:.1f} s ({steps.height} steps; "
         + ", ".join(f"{k} {v}" for k, v in coverage.items())
         + f"; client send lag p99 {lag_p99 * 1e3:.1f} ms); records in {records}"
     )
+    if noise is not None:
+        echo(
+            f"step-to-step noise of this machine: {noise:.1%} (consecutive decode steps "
+            "of one batch size; a held-out error near it is as good as this machine allows)"
+        )
     if latency is None:
         echo("client latency: 0 (no client row joined the engine's records)")
     else:
@@ -380,6 +410,7 @@ def calibrate_served(
         "steps": steps.height,
         "served_s": round(served_s, 2),
         "coverage": coverage,
+        "step_noise": noise,
         "swapped_blocks": swapped,
     }
     return dataclasses.replace(

@@ -16,6 +16,7 @@ from harness.served_calibration import (
     calibration_profile,
     calibration_schedule,
     shape_coverage,
+    step_noise,
 )
 from harness.simulate import simulate
 
@@ -127,3 +128,22 @@ def test_a_cost_model_that_is_not_one_is_refused(tmp_path):
     bad.write_text('{"step_overhead_s": -1}')
     code, text = _invoke("--executor", "sim", "--cost-model", str(bad))
     assert code == 2 and "--cost-model" in text and "step_overhead_s" in text, text
+
+
+def test_step_noise_compares_consecutive_decode_steps_of_one_batch_size():
+    import polars as pl
+
+    # cycles (start to start): 0.10, 0.11, 0.10, 0.10 (decode, batch 8), then 0.30 (a
+    # prefill step: never compared)
+    steps = pl.DataFrame(
+        {
+            "step": [1, 2, 3, 4, 5, 6],
+            "schedule_start": [0.0, 0.10, 0.21, 0.31, 0.41, 0.71],
+            "idle_before_s": [0.0] * 6,
+            "num_seqs": [8, 8, 8, 8, 8, 8],
+            "num_prefill_tokens": [0, 0, 0, 0, 100, 0],
+        }
+    )
+    # pairs: 0.11/0.10 -> 10%, 0.10/0.11 -> 9.1%, 0.10/0.10 -> 0: median 9.1%
+    assert step_noise(steps) == pytest.approx(1 - 0.10 / 0.11, abs=1e-6)
+    assert step_noise(steps.with_columns(num_seqs=pl.Series([1, 2, 3, 4, 5, 6]))) is None
