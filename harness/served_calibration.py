@@ -21,8 +21,9 @@ phase per family of batch shapes the profiles produce, so the fit sees each of t
 - ``long_context``: prompt + output near ``max_model_len`` (decodes over long
   contexts).
 
-``quick`` is a shorter schedule (about a minute on 2 cores) for a first fit or a smoke
-test; the full one is about four times as many requests.
+``quick`` is one round of the four (about a minute on 2 cores), for a first fit or a
+smoke test; the full schedule runs the round twice as long and then a light one (small
+batches): about 2.5 times the requests, a few minutes.
 """
 
 from __future__ import annotations
@@ -266,11 +267,18 @@ def _serve_args(
     return args + (["--cost-model", str(cost_model)] if cost_model else [])
 
 
-def check_served_inputs(executor: str, model: str, cost_model: Path | None) -> int:
+def check_served_inputs(
+    executor: str, model: str, cost_model: Path | None, block_size: int = 16
+) -> int:
     """Refuse what cannot be served before starting anything; returns the model's vocab
     size (for the prompts' token ids)."""
+    from engine.config import CacheConfig
     from engine.worker.loading import resolve_model_config
 
+    try:
+        CacheConfig(block_size=block_size)
+    except ValueError as exc:
+        raise CalibrateInputError(str(exc), "--block-size") from None
     if executor not in EXECUTORS:
         raise CalibrateInputError(
             f"unknown executor {executor!r} (choose {' or '.join(EXECUTORS)})", "--executor"
@@ -307,6 +315,7 @@ def calibrate_served(
     progress bar on ``console`` (a rich Console; default: rich's). The fitted model's
     ``fit`` holds the held-out error and, under ``served``, the run's figures.
     """
+    import aiohttp
     import polars as pl
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -314,7 +323,7 @@ def calibrate_served(
     from harness.open_loop_client import ReplayError, client_latency, replay
     from harness.run.server import ServedEngine, ServerStartError, get_json
 
-    vocab = check_served_inputs(executor, model, cost_model)
+    vocab = check_served_inputs(executor, model, cost_model, block_size)
     specs = calibration_schedule(quick, seed=seed)
     records = Path(records_dir) if records_dir else Path(tempfile.mkdtemp(prefix="schedscope-cal-"))
     records.mkdir(parents=True, exist_ok=True)
@@ -328,29 +337,32 @@ def calibrate_served(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
-        boot = progress.add_task(f"starting schedscope serve --executor {executor}", total=1)
-        try:
-            url = server.start()
-        except ServerStartError as exc:
-            raise ServedCalibrationError(f"{exc}; its log ends:\n{exc.log_tail}") from None
-        progress.update(boot, completed=1)
-        try:
+    try:
+        with Progress(*columns, console=console, transient=False) as progress:
+            boot = progress.add_task(f"starting schedscope serve --executor {executor}", total=1)
+            try:
+                url = server.start()
+            except ServerStartError as exc:
+                raise ServedCalibrationError(f"{exc}; its log ends:\n{exc.log_tail}") from None
+            progress.update(boot, completed=1)
             task = progress.add_task(
                 f"{'quick ' if quick else ''}calibration schedule", total=len(specs)
             )
-            rows, lag_p99 = asyncio.run(
-                replay(url, specs, vocab, model, on_finished=lambda _: progress.advance(task))
-            )
-            epoch = get_json(url + "/health")["clock_epoch_unix"]
-        except (ReplayError, OSError) as exc:
-            server.stop()
-            raise ServedCalibrationError(
-                f"the served run failed: {exc}; the server's log ends:\n{server.log_tail()}"
-            ) from None
-        stopping = progress.add_task("stopping the server (writing its records)", total=1)
-        code = server.stop()
-        progress.update(stopping, completed=1)
+            try:
+                rows, lag_p99 = asyncio.run(
+                    replay(url, specs, vocab, model, on_finished=lambda _: progress.advance(task))
+                )
+                epoch = get_json(url + "/health")["clock_epoch_unix"]
+            except (ReplayError, OSError, aiohttp.ClientError) as exc:
+                server.stop()
+                raise ServedCalibrationError(
+                    f"the served run failed: {exc}; the server's log ends:\n{server.log_tail()}"
+                ) from None
+            stopping = progress.add_task("stopping the server (writing its records)", total=1)
+            code = server.stop()
+            progress.update(stopping, completed=1)
+    finally:
+        server.stop()  # once stopped, a no-op; else (a failure, ^C) the server ends too
     served_s = time.monotonic() - started
     if code != 0:
         raise ServedCalibrationError(

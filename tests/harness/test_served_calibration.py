@@ -114,6 +114,7 @@ def _invoke(*args: str):
         (["--executor", "sim", "--cost-model", "/nonexistent.json"], "--cost-model", ""),
         (["--model", "no-such-preset"], "--model", ""),
         (["--seed", "-1"], "--seed", ""),
+        (["--block-size", "7"], "--block-size", "power of two"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(args, flag, words, tmp_path):
