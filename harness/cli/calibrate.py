@@ -123,7 +123,8 @@ def calibrate(
     except CalibrateInputError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
     except ServedCalibrationError as exc:
-        console.print(f"[red]calibration failed:[/red] {exc}")
+        # the server's log is text, not rich markup (it has "[core]" and the like)
+        console.print(f"calibration failed: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from None
     save_cost_model(fitted, out)
     console.print(cost_model_table(fitted))

@@ -148,3 +148,23 @@ def test_step_noise_compares_consecutive_decode_steps_of_one_batch_size():
     # pairs: 0.11/0.10 -> 10%, 0.10/0.11 -> 9.1%, 0.10/0.10 -> 0: median 9.1%
     assert step_noise(steps) == pytest.approx(1 - 0.10 / 0.11, abs=1e-6)
     assert step_noise(steps.with_columns(num_seqs=pl.Series([1, 2, 3, 4, 5, 6]))) is None
+
+
+def test_a_server_that_refuses_to_start_fails_the_calibration_with_its_words(tmp_path):
+    """The server, not calibrate, refuses a records directory holding a crashed run's
+    unrecovered parts: calibrate ends with exit 1 and the server's own message (its log
+    quoted as text), writes no cost model, and leaves no server behind."""
+    from harness.incremental_records import parts_dir
+
+    records = tmp_path / "records"
+    parts_dir(records / "requests.parquet").mkdir(parents=True)
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(
+        app,
+        ["calibrate", "--executor", "sim", "--records-dir", str(records), "--out", str(out)],
+    )
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "calibration failed" in text and "exited with 2" in text, text
+    assert "recover-records" in text, text
+    assert not out.exists()
