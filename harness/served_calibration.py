@@ -21,12 +21,11 @@ phase per family of batch shapes the profiles produce, so the fit sees each of t
 - ``long_context``: prompt + output near ``max_model_len`` (decodes over long
   contexts).
 
-A first phase of requests arriving mostly alone (small batches, prefills of every size
-beside few decodes) comes before them: it is what lets the fit tell the prefill terms
-from the mixed-step one. ``quick`` is that and one round of the four (about a minute
-on 2 cores), for a first fit or a
-smoke test; the full schedule runs the round twice as long and then a light one (small
-batches): about 2.5 times the requests, a few minutes.
+``quick`` is a phase of requests arriving mostly alone (small batches, prefills of
+every size beside few decodes: what lets a short run's fit tell the prefill terms from
+the mixed-step one) and one round of the four, about a minute on 2 cores; the full
+schedule runs the round twice as long and then a light one at 0.3x the rates (small
+batches): about 2.5 times the requests, under two minutes.
 """
 
 from __future__ import annotations
@@ -184,22 +183,24 @@ def calibration_profile(quick: bool = False, max_model_len: int | None = None) -
             ),
         )
 
-    # Before anything else runs: requests mostly alone, so steps that prefill without
-    # decoding, and prefills of every size beside a few decodes. Without them a busy
-    # round's prefills all land in large mixed batches, and the fit cannot tell the
-    # prefill terms from the mixed-step one (a quick fit once put all of prefill in
-    # mixed_step_s).
-    intro = Phase(
-        name="small_batches",
-        duration_s=5.0 if quick else 10.0,
-        rate=3.0,
-        classes={**only, "mixed": 1.0, "prefill_burst": 0.5},
-    )
-    # Full: the busy round twice as long, then a light one (small batches) as well.
-    rounds = (
-        round_of("", 1.0, 1.0) if quick else round_of("", 1.0, 2.0) + round_of("_light", 0.3, 2.0)
-    )
-    phases = (intro, *rounds)
+    if quick:
+        # Before the busy round, while nothing else runs: requests mostly alone, so
+        # prefills of every size beside few decodes. Without them all of a quick run's
+        # prefills land in large mixed batches on a slow machine, and the fit cannot
+        # tell the prefill terms from the mixed-step one (one put all of prefill in
+        # mixed_step_s). The full schedule's light round does this; a phase of it in
+        # the full one as well would add thousands of tiny steps, the most variable
+        # ones, and they would be most of the held-out steps.
+        intro = Phase(
+            name="small_batches",
+            duration_s=5.0,
+            rate=3.0,
+            classes={**only, "mixed": 1.0, "prefill_burst": 0.5},
+        )
+        phases = (intro, *round_of("", 1.0, 1.0))
+    else:
+        # the busy round twice as long, then a light one (small batches)
+        phases = round_of("", 1.0, 2.0) + round_of("_light", 0.3, 2.0)
     return Profile(
         name="calibration_quick" if quick else "calibration",
         seed=20261202,
