@@ -49,7 +49,9 @@ from engine.core.cost_model import CostModel
 from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
 from engine.worker.model_config import ModelConfig
+from harness import open_loop_client
 from harness.local_server import CliServer
+from harness.open_loop_client import prompt_ids, replay
 from harness.profiles import RequestSpec, build_plan, resolve_profile
 from harness.simulate import simulate
 
@@ -67,12 +69,6 @@ def schedule(rate_scale: float, duration_s: float, seed: int | None) -> list[Req
     ]
     # Exact output lengths in every run: the request asks for its true length.
     return [dataclasses.replace(s, max_tokens=s.output_tokens) for s in specs]
-
-
-def prompt_ids(spec: RequestSpec, vocab_size: int) -> list[int]:
-    return [
-        3 + (spec.index * 7919 + i * 104729) % (vocab_size - 3) for i in range(spec.prompt_tokens)
-    ]
 
 
 def engine_config(args) -> EngineConfig:
@@ -141,67 +137,6 @@ def run_offline(
 
 
 # -- served -----------------------------------------------------------------------------
-async def replay(url: str, specs: list[RequestSpec], vocab: int) -> tuple[list[dict], float]:
-    import aiohttp
-
-    rows: list[dict] = []
-    lags: list[float] = []
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        loop = asyncio.get_running_loop()
-        start = loop.time() + 0.5
-
-        async def one(spec: RequestSpec) -> None:
-            scheduled = start + spec.scheduled_at
-            await asyncio.sleep(max(0.0, scheduled - loop.time()))
-            lags.append(loop.time() - scheduled)
-            body = {
-                "model": "tiny",
-                "prompt": prompt_ids(spec, vocab),
-                "temperature": 0.0,
-                "max_tokens": spec.max_tokens,
-                "ignore_eos": True,
-                "stream": True,
-                "priority": spec.priority,
-                "stream_options": {"include_usage": True},
-            }
-            first = last = None
-            first_unix = None
-            tokens = 0
-            sent_unix = time.time()
-            async with session.post(
-                url + "/v1/completions",
-                json=body,
-                headers={"X-Request-Id": spec.request_id, "X-Request-Class": spec.class_name},
-            ) as response:
-                assert response.status == 200, await response.text()
-                async for line in response.content:
-                    if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                        continue
-                    event = json.loads(line[6:])
-                    if event.get("usage"):
-                        tokens = event["usage"]["completion_tokens"]
-                    if event.get("choices") and event["choices"][0].get("text"):
-                        last = loop.time()
-                        if first is None:
-                            first, first_unix = last, time.time()
-            rows.append(
-                {
-                    "request_id": spec.request_id,
-                    "class": spec.class_name,
-                    "output_tokens": tokens,
-                    "ttft_s": first - scheduled,
-                    "e2e_s": last - scheduled,
-                    "sent_unix": sent_unix,
-                    "first_unix": first_unix,
-                }
-            )
-
-        await asyncio.gather(*(one(s) for s in specs))
-    return rows, float(np.percentile(lags, 99)) if lags else 0.0
-
-
 def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.DataFrame, float]:
     """Client rows; the server's step and request records land beside ``steps_file``."""
     from harness.local_server import HttpClient
@@ -226,28 +161,10 @@ def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.Dat
 
 
 def client_latency(served: pl.DataFrame, steps_file: Path) -> dict | None:
-    """Median time a request and its tokens spend outside the engine: from the client's
-    send to the engine's arrival stamp (intake), and from the engine's first token to
-    the client's (delivery), joined by request id through the engine's clock epoch."""
-    requests_file = steps_file.with_name("requests.parquet")
-    if not requests_file.exists():
-        return None
+    """Median time outside the engine (intake + delivery) of one served run, from the
+    client's rows and the engine's records beside ``steps_file``."""
     epoch = json.loads(steps_file.with_name("epoch.json").read_text())["clock_epoch_unix"]
-    engine = pl.read_parquet(requests_file).select(
-        "request_id",
-        (pl.col("scheduled_at") + epoch).alias("arrival_unix"),
-        (pl.col("first_token_at") + epoch).alias("engine_first_unix"),
-    )
-    joined = served.join(engine, on="request_id").select(
-        (pl.col("arrival_unix") - pl.col("sent_unix")).alias("intake_s"),
-        (pl.col("first_unix") - pl.col("engine_first_unix")).alias("delivery_s"),
-    )
-    return {
-        "intake_s": float(joined["intake_s"].median()),
-        "delivery_s": float(joined["delivery_s"].median()),
-        "client_latency_s": float((joined["intake_s"] + joined["delivery_s"]).median()),
-        "joined": joined.height,
-    }
+    return open_loop_client.client_latency(served, steps_file.with_name("requests.parquet"), epoch)
 
 
 # -- report -----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ the one line on stderr that says so (docs/simulator.md, "Which cost model").
   version or other model shapes (stale) is named and not used.
 * ``builtin``: the built-in model; the line says so, without the warning.
 * ``auto``: this machine's fit; when there is none (or only a stale one), fit one now
-  by quick profiling, store it and use it.
+  by a quick served calibration, store it and use it.
 * a file: that file, as before (no line: the file is what was asked for).
 """
 
@@ -76,8 +76,8 @@ def choose(
         return Choice(
             entry.model or fitted,
             path,
-            f"cost model: {stale}none fitted on this machine, so calibrated now by quick "
-            f"profiling: {path} ({_fit_facts(entry)})",
+            f"cost model: {stale}none fitted on this machine, so calibrated now by a "
+            f"quick served calibration: {path} ({_fit_facts(entry)})",
         )
     if stale:
         return Choice(
@@ -98,20 +98,24 @@ def _fit_facts(entry: cost_store.StoredModel) -> str:
 
 
 def calibrate_here(fingerprint: Fingerprint) -> CostModel:
-    """A quick profiling fit of the fingerprint's model on its device, with the torch
-    threads the fingerprint says the served steps use (``schedscope calibrate
-    --quick``'s grid, 3 repetitions: about 10 s on 2 CPU cores)."""
-    import torch
+    """A quick served calibration of the fingerprint's model (``schedscope calibrate
+    --quick``: the engine served here with the calibration schedule, its step cycles
+    fitted; about a minute on 2 CPU cores), its progress on stderr."""
+    import sys
 
-    from harness.calibrate import CalibrateInputError, calibrate_by_profiling
+    from rich.console import Console
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(fingerprint.torch_threads)
+    from harness.calibrate import CalibrateInputError
+    from harness.served_calibration import ServedCalibrationError, calibrate_served
+
+    console = Console(stderr=True)
     try:
-        return calibrate_by_profiling(
-            fingerprint.model, fingerprint.device, block_size=16, repeats=3, quick=True
+        return calibrate_served(
+            fingerprint.model,
+            fingerprint.executor,
+            quick=True,
+            echo=lambda line: print(line, file=sys.stderr),
+            console=console,
         )
-    except CalibrateInputError as exc:
+    except (ServedCalibrationError, CalibrateInputError) as exc:
         raise ValueError(f"--cost-model auto: cannot calibrate: {exc}") from None
-    finally:
-        torch.set_num_threads(before)

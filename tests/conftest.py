@@ -39,6 +39,7 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     "harness/loadgen/test_loadgen.py": ("slow",),
     "harness/loadgen/test_loadgen_profiles.py": ("slow",),
     "harness/run/test_run.py": ("slow",),
+    "harness/test_served_calibration_sim.py": ("slow",),
     "test_architecture.py": ("slow",),
 }
 
@@ -54,6 +55,11 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
         "slow",
     ),
     ("engine/api/test_server_fuzz.py", "test_fuzz_completions"): ("slow",),
+    # a `schedscope serve` subprocess that refuses to start (the unit tests stay fast)
+    (
+        "harness/test_served_calibration.py",
+        "test_a_server_that_refuses_to_start_fails_the_calibration_with_its_words",
+    ): ("slow",),
     # live `schedscope serve` subprocesses (the unit tests of these files stay fast)
     (
         "engine/serving/test_metrics_scrapers.py",

@@ -70,6 +70,8 @@ def test_calibrate_command_writes_a_cost_model_the_simulator_uses(tmp_path):
         app,
         [
             "calibrate",
+            "--method",
+            "profile",
             "--model",
             str(model_dir),
             "--quick",

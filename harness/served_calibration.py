@@ -1,0 +1,446 @@
+"""``schedscope calibrate``'s default method: fit the cost model from a served run made
+for it, on this machine.
+
+The simulator predicts served step cycles (a step's full cycle, serving overhead
+included; ``engine.sim.cost_fit``), and those differ from machine to machine by more
+than any fixed default can absorb. So calibration serves the engine here
+(``schedscope serve --executor torch --record-steps --record-requests``, a subprocess),
+replays the *calibration schedule* against it with the open-loop client
+(:mod:`harness.open_loop_client`), and fits :func:`~engine.sim.cost_fit.fit_from_steps`
+to the recorded steps, with ``client_latency_s`` from the client's records joined with
+the engine's.
+
+The calibration schedule is a load profile built here (not a user-facing profile): one
+phase per family of batch shapes the profiles produce, so the fit sees each of them —
+
+- ``decode_heavy``: many running requests with short prompts and long outputs (large
+  decode batches, no prefill);
+- ``prefill_burst``: many long prompts arriving at once (steps full of prefill, up to
+  the token budget);
+- ``mixed``: a chat-like mix at a steady rate (prefill chunks beside decodes);
+- ``long_context``: prompt + output near ``max_model_len`` (decodes over long
+  contexts).
+
+``quick`` is a phase of requests arriving mostly alone (small batches, prefills of
+every size beside few decodes: what lets a short run's fit tell the prefill terms from
+the mixed-step one) and one round of the four, about a minute on 2 cores; the full
+schedule runs the round twice as long and then a light one at 0.3x the rates (small
+batches): about 2.5 times the requests, under two minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.config import SchedulerConfig
+from engine.core.cost_model import CostModel, CostModelError
+from harness.calibrate import CalibrateInputError
+from harness.profiles import (
+    LengthDistribution,
+    Phase,
+    Profile,
+    RequestClass,
+    RequestSpec,
+    build_plan,
+)
+
+if TYPE_CHECKING:
+    import polars as pl
+
+EXECUTORS = ("torch", "sim")
+#: The shape families of the calibration schedule (its phases run long_context first).
+SHAPE_FAMILIES = ("decode_heavy", "prefill_burst", "mixed", "long_context")
+#: The calibration server's KV pool, in tokens: twice what the full schedule holds at
+#: once on a slow machine.
+KV_POOL_TOKENS = 1 << 17
+#: A decode batch this large (and no prefill) is a decode-heavy step.
+DECODE_HEAVY_SEQS = 32
+#: A step with this many prefill tokens is part of a prefill burst.
+PREFILL_BURST_TOKENS = 1024
+#: A decode step whose mean context is at least this share of max_model_len is a
+#: long-context step.
+LONG_CONTEXT_SHARE = 0.5
+
+
+#: ``schedscope calibrate --method`` values.
+METHODS = ("served", "profile")
+#: The method-specific flags each way of calibrating takes ("steps": --from-steps,
+#: which ignores the profiling flags as it always has).
+_METHOD_FLAGS = {
+    "served": ("--executor", "--cost-model", "--seed", "--records-dir"),
+    "profile": ("--device", "--repeats"),
+    "steps": ("--device", "--repeats"),
+}
+
+
+def resolve_method(method: str | None, from_steps: bool, given: dict[str, object]) -> str:
+    """Which way ``schedscope calibrate`` fits: "served" (the default), "profile" or
+    "steps" (``--from-steps``). ``given``: method-specific flag -> its value (None when
+    not given); a flag the chosen way does not take is refused, naming it."""
+    if method is not None and method not in METHODS:
+        raise CalibrateInputError(
+            f"unknown method {method!r} (choose {' or '.join(METHODS)})", "--method"
+        )
+    if from_steps and method is not None:
+        raise CalibrateInputError(
+            "--from-steps fits the given step records; it takes no --method", "--method"
+        )
+    chosen = "steps" if from_steps else method or "served"
+    for flag, value in given.items():
+        if value is not None and flag not in _METHOD_FLAGS[chosen]:
+            way = "--from-steps" if chosen == "steps" else f"--method {chosen}"
+            takers = [m for m in METHODS if flag in _METHOD_FLAGS[m]]
+            default = " (the default)" if method is None and chosen == "served" else ""
+            raise CalibrateInputError(
+                f"does not apply to {way}{default}; only to --method {' or '.join(takers)}",
+                flag,
+            )
+    return chosen
+
+
+class ServedCalibrationError(RuntimeError):
+    """The served run did not happen or left no usable records; the message says why
+    (with the end of the server's log when it is the server's fault)."""
+
+
+def calibration_profile(quick: bool = False, max_model_len: int | None = None) -> Profile:
+    """The calibration schedule's load profile: one phase per shape family
+    (:data:`SHAPE_FAMILIES`), each of its own request class. ``max_model_len``
+    (default: the engine's) bounds the long-context requests' prompt + output."""
+    limit = max_model_len or SchedulerConfig().max_model_len
+    if limit < 256:
+        raise ValueError(f"max_model_len {limit} is too short to calibrate with (>= 256)")
+    # Quick: the busy round alone, with shorter outputs (fewer, shorter steps).
+    out = 0.6 if quick else 1.0
+    # Long contexts: prompt + output up to max_model_len, most of the time decoding
+    # (a prefill step per request, hundreds of decode steps over a long context).
+    long_prompt = (int(limit * 0.6), int(limit * 0.75))
+    long_output = (max(8, int(limit * 0.15 * out)), int(limit * 0.25 * out))
+    classes = (
+        RequestClass(
+            name="decode_heavy",
+            prompt_tokens=LengthDistribution.lognormal(24, 0.5, max=64),
+            output_tokens=LengthDistribution.uniform(int(150 * out), int(400 * out)),
+        ),
+        RequestClass(
+            name="prefill_burst",
+            prompt_tokens=LengthDistribution.uniform(min(600, limit // 4), min(1500, limit // 2)),
+            output_tokens=LengthDistribution.uniform(2, 8),
+        ),
+        RequestClass(
+            name="mixed",
+            prompt_tokens=LengthDistribution.lognormal(200, 0.7, max=min(1024, limit // 2)),
+            output_tokens=LengthDistribution.lognormal(60 * out, 0.6, max=int(256 * out)),
+        ),
+        RequestClass(
+            name="long_context",
+            prompt_tokens=LengthDistribution.uniform(*long_prompt),
+            output_tokens=LengthDistribution.uniform(*long_output),
+        ),
+    )
+    only = {name: 0.0 for name in SHAPE_FAMILIES}
+
+    def round_of(label: str, rate: float, seconds: float) -> tuple[Phase, ...]:
+        """The four families once, at ``rate`` times their busy rates."""
+        return (
+            # first, while nothing else runs: on a slow machine the other families'
+            # requests are still decoding long after their phase, and short contexts
+            # beside the long ones would pull every step's mean context down
+            Phase(
+                name=f"long_context{label}",
+                duration_s=6 * seconds,
+                rate=1.0 * rate,
+                classes={**only, "long_context": 1.0},
+            ),
+            # arrivals much faster than they finish: ~100 streams decoding at once
+            Phase(
+                name=f"decode_heavy{label}",
+                duration_s=3 * seconds,
+                rate=40.0 * rate,
+                classes={**only, "decode_heavy": 1.0},
+            ),
+            # burstiness 0.05: arrivals in a few clumps of ~20 long prompts
+            Phase(
+                name=f"prefill_burst{label}",
+                duration_s=4 * seconds,
+                rate=6.0 * rate,
+                burstiness=0.05,
+                classes={**only, "prefill_burst": 1.0},
+            ),
+            Phase(
+                name=f"mixed{label}",
+                duration_s=6 * seconds,
+                rate=8.0 * rate,
+                classes={**only, "mixed": 3.0, "decode_heavy": 1.0, "prefill_burst": 0.5},
+            ),
+        )
+
+    if quick:
+        # Before the busy round, while nothing else runs: requests mostly alone, so
+        # prefills of every size beside few decodes. Without them all of a quick run's
+        # prefills land in large mixed batches on a slow machine, and the fit cannot
+        # tell the prefill terms from the mixed-step one (one put all of prefill in
+        # mixed_step_s). The full schedule's light round does this; a phase of it in
+        # the full one as well would add thousands of tiny steps, the most variable
+        # ones, and they would be most of the held-out steps.
+        intro = Phase(
+            name="small_batches",
+            duration_s=5.0,
+            rate=3.0,
+            classes={**only, "mixed": 1.0, "prefill_burst": 0.5},
+        )
+        phases = (intro, *round_of("", 1.0, 1.0))
+    else:
+        # the busy round twice as long, then a light one (small batches)
+        phases = round_of("", 1.0, 2.0) + round_of("_light", 0.3, 2.0)
+    return Profile(
+        name="calibration_quick" if quick else "calibration",
+        seed=20261202,
+        description="schedscope calibrate's served schedule: one phase per shape family",
+        classes=classes,
+        phases=phases,
+    )
+
+
+def calibration_schedule(
+    quick: bool = False, max_model_len: int | None = None, seed: int | None = None
+) -> list[RequestSpec]:
+    """The exact calibration schedule (deterministic for a seed; default: the
+    profile's), every request asking for its true output length."""
+    profile = calibration_profile(quick, max_model_len)
+    specs = build_plan(profile, seed).open_loop_requests()
+    return [dataclasses.replace(s, max_tokens=s.output_tokens) for s in specs]
+
+
+def shape_coverage(steps: pl.DataFrame, max_model_len: int | None = None) -> dict[str, int]:
+    """How many steps of a run (steps.parquet columns) fall in each shape family; a
+    step may count in more than one (a mixed step of a burst)."""
+    import polars as pl
+
+    limit = max_model_len or SchedulerConfig().max_model_len
+    prefill, decodes = pl.col("num_prefill_tokens"), pl.col("num_decode_seqs")
+    mean_context = pl.col("num_decode_context_tokens") / pl.max_horizontal(decodes, 1)
+    families = {
+        "decode_heavy": (prefill == 0) & (decodes >= DECODE_HEAVY_SEQS),
+        "prefill_burst": prefill >= PREFILL_BURST_TOKENS,
+        "mixed": (prefill > 0) & (decodes > 0),
+        "long_context": (decodes > 0) & (mean_context >= LONG_CONTEXT_SHARE * limit),
+    }
+    counts = steps.select(**{k: v.sum() for k, v in families.items()})
+    return {k: int(counts[k][0]) for k in SHAPE_FAMILIES}
+
+
+def step_noise(steps: pl.DataFrame) -> float | None:
+    """The machine's own step-to-step noise: the median relative difference between
+    consecutive decode-only steps of the same batch size (the same work but for a
+    context a token longer per sequence). No fit can hold out much better than this;
+    None when the run has no such pair."""
+    import numpy as np
+
+    steps = steps.sort("step")
+    start = steps["schedule_start"].to_numpy()
+    cycles = start[1:] - start[:-1] - steps["idle_before_s"].to_numpy()[1:]
+    seqs = steps["num_seqs"].to_numpy()[:-1]
+    decode_only = (steps["num_prefill_tokens"].to_numpy() == 0)[:-1] & (seqs > 0)
+    pair = decode_only[1:] & decode_only[:-1] & (seqs[1:] == seqs[:-1])
+    pair &= (cycles[1:] > 0) & (cycles[:-1] > 0)
+    if not pair.any():
+        return None
+    return float(np.median(np.abs(cycles[1:][pair] / cycles[:-1][pair] - 1)))
+
+
+def _serve_args(
+    executor: str, model: str, block_size: int, cost_model: Path | None, records: Path
+) -> list[str]:
+    args = [
+        "--executor",
+        executor,
+        "--model",
+        model,
+        "--block-size",
+        str(block_size),
+        # A KV pool the schedule fits in with room to spare (it never preempts), and a
+        # token host pool: allocating the default pools (sized from memory, 4 GiB of
+        # swap space) takes longer than the quick schedule's served run, and a pool's
+        # size does not change how long a step takes.
+        "--num-gpu-blocks-override",
+        str(KV_POOL_TOKENS // block_size),
+        "--num-cpu-blocks-override",
+        "512",
+        "--record-steps",
+        str(records / "steps.parquet"),
+        "--record-requests",
+        str(records / "requests.parquet"),
+    ]
+    return args + (["--cost-model", str(cost_model)] if cost_model else [])
+
+
+def check_served_inputs(
+    executor: str, model: str, cost_model: Path | None, block_size: int = 16
+) -> int:
+    """Refuse what cannot be served before starting anything; returns the model's vocab
+    size (for the prompts' token ids)."""
+    from engine.config import CacheConfig
+    from engine.worker.loading import resolve_model_config
+
+    try:
+        CacheConfig(block_size=block_size)
+    except ValueError as exc:
+        raise CalibrateInputError(str(exc), "--block-size") from None
+    if executor not in EXECUTORS:
+        raise CalibrateInputError(
+            f"unknown executor {executor!r} (choose {' or '.join(EXECUTORS)})", "--executor"
+        )
+    if cost_model is not None:
+        try:
+            CostModel.load(cost_model)
+        except (OSError, ValueError, CostModelError) as exc:
+            raise CalibrateInputError(f"{cost_model}: {exc}", "--cost-model") from None
+    try:
+        config, _ = resolve_model_config(model)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise CalibrateInputError(str(exc), "--model") from None
+    return config.vocab_size
+
+
+def calibrate_served(
+    model: str = "tiny",
+    executor: str = "torch",
+    cost_model: Path | None = None,
+    block_size: int = 16,
+    quick: bool = False,
+    seed: int | None = None,
+    records_dir: Path | None = None,
+    echo: Callable[[str], object] = print,
+    console=None,
+) -> CostModel:
+    """Serve the engine, replay the calibration schedule against it, fit its steps.
+
+    ``executor``: ``torch`` (the model computes) or ``sim`` (each step sleeps what
+    ``cost_model`` predicts: a known truth, for tests). The run's records (steps,
+    engine and client requests, the server's log) stay in ``records_dir`` (default: a
+    new temporary directory), so ``calibrate --from-steps DIR`` can refit them. Shows a
+    progress bar on ``console`` (a rich Console; default: rich's). The fitted model's
+    ``fit`` holds the held-out error and, under ``served``, the run's figures.
+    """
+    import aiohttp
+    import polars as pl
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.sim.cost_fit import CalibrationError, fit_from_steps
+    from harness.open_loop_client import ReplayError, client_latency, replay
+    from harness.run.server import ServedEngine, ServerStartError, get_json
+
+    vocab = check_served_inputs(executor, model, cost_model, block_size)
+    specs = calibration_schedule(quick, seed=seed)
+    records = Path(records_dir) if records_dir else Path(tempfile.mkdtemp(prefix="schedscope-cal-"))
+    records.mkdir(parents=True, exist_ok=True)
+    server = ServedEngine(
+        _serve_args(executor, model, block_size, cost_model, records), records / "serve.log"
+    )
+    started = time.monotonic()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    try:
+        with Progress(*columns, console=console, transient=False) as progress:
+            boot = progress.add_task(f"starting schedscope serve --executor {executor}", total=1)
+            try:
+                url = server.start()
+            except ServerStartError as exc:
+                raise ServedCalibrationError(f"{exc}; its log ends:\n{exc.log_tail}") from None
+            progress.update(boot, completed=1)
+            task = progress.add_task(
+                f"{'quick ' if quick else ''}calibration schedule", total=len(specs)
+            )
+            try:
+                rows, lag_p99 = asyncio.run(
+                    replay(url, specs, vocab, model, on_finished=lambda _: progress.advance(task))
+                )
+                epoch = get_json(url + "/health")["clock_epoch_unix"]
+            except (ReplayError, OSError, aiohttp.ClientError) as exc:
+                server.stop()
+                raise ServedCalibrationError(
+                    f"the served run failed: {exc}; the server's log ends:\n{server.log_tail()}"
+                ) from None
+            stopping = progress.add_task("stopping the server (writing its records)", total=1)
+            code = server.stop()
+            progress.update(stopping, completed=1)
+    finally:
+        server.stop()  # once stopped, a no-op; else (a failure, ^C) the server ends too
+    served_s = time.monotonic() - started
+    if code != 0:
+        raise ServedCalibrationError(
+            f"schedscope serve exited with {code}; its log ends:\n{server.log_tail()}"
+        )
+    steps_file = records / "steps.parquet"
+    try:
+        steps = pl.read_parquet(steps_file)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        raise ServedCalibrationError(f"{steps_file}: no step records ({exc})") from None
+    client = pl.DataFrame(rows)
+    client.write_parquet(records / "client.parquet")
+    latency = client_latency(client, records / "requests.parquet", epoch)
+    coverage = shape_coverage(steps)
+    noise = step_noise(steps)
+    echo(
+        f"served {len(rows)} requests in {served_s:.1f} s ({steps.height} steps; "
+        + ", ".join(f"{k} {v}" for k, v in coverage.items())
+        + f"; client send lag p99 {lag_p99 * 1e3:.1f} ms); records in {records}"
+    )
+    if noise is not None:
+        echo(
+            f"step-to-step noise of this machine: {noise:.1%} (consecutive decode steps "
+            "of one batch size; a held-out error near it is as good as this machine allows)"
+        )
+    if latency is None:
+        echo("client latency: 0 (no client row joined the engine's records)")
+    else:
+        echo(
+            f"client latency: {latency['client_latency_s'] * 1e3:.2f} ms (median over "
+            f"{latency['joined']} requests: intake {latency['intake_s'] * 1e3:.2f} ms, "
+            f"delivery {latency['delivery_s'] * 1e3:.2f} ms)"
+        )
+    try:
+        fitted = fit_from_steps(
+            [steps],
+            model=model,
+            source=str(records),
+            client_latency_s=latency["client_latency_s"] if latency else 0.0,
+        )
+    except CalibrationError as exc:
+        raise ServedCalibrationError(f"{steps_file}: {exc}") from None
+    swapped = int((steps["num_blocks_swapped_out"] + steps["num_blocks_swapped_in"]).sum())
+    if not swapped:
+        # No step swapped, so the fit knows nothing of swapping (it came out 0): keep the
+        # built-in price rather than tell --preemption-mode auto that swaps are free.
+        fitted = dataclasses.replace(fitted, swap_block_s=CostModel().swap_block_s)
+        echo(f"no step swapped: swap_block_s kept at the built-in {fitted.swap_block_s:.2e}")
+    device = (
+        f"{platform.machine()}, {os.cpu_count()} cores, served "
+        f"(--executor {executor}{', quick' if quick else ''})"
+    )
+    served = {
+        "executor": executor,
+        "quick": quick,
+        "requests": len(rows),
+        "steps": steps.height,
+        "served_s": round(served_s, 2),
+        "coverage": coverage,
+        "step_noise": noise,
+        "swapped_blocks": swapped,
+    }
+    return dataclasses.replace(
+        fitted, device=device, source="served", fit={**fitted.fit, "served": served}
+    )
