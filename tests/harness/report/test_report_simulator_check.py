@@ -166,3 +166,11 @@ def test_report_section_rendered_only_with_the_simulated_counterpart(tmp_path):
     assert check["cells"]["sjf"]["model"]["model"] == "/store/cost-model-abc.json"
     # the simulated records are not a policy of their own
     assert set(summary["policies"]) == {"fcfs", "sjf"}
+
+
+def test_a_cell_reported_alone_keeps_its_simulated_records_out_of_the_policies(tmp_path):
+    cell = _run_dir(tmp_path, True) / "fcfs"
+    paths = generate_report([cell], tmp_path / "out", ReportOptions(figures=False, resamples=20))
+    summary = json.loads(paths["summary"].read_text())
+    assert set(summary["policies"]) == {"fcfs"}
+    assert set(summary["simulator_check"]["cells"]) == {"fcfs"}
