@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from engine.core.token_timing import STALL_FLOOR_S
-from harness.report import diagnosis, figures, stalls, tables, verdict
+from harness.report import diagnosis, figures, simulator_check, stalls, tables, verdict
 from harness.report.cells import baseline, cell_groups
 from harness.report.inputs import PolicyData, RunData, open_runs
 
@@ -51,6 +51,9 @@ class RunReport:
     long_class: str | None
     verdicts: dict
     against_fcfs: list[dict]
+    #: served vs simulated per cell and class (harness/report/simulator_check.py); None
+    #: when no cell has a simulated counterpart
+    simulator_check: dict | None = None
 
 
 @dataclass
@@ -187,7 +190,8 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
         vs += verdict.against_fcfs(
             inputs, short_class, long_class, options.resamples, options.seed, baseline=base
         )
-    return RunReport(run, slos, slo_source, policies, short_class, long_class, v, vs)
+    check = simulator_check.for_cells({n: (p.data.path, p.frame) for n, p in policies.items()})
+    return RunReport(run, slos, slo_source, policies, short_class, long_class, v, vs, check)
 
 
 def _figures(report: Report) -> list[tuple[str, str, object]]:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.report.simulator_check import SIMULATED_DIR
+
 RECORD_FILES = ("requests", "spans", "steps", "decisions", "metrics")
 OPTIONAL_FILES = ("spans", "steps", "decisions", "metrics")
 RUN_CONFIG_NAMES = ("run.json", "config.json", "run_config.json")
@@ -150,6 +152,9 @@ def open_run(root: Path | str, label: str | None = None) -> RunData:
         policy = names[0] if len(names) == 1 else (next(iter(per_policy), None) or "run")
         policies[policy] = open_policy(label, policy, root, per_policy.get(policy, {}))
     for child in sorted(p for p in root.iterdir() if p.is_dir()):
+        # A served cell's simulated counterpart is part of the simulator check, not a policy.
+        if child.name == SIMULATED_DIR:
+            continue
         if (child / "requests.parquet").is_file():
             own = _read_json(child / "summary.json") or {}
             own_info = dict(per_policy.get(child.name, {}))

@@ -116,6 +116,105 @@ def stall_rows(report: Report) -> list[list[str]]:
     return rows
 
 
+SIMULATOR_HEADERS = [
+    "run",
+    "policy",
+    "class",
+    "ok served / sim",
+    *[
+        f"{metric} {stat} {side}"
+        for metric in ("TTFT", "E2E")
+        for stat in ("p50", "p95")
+        for side in ("served", "sim", "err")
+    ],
+]
+
+
+def _rel(value) -> str:
+    return "–" if value is None else f"{value:+.0%}"
+
+
+def simulator_rows(report: Report) -> list[list[str]]:
+    """The "simulator vs this run" table: per cell x class, served beside simulated."""
+    rows = []
+    for rr in report.runs:
+        for name, cell in ((rr.simulator_check or {}).get("cells") or {}).items():
+            for cls, row in cell["classes"].items():
+                figures = []
+                for key in ("ttft_s_p50", "ttft_s_p95", "e2e_s_p50", "e2e_s_p95"):
+                    v = row[key]
+                    figures += [_ms(v["served"]), _ms(v["simulated"]), _rel(v["rel_error"])]
+                rows.append(
+                    [
+                        rr.run.label,
+                        name,
+                        cls,
+                        f"{row['requests']} / {row['simulated_requests']}",
+                        *figures,
+                    ]
+                )
+    return rows
+
+
+def simulator_lines(report: Report) -> list[str]:
+    """Which model each check used, then the ranking per group, class and metric."""
+    lines = []
+    for rr in report.runs:
+        check = rr.simulator_check
+        if not check:
+            continue
+        for name, cell in check["cells"].items():
+            model = cell.get("model") or {}
+            predates = model.get("predates_run")
+            lines.append(
+                f"{rr.run.label}/{name}: simulated with "
+                + {"builtin": "the built-in cost model", None: "an unrecorded cost model"}.get(
+                    model.get("model"), str(model.get("model"))
+                )
+                + (f" (fitted {model['fitted_at']})" if model.get("fitted_at") else "")
+                + (f" [key {model['fingerprint_key']}]" if model.get("fingerprint_key") else "")
+                + {
+                    True: "; fitted before the run: out of sample",
+                    False: "; NOT fitted before the run: not out of sample",
+                    None: "",
+                }[predates]
+            )
+        for group, classes in check["rankings"].items():
+            prefix = f"{rr.run.label}" + (f" [{group.lstrip('-')}]" if group else "")
+            for cls, by in classes.items():
+                for key, r in by.items():
+                    if r["matches"] is None:
+                        continue
+                    verdict = (
+                        "matches"
+                        if r["matches"]
+                        else "differs (reversed: "
+                        + ", ".join(f"{a} vs {b}" for a, b in r["reversed_pairs"])
+                        + ")"
+                    )
+                    metric = key.replace("ttft_s_", "TTFT ").replace("e2e_s_", "E2E ")
+                    lines.append(
+                        f"{prefix} '{cls}' by {metric}: served {r['served']}, "
+                        f"simulated {r['simulated']}: ranking {verdict}"
+                    )
+    return lines
+
+
+SIMULATOR_RULE = (
+    "Ranking: lowest first, ≈ a tie; it matches when no pair of policies is ordered one way served "
+    "and the other way simulated; two values within {tol:.0%} of each other are a tie and "
+    "agree with any order. err = (simulated - served) / served."
+)
+
+
+def _tolerance(report: Report) -> float:
+    return next(rr.simulator_check["tie_tolerance"] for rr in report.runs if rr.simulator_check)
+
+
+def _has_simulator_check(report: Report) -> bool:
+    return any(rr.simulator_check for rr in report.runs)
+
+
 def _md_table(headers: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -199,6 +298,22 @@ def write_markdown(report: Report, path: Path) -> None:
         "",
         _md_table(STALL_HEADERS, stall_rows(report)),
         "",
+    ]
+    if _has_simulator_check(report):
+        parts += [
+            "## Simulator vs this run",
+            "",
+            "Each served cell's schedule simulated with the cost model this machine had "
+            "before the run (docs/report.md).",
+            "",
+            _md_table(SIMULATOR_HEADERS, simulator_rows(report)),
+            "",
+            *[f"- {line}" for line in simulator_lines(report)],
+            "",
+            SIMULATOR_RULE.format(tol=_tolerance(report)),
+            "",
+        ]
+    parts += [
         "## Notes",
         "",
         *[f"- {n}" for n in _notes(report)],
@@ -273,6 +388,16 @@ def write_html(report: Report, path: Path) -> int:
         + _html_table(STALL_HEADERS, stall_rows(report), "stalls")
         + "</div>"
     )
+    if _has_simulator_check(report):
+        body.append(
+            '<h2 id="simulator-check">Simulator vs this run</h2><p>Each served cell\'s '
+            "schedule simulated with the cost model this machine had before the run.</p>"
+            '<div class="wrap">'
+            + _html_table(SIMULATOR_HEADERS, simulator_rows(report), "simulator-check")
+            + "</div><ul>"
+            + "".join(f"<li>{e(line)}</li>" for line in simulator_lines(report))
+            + f"</ul><p>{e(SIMULATOR_RULE.format(tol=_tolerance(report)))}</p>"
+        )
     sections = {
         "cdf": "Latency CDFs by class",
         "timeline": "Queue depth, KV usage and arrivals",

@@ -51,6 +51,8 @@ def summary_json(report: Report) -> dict:
             "policies": {n: _policy(p) for n, p in rr.policies.items()},
         }
     first = report.runs[0]
+    # Only when the run has it: an old run's summary.json keeps its keys.
+    check = {"simulator_check": first.simulator_check} if first.simulator_check else {}
     return report_summary(
         first.run.info,
         runs[first.run.label]["policies"],
@@ -65,6 +67,7 @@ def summary_json(report: Report) -> dict:
             for f in p.findings
         ],
         missing=report.missing,
+        **check,
         options={
             "stall_threshold_s": report.options.stall_threshold_s,
             "profile": report.options.profile,

@@ -39,6 +39,7 @@ from harness.run.server import ServedEngine, ServerStartError
 if TYPE_CHECKING:
     from harness.prometheus import PrometheusServer
     from harness.run.otlp_receiver import OtlpReceiver
+    from harness.run.simulator_check import CheckModel
 
 #: Served records keep the gaps above the engine's stall floor: a served run has no
 #: median ITL of its own to scale the threshold by (RequestRecorder.write).
@@ -104,6 +105,9 @@ class CellSettings:
     start_timeout_s: float = 180.0
     #: the fingerprint of the machine (harness/machine.py), for run.json and summary.json
     machine: dict | None = None
+    #: A served cell: the model its simulator check uses, chosen at the run's start
+    #: (harness/run/simulator_check.py); None: no check.
+    simulator_check: CheckModel | None = None
 
 
 def planned(profile: Profile, seed: int | None) -> tuple[int, float]:
@@ -189,8 +193,34 @@ def run_load_cell(
             _stop_server(server, run)
     epoch = server.health.get("clock_epoch_unix") if server is not None else None
     _collect(run.result, settings, run.records, run.raw, epoch, run.info, load_s)
+    if run.result.mode == "serve":
+        _check_simulator(run)
     run.result.wall_s = time.monotonic() - started
     return _finish(run.result, settings, run.info)
+
+
+def _check_simulator(run: _LoadCell) -> None:
+    """The served cell's schedule simulated with the model chosen at the run's start,
+    then (only then: the check stays out of sample) the cell's steps fitted into the
+    store. Whatever goes wrong is a warning of the cell, never its failure."""
+    from harness.run import simulator_check
+
+    check = run.settings.simulator_check
+    if check is None:
+        return
+    settings = run.settings
+    try:
+        run.info[simulator_check.RUN_JSON_KEY] = simulator_check.simulate_counterpart(
+            run.cell, settings.profile, settings.seed, check, run.cell_dir, run.show
+        )
+    except Exception as exc:  # noqa: BLE001 - the served records stand without it
+        run.result.warnings.append(f"simulator check: {type(exc).__name__}: {exc}")
+    try:
+        run.info["cost_fit"] = simulator_check.fit_into_store(
+            run.cell, check, run.cell_dir, run.show
+        )
+    except Exception as exc:  # noqa: BLE001 - as above
+        run.result.warnings.append(f"cost model fit: {type(exc).__name__}: {exc}")
 
 
 def _serve_args(cell: Cell, settings: CellSettings, raw: Path) -> list[str]:

@@ -188,6 +188,18 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
         highlight=False,
         soft_wrap=True,
     )
+    checks = {}
+    if mode == "serve":
+        from harness.run.simulator_check import check_models
+
+        # Chosen before any cell serves: every check is out of sample (docs/run.md).
+        checks = check_models(
+            plan.cells,
+            options.settings.get("executor", "torch"),
+            options.settings.get("torch_threads"),
+        )
+        for line in sorted({c.line for c in checks.values()}):
+            console.print(f"simulator check: {line}", soft_wrap=True, highlight=False, markup=False)
     results: list[CellResult] = []
     started = time.monotonic()
     with Progress(console) as progress:
@@ -203,6 +215,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                 duration_scale=plan.duration_scale,
                 seed=plan.seed,
                 machine=options.machine,
+                simulator_check=checks.get(cell.name),
                 **options.settings,
             )
             cell_dir = root / cell.name

@@ -29,6 +29,15 @@ ROOT = REPO
 DATA = DATA
 
 
+@pytest.fixture(autouse=True)
+def own_store(tmp_path, monkeypatch):
+    """Each test's runs have a store of cost models of their own: a served cell fits its
+    steps into the store, which must not leak into another test's simulations."""
+    store = tmp_path / "cost-model-store"
+    monkeypatch.setenv(cost_store.STORE_ENV, str(store))
+    return store
+
+
 def run_cli(
     args: list[str], timeout: float = 400, env: dict | None = None
 ) -> subprocess.CompletedProcess:
@@ -142,6 +151,67 @@ def test_served_torch_two_policies(tmp_path):
     assert "client latency:" in proc.stdout and "requests)" in proc.stdout
 
 
+def test_served_cells_check_the_simulator_out_of_sample_then_refit_it(tmp_path, own_store):
+    """--executor sim --cost-model FILE: each served cell's schedule is simulated with the
+    model this machine's store held at the run's start (a pre-seeded, older fit), the
+    report compares them per policy and class, and the cell's steps are then fitted into
+    the store; a second run is checked with the first run's fit."""
+    machine = fingerprint("tiny", executor="sim")
+    seeded = dataclasses.replace(
+        CostModel(), step_overhead_s=3e-3, fitted_at="2026-01-01T00:00:00+00:00"
+    )
+    path = cost_store.save(seeded, machine)
+    served_model = tmp_path / "served.json"
+    CostModel().save(served_model)
+    out = tmp_path / "run"
+    args = ["--executor", "sim", "--cost-model", str(served_model), "--duration-scale", "0.03"]
+    proc = run_cli([*args, "--policy", "fcfs,sjf", "--grace", "10", "--out", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fits = {}
+    for policy in ("fcfs", "sjf"):
+        info = json.loads((out / policy / "run.json").read_text())
+        check = info["simulator_check"]
+        assert check["model"] == str(path) and check["fitted_at"] == seeded.fitted_at
+        assert check["fingerprint_key"] == machine.key and check["predates_run"] is True
+        assert check["fitted_at"] < check["run_started_at"]
+        simulated = pl.read_parquet(out / policy / "simulated" / "requests.parquet")
+        assert simulated.height == info["scheduled_requests"]
+        fit = info["cost_fit"]
+        assert fit["stored"] == str(path) and fit["fingerprint_key"] == machine.key, fit
+        fits[policy] = fit
+    stored = cost_store.find(machine, own_store).match
+    assert stored is not None and stored.model is not None
+    assert stored.model.source == "steps" and stored.model.fitted_at == fits["sjf"]["fitted_at"]
+    md = (out / "report.md").read_text()
+    assert "## Simulator vs this run" in md
+    for policy in ("fcfs", "sjf"):
+        for cls in ("all", "short_chat", "long_generation"):
+            assert f"| run | {policy} | {cls} | " in md
+    summary = json.loads((out / "summary.json").read_text())
+    check = summary["simulator_check"]
+    assert set(check["cells"]) == {"fcfs", "sjf"}
+    assert {"short_chat", "long_generation"} <= set(check["rankings"][""])
+    assert set(summary["policies"]) == {"fcfs", "sjf"}
+    # The second run is checked with the first run's last fit: out of sample again.
+    again = tmp_path / "again"
+    proc = run_cli([*args, "--policy", "fcfs", "--grace", "10", "--out", str(again)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check = json.loads((again / "fcfs" / "run.json").read_text())["simulator_check"]
+    assert check["model"] == str(path) and check["fitted_at"] == fits["sjf"]["fitted_at"]
+    assert check["predates_run"] is True
+
+
+def test_simulate_runs_have_no_simulator_check(tmp_path):
+    out = tmp_path / "sim"
+    proc = run_cli(
+        ["--simulate", "--policy", "fcfs", "--duration-scale", "0.05", "--out", str(out)]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "simulator_check" not in json.loads((out / "fcfs" / "run.json").read_text())
+    assert not (out / "fcfs" / "simulated").exists()
+    assert "Simulator vs this run" not in (out / "report.md").read_text()
+
+
 def _free_port() -> int:
     import socket
 
@@ -184,7 +254,11 @@ def test_target_external_server(tmp_path):
     metrics = pl.read_parquet(cell / "metrics.parquet")
     assert metrics.filter(pl.col("name") == "vllm:num_requests_running").height >= 2
     assert not (cell / "steps.parquet").exists()
+    # An external engine's steps are not ours: no simulator check, no fit.
+    assert "simulator_check" not in info and "cost_fit" not in info
+    assert not (cell / "simulated").exists() and cost_store.entries() == []
     summary = json.loads((out / "summary.json").read_text())
+    assert "simulator_check" not in summary
     assert any("ext" in m and "engine config" in m for m in summary["missing"])
     assert any("engine records" in m for m in info["missing"])
     # The target's own spans, received over OTLP/HTTP: one llm_request per request.

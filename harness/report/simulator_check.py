@@ -1,0 +1,185 @@
+"""The simulator against a served run: each served cell's schedule simulated with the
+cost model this machine had before the run (``schedscope run`` writes it to
+``<cell>/simulated/``, docs/run.md), compared per policy and class, and whether the
+simulated policy ranking is the served one (docs/report.md, "Simulator vs this run").
+
+Figures: TTFT and E2E p50/p95 over the ``ok`` requests of each side (exact
+percentiles, :mod:`harness.report.stats`), and the relative error
+(simulated - served) / served.
+
+Ranking, per class and metric (TTFT p95, E2E p95), within a group of cells that share
+their load (:mod:`harness.report.cells`): it matches when no pair of policies is
+ordered one way served and the other way simulated. A pair whose two values lie within
+:data:`TIE_TOLERANCE` of each other (relative to the larger) is a tie on that side and
+agrees with any order: a difference that small is within a run's noise.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import combinations
+from pathlib import Path
+
+import polars as pl
+
+from harness.report.cells import cell_groups
+from harness.report.stats import percentile
+
+#: A served cell's simulated counterpart: ``<cell>/simulated/requests.parquet``.
+SIMULATED_DIR = "simulated"
+#: The key of a served cell's run.json that names the model the check used.
+RUN_JSON_KEY = "simulator_check"
+#: Two values within 10% of the larger are a tie (the module docstring's rule).
+TIE_TOLERANCE = 0.10
+METRICS = ("ttft_s", "e2e_s")
+STATS = ("p50", "p95")
+#: What the ranking is by.
+RANKED_BY = ("ttft_s_p95", "e2e_s_p95")
+
+
+def simulated_requests(cell_dir: Path) -> Path:
+    return cell_dir / SIMULATED_DIR / "requests.parquet"
+
+
+def relative_error(served: float | None, simulated: float | None) -> float | None:
+    """(simulated - served) / served; None when either is unknown or served is 0."""
+    if served is None or simulated is None or served == 0:
+        return None
+    return (simulated - served) / served
+
+
+def _figures(frame: pl.DataFrame) -> dict[str, float | None]:
+    ok = frame.filter(pl.col("status") == "ok")
+    return {
+        f"{m}_{s}": percentile(ok[m].to_numpy(), float(s[1:])) if m in ok.columns else None
+        for m in METRICS
+        for s in STATS
+    }
+
+
+def class_rows(served: pl.DataFrame, simulated: pl.DataFrame) -> dict[str, dict]:
+    """Class (and ``all``) -> ``{requests, simulated_requests, <metric>_<stat>: {served,
+    simulated, rel_error}}``, over the classes either side has."""
+    classes = sorted(set(served["class"].drop_nulls()) | set(simulated["class"].drop_nulls()))
+    out: dict[str, dict] = {}
+    for cls in ["all", *classes]:
+        a = served if cls == "all" else served.filter(pl.col("class") == cls)
+        b = simulated if cls == "all" else simulated.filter(pl.col("class") == cls)
+        fa, fb = _figures(a), _figures(b)
+        row: dict = {
+            "requests": int((a["status"] == "ok").sum()),
+            "simulated_requests": int((b["status"] == "ok").sum()),
+        }
+        for key in fa:
+            row[key] = {
+                "served": fa[key],
+                "simulated": fb[key],
+                "rel_error": relative_error(fa[key], fb[key]),
+            }
+        out[cls] = row
+    return out
+
+
+def _order(a: float | None, b: float | None) -> int | None:
+    """-1 (a lower), 1 (b lower), 0 (a tie by :data:`TIE_TOLERANCE`), None (unknown)."""
+    if a is None or b is None:
+        return None
+    if abs(a - b) <= TIE_TOLERANCE * max(abs(a), abs(b)):
+        return 0
+    return -1 if a < b else 1
+
+
+def ranking(values: dict[str, tuple[float | None, float | None]]) -> dict:
+    """Policy -> (served, simulated) of one metric: both orders (lowest first) and
+    whether they match (the module docstring's rule), with the pairs that disagree."""
+    known: dict[str, tuple[float, float]] = {
+        p: (v[0], v[1]) for p, v in values.items() if v[0] is not None and v[1] is not None
+    }
+    reversed_pairs = []
+    for a, b in combinations(sorted(known), 2):
+        served = _order(known[a][0], known[b][0])
+        simulated = _order(known[a][1], known[b][1])
+        if served and simulated and served != simulated:
+            reversed_pairs.append([a, b])
+    served_order = sorted(known, key=lambda p: (known[p][0], p))
+    simulated_order = sorted(known, key=lambda p: (known[p][1], p))
+    return {
+        "served_order": served_order,
+        "simulated_order": simulated_order,
+        "served": order_text(served_order, {p: v[0] for p, v in known.items()}),
+        "simulated": order_text(simulated_order, {p: v[1] for p, v in known.items()}),
+        "matches": None if len(known) < 2 else not reversed_pairs,
+        "reversed_pairs": reversed_pairs,
+    }
+
+
+def order_text(order: list[str], values: dict[str, float]) -> str:
+    """``a < b ≈ c``: each policy against the one before it, ``≈`` for a tie."""
+    text = order[0] if order else ""
+    for before, policy in zip(order, order[1:], strict=False):
+        text += f" {'≈' if _order(values[before], values[policy]) == 0 else '<'} {policy}"
+    return text
+
+
+def compare(
+    served: dict[str, pl.DataFrame], simulated: dict[str, pl.DataFrame], models: dict[str, dict]
+) -> dict:
+    """The section's content from each cell's served and simulated request frames
+    (columns ``class``, ``status``, ``ttft_s``, ``e2e_s``) and the model each check
+    used (its run.json entry): ``cells`` (cell -> model and class rows) and
+    ``rankings`` (group -> class -> metric -> :func:`ranking`)."""
+    cells = {
+        name: {"model": models.get(name), "classes": class_rows(served[name], simulated[name])}
+        for name in served
+        if name in simulated
+    }
+    rankings: dict[str, dict] = {}
+    for group, names in cell_groups(list(cells)).items():
+        classes = sorted({c for n in names for c in cells[n]["classes"]})
+        rankings[group] = {
+            cls: {
+                key: ranking(
+                    {
+                        n: (
+                            cells[n]["classes"][cls][key]["served"],
+                            cells[n]["classes"][cls][key]["simulated"],
+                        )
+                        for n in names
+                        if cls in cells[n]["classes"]
+                    }
+                )
+                for key in RANKED_BY
+            }
+            for cls in classes
+        }
+    return {"tie_tolerance": TIE_TOLERANCE, "cells": cells, "rankings": rankings}
+
+
+def read_model_entry(cell_dir: Path) -> dict | None:
+    """The model the check of ``cell_dir`` used, from its run.json; None when unknown."""
+    try:
+        info = json.loads((cell_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    entry = info.get(RUN_JSON_KEY) if isinstance(info, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def for_cells(served: dict[str, tuple[Path, pl.DataFrame]]) -> dict | None:
+    """:func:`compare` over the cells (name -> (directory, served frame)) that have a
+    simulated counterpart; None when none has (a run made before the check, a
+    --simulate or --target run)."""
+    simulated, frames, models = {}, {}, {}
+    for name, (cell_dir, frame) in served.items():
+        path = simulated_requests(cell_dir)
+        if not path.is_file():
+            continue
+        try:
+            simulated[name] = pl.read_parquet(path, columns=["class", "status", *METRICS])
+        except (OSError, pl.exceptions.PolarsError):
+            continue
+        frames[name] = frame
+        models[name] = read_model_entry(cell_dir) or {}
+    if not simulated:
+        return None
+    return compare(frames, simulated, models)

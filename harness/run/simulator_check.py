@@ -1,0 +1,169 @@
+"""Every served cell checks the simulator, then refits it (docs/run.md, "The simulator
+check").
+
+At the run's start, before any cell serves, the cost model each cell will be checked
+with is chosen as ``schedscope simulate`` would choose it without flags
+(:func:`harness.cost_choice.choose`): this machine's stored fit for the cell's
+fingerprint, else the built-in. After the cell's load, its schedule is simulated with
+that model into ``<cell>/simulated/`` (:func:`simulate_counterpart`); only then are the
+cell's own steps fitted into the store (:func:`fit_into_store`). So the check is out of
+sample: the model predates the run, which the cell's run.json records
+(``simulator_check``: the model's path or ``builtin``, its ``fitted_at`` and
+fingerprint key, ``predates_run``). Neither step ever fails the cell: what cannot be
+done is recorded with its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.core.cost_model import CostModel
+from harness import cost_store
+from harness.cost_choice import choose
+from harness.machine import Fingerprint, fingerprint
+from harness.report.simulator_check import RUN_JSON_KEY, SIMULATED_DIR
+from harness.run.matrix import Cell
+
+BUILTIN = "builtin"
+
+
+@dataclass(frozen=True)
+class CheckModel:
+    """The model a served cell's check simulates with, chosen at the run's start."""
+
+    model: CostModel
+    #: the store file it came from; None for the built-in
+    path: Path | None
+    #: the served cell's fingerprint: the check's lookup key and the refit's
+    fingerprint: Fingerprint
+    #: when the run started (UTC): the model must have been fitted before
+    run_started_at: datetime
+    #: cost_choice's line naming the model
+    line: str
+
+    @property
+    def predates_run(self) -> bool:
+        """True when the model was fitted before the run started (the built-in ships with
+        schedscope); False for a fit stamped at or after the start, or unstamped."""
+        if self.path is None:
+            return True
+        try:
+            fitted = datetime.fromisoformat(self.model.fitted_at)
+        except ValueError:
+            return False
+        if fitted.tzinfo is None:
+            fitted = fitted.replace(tzinfo=UTC)
+        return fitted < self.run_started_at
+
+    def entry(self) -> dict:
+        """The cell's run.json ``simulator_check``."""
+        return {
+            "model": str(self.path) if self.path is not None else BUILTIN,
+            "fitted_at": self.model.fitted_at or None,
+            "fingerprint_key": self.fingerprint.key,
+            "run_started_at": self.run_started_at.isoformat(),
+            "predates_run": self.predates_run,
+            "holdout_median_rel_error": self.model.fit.get("holdout_median_rel_error"),
+        }
+
+
+def cell_fingerprint(
+    config: EngineConfig | None, executor: str, torch_threads: int | None
+) -> Fingerprint:
+    """The fingerprint of a served cell's steps: its model, run by ``executor`` on this
+    machine with ``torch_threads`` (serve's default when None), as ``schedscope run``
+    and the store build it."""
+    return fingerprint(
+        config.model if config is not None else "tiny",
+        executor=executor,
+        torch_threads=torch_threads,
+    )
+
+
+def check_models(
+    cells: Iterable[Cell], executor: str, torch_threads: int | None
+) -> dict[str, CheckModel]:
+    """Cell name -> the model its check uses, chosen now (call it before any cell serves:
+    a cell's refit must not be the model a later cell of the same run is checked with)."""
+    started = datetime.now(UTC)
+    chosen: dict[str, CheckModel] = {}
+    out = {}
+    for cell in cells:
+        machine = cell_fingerprint(cell.config, executor, torch_threads)
+        if machine.key not in chosen:
+            choice = choose(None, machine)
+            chosen[machine.key] = CheckModel(
+                choice.model, choice.path, machine, started, choice.line
+            )
+        out[cell.name] = chosen[machine.key]
+    return out
+
+
+def simulate_counterpart(
+    cell: Cell,
+    profile,
+    seed: int | None,
+    check: CheckModel,
+    cell_dir: Path,
+    show: Callable[[str], None],
+) -> dict:
+    """The cell's schedule (``profile``, ``seed``: the served one's) simulated with the
+    check's model into ``cell_dir/simulated/`` (requests, steps, summary.json); the
+    run.json entry, with ``skipped`` and why when the cell has nothing to compare."""
+    from harness.simulate import run_simulations
+
+    entry = check.entry()
+    if cell.config is None or not (cell_dir / "requests.parquet").is_file():
+        return {**entry, "skipped": "the cell has no requests.parquet to compare with"}
+    show(f"{cell.name}: simulating the same schedule ({entry['model']})")
+    run_simulations(
+        profile,
+        {cell.name: cell.config},
+        check.model,
+        cell_dir / SIMULATED_DIR,
+        seed=seed,
+        write_decisions=False,
+        machine=check.fingerprint.to_dict(),
+    )
+    return {**entry, "records": f"{SIMULATED_DIR}/requests.parquet"}
+
+
+def fit_into_store(
+    cell: Cell, check: CheckModel, cell_dir: Path, show: Callable[[str], None]
+) -> dict:
+    """Fit a cost model from the cell's steps.parquet (and its client records) into the
+    store under the cell's fingerprint; the run.json ``cost_fit`` entry. Too few steps,
+    or none, is a skip with its reason, never a failure."""
+    from engine.sim.cost_fit import CalibrationError
+    from harness.calibrate import CalibrateInputError, calibrate_from_steps
+
+    model = cell.config.model if cell.config is not None else "tiny"
+    lines: list[str] = []
+    try:
+        fitted = calibrate_from_steps([cell_dir], model, echo=lines.append)
+    except (CalibrateInputError, CalibrationError) as exc:
+        show(f"{cell.name}: no cost model fitted from this cell: {exc}")
+        return {"stored": None, "skipped": str(exc)}
+    path = cost_store.save(fitted, check.fingerprint)
+    show(f"{cell.name}: fitted this cell's steps into {path}")
+    return {
+        "stored": str(path),
+        "fitted_at": fitted.fitted_at,
+        "fingerprint_key": check.fingerprint.key,
+        "holdout_median_rel_error": fitted.fit.get("holdout_median_rel_error"),
+        "notes": lines,
+    }
+
+
+__all__ = [
+    "RUN_JSON_KEY",
+    "CheckModel",
+    "cell_fingerprint",
+    "check_models",
+    "fit_into_store",
+    "simulate_counterpart",
+]

@@ -1,0 +1,176 @@
+"""The simulator check's figures and ranking rule on hand-made frames, and the report's
+section: rendered for a run with a simulated counterpart, absent for one without."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.report import ReportOptions, generate_report
+from harness.report.simulator_check import (
+    SIMULATED_DIR,
+    TIE_TOLERANCE,
+    class_rows,
+    compare,
+    for_cells,
+    ranking,
+    relative_error,
+)
+
+
+def _frame(ttft: list[float], e2e: list[float] | None = None, classes=None, status=None):
+    n = len(ttft)
+    return pl.DataFrame(
+        {
+            "request_id": [f"r{i}" for i in range(n)],
+            "class": classes or ["a"] * n,
+            "status": status or ["ok"] * n,
+            "scheduled_at": [float(i) for i in range(n)],
+            "ttft_s": ttft,
+            "e2e_s": e2e or [t * 10 for t in ttft],
+        }
+    )
+
+
+latencies = st.lists(
+    st.floats(min_value=1e-3, max_value=100, allow_nan=False), min_size=1, max_size=30
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(["fcfs", "sjf", "priority"]), latencies, min_size=1),
+    st.lists(st.sampled_from(["short", "long"]), min_size=30, max_size=30),
+)
+def test_identical_served_and_simulated_frames_have_no_error_and_the_same_ranking(
+    per_policy, class_pool
+):
+    frames = {p: _frame(v, classes=class_pool[: len(v)]) for p, v in per_policy.items()}
+    check = compare(frames, {p: f.clone() for p, f in frames.items()}, {})
+    for cell in check["cells"].values():
+        for row in cell["classes"].values():
+            assert row["requests"] == row["simulated_requests"]
+            for key in ("ttft_s_p50", "ttft_s_p95", "e2e_s_p50", "e2e_s_p95"):
+                assert row[key]["rel_error"] == 0
+    for classes in check["rankings"].values():
+        for by in classes.values():
+            for r in by.values():
+                assert r["served_order"] == r["simulated_order"]
+                assert r["matches"] is not False and not r["reversed_pairs"]
+                assert r["matches"] is (None if len(r["served_order"]) < 2 else True)
+
+
+def test_figures_per_class_over_ok_requests_only():
+    served = _frame(
+        [0.1, 0.2, 0.3, 9.0], classes=["a", "a", "b", "b"], status=["ok", "ok", "ok", "error"]
+    )
+    simulated = _frame([0.2, 0.2, 0.15, 0.15], classes=["a", "a", "b", "b"])
+    rows = class_rows(served, simulated)
+    assert set(rows) == {"all", "a", "b"}
+    # b: served only the ok 0.3 (the 9 s error is left out); simulated 0.15 -> -50%
+    assert rows["b"]["requests"] == 1 and rows["b"]["simulated_requests"] == 2
+    assert rows["b"]["ttft_s_p50"]["served"] == pytest.approx(0.3)
+    assert rows["b"]["ttft_s_p50"]["rel_error"] == pytest.approx(-0.5)
+    # a: p50 of [0.1, 0.2] = 0.15 served, 0.2 simulated -> +33%
+    assert rows["a"]["ttft_s_p50"]["rel_error"] == pytest.approx(0.2 / 0.15 - 1)
+    assert relative_error(0.0, 1.0) is None and relative_error(None, 1.0) is None
+
+
+def test_ranking_reversed_matched_and_tied():
+    # served: fcfs 1.0 < sjf 2.0; simulated: sjf 1.0 < fcfs 2.0 -> reversed
+    reversed_ = ranking({"fcfs": (1.0, 2.0), "sjf": (2.0, 1.0)})
+    assert reversed_["matches"] is False and reversed_["reversed_pairs"] == [["fcfs", "sjf"]]
+    assert reversed_["served"] == "fcfs < sjf" and reversed_["simulated"] == "sjf < fcfs"
+    # the same order on both sides, at another scale -> matches
+    assert ranking({"fcfs": (1.0, 10.0), "sjf": (2.0, 30.0)})["matches"] is True
+    # served within the tie tolerance: a tie agrees with the simulated order either way
+    close = 1.0 + TIE_TOLERANCE / 2
+    tied = ranking({"fcfs": (close, 2.0), "sjf": (1.0, 1.0)})
+    assert tied["matches"] is True and tied["served"] == "sjf ≈ fcfs"
+    # just beyond the tolerance it is an order, and here a reversed one
+    apart = 1.0 / (1 - TIE_TOLERANCE) * 1.01
+    assert ranking({"fcfs": (close, 1.0), "sjf": (1.0, 2.0)})["matches"] is True
+    assert ranking({"fcfs": (apart, 1.0), "sjf": (1.0, 2.0)})["matches"] is False
+    # one policy (or unknown values): nothing to rank
+    assert ranking({"fcfs": (1.0, 2.0), "sjf": (None, 1.0)})["matches"] is None
+
+
+def test_rankings_stay_within_a_group_of_cells():
+    frames = {
+        "fcfs-x0.5": _frame([1.0]),
+        "sjf-x0.5": _frame([2.0]),
+        "fcfs-x2": _frame([5.0]),
+        "sjf-x2": _frame([9.0]),
+    }
+    simulated = {
+        "fcfs-x0.5": _frame([1.0]),
+        "sjf-x0.5": _frame([2.0]),
+        "fcfs-x2": _frame([9.0]),
+        "sjf-x2": _frame([5.0]),
+    }
+    rankings = compare(frames, simulated, {})["rankings"]
+    assert set(rankings) == {"-x0.5", "-x2"}
+    assert rankings["-x0.5"]["a"]["ttft_s_p95"]["matches"] is True
+    assert rankings["-x2"]["a"]["ttft_s_p95"]["matches"] is False
+
+
+def _run_dir(tmp_path, with_simulated: bool):
+    root = tmp_path / "run"
+    for policy, ttft in (("fcfs", [0.1, 0.2, 0.4, 0.8]), ("sjf", [0.1, 0.1, 0.2, 0.3])):
+        cell = root / policy
+        cell.mkdir(parents=True)
+        frame = _frame(ttft, classes=["short", "short", "long", "long"]).with_columns(
+            pl.lit(policy).alias("policy")
+        )
+        frame.write_parquet(cell / "requests.parquet")
+        if with_simulated:
+            (cell / SIMULATED_DIR).mkdir()
+            frame.with_columns(pl.col("ttft_s") * 1.5).write_parquet(
+                cell / SIMULATED_DIR / "requests.parquet"
+            )
+            entry = {"model": "/store/cost-model-abc.json", "fitted_at": "2026-01-01T00:00:00"}
+            (cell / "run.json").write_text(
+                json.dumps({"simulator_check": {**entry, "predates_run": True}})
+            )
+    return root
+
+
+def test_report_section_rendered_only_with_the_simulated_counterpart(tmp_path):
+    options = ReportOptions(figures=False, resamples=20)
+    old = generate_report([_run_dir(tmp_path / "old", False)], tmp_path / "old-out", options)
+    assert "Simulator vs this run" not in old["markdown"].read_text()
+    assert "simulator-check" not in old["html"].read_text()
+    assert "simulator_check" not in json.loads(old["summary"].read_text())
+    assert for_cells({}) is None
+
+    paths = generate_report([_run_dir(tmp_path / "new", True)], tmp_path / "new-out", options)
+    md = paths["markdown"].read_text()
+    assert "## Simulator vs this run" in md
+    for policy in ("fcfs", "sjf"):
+        for cls in ("all", "short", "long"):
+            assert f"| run | {policy} | {cls} | " in md
+    assert "/store/cost-model-abc.json (fitted 2026-01-01T00:00:00)" in md
+    assert "out of sample" in md
+    # simulated TTFT is the served one x 1.5 everywhere: +50%, and the same ranking
+    assert "+50%" in md and "ranking matches" in md and "differs" not in md
+    assert 'id="simulator-check"' in paths["html"].read_text()
+    summary = json.loads(paths["summary"].read_text())
+    check = summary["simulator_check"]
+    assert check["cells"]["fcfs"]["classes"]["long"]["ttft_s_p95"]["rel_error"] == pytest.approx(
+        0.5
+    )
+    assert check["cells"]["sjf"]["model"]["model"] == "/store/cost-model-abc.json"
+    # the simulated records are not a policy of their own
+    assert set(summary["policies"]) == {"fcfs", "sjf"}
+
+
+def test_a_cell_reported_alone_keeps_its_simulated_records_out_of_the_policies(tmp_path):
+    cell = _run_dir(tmp_path, True) / "fcfs"
+    paths = generate_report([cell], tmp_path / "out", ReportOptions(figures=False, resamples=20))
+    summary = json.loads(paths["summary"].read_text())
+    assert set(summary["policies"]) == {"fcfs"}
+    assert set(summary["simulator_check"]["cells"]) == {"fcfs"}
