@@ -53,8 +53,8 @@ def choose(
     calibrate: Callable[[Fingerprint], CostModel] | None = None,
 ) -> Choice:
     """The cost model for ``value`` (None, ``builtin`` or ``auto``) on the machine of
-    ``fingerprint``. ``calibrate`` fits one under ``auto`` (default:
-    :func:`calibrate_here`)."""
+    ``fingerprint``. ``calibrate`` fits one under ``auto`` (the commands pass
+    :func:`harness.served_calibration.calibrate_quickly`)."""
     builtin = f"built-in, fitted on another machine ({BUILTIN_FITTED_ON})"
     if value == BUILTIN:
         return Choice(CostModel(), None, f"cost model: {builtin} (--cost-model builtin)")
@@ -70,7 +70,9 @@ def choose(
         )
         stale = f"{entry.path} is stale ({changes}): not used; "
     if value == AUTO:
-        fitted = (calibrate or calibrate_here)(fingerprint)
+        if calibrate is None:
+            raise TypeError("--cost-model auto needs a calibrate function")
+        fitted = calibrate(fingerprint)
         path = cost_store.save(fitted, fingerprint)
         entry = cost_store.load(path)
         return Choice(
@@ -95,27 +97,3 @@ def _fit_facts(entry: cost_store.StoredModel) -> str:
         f"fitted on this machine{' ' + fitted_at if fitted_at else ''}, held-out median "
         f"error {'unknown' if error is None else f'{error:.1%}'}"
     )
-
-
-def calibrate_here(fingerprint: Fingerprint) -> CostModel:
-    """A quick served calibration of the fingerprint's model (``schedscope calibrate
-    --quick``: the engine served here with the calibration schedule, its step cycles
-    fitted; about a minute on 2 CPU cores), its progress on stderr."""
-    import sys
-
-    from rich.console import Console
-
-    from harness.calibrate import CalibrateInputError
-    from harness.served_calibration import ServedCalibrationError, calibrate_served
-
-    console = Console(stderr=True)
-    try:
-        return calibrate_served(
-            fingerprint.model,
-            fingerprint.executor,
-            quick=True,
-            echo=lambda line: print(line, file=sys.stderr),
-            console=console,
-        )
-    except (ServedCalibrationError, CalibrateInputError) as exc:
-        raise ValueError(f"--cost-model auto: cannot calibrate: {exc}") from None

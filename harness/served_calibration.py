@@ -55,6 +55,8 @@ from harness.profiles import (
 if TYPE_CHECKING:
     import polars as pl
 
+    from harness.machine import Fingerprint
+
 EXECUTORS = ("torch", "sim")
 #: The shape families of the calibration schedule (its phases run long_context first).
 SHAPE_FAMILIES = ("decode_heavy", "prefill_burst", "mixed", "long_context")
@@ -444,3 +446,26 @@ def calibrate_served(
     return dataclasses.replace(
         fitted, device=device, source="served", fit={**fitted.fit, "served": served}
     )
+
+
+def calibrate_quickly(fingerprint: Fingerprint) -> CostModel:
+    """A quick served calibration of the fingerprint's model (``schedscope calibrate
+    --quick``: the engine served here with the calibration schedule, its step cycles
+    fitted; about a minute on 2 CPU cores), its progress on stderr."""
+    import sys
+
+    from rich.console import Console
+
+    from harness.calibrate import CalibrateInputError
+
+    console = Console(stderr=True)
+    try:
+        return calibrate_served(
+            fingerprint.model,
+            fingerprint.executor,
+            quick=True,
+            echo=lambda line: print(line, file=sys.stderr),
+            console=console,
+        )
+    except (ServedCalibrationError, CalibrateInputError) as exc:
+        raise ValueError(f"--cost-model auto: cannot calibrate: {exc}") from None

@@ -16,6 +16,7 @@ from harness.cost_choice import choose, is_named_choice
 from harness.knobs import with_engine_knobs
 from harness.machine import Fingerprint, fingerprint
 from harness.profiles import ProfileError, resolve_profile
+from harness.served_calibration import calibrate_quickly
 
 #: `schedscope run`'s default --duration-scale: the `mixed` profile's 120 s schedule cut
 #: to 30 s per policy, so the three policies end in about 3 minutes here (docs/run.md).
@@ -203,7 +204,9 @@ def _cost_model_file(value: str | None, machine: Fingerprint, uses_cost_model: b
     if not uses_cost_model:
         return None
     try:
-        choice = choose(value, dataclasses.replace(machine, executor="torch"))
+        choice = choose(
+            value, dataclasses.replace(machine, executor="torch"), calibrate=calibrate_quickly
+        )
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
     err_console.print(choice.line, soft_wrap=True, highlight=False, markup=False)

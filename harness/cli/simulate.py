@@ -17,6 +17,7 @@ from harness.cost_choice import choose, is_named_choice
 from harness.knobs import build_engine_config, with_engine_knobs
 from harness.machine import Fingerprint, fingerprint
 from harness.profiles import Profile, ProfileError, resolve_profile
+from harness.served_calibration import calibrate_quickly
 
 
 @with_engine_knobs(exclude=frozenset({"scheduling_policy"}))
@@ -131,7 +132,7 @@ def _cost_model(value: str | None, machine: Fingerprint) -> CostModel:
         except CostModelError as exc:
             raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
     try:
-        choice = choose(value, machine)
+        choice = choose(value, machine, calibrate=calibrate_quickly)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
     err_console.print(choice.line, soft_wrap=True, highlight=False, markup=False)
