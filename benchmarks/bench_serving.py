@@ -9,8 +9,9 @@ seconds), every request with ``max_tokens`` = its true output length and
 - served: ``schedscope serve --executor torch`` in a subprocess, the same schedule
   replayed open-loop by an asyncio client in this process (streaming, prompt token ids,
   latency from the scheduled instant);
-- simulated: ``harness.simulate`` with the given cost model (default: built-in), and,
-  when the served run's step records are there, a cost model fitted from them.
+- simulated: ``harness.simulate`` with the given cost model (default: the built-in and,
+  when ``schedscope calibrate`` stored one, this machine's fit), and, when the served
+  run's step records are there, a cost model fitted from them (in sample).
 
 Targets: served E2E p50/p95 and throughput within 15% of offline (aim 5%); simulated
 p50/p95 TTFT and E2E per class within 15% of served. Prints measured beside target and
@@ -525,6 +526,17 @@ def main() -> None:
         if args.cost_model
         else CostModel()
     }
+    if args.cost_model is None:
+        # Out of sample: the fit `schedscope calibrate` stored for this machine (the
+        # served engine's fingerprint), beside the built-in fitted on another machine.
+        from harness import cost_store
+        from harness.machine import fingerprint
+
+        match = cost_store.find(fingerprint(config.model)).match
+        if match is not None and match.model is not None:
+            models[f"this machine's stored fit {match.path.name}"] = match.model
+        else:
+            print("no fit stored for this machine: `schedscope calibrate --quick` makes one")
     if all(f.exists() for f in steps_files):
         from engine.sim.cost_fit import fit_from_steps
 
