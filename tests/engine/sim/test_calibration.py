@@ -127,10 +127,27 @@ def test_calibrate_without_out_writes_into_the_store(tmp_path, monkeypatch):
     store = tmp_path / "store"
     monkeypatch.setenv(cost_store.STORE_ENV, str(store))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["calibrate", "--quick", "--repeats", "1", "--device", "cpu"])
+    args = ["calibrate", "--method", "profile", "--quick", "--repeats", "1", "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "cost_model.json").exists()
     [entry] = cost_store.entries(store)
     assert f"written: {entry.path}" in result.stdout
     threads = entry.model.fit["threads"]
     assert entry.fingerprint == fingerprint("tiny", device="cpu", torch_threads=threads)
+
+
+def test_a_served_fit_stands_for_the_executor_it_measured():
+    """A served calibration of the sim executor is stored under the sim executor's
+    fingerprint: it never stands in for the torch engine's steps."""
+    from engine.core.cost_model import CostModel
+    from harness.cli.calibrate import _fit_fingerprint
+    from harness.machine import fingerprint
+
+    fitted = CostModel.constant(0.01)
+    sim = _fit_fingerprint(fitted, "tiny", None, "served", "sim")
+    torch = _fit_fingerprint(fitted, "tiny", None, "served", "torch")
+    assert sim.executor == "sim" and torch.executor == "torch"
+    assert sim.key != torch.key
+    assert torch == fingerprint("tiny")  # the served torch engine's defaults here
+    assert _fit_fingerprint(fitted, "tiny", None, "steps", "torch") == fingerprint("tiny")
