@@ -369,13 +369,9 @@ def _serve_with_engine_thread(
     finally:
         try:
             if traced is not None:
-                stats = traced.shutdown()
-                log.info(
-                    "spans: %d ended, %d exported, %d dropped",
-                    stats["spans"],
-                    stats["exported_spans"],
-                    stats["dropped_spans"],
-                )
+                from engine.serving.engine_core import shutdown_tracing
+
+                shutdown_tracing(traced)
         finally:  # the records are written whatever the span flush did
             lost = write_records(writers)
     return _exit_code(code, tuple(w.spec for w in writers), lost)

@@ -143,13 +143,7 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
         finally:
             if tracing is not None:
                 # A concurrent engine step cannot be running here: the loop has returned.
-                stats = tracing.shutdown()
-                log.info(
-                    "spans: %d ended, %d exported, %d dropped",
-                    stats["spans"],
-                    stats["exported_spans"],
-                    stats["dropped_spans"],
-                )
+                shutdown_tracing(tracing)
             _send_quietly(outputs, ("stopped",))
 
 
@@ -158,6 +152,18 @@ def _send_quietly(outputs, message) -> None:
         outputs.send(message)
     except (BrokenPipeError, OSError):
         pass  # the API process is gone
+
+
+def shutdown_tracing(tracing) -> None:
+    """Flush and end the engine's spans (within the exporter's own bound), logging what
+    became of them; both engine cores end their tracing here."""
+    stats = tracing.shutdown()
+    log.info(
+        "spans: %d ended, %d exported, %d dropped",
+        stats["spans"],
+        stats["exported_spans"],
+        stats["dropped_spans"],
+    )
 
 
 def publish_dropped_spans(engine, tracing) -> None:

@@ -23,12 +23,10 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.core.cost_model import CostModel
 from harness import cost_store
-from harness.cost_choice import choose
+from harness.cost_choice import BUILTIN, choose
 from harness.machine import Fingerprint, fingerprint
 from harness.report.simulator_check import RUN_JSON_KEY, SIMULATED_DIR
 from harness.run.matrix import Cell
-
-BUILTIN = "builtin"
 
 
 @dataclass(frozen=True)
