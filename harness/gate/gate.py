@@ -1,0 +1,75 @@
+"""The whole gate: read both sides, check they may be compared, evaluate every rule.
+
+Exit codes: :data:`PASS` (0) every line passed; :data:`REGRESSION` (1) a line failed;
+:data:`USAGE` (2) the configuration or the data cannot be gated (raised as
+:class:`~harness.gate.config.GateConfigError` / :class:`~harness.gate.sides.GateInputError`
+and mapped by the command).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.gate.baseline import check_compatible
+from harness.gate.config import GateConfig
+from harness.gate.evaluate import Check, evaluate
+from harness.gate.sides import GateInputError, Side, open_side
+
+PASS, REGRESSION, USAGE = 0, 1, 2
+
+
+@dataclass
+class GateResult:
+    checks: list[Check]
+    baseline: Side
+    current: Side
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return PASS if all(c.passed for c in self.checks) else REGRESSION
+
+    def sides(self) -> dict:
+        return {
+            name: {
+                "path": str(side.path),
+                "kind": side.kind,
+                "mode": side.mode,
+                "identity": side.identity,
+                "cells": {
+                    c.name: {"repeats": c.repeats, "schedule": c.schedule}
+                    for c in side.cells.values()
+                },
+            }
+            for name, side in (("baseline", self.baseline), ("current", self.current))
+        }
+
+
+def run_gate(
+    baseline: Path | str, current: Path | str, config: GateConfig, allow: set[str] | None = None
+) -> GateResult:
+    base = open_side(baseline, "baseline")
+    cur = open_side(current, "current")
+    notes = check_compatible(base, cur, allow or set())
+    checks = evaluate(config, base, cur)
+    if not checks:
+        raise GateInputError("no line to check: the rules matched no cell")
+    method = (
+        "simulated runs: deterministic, compared exactly"
+        if base.simulated
+        else (
+            f"real runs: paired block bootstrap over {config.num_blocks} schedule windows, "
+            f"{config.resamples} resamples, {config.confidence:.0%} intervals; a line fails "
+            "when its whole interval is past the tolerance"
+        )
+    )
+    notes = [f"rules: {config.source}", method, *notes, *base.notes, *cur.notes]
+    for side in (base, cur):
+        pooled = [c.name for c in side.cells.values() if c.repeats > 1]
+        if pooled:
+            notes.append(
+                f"{side.label}: repeats pooled: "
+                + ", ".join(f"{n} x{side.cells[n].repeats}" for n in pooled)
+            )
+    return GateResult(checks, base, cur, notes)

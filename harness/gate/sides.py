@@ -1,0 +1,232 @@
+"""The two sides of a gate (baseline, current), read into one form whatever they are.
+
+A side is one of:
+
+- a run directory: ``schedscope run`` output (``run.json``, ``<cell>/requests.parquet``)
+  or ``schedscope simulate`` output (``summary.json`` and ``requests.parquet``, or
+  ``<policy>/requests.parquet``) — opened with the report's reader
+  (:func:`harness.report.inputs.open_run`), so the gate sees the rows the report sees;
+- a baseline file (``schedscope baseline update``; :mod:`harness.gate.baseline`): the
+  same per-request rows, kept in one JSON file;
+- a ``summary.json`` (version 1 or 2): percentiles only, so the gate can apply absolute
+  rules and compare simulated (deterministic) runs, nothing that needs per-request data.
+
+Cells named ``<cell>-r<k>`` (repeats of one cell) are pooled into ``<cell>``: their rows
+are concatenated (each keeps its schedule offset, so blocks still pair) and their
+durations added.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+#: The per-request columns the gate keeps (the normalised form of every side).
+GATE_COLUMNS = (
+    "request_id",
+    "class",
+    "status",
+    "offset_s",
+    "prompt_tokens",
+    "max_tokens",
+    "output_tokens",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "queue_s",
+    "stall_s",
+    "slo_met",
+    "itl_s",
+)
+REPEAT_RE = re.compile(r"^(?P<cell>.+)-r(?P<repeat>\d+)$")
+
+
+class GateInputError(ValueError):
+    """A side the gate cannot read or use (exit 2); the message names the file."""
+
+
+@dataclass
+class CellData:
+    name: str
+    frame: pl.DataFrame | None  # GATE_COLUMNS; None for a summary.json side
+    summary: dict | None = None  # the policy's summary.json entry (overall, classes)
+    duration_s: float = 0.0
+    generator_limited: bool | None = None
+    send_lag_p99_s: float | None = None
+    schedule: str | None = None  # digest of the arrival schedule (schedule_digest)
+    repeats: int = 1
+
+
+@dataclass
+class Side:
+    label: str
+    path: Path
+    kind: str  # "requests" | "summary"
+    mode: str | None  # "simulate" | "serve" | "target"
+    identity: dict  # profile, seed, schema_version, machine (fingerprint key)
+    cells: dict[str, CellData]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def simulated(self) -> bool:
+        return self.mode == "simulate"
+
+
+def schedule_digest(frame: pl.DataFrame) -> str:
+    """16 hex digits over the schedule itself: every request's id, class, prompt and
+    output lengths and arrival offset (to the microsecond). Equal digests: the same
+    arrivals, whichever engine answered them."""
+    rows = frame.select(
+        pl.col("request_id").cast(pl.String),
+        pl.col("class").cast(pl.String),
+        pl.col("prompt_tokens").cast(pl.Int64),
+        pl.col("max_tokens").cast(pl.Int64),
+        (pl.col("offset_s") * 1e6).round(0).cast(pl.Int64),
+    ).sort("request_id")
+    text = "\n".join(",".join("" if v is None else str(v) for v in row) for row in rows.rows())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except OSError as exc:
+        raise GateInputError(f"{path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise GateInputError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise GateInputError(f"{path}: expected a JSON object")
+    return value
+
+
+def _optional_json(path: Path) -> dict:
+    try:
+        return _read_json(path) if path.is_file() else {}
+    except GateInputError:
+        return {}
+
+
+def _machine_key(machine) -> str | None:
+    if isinstance(machine, dict):
+        return machine.get("key") or machine.get("fingerprint_key")
+    return machine if isinstance(machine, str) else None
+
+
+def normalise(frame: pl.DataFrame) -> pl.DataFrame:
+    """The report's request rows (``harness.report.tables.load_requests``) in the gate's
+    columns: the schedule offset as ``offset_s`` (``harness.report.verdict``'s axis)."""
+    from harness.report.verdict import arrival_offsets
+
+    offsets = pl.Series("offset_s", arrival_offsets(frame), dtype=pl.Float64)
+    out = frame.with_columns(offsets)
+    if "itl_s" not in out.columns:
+        out = out.with_columns(pl.lit(None, dtype=pl.List(pl.Float64)).alias("itl_s"))
+    return out.select(GATE_COLUMNS)
+
+
+def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
+    """Repeats ``X-r1``, ``X-r2``... become one cell ``X`` (module docstring)."""
+    groups: dict[str, list[CellData]] = {}
+    for name, cell in cells.items():
+        match = REPEAT_RE.match(name)
+        groups.setdefault(match["cell"] if match else name, []).append(cell)
+    out: dict[str, CellData] = {}
+    for name, members in groups.items():
+        if len(members) == 1 and members[0].name == name:
+            out[name] = members[0]
+            continue
+        schedules = {m.schedule for m in members}
+        if len(schedules) > 1:
+            raise GateInputError(
+                f"cell {name}: its repeats {', '.join(m.name for m in members)} have "
+                "different schedules; repeats must replay one schedule"
+            )
+        frames = [m.frame for m in members if m.frame is not None]
+        lags = [m.send_lag_p99_s for m in members if m.send_lag_p99_s is not None]
+        out[name] = CellData(
+            name=name,
+            frame=pl.concat(frames) if frames else None,
+            duration_s=sum(m.duration_s for m in members),
+            generator_limited=any(bool(m.generator_limited) for m in members),
+            send_lag_p99_s=max(lags) if lags else None,
+            schedule=schedules.pop(),
+            repeats=len(members),
+        )
+    return out
+
+
+def _open_directory(path: Path, label: str) -> Side:
+    from harness.report.build import run_slos
+    from harness.report.inputs import ReportInputError, open_run
+    from harness.report.tables import load_requests, run_duration
+
+    try:
+        run = open_run(path, label)
+    except ReportInputError as exc:
+        raise GateInputError(str(exc)) from None
+    run_json = _optional_json(path / "run.json")
+    summary = _optional_json(path / "summary.json")
+    mode = run_json.get("mode") or summary.get("mode")
+    slos, _ = run_slos(None, run)
+    cells: dict[str, CellData] = {}
+    machine = _machine_key(run_json.get("machine") or summary.get("machine"))
+    for name, data in run.policies.items():
+        frame = load_requests(data.requests, slos)
+        cell_json = _optional_json(data.path / "run.json")
+        mode = mode or cell_json.get("mode")
+        machine = machine or _machine_key(cell_json.get("machine"))
+        loadgen = cell_json.get("loadgen") or {}
+        rows = normalise(frame)
+        cells[name] = CellData(
+            name=name,
+            frame=rows,
+            duration_s=run_duration(frame, data.info),
+            generator_limited=cell_json.get("generator_limited"),
+            send_lag_p99_s=loadgen.get("send_lag_p99_s") if isinstance(loadgen, dict) else None,
+            schedule=schedule_digest(rows),
+        )
+    identity = {
+        "profile": run_json.get("profile") or summary.get("profile"),
+        "seed": run_json.get("seed", summary.get("seed")),
+        "schema_version": summary.get("schema_version"),
+        "machine": machine,
+    }
+    return Side(label, path, "requests", mode, identity, _pool(cells), list(run.notes))
+
+
+def _open_summary(path: Path, body: dict, label: str) -> Side:
+    policies = body.get("policies")
+    if not isinstance(policies, dict) or not policies:
+        raise GateInputError(f"{path}: a summary.json with no policies")
+    cells = {
+        name: CellData(name=name, frame=None, summary=value, duration_s=value.get("duration_s", 0))
+        for name, value in policies.items()
+    }
+    identity = {
+        "profile": body.get("profile"),
+        "seed": body.get("seed"),
+        "schema_version": body.get("schema_version"),
+        "machine": _machine_key(body.get("machine")),
+    }
+    note = "summary.json only: absolute rules and simulated comparisons, no per-request data"
+    return Side(label, path, "summary", body.get("mode"), identity, _pool(cells), [note])
+
+
+def open_side(path: Path | str, label: str) -> Side:
+    """Read ``path`` (a run directory, a baseline file or a summary.json) as a side."""
+    from harness.gate.baseline import BASELINE_KIND, side_from_baseline
+
+    path = Path(path)
+    if path.is_dir():
+        return _open_directory(path, label)
+    if not path.exists():
+        raise GateInputError(f"{path}: no such file or directory")
+    body = _read_json(path)
+    if body.get("kind") == BASELINE_KIND:
+        return side_from_baseline(path, body, label)
+    return _open_summary(path, body, label)
