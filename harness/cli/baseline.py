@@ -27,8 +27,8 @@ def update(
     schedule, schema version or machine is refused unless --allow-mismatch names it."""
     from harness.gate.baseline import check_compatible, write_baseline
     from harness.gate.evaluate import check_usable
-    from harness.gate.gate import USAGE
-    from harness.gate.sides import GateInputError, open_side
+    from harness.gate.gate import USAGE, open_side
+    from harness.gate.sides import GateInputError
 
     try:
         if not source.is_dir():

@@ -400,7 +400,7 @@ def evaluate(config: GateConfig, baseline: Side, current: Side) -> list[Check]:
     if config.simulated == "exact" and baseline.simulated and current.simulated:
         if baseline.kind != current.kind:
             raise GateInputError(
-                "simulated = \"exact\" compares like with like: both sides run directories "
+                'simulated = "exact" compares like with like: both sides run directories '
                 "(or baseline files), or both summary.json"
             )
         for name in sorted(set(baseline.cells) & set(current.cells)):

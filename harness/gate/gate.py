@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.gate.baseline import check_compatible
+from harness.gate.baseline import BASELINE_KIND, check_compatible, side_from_baseline
 from harness.gate.config import GateConfig
 from harness.gate.evaluate import Check, evaluate
-from harness.gate.sides import GateInputError, Side, open_side
+from harness.gate.sides import GateInputError, Side, open_directory, open_summary, read_json
 
 PASS, REGRESSION, USAGE = 0, 1, 2
 
@@ -44,6 +44,19 @@ class GateResult:
             }
             for name, side in (("baseline", self.baseline), ("current", self.current))
         }
+
+
+def open_side(path: Path | str, label: str) -> Side:
+    """Read ``path`` (a run directory, a baseline file or a summary.json) as a side."""
+    path = Path(path)
+    if path.is_dir():
+        return open_directory(path, label)
+    if not path.exists():
+        raise GateInputError(f"{path}: no such file or directory")
+    body = read_json(path)
+    if body.get("kind") == BASELINE_KIND:
+        return side_from_baseline(path, body, label)
+    return open_summary(path, body, label)
 
 
 def run_gate(

@@ -6,7 +6,7 @@ A side is one of:
   or ``schedscope simulate`` output (``summary.json`` and ``requests.parquet``, or
   ``<policy>/requests.parquet``) — opened with the report's reader
   (:func:`harness.report.inputs.open_run`), so the gate sees the rows the report sees;
-- a baseline file (``schedscope baseline update``; :mod:`harness.gate.baseline`): the
+- a baseline file (``schedscope baseline update``; read by :mod:`harness.gate.baseline`): the
   same per-request rows, kept in one JSON file;
 - a ``summary.json`` (version 1 or 2): percentiles only, so the gate can apply absolute
   rules and compare simulated (deterministic) runs, nothing that needs per-request data.
@@ -92,7 +92,7 @@ def schedule_digest(frame: pl.DataFrame) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
     except OSError as exc:
@@ -106,7 +106,7 @@ def _read_json(path: Path) -> dict:
 
 def _optional_json(path: Path) -> dict:
     try:
-        return _read_json(path) if path.is_file() else {}
+        return read_json(path) if path.is_file() else {}
     except GateInputError:
         return {}
 
@@ -160,7 +160,7 @@ def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
     return out
 
 
-def _open_directory(path: Path, label: str) -> Side:
+def open_directory(path: Path, label: str) -> Side:
     from harness.report.build import run_slos
     from harness.report.inputs import ReportInputError, open_run
     from harness.report.tables import load_requests, run_duration
@@ -199,7 +199,7 @@ def _open_directory(path: Path, label: str) -> Side:
     return Side(label, path, "requests", mode, identity, _pool(cells), list(run.notes))
 
 
-def _open_summary(path: Path, body: dict, label: str) -> Side:
+def open_summary(path: Path, body: dict, label: str) -> Side:
     policies = body.get("policies")
     if not isinstance(policies, dict) or not policies:
         raise GateInputError(f"{path}: a summary.json with no policies")
@@ -215,18 +215,3 @@ def _open_summary(path: Path, body: dict, label: str) -> Side:
     }
     note = "summary.json only: absolute rules and simulated comparisons, no per-request data"
     return Side(label, path, "summary", body.get("mode"), identity, _pool(cells), [note])
-
-
-def open_side(path: Path | str, label: str) -> Side:
-    """Read ``path`` (a run directory, a baseline file or a summary.json) as a side."""
-    from harness.gate.baseline import BASELINE_KIND, side_from_baseline
-
-    path = Path(path)
-    if path.is_dir():
-        return _open_directory(path, label)
-    if not path.exists():
-        raise GateInputError(f"{path}: no such file or directory")
-    body = _read_json(path)
-    if body.get("kind") == BASELINE_KIND:
-        return side_from_baseline(path, body, label)
-    return _open_summary(path, body, label)
