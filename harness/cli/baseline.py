@@ -44,7 +44,5 @@ def update(
         raise typer.Exit(USAGE) from None
     for note in notes:
         console.print(note, markup=False)
-    cells = ", ".join(
-        f"{n} ({len(c['rows']['request_id'])} requests)" for n, c in body["cells"].items()
-    )
+    cells = ", ".join(f"{n} ({len(c['rows'])} requests)" for n, c in body["cells"].items())
     console.print(f"baseline: {out} ({body['mode']}): {cells}", markup=False)

@@ -9,7 +9,10 @@ shows in a diff. Its keys::
      "schedscope": VERSION, "source": PATH, "mode": "simulate" | "serve" | "target",
      "identity": {"profile", "seed", "schema_version", "machine"},
      "cells": {NAME: {"duration_s", "generator_limited", "send_lag_p99_s", "schedule",
-                      "repeats", "rows": {COLUMN: [values...]}}}}
+                      "repeats", "columns": [COLUMN...], "rows": [[value...], ...]}}}
+
+One request per line (sorted by schedule offset), so a diff of a baseline shows the
+requests whose outcome changed.
 
 A baseline compared with a run of another profile, seed, schedule, summary schema
 version or machine fingerprint is refused (:func:`check_compatible`), unless that
@@ -72,7 +75,10 @@ def baseline_document(side: Side) -> dict:
             "send_lag_p99_s": cell.send_lag_p99_s,
             "schedule": cell.schedule,
             "repeats": cell.repeats,
-            "rows": frame.sort("offset_s", "request_id").to_dict(as_series=False),
+            "columns": list(GATE_COLUMNS),
+            "rows": [
+                list(r) for r in frame.sort("offset_s", "request_id").select(GATE_COLUMNS).rows()
+            ],
         }
     return {
         "kind": BASELINE_KIND,
@@ -91,9 +97,21 @@ def write_baseline(side: Side, out: Path) -> dict:
     body = baseline_document(side)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
-    partial.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    partial.write_text(_dumps(body) + "\n")
     partial.replace(out)
     return body
+
+
+def _dumps(value, indent: str = "") -> str:
+    """JSON with objects indented and each list of rows one row per line."""
+    if isinstance(value, dict) and value:
+        inner = indent + " "
+        items = [f"{inner}{json.dumps(k)}: {_dumps(v, inner)}" for k, v in sorted(value.items())]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        inner = indent + " "
+        return "[\n" + ",\n".join(inner + json.dumps(v) for v in value) + "\n" + indent + "]"
+    return json.dumps(value)
 
 
 def side_from_baseline(path: Path, body: dict, label: str) -> Side:
@@ -105,11 +123,15 @@ def side_from_baseline(path: Path, body: dict, label: str) -> Side:
         )
     cells: dict[str, CellData] = {}
     for name, cell in (body.get("cells") or {}).items():
-        rows = cell.get("rows") or {}
-        missing = [c for c in GATE_COLUMNS if c not in rows]
+        columns = cell.get("columns") or []
+        missing = [c for c in GATE_COLUMNS if c not in columns]
         if missing:
             raise GateInputError(f"{path}: cell {name} lacks the column {missing[0]}")
-        frame = pl.DataFrame({c: rows[c] for c in GATE_COLUMNS}, schema=_SCHEMA)
+        frame = pl.DataFrame(
+            cell.get("rows") or [],
+            schema={c: _SCHEMA.get(c, pl.Null) for c in columns},
+            orient="row",
+        ).select(GATE_COLUMNS)
         cells[name] = CellData(
             name=name,
             frame=frame,

@@ -117,6 +117,16 @@ def _machine_key(machine) -> str | None:
     return machine if isinstance(machine, str) else None
 
 
+def _identity_machine(mode: str | None, summary: dict, machine) -> str | None:
+    """The machine a side's latencies stand for. A real run's: the fingerprint of the
+    machine it ran on. A simulated run's: the machine its cost model was fitted on
+    (None for the built-in model, whose predictions are the same on every machine)."""
+    if mode != "simulate":
+        return _machine_key(machine)
+    cost_model = summary.get("cost_model") or {}
+    return _machine_key(cost_model.get("fingerprint")) if isinstance(cost_model, dict) else None
+
+
 def normalise(frame: pl.DataFrame) -> pl.DataFrame:
     """The report's request rows (``harness.report.tables.load_requests``) in the gate's
     columns: the schedule offset as ``offset_s`` (``harness.report.verdict``'s axis)."""
@@ -174,12 +184,12 @@ def open_directory(path: Path, label: str) -> Side:
     mode = run_json.get("mode") or summary.get("mode")
     slos, _ = run_slos(None, run)
     cells: dict[str, CellData] = {}
-    machine = _machine_key(run_json.get("machine") or summary.get("machine"))
+    machine = run_json.get("machine") or summary.get("machine")
     for name, data in run.policies.items():
         frame = load_requests(data.requests, slos)
         cell_json = _optional_json(data.path / "run.json")
         mode = mode or cell_json.get("mode")
-        machine = machine or _machine_key(cell_json.get("machine"))
+        machine = machine or cell_json.get("machine")
         loadgen = cell_json.get("loadgen") or {}
         rows = normalise(frame)
         cells[name] = CellData(
@@ -194,7 +204,7 @@ def open_directory(path: Path, label: str) -> Side:
         "profile": run_json.get("profile") or summary.get("profile"),
         "seed": run_json.get("seed", summary.get("seed")),
         "schema_version": summary.get("schema_version"),
-        "machine": machine,
+        "machine": _identity_machine(mode, summary, machine),
     }
     return Side(label, path, "requests", mode, identity, _pool(cells), list(run.notes))
 
@@ -211,7 +221,7 @@ def open_summary(path: Path, body: dict, label: str) -> Side:
         "profile": body.get("profile"),
         "seed": body.get("seed"),
         "schema_version": body.get("schema_version"),
-        "machine": _machine_key(body.get("machine")),
+        "machine": _identity_machine(body.get("mode"), body, body.get("machine")),
     }
     note = "summary.json only: absolute rules and simulated comparisons, no per-request data"
     return Side(label, path, "summary", body.get("mode"), identity, _pool(cells), [note])
