@@ -318,8 +318,12 @@ def _exact_results(name: str, baseline: CellData, current: CellData) -> Check:
         detail = "summary.json statistics identical" if same else "summary.json statistics differ"
         counted = None
     else:
-        a = baseline.frame.select("request_id", *EXACT_COLUMNS).sort("request_id", maintain_order=True)
-        b = current.frame.select("request_id", *EXACT_COLUMNS).sort("request_id", maintain_order=True)
+        a = baseline.frame.select("request_id", *EXACT_COLUMNS).sort(
+            "request_id", maintain_order=True
+        )
+        b = current.frame.select("request_id", *EXACT_COLUMNS).sort(
+            "request_id", maintain_order=True
+        )
         if a["request_id"].to_list() != b["request_id"].to_list():
             same, counted = False, None
             detail = "the two runs hold different requests"
