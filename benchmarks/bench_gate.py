@@ -170,14 +170,15 @@ def main() -> None:
         )
         print(f"round {r + 1}/{args.rounds} (alarms at tolerance {tolerances[0]:.0%}): {done}")
 
-    clean_p95 = np.median([short_ttft_p95(p) for p in pooled["clean"]])
+    clean = [short_ttft_p95(p) for p in pooled["clean"]]
+    clean_p95 = float(np.median(clean))
     print()
     print(
         f"real runs: {args.rounds} rounds, {len(seconds)} runs of `schedscope run --policy "
         f"{POLICY} --duration-scale {args.duration_scale} --repeats {args.repeats}`, "
         f"{np.median(seconds):.0f} s each (median); short-class p95 TTFT of clean runs "
-        f"{clean_p95 * 1e3:.0f} ms (median), spread {min(short_ttft_p95(p) for p in pooled['clean']) * 1e3:.0f}"
-        f"-{max(short_ttft_p95(p) for p in pooled['clean']) * 1e3:.0f} ms"
+        f"{clean_p95 * 1e3:.0f} ms (median), spread {min(clean) * 1e3:.0f}-"
+        f"{max(clean) * 1e3:.0f} ms"
     )
     header = (
         "arm".ljust(16)
