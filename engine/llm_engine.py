@@ -16,10 +16,12 @@ from engine.core.clock import VirtualClock, WallClock
 from engine.core.cost_model import CostModel
 from engine.core.kv_plan import KvPlan
 from engine.core.request import EngineRequest
+from engine.core.sched.policy import Policy
 from engine.core.sched.scheduler import Scheduler
 from engine.core.sched.scheduler_output import SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.executor import Executor, StepResult
+from engine.faults import Faults
 from engine.records.observers import ObserverList
 from engine.records.step_record import DECODE, PREFILL, RECOMPUTE, ScheduledSeq, StepRecord
 from engine.records.token_times import record_token_times
@@ -58,6 +60,8 @@ class LLMEngine:
     #: The checkpoint directory a torch engine loaded; None for a preset with seeded
     #: random weights, and for a simulated engine.
     model_dir: Path | None = None
+    #: The faults planted into this engine (set by ``engine.factory``); none by default.
+    faults: Faults = Faults()
 
     def __init__(
         self,
@@ -67,10 +71,13 @@ class LLMEngine:
         kv_plan: KvPlan,
         eos_token_id: int | None = 2,
         cost_model: CostModel | None = None,
+        policy: Policy | None = None,
     ) -> None:
         """``cost_model`` prices swap against recompute for ``--preemption-mode auto``
-        (default: the simulated executor's, else the built-in one)."""
+        (default: the simulated executor's, else the built-in one). ``policy``: the
+        scheduler's ordering, when not the configured policy's (a planted fault)."""
         self.config = config
+        self._policy = policy
         self.executor = executor
         self.clock = clock
         self.kv_plan = kv_plan
@@ -100,6 +107,7 @@ class LLMEngine:
             self.eos_token_id,
             self.cost_model,
             first_step=first_step,
+            policy=self._policy,
         )
         return block_manager, scheduler
 

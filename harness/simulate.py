@@ -72,6 +72,8 @@ class SimulationResult:
     steps: pl.DataFrame | None = None  # steps.parquet: one row per non-empty step
     #: With tracing: spans ended, exported and dropped (``Tracing.stats``).
     tracing: dict | None = None
+    #: The faults planted into the simulated engine (``engine.faults``); empty: none.
+    faults: dict = field(default_factory=dict)
 
 
 def _pending_arrivals(profile: Profile, seed: int | None, requests: list[RequestSpec] | None):
@@ -132,6 +134,7 @@ def simulate(
         step_stats=step_log.summary(),
         steps=step_log.frame(),
         tracing=tracing_stats,
+        faults=engine.faults.to_dict(),
     )
 
 
@@ -377,6 +380,7 @@ def run_simulations(
                 stall_threshold_s=result.stall_threshold_s,
                 kv_cache=result.kv_plan_text,
                 tracing=tracing_info,
+                faults=result.faults or None,
             ),
         )
         combined["policies"][name] = summary

@@ -40,6 +40,7 @@ POLICY_RUN_INFO_KEYS = (
     "step_stats",
     "kv_cache",
     "tracing",
+    "faults",
 )
 #: Run information version 2 states as the report used it, not as recorded.
 _REPORT_OWN_RUN_INFO = ("duration_s", "stall_threshold_s")
@@ -136,10 +137,13 @@ def policy_run_info(
     step_stats: dict | None = None,
     kv_cache: str | None = None,
     tracing: dict | None = None,
+    faults: dict | None = None,
 ) -> dict:
     """A policy's run information for :func:`policy_summary`'s ``extra``: its keys are
     :data:`POLICY_RUN_INFO_KEYS`; one whose value is None (a served cell has no step
-    stats, a --target cell no engine config) is left out, not written as null."""
+    stats, a --target cell no engine config) is left out, not written as null.
+    ``faults``: the faults planted into the engine (``engine.faults``), given only when
+    some were."""
     values = {
         "config": config,
         "duration_s": duration_s,
@@ -148,6 +152,7 @@ def policy_run_info(
         "step_stats": step_stats,
         "kv_cache": kv_cache,
         "tracing": tracing,
+        "faults": faults,
     }
     return {k: v for k, v in values.items() if v is not None}
 

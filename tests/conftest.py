@@ -33,6 +33,7 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     "engine/api/test_server_nothing_lost.py": ("slow",),
     "engine/serving/test_engine_process.py": ("slow",),
     "engine/serving/test_engine_supervision.py": ("slow",),
+    "engine/serving/test_faults_served.py": ("slow",),
     "engine/sim/test_served_path.py": ("slow",),
     "engine/telemetry/test_metrics_served.py": ("slow",),
     "engine/telemetry/test_spans_served.py": ("slow",),

@@ -83,6 +83,7 @@ def health_body(state: ServerState) -> dict:
         "num_header_timeouts": state.connections.num_header_timeouts,
         "num_engine_errors": len(stats.errors),
         "last_engine_error": stats.errors[-1] if stats.errors else None,
+        "faults": stats.faults,
     }
 
 

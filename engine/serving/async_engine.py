@@ -108,6 +108,9 @@ class EngineStats:
     num_steps: int = 0
     last_step_at: float = 0.0
     clock_epoch_unix: float = 0.0  # Unix time of engine time 0
+    #: The faults planted into the engine (``engine.faults.Faults.to_dict``; set once,
+    #: at start): empty when none.
+    faults: dict = field(default_factory=dict)
     num_observer_errors: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -177,6 +180,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         engine.observers.add(self._on_step)
+        self.stats.faults = engine.faults.to_dict()
         self._refresh_stats()
 
     def _init_streams(self, idle_wait_s: float, clock_epoch_unix: float) -> None:

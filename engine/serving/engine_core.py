@@ -125,6 +125,7 @@ def run_engine_core(spec: EngineCoreSpec, commands, outputs) -> None:
                 "num_device_blocks": engine.block_manager.num_device_blocks,
                 "num_host_blocks": engine.block_manager.num_host_blocks,
                 "metrics": getattr(engine, "metrics", None) is not None,
+                "faults": engine.faults.to_dict(),
             },
         )
     )

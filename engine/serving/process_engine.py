@@ -152,6 +152,7 @@ class ProcessEngine(AsyncEngine):
         self.stats.num_device_blocks = self.stats.num_free_device_blocks = info["num_device_blocks"]
         self.stats.num_host_blocks = self.stats.num_free_host_blocks = info["num_host_blocks"]
         self._has_metrics = info.get("metrics", True)
+        self.stats.faults = info.get("faults", {})
         return info
 
     def _start_backend(self) -> None:

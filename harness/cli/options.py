@@ -1,10 +1,12 @@
-"""Argument parsing that several commands share: ``--policy`` (``simulate``, ``run``)."""
+"""Argument parsing that several commands share: ``--policy`` (``simulate``, ``run``),
+and the environment's ``SCHEDSCOPE_FAULT``."""
 
 from __future__ import annotations
 
 import typer
 
 from engine.core.sched.policy import POLICY_NAMES
+from engine.faults import ENV_VAR, FaultError, Faults
 
 POLICY_CHOICES = POLICY_NAMES  # the policy registry
 
@@ -25,3 +27,13 @@ def parse_policies(value: str) -> list[str]:
     if len(set(names)) != len(names):
         raise typer.BadParameter(f"policy listed twice in {value!r}", param_hint="--policy")
     return names
+
+
+def check_faults() -> None:
+    """``SCHEDSCOPE_FAULT`` (planted faults, engine/faults.py) checked before anything
+    starts: an unknown key or a bad value is a usage error naming the key (exit 2), not
+    an engine that fails later."""
+    try:
+        Faults.from_env()
+    except FaultError as exc:
+        raise typer.BadParameter(str(exc), param_hint=ENV_VAR) from None

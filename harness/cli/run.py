@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from harness.cli.app import console, err_console
-from harness.cli.options import parse_policies
+from harness.cli.options import check_faults, parse_policies
 from harness.cost_choice import choose, is_named_choice
 from harness.knobs import with_engine_knobs
 from harness.machine import Fingerprint, fingerprint
@@ -130,6 +130,7 @@ def run(
     from harness.run_plan import plan_run
 
     policies = parse_policies(policy)
+    check_faults()
     if simulate_mode and target:
         raise typer.BadParameter(
             "--simulate and --target exclude each other", param_hint="--target"

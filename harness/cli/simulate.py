@@ -11,7 +11,7 @@ import typer
 from engine.config import ConfigError, EngineConfig
 from engine.core.cost_model import CostModel, CostModelError
 from harness.cli.app import console, err_console
-from harness.cli.options import parse_policies
+from harness.cli.options import check_faults, parse_policies
 from harness.compare import print_comparison, print_span_counts
 from harness.cost_choice import choose, is_named_choice
 from harness.knobs import build_engine_config, with_engine_knobs
@@ -76,6 +76,7 @@ def simulate(
     from harness.simulate import run_simulations
 
     policies = parse_policies(policy)
+    check_faults()
     prof = _scaled_profile(profile, rate_scale, duration_scale)
     configs = _policy_configs(knob_values, policies)
     machine = fingerprint(next(iter(configs.values())).model)

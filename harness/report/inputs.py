@@ -99,6 +99,7 @@ def _run_info(root: Path, label: str) -> tuple[dict, dict[str, dict]]:
                         "kv_cache",
                         "tracing",
                         "step_stats",
+                        "faults",
                     )
                     if k in value
                 }

@@ -217,7 +217,7 @@ def _check_simulator(run: _LoadCell) -> None:
         run.result.warnings.append(f"simulator check: {type(exc).__name__}: {exc}")
     try:
         run.info["cost_fit"] = simulator_check.fit_into_store(
-            run.cell, check, run.cell_dir, run.show
+            run.cell, check, run.cell_dir, run.show, faults=run.info.get("faults")
         )
     except Exception as exc:  # noqa: BLE001 - as above
         run.result.warnings.append(f"cost model fit: {type(exc).__name__}: {exc}")
@@ -275,6 +275,7 @@ def _start_server(stack: ExitStack, run: _LoadCell) -> ServedEngine | None:
         return None
     run.info["url"] = url
     run.info["clock_epoch_unix"] = server.health.get("clock_epoch_unix")
+    run.info["faults"] = server.health.get("faults", {})
     return server
 
 
@@ -489,7 +490,7 @@ def _collect(
     _write_engine_records(result, raw, epoch)
     _write_spans(result, settings, raw, info)
     if client is not None:
-        _write_cell_summary(result, settings, load_s)
+        _write_cell_summary(result, settings, load_s, info.get("faults") or None)
     _note_files(result, LOAD_CELL_FILES)
     if result.mode == "target":
         result.missing = [
@@ -606,10 +607,12 @@ def _write_spans(result: CellResult, settings: CellSettings, raw: Path, info: di
         result.warnings.append(f"no trace file at {trace}: no spans.parquet")
 
 
-def _write_cell_summary(result: CellResult, settings: CellSettings, load_s: float) -> None:
+def _write_cell_summary(
+    result: CellResult, settings: CellSettings, load_s: float, faults: dict | None
+) -> None:
     """The cell's summary.json (version 1, harness/summary.py) from its requests.parquet
     as written: the load's duration, the served records' stall threshold and, served,
-    the engine config."""
+    the engine config and the server's planted ``faults`` (None: none)."""
     from harness.records import REQUEST_SCHEMA
     from harness.summary import policy_run_info, policy_summary, run_summary
 
@@ -626,6 +629,7 @@ def _write_cell_summary(result: CellResult, settings: CellSettings, load_s: floa
         duration_s=load_s,
         stall_threshold_s=SERVED_STALL_THRESHOLD_S,
         config=dataclasses.asdict(cell.config) if served_config else None,
+        faults=faults,
     )
     summary = run_summary(
         result.mode,
@@ -674,9 +678,12 @@ def run_simulated_cell(
     result.generator_limited = False
     _note_files(result, ("requests.parquet", "steps.parquet", "spans.parquet", "decisions.parquet"))
     result.wall_s = time.monotonic() - started
-    return _finish(
-        result, settings, {"scheduled_requests": scheduled, "schedule_duration_s": duration}
-    )
+    info = {
+        "scheduled_requests": scheduled,
+        "schedule_duration_s": duration,
+        "faults": summary["policies"][cell.name].get("faults", {}),
+    }
+    return _finish(result, settings, info)
 
 
 def _finish(result: CellResult, settings: CellSettings, info: dict) -> CellResult:

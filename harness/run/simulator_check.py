@@ -130,14 +130,29 @@ def simulate_counterpart(
     return {**entry, "records": f"{SIMULATED_DIR}/requests.parquet"}
 
 
+#: ``cost_fit.skipped`` of a cell whose server ran with planted faults.
+FAULTED_FIT_SKIPPED = "the server ran with planted faults (SCHEDSCOPE_FAULT): steps not fitted"
+
+
 def fit_into_store(
-    cell: Cell, check: CheckModel, cell_dir: Path, show: Callable[[str], None]
+    cell: Cell,
+    check: CheckModel,
+    cell_dir: Path,
+    show: Callable[[str], None],
+    faults: dict | None = None,
 ) -> dict:
     """Fit a cost model from the cell's steps.parquet (and its client records) into the
     store under the cell's fingerprint; the run.json ``cost_fit`` entry. Too few steps,
-    or none, is a skip with its reason, never a failure."""
+    or none, is a skip with its reason, never a failure. So are steps of a server that
+    ran with planted ``faults`` (its /health ``faults``; engine/faults.py): slowed on
+    purpose, they are not this machine's, and stored they would be the next run's
+    model."""
     from engine.sim.cost_fit import CalibrationError
     from harness.calibrate import CalibrateInputError, calibrate_from_steps
+
+    if faults:
+        show(f"{cell.name}: no cost model fitted: the server ran with planted faults")
+        return {"stored": None, "skipped": FAULTED_FIT_SKIPPED}
 
     model = cell.config.model if cell.config is not None else "tiny"
     lines: list[str] = []
@@ -158,6 +173,7 @@ def fit_into_store(
 
 
 __all__ = [
+    "FAULTED_FIT_SKIPPED",
     "RUN_JSON_KEY",
     "CheckModel",
     "cell_fingerprint",

@@ -104,6 +104,24 @@ class PriorityPolicy(Policy):
         return float(seq.priority)
 
 
+class ReversedPolicy(Policy):
+    """Another policy's order turned around: its worst request first, aging kept.
+
+    Not registered (no knob selects it): a broken ordering that ``engine.faults``
+    plants (``sjf_order=reversed``) to test a latency gate. The engine hands it to the
+    scheduler in place of the configured policy, whose name it keeps. Only for a
+    policy that orders by :meth:`Policy.base_key` (fcfs ignores it)."""
+
+    def __init__(self, inner: Policy) -> None:
+        super().__init__(inner.aging_rate)
+        self.inner = inner
+        self.name = inner.name
+        self.preempts_for_waiting = inner.preempts_for_waiting
+
+    def base_key(self, seq: Sequence) -> float:
+        return -self.inner.base_key(seq)
+
+
 #: Policy names in registration order: the ``--scheduling-policy`` knob's values.
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 assert POLICY_NAMES == SCHEDULING_POLICIES, "a policy registered here must be a value of the knob"

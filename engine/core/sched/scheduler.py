@@ -54,12 +54,14 @@ class Scheduler:
         eos_token_id: int | None = None,
         cost_model: CostModel | None = None,
         first_step: int = 0,
+        policy: Policy | None = None,
     ) -> None:
         """``cost_model`` prices swap against recompute for ``--preemption-mode auto``;
-        step numbers start after ``first_step``."""
+        step numbers start after ``first_step``. ``policy``: the ordering, when not the
+        configured policy's (a planted fault, ``engine.faults``)."""
         self.config = config
         self.block_manager = block_manager
-        self.policy: Policy = make_policy(config)
+        self.policy: Policy = make_policy(config) if policy is None else policy
         self.eos_token_id = eos_token_id
         self.token_budget = config.token_budget
         self.max_num_seqs = config.max_num_seqs

@@ -277,3 +277,30 @@ def test_a_poisoned_request_fails_alone_and_its_batch_goes_on(model, poison):
     assert {rid: s.output_token_ids for rid, s in seqs.items()} == {
         rid: s.output_token_ids for rid, s in alone.items()
     }
+
+
+def test_a_planted_delay_wraps_the_torch_runner_and_really_sleeps(model, monkeypatch):
+    """SCHEDSCOPE_FAULT on the torch executor (engine/faults.py): the runner computes as
+    ever, then the step sleeps the planted delay on the wall clock. Not a timing
+    assertion: the sleep is intercepted and its argument checked."""
+    from engine.core.clock import WallClock
+    from engine.delaying_executor import DelayingExecutor
+    from engine.faults import Faults
+    from engine.worker.model_runner import ModelRunner
+
+    slept: list[float] = []
+    monkeypatch.setattr("engine.delaying_executor.time.sleep", slept.append)
+    config = EngineConfig(
+        SchedulerConfig(), CacheConfig(block_size=4, num_gpu_blocks_override=32), model="tiny"
+    )
+    faults = Faults(prefill_token_delay_s=0.5, decode_step_delay_s=2.0)
+    engine = build_torch_engine(config, WallClock(), device="cpu", model=model, faults=faults)
+    assert isinstance(engine.executor, DelayingExecutor)
+    assert isinstance(engine.executor.inner, ModelRunner)
+    seq = engine.add_request(
+        EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True))
+    )
+    engine.step()  # the prefill: 3 tokens
+    engine.step()  # the decode
+    assert slept == [1.5, 2.0]
+    assert seq.status is SequenceStatus.FINISHED_LENGTH

@@ -14,6 +14,7 @@ from engine.core.cost_model import CostModel
 from harness import cost_store
 from harness.run.matrix import Cell
 from harness.run.simulator_check import (
+    FAULTED_FIT_SKIPPED,
     CheckModel,
     cell_fingerprint,
     check_models,
@@ -88,6 +89,22 @@ def test_too_few_steps_or_none_skip_the_fit_with_the_reason(tmp_path, monkeypatc
     assert few["stored"] is None and "too few" in few["skipped"], few
     assert any("no cost model fitted" in line for line in lines)
     assert cost_store.entries() == []
+
+
+def test_a_server_with_planted_faults_is_never_fitted_into_the_store(tmp_path, monkeypatch):
+    """Its steps were slowed on purpose (SCHEDSCOPE_FAULT): stored, they would be the next
+    run's cost model. Skipped before its steps are even read."""
+    monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "store"))
+    machine = cell_fingerprint(EngineConfig(), "sim", 1)
+    check = CheckModel(CostModel(), None, machine, datetime.now(UTC), "")
+    lines: list[str] = []
+    faults = {"decode_step_delay_s": 0.05}
+    entry = fit_into_store(_cell(), check, tmp_path, lines.append, faults=faults)
+    assert entry == {"stored": None, "skipped": FAULTED_FIT_SKIPPED}
+    assert any("planted faults" in line for line in lines)
+    assert cost_store.entries() == []
+    # no faults ({} from /health): the fit is tried as ever (here: no steps to fit)
+    assert "steps.parquet" in fit_into_store(_cell(), check, tmp_path, print, faults={})["skipped"]
 
 
 def test_no_simulation_without_served_requests(tmp_path):
