@@ -37,6 +37,7 @@ import polars as pl
 
 from harness.gate.config import parse_config
 from harness.gate.gate import run_gate
+from harness.gate.sides import GateInputError
 
 TARGET_FALSE_ALARMS = 0.05
 AIM_FALSE_ALARMS = 0.01
@@ -97,7 +98,9 @@ def served(out: Path, fault: str, args) -> float:
     return time.monotonic() - started
 
 
-def alarms(baseline: Path, current: Path, tolerance: float) -> bool:
+def alarms(baseline: Path, current: Path, tolerance: float) -> bool | None:
+    """Whether the gate fails the pair; None when it refuses it (exit 2: a
+    generator-limited run on a loaded machine), counted apart."""
     config = parse_config(
         {
             "rule": [
@@ -105,7 +108,11 @@ def alarms(baseline: Path, current: Path, tolerance: float) -> bool:
             ]
         }
     )
-    return run_gate(baseline, current, config).exit_code == 1
+    try:
+        return run_gate(baseline, current, config).exit_code == 1
+    except GateInputError as exc:
+        print(f"  refused: {exc}")
+        return None
 
 
 def main() -> None:
@@ -150,6 +157,8 @@ def main() -> None:
         change = short_ttft_p95(run) / base_p95 - 1
         print(f"simulated, {name} ({fault}): p95 TTFT {change:+.1%}, caught: {caught}")
 
+    if args.rounds == 0:
+        return
     # Real: rounds of (clean baseline, clean current, one run per arm).
     results: dict[str, list[dict[float, bool]]] = {"same commit": [], **{a: [] for a in arms}}
     pooled: dict[str, list[Path]] = {"clean": [], **{a: [] for a in arms}}
@@ -166,7 +175,7 @@ def main() -> None:
             pooled[name].append(run)
             results[name].append({t: alarms(base, run, t) for t in tolerances})
         done = ", ".join(
-            f"{n} {sum(x[tolerances[0]] for x in v)}/{len(v)}" for n, v in results.items()
+            f"{n} {sum(bool(x[tolerances[0]]) for x in v)}/{len(v)}" for n, v in results.items()
         )
         print(f"round {r + 1}/{args.rounds} (alarms at tolerance {tolerances[0]:.0%}): {done}")
 
@@ -190,13 +199,20 @@ def main() -> None:
     for name, runs in results.items():
         paths = pooled["clean" if name == "same commit" else name]
         measured = np.median([short_ttft_p95(p) for p in paths]) / clean_p95 - 1
-        rates = {t: sum(x[t] for x in runs) / len(runs) for t in tolerances}
+        usable = [x for x in runs if x[tolerances[0]] is not None]
+        counts = {t: sum(bool(x[t]) for x in usable) for t in tolerances}
+        rates = {t: counts[t] / len(usable) if usable else None for t in tolerances}
         line = name.ljust(16) + (f"{measured:+.1%}" if name != "same commit" else "-").rjust(10)
-        line += "".join(
-            f"{rates[t]:.0%} ({sum(x[t] for x in runs)}/{len(runs)})".rjust(16) for t in tolerances
-        )
-        print(line)
-        out["arms"][name] = {"measured_change": float(measured), "alarm_rates": rates}
+        line += "".join(f"{counts[t]}/{len(usable)}".rjust(16) for t in tolerances)
+        refused = len(runs) - len(usable)
+        print(line + (f"  ({refused} refused: generator-limited)" if refused else ""))
+        out["arms"][name] = {
+            "measured_change": float(measured),
+            "alarms": counts,
+            "usable_pairs": len(usable),
+            "refused_pairs": refused,
+            "alarm_rates": rates,
+        }
     print(
         f"targets: false alarms (same commit) <= {TARGET_FALSE_ALARMS:.0%} (aim "
         f"{AIM_FALSE_ALARMS:.0%}); +10% caught >= {TARGET_DETECTION:.0%} (aim: +5% at "
