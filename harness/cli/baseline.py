@@ -35,6 +35,12 @@ def update(
             raise GateInputError(f"--from {source}: expected a run directory")
         side = open_side(source, "new baseline")
         check_usable(side, "new baseline")
+        planted = sorted(n for n, c in side.cells.items() if c.faults)
+        if planted:
+            raise GateInputError(
+                f"--from {source}: cell {planted[0]} ran with planted faults "
+                "(SCHEDSCOPE_FAULT); a baseline must come from an unmodified engine"
+            )
         notes: list[str] = []
         if out.exists():
             notes = check_compatible(open_side(out, "old baseline"), side, set(allow_mismatch))

@@ -79,6 +79,12 @@ def run_gate(
     )
     notes = [f"rules: {config.source}", method, *notes, *base.notes, *cur.notes]
     for side in (base, cur):
+        planted = {n: c.faults for n, c in side.cells.items() if c.faults}
+        if planted:
+            notes.append(
+                f"{side.label}: planted faults (SCHEDSCOPE_FAULT, tests only): "
+                + ", ".join(f"{n} {f}" for n, f in sorted(planted.items()))
+            )
         pooled = [c.name for c in side.cells.values() if c.repeats > 1]
         if pooled:
             notes.append(

@@ -60,6 +60,8 @@ class CellData:
     send_lag_p99_s: float | None = None
     schedule: str | None = None  # digest of the arrival schedule (schedule_digest)
     repeats: int = 1
+    #: Planted faults (SCHEDSCOPE_FAULT, docs/engine.md) the cell ran with; {} for none.
+    faults: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -166,6 +168,7 @@ def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
             send_lag_p99_s=max(lags) if lags else None,
             schedule=schedules.pop(),
             repeats=len(members),
+            faults=next((m.faults for m in members if m.faults), {}),
         )
     return out
 
@@ -199,6 +202,7 @@ def open_directory(path: Path, label: str) -> Side:
             generator_limited=cell_json.get("generator_limited"),
             send_lag_p99_s=loadgen.get("send_lag_p99_s") if isinstance(loadgen, dict) else None,
             schedule=schedule_digest(rows),
+            faults=cell_json.get("faults") or {},
         )
     identity = {
         "profile": run_json.get("profile") or summary.get("profile"),

@@ -265,3 +265,17 @@ def test_baseline_files_round_trip_and_guard_their_identity(tmp_path):
         app, ["baseline", "update", "--from", str(limited), "--out", str(tmp_path / "x.json")]
     )
     assert out.exit_code == 2 and "generator-limited" in out.output
+
+
+def test_planted_faults_are_named_and_never_become_a_baseline(tmp_path):
+    base = write_run(tmp_path / "a", {"fcfs": requests_frame(1)})
+    faulted = write_run(tmp_path / "b", {"fcfs": requests_frame(2)})
+    info = json.loads((faulted / "fcfs" / "run.json").read_text())
+    info["faults"] = {"decode_step_delay_s": 0.01}
+    (faulted / "fcfs" / "run.json").write_text(json.dumps(info))
+    result = run_gate(base, faulted, parse_config(TTFT_P95))
+    assert any("planted faults" in n and "decode_step_delay_s" in n for n in result.notes)
+    refused = runner.invoke(
+        app, ["baseline", "update", "--from", str(faulted), "--out", str(tmp_path / "b.json")]
+    )
+    assert refused.exit_code == 2 and "planted faults" in " ".join(refused.output.split())
