@@ -127,6 +127,7 @@ def run(
     import sys
 
     from harness.run import RunFileError, RunOptions, run_matrix
+    from harness.run.termination import sigterm_stops_the_run
     from harness.run_plan import plan_run
 
     policies = parse_policies(policy)
@@ -193,7 +194,8 @@ def run(
         report=report,
         machine=machine.to_dict(),
     )
-    code, report_path, root = run_matrix(options, console)
+    with sigterm_stops_the_run():
+        code, report_path, root = run_matrix(options, console)
     console.print(f"run: {root}", soft_wrap=True, highlight=False, markup=False)
     if report_path is not None:
         # The last line: the report's path alone (`make demo`, `| tail -1`).
