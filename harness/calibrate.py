@@ -5,7 +5,9 @@ model is saved and shown."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
@@ -84,6 +86,145 @@ def calibrate_from_steps(
         )
     except CalibrationError as exc:
         raise CalibrateInputError(str(exc), "--from-steps") from None
+
+
+#: The file beside step records that says what ran them: a ``schedscope run`` cell's
+#: run.json, or the one a served calibration writes into its records directory.
+RUN_JSON = "run.json"
+
+
+@dataclass(frozen=True)
+class StepsOrigin:
+    """What ran the steps of ``steps`` (a steps.parquet), as ``record`` (the run.json
+    beside it) says; None where nothing records it."""
+
+    steps: Path
+    record: Path | None = None
+    executor: str | None = None
+    #: serve's --torch-threads (None: serve's default); meaningful only with a record
+    torch_threads: int | None = None
+    model: str | None = None
+
+
+def steps_file(path: Path) -> Path:
+    """``--from-steps`` PATH as the steps file: a directory's steps.parquet."""
+    return path / "steps.parquet" if path.is_dir() else path
+
+
+def steps_origin(path: Path) -> StepsOrigin:
+    """The origin of the steps at ``path`` (a steps file or a directory holding one)
+    from the run.json beside them: its ``executor``, the ``--torch-threads`` of its
+    serve command (or its ``torch_threads``), and its model (``model``, or a cell's
+    ``knobs.model``). A missing or unreadable run.json records nothing."""
+    file = steps_file(path)
+    record = file.with_name(RUN_JSON)
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return StepsOrigin(file)
+    if not isinstance(data, dict):
+        return StepsOrigin(file)
+    executor = data.get("executor")
+    threads = data.get("torch_threads")
+    command = data.get("serve_command")
+    if not isinstance(threads, int) and isinstance(command, list) and "--torch-threads" in command:
+        at = command.index("--torch-threads") + 1
+        threads = int(command[at]) if at < len(command) and str(command[at]).isdigit() else None
+    knobs = data.get("knobs")
+    model = data.get("model") or (knobs.get("model") if isinstance(knobs, dict) else None)
+    return StepsOrigin(
+        file,
+        record,
+        executor if isinstance(executor, str) else None,
+        (threads or None) if isinstance(threads, int) else None,
+        model if isinstance(model, str) else None,
+    )
+
+
+def resolve_steps_origin(
+    paths: Sequence[Path], executor: str | None, torch_threads: int | None, model: str
+) -> tuple[str, int | None, str]:
+    """(executor, torch threads, a line saying where they came from) of the steps of
+    ``paths``, for the fit's fingerprint: what the run.json beside each records, else
+    ``--executor`` and ``--torch-threads`` (None or 0: serve's default). Refused, naming
+    the flag: steps of different executors or threads, a flag the records contradict
+    (``model`` too), or steps whose executor neither a record nor ``--executor`` says."""
+    from engine.factory import EXECUTORS
+
+    if executor is not None and executor not in EXECUTORS:
+        raise CalibrateInputError(
+            f"unknown executor {executor!r} (choose {' or '.join(EXECUTORS)})", "--executor"
+        )
+    if torch_threads is not None and torch_threads < 0:
+        raise CalibrateInputError(
+            f"must be >= 0 (0: serve's default), got {torch_threads}", "--torch-threads"
+        )
+    threads = torch_threads or None
+    origins = []
+    for path in paths:
+        if not steps_file(path).is_file():
+            raise CalibrateInputError(
+                f"{steps_file(path)}: no such step records file", "--from-steps"
+            )
+        origins.append(steps_origin(path))
+    recorded = [o for o in origins if o.record is not None]
+    for name, attr in (("executors", "executor"), ("torch threads", "torch_threads")):
+        seen = [o for o in recorded if attr == "torch_threads" or o.executor is not None]
+        if len({getattr(o, attr) for o in seen}) > 1:
+            named = ", ".join(f"{o.steps}: {getattr(o, attr) or 'default'}" for o in seen)
+            raise CalibrateInputError(
+                f"the steps ran with different {name} ({named}); fit them apart",
+                "--from-steps",
+            )
+    for o in origins:
+        where = f"{o.steps} ({o.record})" if o.record else str(o.steps)
+        if o.executor is None and executor is None:
+            why = (
+                f"{o.record} names none (its steps were not served)"
+                if o.record
+                else f"nothing beside it records one (no {RUN_JSON}, as a `schedscope run` "
+                "cell and a served calibration's records have)"
+            )
+            raise CalibrateInputError(
+                f"which executor ran the steps of {o.steps}? {why}: give --executor torch or sim",
+                "--executor",
+            )
+        if o.record is None:
+            continue
+        if executor is not None and o.executor is not None and o.executor != executor:
+            raise CalibrateInputError(
+                f"{where} ran on the {o.executor} executor, not {executor}", "--executor"
+            )
+        if o.model is not None and _model_name(o.model) != _model_name(model):
+            raise CalibrateInputError(
+                f"{where} ran model {o.model!r}, not {model!r}: give --model {o.model}",
+                "--model",
+            )
+        if torch_threads is not None and threads != o.torch_threads:
+            raise CalibrateInputError(
+                f"{where} ran with --torch-threads {o.torch_threads or 0} (0: serve's "
+                f"default), not {torch_threads}",
+                "--torch-threads",
+            )
+    chosen = executor or next(o.executor for o in origins if o.executor)
+    if recorded:
+        threads = recorded[0].torch_threads
+    said = ", ".join(str(o.record) for o in recorded)
+    source = (
+        f"as {said} record{'s' if len(recorded) == 1 else ''}"
+        if len(recorded) == len(origins)
+        else f"--executor{' and ' + said if said else ''}"
+    )
+    line = (
+        f"the steps ran on the {chosen} executor with "
+        f"{threads or 'the default'} torch threads ({source})"
+    )
+    return chosen, threads, line
+
+
+def _model_name(model: str) -> str:
+    """A model as the fingerprint names it: a checkpoint by its resolved path."""
+    return str(Path(model).resolve()) if Path(model).is_dir() else model
 
 
 def save_cost_model(fitted: CostModel, out: Path) -> None:

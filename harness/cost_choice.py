@@ -1,5 +1,7 @@
-"""Which cost model ``schedscope simulate`` and ``schedscope run --simulate`` use, and
-the one line on stderr that says so (docs/simulator.md, "Which cost model").
+"""Which cost model ``schedscope simulate``, ``schedscope run --simulate`` (and ``run
+--executor sim``) and ``schedscope serve --executor sim`` use, and the one line on
+stderr that says so (docs/simulator.md, "Which cost model"; the commands parse the flag
+with :func:`harness.cli.options.choose_cost_model`).
 
 ``--cost-model``:
 
@@ -88,6 +90,17 @@ def choose(
             f"cost model: {stale}refit with `schedscope calibrate`; using the {builtin}; {OFF_BY}",
         )
     return Choice(CostModel(), None, f"cost model: {builtin}; {OFF_BY}; {FIX}")
+
+
+def cell_lines(lines: dict[str, str]) -> list[str]:
+    """Cell name -> its cost-model line, as the lines to print: each distinct line once,
+    prefixed with the cells it is for when the cells do not all share one."""
+    by_line: dict[str, list[str]] = {}
+    for name, line in lines.items():
+        by_line.setdefault(line, []).append(name)
+    if len(by_line) <= 1:
+        return list(by_line)
+    return [f"{', '.join(names)}: {line}" for line, names in by_line.items()]
 
 
 def _fit_facts(entry: cost_store.StoredModel) -> str:

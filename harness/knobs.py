@@ -5,7 +5,10 @@ vLLM's spelling (``max_num_seqs`` -> ``--max-num-seqs``) and the field's
 ``metadata["help"]``; a command decorated with :func:`with_engine_knobs` receives a
 validated :class:`EngineConfig` as ``engine_config``, or the raw flag values as
 ``knob_values``, whichever it declares. Adding a knob to a config class adds it to
-every command at once.
+every command at once. :func:`knob_flags` spells knob values back as ``schedscope
+serve`` flags (``schedscope run`` and ``schedscope calibrate`` start servers with them),
+and :func:`config_error` turns the engine's rejection of a knob into a usage error
+naming its flag.
 """
 
 from __future__ import annotations
@@ -71,6 +74,15 @@ def build_engine_config(values: dict[str, typing.Any]) -> EngineConfig:
     )
 
 
+def config_error(exc: ConfigError) -> typer.BadParameter:
+    """A knob the engine rejects as a usage error (exit 2) naming its flag: the knob
+    whose field name the message starts with (``block_size must be ...``)."""
+    message = str(exc)
+    names = sorted(knob_types(), key=len, reverse=True)
+    knob = next((n for n in names if message.startswith(n)), None)
+    return typer.BadParameter(message, param_hint=flag_name(knob) if knob else None)
+
+
 def with_engine_knobs(exclude: frozenset[str] = frozenset()):
     """Decorator: add every engine knob (but those in ``exclude``) as a flag, and pass
     the command what it declares of ``engine_config`` (the validated EngineConfig;
@@ -98,7 +110,7 @@ def with_engine_knobs(exclude: frozenset[str] = frozenset()):
                 try:
                     kwargs["engine_config"] = build_engine_config(values)
                 except ConfigError as exc:
-                    raise typer.BadParameter(str(exc)) from None
+                    raise config_error(exc) from None
             if "knob_values" in injected:
                 kwargs["knob_values"] = values
             return fn(**kwargs)
@@ -111,3 +123,48 @@ def with_engine_knobs(exclude: frozenset[str] = frozenset()):
         return wrapper
 
     return decorate
+
+
+def knob_types() -> dict[str, typing.Any]:
+    """Knob field name -> its type hint (SchedulerConfig, CacheConfig, model)."""
+    out: dict[str, typing.Any] = {}
+    for _, cls in KNOB_SECTIONS:
+        hints = typing.get_type_hints(cls)
+        out.update({f.name: hints[f.name] for f in dataclasses.fields(cls)})
+    out["model"] = str
+    return out
+
+
+def knob_defaults() -> dict[str, typing.Any]:
+    out = {}
+    for _, cls in KNOB_SECTIONS:
+        out.update({f.name: f.default for f in dataclasses.fields(cls)})
+    out["model"] = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "model")
+    return out
+
+
+def config_knobs(config: EngineConfig) -> dict[str, typing.Any]:
+    """Knob field name -> its value in ``config`` (the inverse of
+    :func:`build_engine_config`)."""
+    out: dict[str, typing.Any] = {}
+    for section, _ in KNOB_SECTIONS:
+        out.update(dataclasses.asdict(getattr(config, section)))
+    out["model"] = config.model
+    return out
+
+
+def knob_flags(values: dict, with_policy: bool = False) -> list[str]:
+    """``schedscope serve`` flags for the knobs that differ from their defaults; the
+    scheduling policy only ``with_policy`` (``schedscope run`` passes it itself)."""
+    defaults = knob_defaults()
+    args: list[str] = []
+    for name, value in values.items():
+        if name == "scheduling_policy" and not with_policy:
+            continue
+        if value == defaults.get(name) or value is None:
+            continue
+        if isinstance(value, bool):
+            args.append(flag_name(name) if value else f"--no-{name.replace('_', '-')}")
+        else:
+            args += [flag_name(name), f"{value:g}" if isinstance(value, float) else str(value)]
+    return args

@@ -4,7 +4,8 @@ for it, on this machine.
 The simulator predicts served step cycles (a step's full cycle, serving overhead
 included; ``engine.sim.cost_fit``), and those differ from machine to machine by more
 than any fixed default can absorb. So calibration serves the engine here
-(``schedscope serve --executor torch --record-steps --record-requests``, a subprocess),
+(``schedscope serve --executor torch --record-steps --record-requests`` with the engine
+knobs and torch threads given, a subprocess: :func:`serve_args`),
 replays the *calibration schedule* against it with the open-loop client
 (:mod:`harness.open_loop_client`), and fits :func:`~engine.sim.cost_fit.fit_from_steps`
 to the recorded steps, with ``client_latency_s`` from the client's records joined with
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import platform
 import tempfile
@@ -40,9 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.config import SchedulerConfig
+from engine.config import EngineConfig, SchedulerConfig
 from engine.core.cost_model import CostModel, CostModelError
 from harness.calibrate import CalibrateInputError
+from harness.knobs import config_knobs, knob_defaults, knob_flags
 from harness.profiles import (
     LengthDistribution,
     Phase,
@@ -74,19 +77,36 @@ LONG_CONTEXT_SHARE = 0.5
 
 #: ``schedscope calibrate --method`` values.
 METHODS = ("served", "profile")
-#: The method-specific flags each way of calibrating takes ("steps": --from-steps,
-#: which ignores the profiling flags as it always has).
+#: Stands for the served engine's knobs (every engine knob flag but --model and
+#: --block-size, which every way that builds or profiles the model takes).
+ENGINE_KNOBS = "engine knobs"
+#: The method-specific flags each way of calibrating takes ("steps": --from-steps, which
+#: ignores the profiling flags as it always has; its --executor and --torch-threads say
+#: what ran the steps when nothing beside them records it).
 _METHOD_FLAGS = {
-    "served": ("--executor", "--cost-model", "--seed", "--records-dir"),
+    "served": (
+        "--executor",
+        "--cost-model",
+        "--seed",
+        "--records-dir",
+        "--torch-threads",
+        ENGINE_KNOBS,
+    ),
     "profile": ("--device", "--repeats"),
-    "steps": ("--device", "--repeats"),
+    "steps": ("--device", "--repeats", "--executor", "--torch-threads"),
 }
 
 
-def resolve_method(method: str | None, from_steps: bool, given: dict[str, object]) -> str:
+def resolve_method(
+    method: str | None,
+    from_steps: bool,
+    given: dict[str, object],
+    knobs: tuple[str, ...] | list[str] = (),
+) -> str:
     """Which way ``schedscope calibrate`` fits: "served" (the default), "profile" or
     "steps" (``--from-steps``). ``given``: method-specific flag -> its value (None when
-    not given); a flag the chosen way does not take is refused, naming it."""
+    not given); ``knobs``: the engine knob flags given (but --model and --block-size).
+    A flag the chosen way does not take is refused, naming it."""
     if method is not None and method not in METHODS:
         raise CalibrateInputError(
             f"unknown method {method!r} (choose {' or '.join(METHODS)})", "--method"
@@ -96,16 +116,27 @@ def resolve_method(method: str | None, from_steps: bool, given: dict[str, object
             "--from-steps fits the given step records; it takes no --method", "--method"
         )
     chosen = "steps" if from_steps else method or "served"
+    way = "--from-steps" if chosen == "steps" else f"--method {chosen}"
+    if method is None and chosen == "served":
+        way += " (the default)"
     for flag, value in given.items():
         if value is not None and flag not in _METHOD_FLAGS[chosen]:
-            way = "--from-steps" if chosen == "steps" else f"--method {chosen}"
-            takers = [m for m in METHODS if flag in _METHOD_FLAGS[m]]
-            default = " (the default)" if method is None and chosen == "served" else ""
-            raise CalibrateInputError(
-                f"does not apply to {way}{default}; only to --method {' or '.join(takers)}",
-                flag,
-            )
+            raise CalibrateInputError(f"does not apply to {way}; only to {_takers(flag)}", flag)
+    if knobs and ENGINE_KNOBS not in _METHOD_FLAGS[chosen]:
+        raise CalibrateInputError(
+            f"an engine knob of the served engine: does not apply to {way}; only to "
+            f"{_takers(ENGINE_KNOBS)}",
+            knobs[0],
+        )
     return chosen
+
+
+def _takers(flag: str) -> str:
+    """The ways that take ``flag``, as words: "--method served or --from-steps"."""
+    ways = [f"--method {m}" for m in METHODS if flag in _METHOD_FLAGS[m]]
+    if flag in _METHOD_FLAGS["steps"]:
+        ways.append("--from-steps")
+    return " or ".join(ways)
 
 
 class ServedCalibrationError(RuntimeError):
@@ -259,47 +290,82 @@ def step_noise(steps: pl.DataFrame) -> float | None:
     return float(np.median(np.abs(cycles[1:][pair] / cycles[:-1][pair] - 1)))
 
 
-def _serve_args(
-    executor: str, model: str, block_size: int, cost_model: Path | None, records: Path
+#: The knobs that size the device KV pool: when none is given, the calibration server
+#: gets a fixed pool of KV_POOL_TOKENS instead (``_serve_args``).
+DEVICE_POOL_KNOBS = ("gpu_memory_utilization", "num_gpu_blocks_override", "device_memory")
+#: The knobs that size the host (swap) pool: when none is given, a small fixed one.
+HOST_POOL_KNOBS = ("swap_space", "num_cpu_blocks_override")
+#: The host pool the calibration server gets when no HOST_POOL_KNOBS is given, in blocks.
+HOST_POOL_BLOCKS = 512
+#: The file beside a served calibration's records that says how they were made (its
+#: executor, torch threads, model and serve command; ``calibrate --from-steps DIR``
+#: reads it, as it reads a ``schedscope run`` cell's).
+RUN_JSON = "run.json"
+
+
+def serve_args(
+    executor: str,
+    config: EngineConfig,
+    cost_model: Path | None,
+    records: Path,
+    torch_threads: int | None = None,
 ) -> list[str]:
-    args = [
-        "--executor",
-        executor,
-        "--model",
-        model,
-        "--block-size",
-        str(block_size),
-        # A KV pool the schedule fits in with room to spare (it never preempts), and a
-        # token host pool: allocating the default pools (sized from memory, 4 GiB of
-        # swap space) takes longer than the quick schedule's served run, and a pool's
-        # size does not change how long a step takes.
-        "--num-gpu-blocks-override",
-        str(KV_POOL_TOKENS // block_size),
-        "--num-cpu-blocks-override",
-        "512",
+    """``schedscope serve`` arguments of the calibration server: ``config``'s knobs that
+    differ from the defaults (the shared flag spelling of :func:`harness.knobs.knob_flags`),
+    its torch threads, the record files, and the KV pools below unless a knob sizes
+    them."""
+    given = {name for name, _ in _given_knobs(config)}
+    block_size = config.cache.block_size
+    args = ["--executor", executor, "--model", config.model, "--block-size", str(block_size)]
+    args += knob_flags(
+        {k: v for k, v in config_knobs(config).items() if k not in ("model", "block_size")},
+        with_policy=True,
+    )
+    if not given & set(DEVICE_POOL_KNOBS):
+        # A KV pool the schedule fits in with room to spare (it never preempts):
+        # allocating the default pool (sized from memory) takes longer than the quick
+        # schedule's served run, and a pool's size does not change how long a step takes.
+        args += ["--num-gpu-blocks-override", str(KV_POOL_TOKENS // block_size)]
+    if not given & set(HOST_POOL_KNOBS):
+        # likewise a token host pool instead of the default 4 GiB of swap space
+        args += ["--num-cpu-blocks-override", str(HOST_POOL_BLOCKS)]
+    if torch_threads is not None:
+        args += ["--torch-threads", str(torch_threads)]
+    args += [
         "--record-steps",
         str(records / "steps.parquet"),
         "--record-requests",
         str(records / "requests.parquet"),
     ]
-    return args + (["--cost-model", str(cost_model)] if cost_model else [])
+    # --executor sim without a file sleeps the built-in model's times: said explicitly,
+    # or serve would choose this machine's stored fit (docs/serving.md)
+    return args + ["--cost-model", str(cost_model) if cost_model else "builtin"]
+
+
+def _given_knobs(config: EngineConfig) -> list[tuple[str, object]]:
+    """(field name, value) of ``config``'s knobs that differ from their defaults."""
+    defaults = knob_defaults()
+    return [(k, v) for k, v in config_knobs(config).items() if v != defaults.get(k)]
 
 
 def check_served_inputs(
-    executor: str, model: str, cost_model: Path | None, block_size: int = 16
+    executor: str,
+    config: EngineConfig,
+    cost_model: Path | None,
+    torch_threads: int | None = None,
+    quick: bool = False,
 ) -> int:
     """Refuse what cannot be served before starting anything; returns the model's vocab
     size (for the prompts' token ids)."""
-    from engine.config import CacheConfig
     from engine.worker.loading import resolve_model_config
 
-    try:
-        CacheConfig(block_size=block_size)
-    except ValueError as exc:
-        raise CalibrateInputError(str(exc), "--block-size") from None
     if executor not in EXECUTORS:
         raise CalibrateInputError(
             f"unknown executor {executor!r} (choose {' or '.join(EXECUTORS)})", "--executor"
+        )
+    if torch_threads is not None and torch_threads < 0:
+        raise CalibrateInputError(
+            f"must be >= 0 (0: serve's default), got {torch_threads}", "--torch-threads"
         )
     if cost_model is not None:
         try:
@@ -307,31 +373,39 @@ def check_served_inputs(
         except (OSError, ValueError, CostModelError) as exc:
             raise CalibrateInputError(f"{cost_model}: {exc}", "--cost-model") from None
     try:
-        config, _ = resolve_model_config(model)
+        model_config, _ = resolve_model_config(config.model)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise CalibrateInputError(str(exc), "--model") from None
-    return config.vocab_size
+    try:
+        calibration_profile(quick, config.scheduler.max_model_len)
+    except ValueError as exc:
+        raise CalibrateInputError(str(exc), "--max-model-len") from None
+    return model_config.vocab_size
 
 
 def calibrate_served(
-    model: str = "tiny",
+    config: EngineConfig | None = None,
     executor: str = "torch",
     cost_model: Path | None = None,
-    block_size: int = 16,
     quick: bool = False,
     seed: int | None = None,
     records_dir: Path | None = None,
     echo: Callable[[str], object] = print,
     console=None,
+    torch_threads: int | None = None,
 ) -> CostModel:
     """Serve the engine, replay the calibration schedule against it, fit its steps.
 
-    ``executor``: ``torch`` (the model computes) or ``sim`` (each step sleeps what
-    ``cost_model`` predicts: a known truth, for tests). The run's records (steps,
-    engine and client requests, the server's log) stay in ``records_dir`` (default: a
-    new temporary directory), so ``calibrate --from-steps DIR`` can refit them. Shows a
-    progress bar on ``console`` (a rich Console; default: rich's). The fitted model's
-    ``fit`` holds the held-out error and, under ``served``, the run's figures.
+    ``config``: the served engine's knobs (default: the engine's defaults; its model,
+    its ``max_model_len`` bounding the schedule's long contexts); ``torch_threads``:
+    serve's ``--torch-threads`` (None: serve's default). ``executor``: ``torch`` (the
+    model computes) or ``sim`` (each step sleeps what ``cost_model`` predicts, the
+    built-in without one: a known truth, for tests). The run's records (steps, engine
+    and client requests, the server's log, ``run.json`` saying how they were made) stay
+    in ``records_dir`` (default: a new temporary directory), so ``calibrate
+    --from-steps DIR`` can refit them. Shows a progress bar on ``console`` (a rich
+    Console; default: rich's). The fitted model's ``fit`` holds the held-out error and,
+    under ``served``, the run's figures and the knobs it was served with.
     """
     import aiohttp
     import polars as pl
@@ -341,12 +415,31 @@ def calibrate_served(
     from harness.open_loop_client import ReplayError, client_latency, replay
     from harness.run.server import ServedEngine, ServerStartError, get_json
 
-    vocab = check_served_inputs(executor, model, cost_model, block_size)
-    specs = calibration_schedule(quick, seed=seed)
+    config = config or EngineConfig()
+    model = config.model
+    max_model_len = config.scheduler.max_model_len
+    vocab = check_served_inputs(executor, config, cost_model, torch_threads, quick)
+    specs = calibration_schedule(quick, max_model_len, seed=seed)
     records = Path(records_dir) if records_dir else Path(tempfile.mkdtemp(prefix="schedscope-cal-"))
     records.mkdir(parents=True, exist_ok=True)
     server = ServedEngine(
-        _serve_args(executor, model, block_size, cost_model, records), records / "serve.log"
+        serve_args(executor, config, cost_model, records, torch_threads), records / "serve.log"
+    )
+    knobs = dict(_given_knobs(config))
+    (records / RUN_JSON).write_text(
+        json.dumps(
+            {
+                "kind": "schedscope-calibrate",
+                "executor": executor,
+                "torch_threads": torch_threads,
+                "model": model,
+                "knobs": knobs,
+                "serve_command": server.command[1:],
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
     )
     started = time.monotonic()
     columns = (
@@ -394,7 +487,7 @@ def calibrate_served(
     client = pl.DataFrame(rows)
     client.write_parquet(records / "client.parquet")
     latency = client_latency(client, records / "requests.parquet", epoch)
-    coverage = shape_coverage(steps)
+    coverage = shape_coverage(steps, max_model_len)
     noise = step_noise(steps)
     echo(
         f"served {len(rows)} requests in {served_s:.1f} s ({steps.height} steps; "
@@ -442,6 +535,8 @@ def calibrate_served(
         "coverage": coverage,
         "step_noise": noise,
         "swapped_blocks": swapped,
+        "knobs": knobs,
+        "torch_threads": torch_threads,
     }
     return dataclasses.replace(
         fitted, device=device, source="served", fit={**fitted.fit, "served": served}
@@ -449,9 +544,10 @@ def calibrate_served(
 
 
 def calibrate_quickly(fingerprint: Fingerprint) -> CostModel:
-    """A quick served calibration of the fingerprint's model (``schedscope calibrate
-    --quick``: the engine served here with the calibration schedule, its step cycles
-    fitted; about a minute on 2 CPU cores), its progress on stderr."""
+    """A quick served calibration for the fingerprint's model, executor and torch threads
+    (``schedscope calibrate --quick``: the engine served here with the calibration
+    schedule, its step cycles fitted; about a minute on 2 CPU cores), its progress on
+    stderr."""
     import sys
 
     from rich.console import Console
@@ -461,11 +557,12 @@ def calibrate_quickly(fingerprint: Fingerprint) -> CostModel:
     console = Console(stderr=True)
     try:
         return calibrate_served(
-            fingerprint.model,
+            EngineConfig(model=fingerprint.model),
             fingerprint.executor,
             quick=True,
             echo=lambda line: print(line, file=sys.stderr),
             console=console,
+            torch_threads=fingerprint.torch_threads,
         )
     except (ServedCalibrationError, CalibrateInputError) as exc:
         raise ValueError(f"--cost-model auto: cannot calibrate: {exc}") from None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from engine.config import EngineConfig
 from engine.core.cost_model import CostModel
 from harness import cost_store
 from harness.calibrate import (
@@ -17,15 +18,19 @@ from harness.calibrate import (
     calibrate_from_steps,
     cost_model_table,
     fit_summary,
+    resolve_steps_origin,
     save_cost_model,
 )
 from harness.cli.app import console
+from harness.knobs import flag_name, knob_defaults, with_engine_knobs
 from harness.machine import Fingerprint, fingerprint
 from harness.served_calibration import ServedCalibrationError, calibrate_served, resolve_method
 
 
+@with_engine_knobs()
 def calibrate(
-    model: str = typer.Option("tiny", "--model", help="Model preset name or checkpoint directory."),
+    engine_config: EngineConfig,
+    knob_values: dict,
     out: Path | None = typer.Option(
         None,
         "--out",
@@ -36,14 +41,12 @@ def calibrate(
     show: bool = typer.Option(
         False,
         "--show",
-        help="Print this machine's fingerprint and the stored models (which matches, "
-        "held-out error, when fitted, stale or not), then exit without fitting.",
+        help="Print this machine's fingerprint (for --model, --executor, --torch-threads) "
+        "and the stored models (which matches, held-out error, when fitted, stale or not), "
+        "then exit without fitting.",
     ),
     device: str | None = typer.Option(
         None, "--device", help="cpu or cuda (default: cuda when present)."
-    ),
-    block_size: int = typer.Option(
-        16, "--block-size", help="KV block size (the served engine's, or to profile with)."
     ),
     repeats: int | None = typer.Option(
         None,
@@ -63,26 +66,37 @@ def calibrate(
         help="Fit from the step records of real runs instead (steps.parquet from "
         "`schedscope serve --record-steps` or a run directory; repeatable): each "
         "step's full cycle, serving overhead included, so simulations predict served "
-        "runs. No profiling.",
+        "runs. No profiling. The fit is stored for the executor and torch threads the "
+        "run.json beside the steps records (a run cell's, a served calibration's), "
+        "else for --executor (then required) and --torch-threads.",
     ),
     method: str | None = typer.Option(
         None,
         "--method",
-        help="served (default): serve the engine here, replay the calibration schedule "
-        "against it and fit its step records; profile: time the offline model runner "
-        "over a grid of step shapes.",
+        help="served (default): serve the engine here with the engine knobs given, "
+        "replay the calibration schedule against it and fit its step records; profile: "
+        "time the offline model runner over a grid of step shapes.",
     ),
     executor: str | None = typer.Option(
         None,
         "--executor",
         help="--method served: the served engine's executor, torch (default: the model "
-        "computes) or sim (each step sleeps what --cost-model predicts; for tests).",
+        "computes) or sim (each step sleeps what --cost-model predicts; for tests). "
+        "--from-steps: the executor that ran the steps, when nothing beside them says.",
+    ),
+    torch_threads: int | None = typer.Option(
+        None,
+        "--torch-threads",
+        help="--method served: the served engine's torch intra-op threads (serve's "
+        "--torch-threads; default: serve's, one fewer than the cores); part of the "
+        "fit's fingerprint. --from-steps: the threads the steps ran with, when nothing "
+        "beside them says.",
     ),
     cost_model: Path | None = typer.Option(
         None,
         "--cost-model",
         help="--method served: the cost model JSON the served engine is started with "
-        "(the step times of --executor sim).",
+        "(the step times of --executor sim; default: the built-in).",
     ),
     seed: int | None = typer.Option(
         None, "--seed", min=0, help="--method served: the calibration schedule's seed."
@@ -91,24 +105,35 @@ def calibrate(
         None,
         "--records-dir",
         help="--method served: where the served run's records go (steps, requests, the "
-        "client's, the server's log); default: a new temporary directory.",
+        "client's, the server's log, run.json); default: a new temporary directory.",
     ),
 ) -> None:
     """Fit the simulator's cost model: from a served run of the calibration schedule on
     this machine (default), by profiling the real model runner (--method profile), or
     from the step records of served runs (--from-steps).
 
-    The served method starts `schedscope serve` with --record-steps, replays a schedule
-    of decode-heavy, prefill-burst, mixed and long-context batches against it, and fits
-    each step's full served cycle; it reports the error on held-out steps. Profiling
-    measures steps over a grid of prefill tokens, decode batch sizes, context lengths
-    and swapped blocks, fits the cost model, and reports its error on held-out mixed
-    batches. The model goes into the store of fitted models, keyed by this machine's
-    fingerprint, where `schedscope simulate` finds it (--out FILE: a file instead, for
+    The served method starts `schedscope serve` with --record-steps and the engine
+    knobs given here (every engine knob of `schedscope serve`, and --torch-threads),
+    replays a schedule of decode-heavy, prefill-burst, mixed and long-context batches
+    against it, and fits each step's full served cycle; it reports the error on
+    held-out steps. Profiling measures steps over a grid of prefill tokens, decode
+    batch sizes, context lengths and swapped blocks, fits the cost model, and reports
+    its error on held-out mixed batches. The model goes into the store of fitted models,
+    keyed by this machine's fingerprint (its model, executor and torch threads
+    included), where `schedscope simulate` finds it (--out FILE: a file instead, for
     `--cost-model FILE`).
     """
+    model = engine_config.model
+    block_size = engine_config.cache.block_size
     if show:
-        show_store(fingerprint(model, device=device))
+        show_store(
+            fingerprint(
+                model,
+                executor=executor or "torch",
+                device=device,
+                torch_threads=torch_threads or None,
+            )
+        )
         return
     try:
         chosen = resolve_method(
@@ -116,28 +141,34 @@ def calibrate(
             from_steps=bool(from_steps),
             given={
                 "--executor": executor,
+                "--torch-threads": torch_threads,
                 "--cost-model": cost_model,
                 "--seed": seed,
                 "--records-dir": records_dir,
                 "--device": device,
                 "--repeats": repeats,
             },
+            knobs=served_knob_flags(knob_values),
         )
         if chosen == "steps":
+            executor, torch_threads, origin = resolve_steps_origin(
+                from_steps, executor, torch_threads, model
+            )
+            console.print(origin, soft_wrap=True, highlight=False, markup=False)
             fitted = calibrate_from_steps(from_steps, model, echo=console.print)
         elif chosen == "profile":
             fitted = calibrate_by_profiling(model, device, block_size, repeats or 5, quick)
         else:
             fitted = calibrate_served(
-                model,
+                engine_config,
                 executor or "torch",
                 cost_model,
-                block_size,
                 quick,
                 seed,
                 records_dir,
                 echo=console.print,
                 console=console,
+                torch_threads=torch_threads,
             )
     except CalibrateInputError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
@@ -145,7 +176,7 @@ def calibrate(
         # the server's log is text, not rich markup (it has "[core]" and the like)
         console.print(f"calibration failed: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from None
-    machine = _fit_fingerprint(fitted, model, device, chosen, executor or "torch")
+    machine = _fit_fingerprint(fitted, model, device, chosen, executor or "torch", torch_threads)
     if out is None:
         out = cost_store.save(fitted, machine)
     else:
@@ -155,17 +186,33 @@ def calibrate(
     console.print(f"written: {out}", soft_wrap=True, highlight=False, markup=False)
 
 
+def served_knob_flags(knob_values: dict) -> list[str]:
+    """The engine knob flags given with a value other than the default, but --model and
+    --block-size (every way of calibrating takes those): the served engine's."""
+    defaults = knob_defaults()
+    return [
+        flag_name(name)
+        for name, value in knob_values.items()
+        if name not in ("model", "block_size") and value != defaults.get(name)
+    ]
+
+
 def _fit_fingerprint(
-    fitted: CostModel, model: str, device: str | None, method: str, executor: str
+    fitted: CostModel,
+    model: str,
+    device: str | None,
+    method: str,
+    executor: str,
+    torch_threads: int | None,
 ) -> Fingerprint:
     """The machine the fit stands for: a profiling fit's own device and torch threads;
     a fit of served steps (a served calibration, or --from-steps), the served engine's
-    defaults here (a served calibration's executor: a sim-executor fit never stands in
-    for the torch engine's)."""
-    if method == "served":
-        return fingerprint(model, executor=executor, device=device)
-    if method == "steps":
-        return fingerprint(model, device=device)
+    executor and torch threads (a sim-executor fit never stands in for the torch
+    engine's; ``torch_threads`` None or 0: serve's default here)."""
+    if method in ("served", "steps"):
+        return fingerprint(
+            model, executor=executor, device=device, torch_threads=torch_threads or None
+        )
     threads = fitted.fit.get("threads")
     return fingerprint(
         model,

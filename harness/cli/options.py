@@ -1,12 +1,20 @@
 """Argument parsing that several commands share: ``--policy`` (``simulate``, ``run``),
-and the environment's ``SCHEDSCOPE_FAULT``."""
+``--cost-model builtin|auto|FILE`` (``simulate``, ``run``, ``serve --executor sim``) and
+the environment's ``SCHEDSCOPE_FAULT``."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from engine.core.sched.policy import POLICY_NAMES
 from engine.faults import ENV_VAR, FaultError, Faults
+
+if TYPE_CHECKING:
+    from harness.cost_choice import Choice
+    from harness.machine import Fingerprint
 
 POLICY_CHOICES = POLICY_NAMES  # the policy registry
 
@@ -37,3 +45,30 @@ def check_faults() -> None:
         Faults.from_env()
     except FaultError as exc:
         raise typer.BadParameter(str(exc), param_hint=ENV_VAR) from None
+
+
+def choose_cost_model(value: str | None, machine: Fingerprint, say: bool = True) -> Choice:
+    """``--cost-model``: a file, loaded as given (its ``line`` empty: the file is what was
+    asked for); otherwise (not given, ``builtin``, ``auto``)
+    :func:`harness.cost_choice.choose`'s model for ``machine``, ``auto`` calibrating by
+    :func:`harness.served_calibration.calibrate_quickly`, its line printed on stderr
+    unless ``say`` is False. A file that is not a cost model, or a calibration that
+    failed: a bad parameter naming --cost-model (exit 2)."""
+    from engine.core.cost_model import CostModel, CostModelError
+    from harness.cli.app import err_console
+    from harness.cost_choice import Choice, choose, is_named_choice
+    from harness.served_calibration import calibrate_quickly
+
+    if not is_named_choice(value):
+        path = Path(str(value))
+        try:
+            return Choice(CostModel.load(path), path, "")
+        except CostModelError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
+    try:
+        choice = choose(value, machine, calibrate=calibrate_quickly)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
+    if say:
+        err_console.print(choice.line, soft_wrap=True, highlight=False, markup=False)
+    return choice

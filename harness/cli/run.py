@@ -6,17 +6,22 @@ report. The plan comes from :func:`harness.run_plan.plan_run`, the run itself fr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from harness.cli.app import console, err_console
-from harness.cli.options import check_faults, parse_policies
-from harness.cost_choice import choose, is_named_choice
+from harness.cli.options import check_faults, choose_cost_model, parse_policies
+from harness.cost_choice import cell_lines, is_named_choice
 from harness.knobs import with_engine_knobs
 from harness.machine import Fingerprint, fingerprint
 from harness.profiles import ProfileError, resolve_profile
-from harness.served_calibration import calibrate_quickly
+
+if TYPE_CHECKING:
+    from harness.cost_choice import Choice
+    from harness.run.matrix import Cell
 
 #: `schedscope run`'s default --duration-scale: the `mixed` profile's 120 s schedule cut
 #: to 30 s per policy, so the three policies end in about 3 minutes here (docs/run.md).
@@ -164,17 +169,20 @@ def run(
         raise typer.BadParameter(str(exc), param_hint="--profile") from None
     if target and not target.startswith(("http://", "https://")):
         raise typer.BadParameter("expected http://HOST:PORT", param_hint="--target")
-    machine = fingerprint(
-        next((c.config.model for c in plan.cells if c.config is not None), "tiny"),
-        executor="torch" if simulate_mode else ("external" if target else executor),
-        torch_threads=torch_threads,
+    machines = {
+        c.name: _cell_machine(c, simulate_mode, target, executor, torch_threads) for c in plan.cells
+    }
+    cost_models = _cost_model_files(
+        cost_model,
+        plan.cells,
+        machines,
+        uses=lambda c: simulate_mode or (c.setting("executor", executor) == "sim" and not target),
     )
-    cost_model_file = _cost_model_file(
-        cost_model, machine, uses_cost_model=simulate_mode or (executor == "sim" and not target)
-    )
+    first = plan.cells[0].name
+    shared_cost_model = cost_models[first] if len(set(cost_models.values())) == 1 else None
     settings = {
         "executor": executor,
-        "cost_model": cost_model_file,
+        "cost_model": shared_cost_model,
         "torch_threads": torch_threads,
         "target": target.rstrip("/") if target else None,
         "target_trace_file": target_trace_file,
@@ -192,7 +200,11 @@ def run(
         keep_raw=keep_raw,
         argv=["schedscope", *sys.argv[1:]],
         report=report,
-        machine=machine.to_dict(),
+        machine=machines[first].to_dict(),
+        cell_settings={
+            name: {"machine": machines[name].to_dict(), "cost_model": cost_models[name]}
+            for name in machines
+        },
     )
     with sigterm_stops_the_run():
         code, report_path, root = run_matrix(options, console)
@@ -203,23 +215,47 @@ def run(
     raise typer.Exit(code)
 
 
-def _cost_model_file(value: str | None, machine: Fingerprint, uses_cost_model: bool) -> Path | None:
-    """--cost-model as the file the cells read (None: the built-in). A file must exist;
-    otherwise, when the run simulates, :func:`harness.cost_choice.choose` picks the
-    model for ``machine`` (the simulated steps are the torch executor's) and says which
-    on stderr."""
+def _cell_machine(
+    cell: Cell, simulate: bool, target: str | None, executor: str, torch_threads: int | None
+) -> Fingerprint:
+    """The fingerprint of one cell's steps: its model, run by its executor (the run's
+    unless its knob set sets one; ``torch`` simulated, ``external`` for a --target) with
+    its torch threads (likewise; None or 0: serve's default)."""
+    return fingerprint(
+        cell.config.model if cell.config is not None else "tiny",
+        executor="torch"
+        if simulate
+        else ("external" if target else cell.setting("executor", executor)),
+        torch_threads=cell.setting("torch_threads", torch_threads) or None,
+    )
+
+
+def _cost_model_files(
+    value: str | None,
+    cells: list[Cell],
+    machines: dict[str, Fingerprint],
+    uses: Callable[[Cell], bool],
+) -> dict[str, Path | None]:
+    """Cell name -> --cost-model as the file the cell reads (None: the built-in). A file
+    is every cell's (it must be a cost model); otherwise each cell that ``uses`` one gets
+    :func:`harness.cli.options.choose_cost_model`'s for its own fingerprint, with the
+    torch executor (what a simulated step or the sim executor's sleep stands for), once
+    per distinct fingerprint, named on stderr (with the cells, when they differ)."""
     if not is_named_choice(value):
-        path = Path(str(value))
-        if not path.is_file():
-            raise typer.BadParameter(f"{path}: no such file", param_hint="--cost-model")
-        return path
-    if not uses_cost_model:
-        return None
-    try:
-        choice = choose(
-            value, dataclasses.replace(machine, executor="torch"), calibrate=calibrate_quickly
-        )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
-    err_console.print(choice.line, soft_wrap=True, highlight=False, markup=False)
-    return choice.path
+        path = choose_cost_model(value, next(iter(machines.values()))).path
+        return {c.name: path for c in cells}
+    chosen: dict[str, Choice] = {}
+    out: dict[str, Path | None] = {}
+    lines: dict[str, str] = {}
+    for cell in cells:
+        if not uses(cell):
+            out[cell.name] = None
+            continue
+        lookup = dataclasses.replace(machines[cell.name], executor="torch")
+        if lookup.key not in chosen:
+            chosen[lookup.key] = choose_cost_model(value, lookup, say=False)
+        out[cell.name] = chosen[lookup.key].path
+        lines[cell.name] = chosen[lookup.key].line
+    for line in cell_lines(lines):
+        err_console.print(line, soft_wrap=True, highlight=False, markup=False)
+    return out

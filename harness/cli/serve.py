@@ -8,7 +8,10 @@ from pathlib import Path
 import typer
 
 from engine.config import EngineConfig
+from harness.cli.options import choose_cost_model
+from harness.cost_choice import AUTO, is_named_choice
 from harness.knobs import with_engine_knobs
+from harness.machine import fingerprint
 
 
 @with_engine_knobs()
@@ -20,11 +23,14 @@ def serve(
         help="torch: the bundled model computes; sim: the cost model "
         "predicts each step and it takes that long.",
     ),
-    cost_model: Path | None = typer.Option(
+    cost_model: str | None = typer.Option(
         None,
         "--cost-model",
-        help="Cost model JSON: the step times of --executor sim, and the swap vs recompute "
-        "prices of --preemption-mode auto; default: built-in.",
+        help="builtin, auto or a cost model JSON file: the step times of --executor sim, "
+        "and the swap vs recompute prices of --preemption-mode auto. --executor sim: "
+        "default this machine's fit from `schedscope calibrate` (for --model and "
+        "--torch-threads), else the built-in (with a warning); auto calibrates first when "
+        "there is no fit. --executor torch: default the built-in.",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", help="Port to bind; 0 picks a free one."),
@@ -150,7 +156,7 @@ def serve(
         run_serve(
             engine_config,
             executor,
-            cost_model,
+            _cost_model_file(cost_model, executor, engine_config.model, torch_threads),
             host,
             port,
             api_key,
@@ -175,3 +181,25 @@ def serve(
             engine_liveness_timeout_s=engine_liveness_timeout_s,
         )
     )
+
+
+def _cost_model_file(
+    value: str | None, executor: str, model: str, torch_threads: int
+) -> Path | None:
+    """--cost-model as the file the engine loads (None: the built-in). ``--executor
+    sim`` sleeps the torch engine's predicted steps, so its model is chosen as
+    ``schedscope simulate`` chooses one (:func:`harness.cli.options.choose_cost_model`)
+    for the torch executor's fingerprint of ``model`` and ``torch_threads`` (0: serve's
+    default), named in one line on stderr; the torch executor computes its steps and
+    keeps the built-in prices unless given a file (an unknown executor is serve's to
+    refuse)."""
+    if executor == "sim":
+        machine = fingerprint(model, executor="torch", torch_threads=torch_threads or None)
+        return choose_cost_model(value, machine).path
+    if value == AUTO and executor == "torch":
+        raise typer.BadParameter(
+            "auto chooses the step times of --executor sim; the torch executor computes "
+            "its steps (give builtin or a file for --preemption-mode auto's prices)",
+            param_hint="--cost-model",
+        )
+    return None if is_named_choice(value) else Path(str(value))

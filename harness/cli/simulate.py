@@ -9,15 +9,12 @@ from pathlib import Path
 import typer
 
 from engine.config import ConfigError, EngineConfig
-from engine.core.cost_model import CostModel, CostModelError
-from harness.cli.app import console, err_console
-from harness.cli.options import check_faults, parse_policies
+from harness.cli.app import console
+from harness.cli.options import check_faults, choose_cost_model, parse_policies
 from harness.compare import print_comparison, print_span_counts
-from harness.cost_choice import choose, is_named_choice
 from harness.knobs import build_engine_config, with_engine_knobs
-from harness.machine import Fingerprint, fingerprint
+from harness.machine import fingerprint
 from harness.profiles import Profile, ProfileError, resolve_profile
-from harness.served_calibration import calibrate_quickly
 
 
 @with_engine_knobs(exclude=frozenset({"scheduling_policy"}))
@@ -80,7 +77,7 @@ def simulate(
     prof = _scaled_profile(profile, rate_scale, duration_scale)
     configs = _policy_configs(knob_values, policies)
     machine = fingerprint(next(iter(configs.values())).model)
-    model = _cost_model(cost_model, machine)
+    model = choose_cost_model(cost_model, machine).model
     if num_requests is not None and num_requests < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--num-requests")
     _check_kv_plan(next(iter(configs.values())))
@@ -122,22 +119,6 @@ def _scaled_profile(profile: str, rate_scale: float, duration_scale: float) -> P
             hint = "--duration-scale"
         raise typer.BadParameter(str(exc), param_hint=hint) from None
     return prof
-
-
-def _cost_model(value: str | None, machine: Fingerprint) -> CostModel:
-    """--cost-model: a file as given; otherwise :func:`harness.cost_choice.choose`'s
-    model for this machine, named in one line on stderr."""
-    if not is_named_choice(value):
-        try:
-            return CostModel.load(Path(str(value)))
-        except CostModelError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
-    try:
-        choice = choose(value, machine, calibrate=calibrate_quickly)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--cost-model") from None
-    err_console.print(choice.line, soft_wrap=True, highlight=False, markup=False)
-    return choice.model
 
 
 def _policy_configs(knob_values: dict, policies: list[str]) -> dict[str, EngineConfig]:

@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from engine.core.token_timing import STALL_FLOOR_S
+from harness.knobs import knob_flags
 from harness.profiles import Profile, build_plan
 from harness.run.join import join_requests, shift_steps, write_spans
 from harness.run.live import RecordsTail, figures_line
 from harness.run.loadgen import LOCUST_OK_CODES, LocustRun, profile_file
-from harness.run.matrix import Cell, knob_flags
+from harness.run.matrix import Cell
 from harness.run.scrape import MetricsScraper, export_prometheus
 from harness.run.server import ServedEngine, ServerStartError
 
@@ -244,6 +245,9 @@ def _serve_args(cell: Cell, settings: CellSettings, raw: Path) -> list[str]:
     ]
     if settings.cost_model is not None:
         args += ["--cost-model", str(settings.cost_model)]
+    elif settings.executor == "sim":
+        # the run chose the built-in (and said so): serve must not choose for itself
+        args += ["--cost-model", "builtin"]
     if settings.torch_threads is not None:
         args += ["--torch-threads", str(settings.torch_threads)]
     return args + settings.serve_args
@@ -702,6 +706,10 @@ def _finish(result: CellResult, settings: CellSettings, info: dict) -> CellResul
         "seed": settings.seed,
         "target": settings.target,
         "executor": settings.executor if result.mode == "serve" else None,
+        "torch_threads": settings.torch_threads if result.mode == "serve" else None,
+        "settings": cell.settings,
+        # the file the served sim executor slept or the simulation used (None: built-in)
+        "cost_model": str(settings.cost_model) if settings.cost_model is not None else None,
         "knobs": cell.knobs,
         "config": dataclasses.asdict(cell.config) if cell.config is not None else None,
         "versions": versions(),

@@ -14,6 +14,7 @@ From the command line: the ``--policy`` list, one knob set (the knob flags), one
     [[knob_sets]]                # optional; each is one more column of the matrix
     name = "small-swap"
     swap-space = 0.01
+    torch-threads = 1            # a run setting (CELL_SETTINGS) may be set per cell too
 
 Each cell's directory is ``<policy>[-<knob set>][-x<rate>][-r<k>]``: the knob set's name
 only when the file has knob sets, the rate only when it sweeps several, the repeat only
@@ -22,7 +23,6 @@ with ``repeats`` > 1 (the same schedule served again: ``schedscope gate`` pools 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import tomllib
 import types
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from engine.config import ConfigError, EngineConfig
 from engine.core.sched.policy import POLICY_NAMES
-from harness.knobs import KNOB_SECTIONS, build_engine_config, flag_name
+from harness.knobs import build_engine_config, knob_types
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")
 RUN_FILE_KEYS = {
@@ -48,6 +48,16 @@ RUN_FILE_KEYS = {
 }
 
 
+#: Run settings (``schedscope run`` flags, not engine knobs) that a run file's [knobs]
+#: and [[knob_sets]] may set per cell as well, with their allowed values or type:
+#: serve's --executor and --torch-threads (0: serve's default). They change what the
+#: cell's steps cost, so its fingerprint (docs/simulator.md).
+CELL_SETTINGS: dict[str, tuple[str, ...] | type] = {
+    "executor": ("torch", "sim"),
+    "torch_threads": int,
+}
+
+
 class RunFileError(ValueError):
     """A run file (or matrix) that cannot be run; the message names the key."""
 
@@ -60,7 +70,14 @@ class Cell:
     rate_scale: float
     knobs: dict  # engine knob field name -> value (every knob, defaults included)
     config: EngineConfig | None = None  # None for a --target cell
+    #: the run settings this cell sets itself (CELL_SETTINGS names -> value), over the
+    #: run's flags
+    settings: dict = field(default_factory=dict)
     repeat: int | None = None  # 1..N when the run repeats every cell, else None
+
+    def setting(self, name: str, run_value):
+        """The cell's value of run setting ``name``: its own, else the run's."""
+        return self.settings.get(name, run_value)
 
     @property
     def group(self) -> str:
@@ -76,24 +93,6 @@ class RunPlan:
     duration_scale: float
     seed: int | None
     run_file: dict | None = field(default=None)
-
-
-def knob_types() -> dict[str, typing.Any]:
-    """Knob field name -> its type hint (SchedulerConfig, CacheConfig, model)."""
-    out: dict[str, typing.Any] = {}
-    for _, cls in KNOB_SECTIONS:
-        hints = typing.get_type_hints(cls)
-        out.update({f.name: hints[f.name] for f in dataclasses.fields(cls)})
-    out["model"] = str
-    return out
-
-
-def knob_defaults() -> dict[str, typing.Any]:
-    out = {}
-    for _, cls in KNOB_SECTIONS:
-        out.update({f.name: f.default for f in dataclasses.fields(cls)})
-    out["model"] = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "model")
-    return out
 
 
 def _coerce(name: str, value, hint, where: str):
@@ -127,29 +126,30 @@ def parse_knobs(table: dict, where: str, allow: frozenset[str] = frozenset()) ->
         if key in allow:
             continue
         name = key.replace("-", "_")
+        if name in CELL_SETTINGS:
+            out[name] = _setting(key, value, CELL_SETTINGS[name], where)
+            continue
         if name == "scheduling_policy":
             raise RunFileError(f"{where}.{key}: the policy is the matrix's axis (use policies)")
         if name not in types:
             raise RunFileError(
                 f"{where}.{key}: not an engine knob (the flags of schedscope "
-                "serve: e.g. max-num-seqs, swap-space, max-wait-s)"
+                "serve: e.g. max-num-seqs, swap-space, max-wait-s) nor a run setting "
+                "(executor, torch-threads)"
             )
         out[name] = _coerce(key, value, types[name], where)
     return out
 
 
-def knob_flags(values: dict) -> list[str]:
-    """``schedscope serve`` flags for the knobs that differ from their defaults."""
-    defaults = knob_defaults()
-    args: list[str] = []
-    for name, value in values.items():
-        if name == "scheduling_policy" or value == defaults.get(name) or value is None:
-            continue
-        if isinstance(value, bool):
-            args.append(flag_name(name) if value else f"--no-{name.replace('_', '-')}")
-        else:
-            args += [flag_name(name), f"{value:g}" if isinstance(value, float) else str(value)]
-    return args
+def _setting(key: str, value, allowed, where: str):
+    """A run setting's value from a run file, checked against CELL_SETTINGS."""
+    if isinstance(allowed, tuple):
+        if value not in allowed:
+            raise RunFileError(f"{where}.{key}: expected {' or '.join(allowed)}, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RunFileError(f"{where}.{key}: expected an integer >= 0, got {value!r}")
+    return value
 
 
 def _rate_tag(rate: float) -> str:
@@ -225,14 +225,17 @@ def build_cells(
         for set_name, overrides in sets:
             for rate in rate_scales:
                 name = _cell_name(policy, set_name, rate, len(rate_scales) > 1)
-                knobs = {**base_knobs, **overrides, "scheduling_policy": policy}
+                merged = {**base_knobs, **overrides}
+                settings = {k: v for k, v in merged.items() if k in CELL_SETTINGS}
+                knobs = {k: v for k, v in merged.items() if k not in CELL_SETTINGS}
+                knobs["scheduling_policy"] = policy
                 config = None
                 if with_configs:
                     try:
                         config = build_engine_config(knobs)
                     except ConfigError as exc:
                         raise RunFileError(f"{name}: {exc}") from None
-                cells.append(Cell(name, policy, set_name, float(rate), knobs, config))
+                cells.append(Cell(name, policy, set_name, float(rate), knobs, config, settings))
     return repeated(cells, repeats)
 
 

@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from harness.cost_choice import cell_lines
 from harness.profiles import resolve_profile
 from harness.run.cell import CellResult, CellSettings, remove_raw, run_load_cell, run_simulated_cell
 from harness.run.matrix import RunPlan
@@ -34,8 +35,12 @@ class RunOptions:
     argv: list[str] = field(default_factory=list)
     report: bool = True
     #: the fingerprint of the machine the run runs on (harness/machine.py), recorded in
-    #: every run.json and summary.json
+    #: every run.json and summary.json (a cell's own, in ``cell_settings``, in its)
     machine: dict | None = None
+    #: cell name -> CellSettings fields of that cell alone (its cost model and
+    #: fingerprint, when its knob set changes what the fingerprint covers), over
+    #: ``settings`` and the cell's own run settings
+    cell_settings: dict[str, dict] = field(default_factory=dict)
 
 
 def default_root(base: Path = Path("runs")) -> Path:
@@ -73,6 +78,10 @@ class Progress:
     def __exit__(self, *exc) -> None:
         if self.live is not None:
             self.live.__exit__(*exc)
+
+
+def _as_text(value) -> str | None:
+    return str(value) if value is not None else None
 
 
 def _fmt(value) -> str:
@@ -168,6 +177,12 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                 "knob_set": c.knob_set,
                 "rate_scale": c.rate_scale,
                 "knobs": c.knobs,
+                **({"settings": c.settings} if c.settings else {}),
+                **(
+                    {"cost_model": _as_text(options.cell_settings[c.name].get("cost_model"))}
+                    if "cost_model" in options.cell_settings.get(c.name, {})
+                    else {}
+                ),
             }
             for c in plan.cells
         ],
@@ -198,7 +213,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
             options.settings.get("executor", "torch"),
             options.settings.get("torch_threads"),
         )
-        for line in sorted({c.line for c in checks.values()}):
+        for line in cell_lines({name: c.line for name, c in checks.items()}):
             console.print(f"simulator check: {line}", soft_wrap=True, highlight=False, markup=False)
     results: list[CellResult] = []
     started = time.monotonic()
@@ -214,9 +229,13 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                 profile=profile,
                 duration_scale=plan.duration_scale,
                 seed=plan.seed,
-                machine=options.machine,
                 simulator_check=checks.get(cell.name),
-                **options.settings,
+                **{
+                    "machine": options.machine,
+                    **options.settings,
+                    **cell.settings,
+                    **options.cell_settings.get(cell.name, {}),
+                },
             )
             cell_dir = root / cell.name
             cell_dir.mkdir(parents=True, exist_ok=True)

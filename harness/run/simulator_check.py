@@ -86,12 +86,18 @@ def check_models(
     cells: Iterable[Cell], executor: str, torch_threads: int | None
 ) -> dict[str, CheckModel]:
     """Cell name -> the model its check uses, chosen now (call it before any cell serves:
-    a cell's refit must not be the model a later cell of the same run is checked with)."""
+    a cell's refit must not be the model a later cell of the same run is checked with).
+    Each cell's own fingerprint: its model, and its executor and torch threads (a run
+    file's knob set may set them; else the run's ``executor`` and ``torch_threads``)."""
     started = datetime.now(UTC)
     chosen: dict[str, CheckModel] = {}
     out = {}
     for cell in cells:
-        machine = cell_fingerprint(cell.config, executor, torch_threads)
+        machine = cell_fingerprint(
+            cell.config,
+            cell.setting("executor", executor),
+            cell.setting("torch_threads", torch_threads),
+        )
         if machine.key not in chosen:
             choice = choose(None, machine)
             chosen[machine.key] = CheckModel(

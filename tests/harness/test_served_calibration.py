@@ -117,6 +117,18 @@ def _invoke(*args: str):
         (["--model", "no-such-preset"], "--model", ""),
         (["--seed", "-1"], "--seed", ""),
         (["--block-size", "7"], "--block-size", "power of two"),
+        # the served engine's knobs: checked as serve checks them, before anything starts
+        (["--max-num-seqs", "0"], "--max-num-seqs", "max_num_seqs must be >= 1"),
+        (["--swap-space", "-1"], "--swap-space", "swap_space must be >= 0"),
+        (["--max-model-len", "128"], "--max-model-len", "too short to calibrate with"),
+        (["--torch-threads", "-1"], "--torch-threads", "must be >= 0"),
+        (["--method", "profile", "--max-num-seqs", "8"], "--max-num-seqs", "does not apply"),
+        (["--from-steps", "x.parquet", "--swap-space", "1"], "--swap-space", "--from-steps"),
+        (
+            ["--method", "profile", "--torch-threads", "1"],
+            "--torch-threads",
+            "only to --method served or --from-steps",
+        ),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(args, flag, words, tmp_path):

@@ -120,7 +120,7 @@ def test_calibrate_from_steps_on_the_command_line(tmp_path):
     _simulated_steps(tmp_path)
     out = tmp_path / "fitted.json"
     result = CliRunner().invoke(
-        app, ["calibrate", "--from-steps", str(tmp_path), "--out", str(out)]
+        app, ["calibrate", "--from-steps", str(tmp_path), "--executor", "torch", "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
@@ -150,7 +150,7 @@ def test_calibrate_takes_client_latency_from_a_run_cells_client_records(tmp_path
     assert latency == pytest.approx(0.003) and rows == 5
     out = tmp_path / "fitted.json"
     result = CliRunner().invoke(
-        app, ["calibrate", "--from-steps", str(tmp_path), "--out", str(out)]
+        app, ["calibrate", "--from-steps", str(tmp_path), "--executor", "torch", "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["client_latency_s"] == pytest.approx(0.003)

@@ -201,6 +201,47 @@ def test_served_cells_check_the_simulator_out_of_sample_then_refit_it(tmp_path, 
     assert check["predates_run"] is True
 
 
+def test_served_knob_sets_of_other_fingerprints_are_each_checked_with_their_own_fit(
+    tmp_path, own_store
+):
+    """A run file whose knob sets set the torch threads: each served cell's simulator
+    check (and its refit) uses the store's fit for its own fingerprint, and its engine
+    is served with its threads; without --cost-model the sim executor sleeps the
+    built-in (said once, and passed to serve as such: serve does not choose again)."""
+    old = "2026-01-01T00:00:00+00:00"
+    paths = {
+        threads: cost_store.save(
+            dataclasses.replace(CostModel(), step_overhead_s=threads * 1e-3, fitted_at=old),
+            fingerprint("tiny", executor="sim", torch_threads=threads),
+        )
+        for threads in (1, 3)
+    }
+    run_file = tmp_path / "threads.toml"
+    run_file.write_text(
+        'policies = ["fcfs"]\n[[knob_sets]]\nname = "t1"\ntorch-threads = 1\n'
+        '[[knob_sets]]\nname = "t3"\ntorch-threads = 3\n'
+    )
+    out = tmp_path / "run"
+    proc = run_cli(
+        ["--executor", "sim", "--run-file", str(run_file), "--duration-scale", "0.03"]
+        + ["--grace", "10", "--no-report", "--out", str(out)]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [line] = [x for x in proc.stderr.splitlines() if "cost model:" in x]
+    assert line.startswith("cost model: built-in, fitted on another machine"), line
+    checks = [x for x in proc.stdout.splitlines() if x.startswith("simulator check:")]
+    assert len(checks) == 2 and all("fcfs-t" in x for x in checks), checks
+    for threads, path in paths.items():
+        info = json.loads((out / f"fcfs-t{threads}" / "run.json").read_text())
+        command = info["serve_command"]
+        assert command[command.index("--torch-threads") + 1] == str(threads)
+        assert command[command.index("--cost-model") + 1] == "builtin"
+        assert info["torch_threads"] == threads and info["executor"] == "sim"
+        check = info["simulator_check"]
+        assert check["model"] == str(path) and check["fitted_at"] == old, check
+        assert info["cost_fit"]["stored"] == str(path), info["cost_fit"]
+
+
 def test_simulate_runs_have_no_simulator_check(tmp_path):
     out = tmp_path / "sim"
     proc = run_cli(

@@ -47,6 +47,31 @@ def test_check_model_is_this_machines_stored_fit_else_the_builtin(tmp_path, monk
     assert check_models(cells, "torch", 1)["fcfs"].path is None
 
 
+def test_each_cell_is_checked_with_the_fit_for_its_own_knob_sets_fingerprint(tmp_path, monkeypatch):
+    """A run file's knob sets that set torch threads, the executor or the model: each
+    cell's check looks up its own fingerprint, not the run's (or the first cell's)."""
+    monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "store"))
+    cells = [
+        Cell("fcfs-t1", "fcfs", "t1", 1.0, {}, EngineConfig(), {"torch_threads": 1}),
+        Cell("fcfs-t3", "fcfs", "t3", 1.0, {}, EngineConfig(), {"torch_threads": 3}),
+        Cell("fcfs-torch", "fcfs", "torch", 1.0, {}, EngineConfig(), {"executor": "torch"}),
+        Cell("fcfs-small", "fcfs", "small", 1.0, {}, EngineConfig(model="small")),
+    ]
+    paths = {
+        "fcfs-t1": cost_store.save(CostModel(), cell_fingerprint(EngineConfig(), "sim", 1)),
+        "fcfs-t3": cost_store.save(CostModel(), cell_fingerprint(EngineConfig(), "sim", 3)),
+        "fcfs-torch": cost_store.save(CostModel(), cell_fingerprint(EngineConfig(), "torch", 2)),
+        "fcfs-small": cost_store.save(
+            CostModel(), cell_fingerprint(EngineConfig(model="small"), "sim", 2)
+        ),
+    }
+    assert len(set(paths.values())) == 4
+    checks = check_models(cells, "sim", 2)
+    assert {name: check.path for name, check in checks.items()} == paths
+    assert checks["fcfs-t3"].fingerprint.torch_threads == 3
+    assert checks["fcfs-torch"].fingerprint.executor == "torch"
+
+
 def test_a_fit_stamped_after_the_run_started_is_not_out_of_sample():
     start = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
     machine = cell_fingerprint(EngineConfig(), "sim", 1)
