@@ -27,7 +27,7 @@ import re
 import tomllib
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engine.config import ConfigError, EngineConfig
@@ -201,7 +201,7 @@ def repeated(cells: list[Cell], repeats: int) -> list[Cell]:
     if check_repeats(repeats) == 1:
         return cells
     return [
-        dataclasses.replace(cell, name=f"{cell.name}-r{k}", repeat=k)
+        replace(cell, name=f"{cell.name}-r{k}", repeat=k)
         for k in range(1, repeats + 1)
         for cell in cells
     ]
