@@ -66,9 +66,9 @@ def test_sigterm_stops_the_server_and_locust_it_started(tmp_path):
         [sys.executable, "-m", "harness.cli", *args],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    started: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 120
-        started: dict[int, str] = {}
         while time.monotonic() < deadline:
             started = children(proc.pid)
             if any("locust" in c for c in started.values()) and any(
@@ -90,3 +90,6 @@ def test_sigterm_stops_the_server_and_locust_it_started(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pid in started:  # what a failing run left behind: this test started them
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
