@@ -16,12 +16,11 @@ from harness.bench.script import BenchParser, bench_main
 def parser():
     parser = BenchParser(description=__doc__)
     parser.sized("--size", type=int, full=100, quick=10)
-    parser.add_device()
     return parser
 
 
 def run(args):
-    print(f"size {args.size}, quick {args.quick}, device {args.device}")
+    print(f"size {args.size}, quick {args.quick}")
     return [
         Figure("latency", 0.5, "ms", 1.0, "lower"),
         Figure("throughput", 90.0, "tokens/s", 100.0, "higher"),
