@@ -13,12 +13,11 @@ static step wastes less than it would on a GPU. N must also be large enough that
 continuous run's own tail (the last long requests decoding alone) is amortized.
 
 Run: .venv/bin/python benchmarks/bench_batching.py [--requests 1024] [--max-num-seqs 32]
-     [--sigma 1.5]
+     [--sigma 1.5] [--device cpu|cuda] [--quick: 128 requests] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
@@ -31,6 +30,8 @@ from engine.core.sampling_params import SamplingParams
 from engine.factory import build_torch_engine
 from engine.worker.model import build_model
 from engine.worker.model_config import ModelConfig
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 
 TARGET_RATIO = 3.0
 
@@ -45,12 +46,14 @@ def workload(n: int, sigma: float, seed: int = 0) -> list[tuple[list[int], int]]
     ]
 
 
-def run(batching: str, requests, model, max_num_seqs: int) -> tuple[int, float]:
+def run_batching(batching: str, requests, model, args) -> tuple[int, float]:
     config = EngineConfig(
-        SchedulerConfig(max_num_seqs=max_num_seqs, batching=batching, static_batch_timeout_s=0.0),
+        SchedulerConfig(
+            max_num_seqs=args.max_num_seqs, batching=batching, static_batch_timeout_s=0.0
+        ),
         CacheConfig(num_gpu_blocks_override=4096, num_cpu_blocks_override=0),
     )
-    engine = build_torch_engine(config, WallClock(), model=model)
+    engine = build_torch_engine(config, WallClock(), device=args.device, model=model)
     start = time.perf_counter()
     seqs = [
         engine.add_request(
@@ -64,32 +67,50 @@ def run(batching: str, requests, model, max_num_seqs: int) -> tuple[int, float]:
     return sum(s.num_output_tokens for s in seqs), elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=1024)
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
+    parser.sized("--requests", type=int, full=1024, quick=128)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument(
         "--sigma", type=float, default=1.5, help="lognormal sigma of output lengths"
     )
-    args = parser.parse_args()
-    model = build_model(ModelConfig.preset(args.model))
+    parser.add_device()
+    return parser
+
+
+def run(args) -> list[Figure]:
+    model = build_model(ModelConfig.preset(args.model), args.device)
     requests = workload(args.requests, args.sigma)
     with torch.inference_mode():
-        tokens_c, t_c = run("continuous", requests, model, args.max_num_seqs)
-        tokens_s, t_s = run("static", requests, model, args.max_num_seqs)
+        tokens_c, t_c = run_batching("continuous", requests, model, args)
+        tokens_s, t_s = run_batching("static", requests, model, args)
     assert tokens_c == tokens_s
     rate_c, rate_s = tokens_c / t_c, tokens_s / t_s
     ratio = rate_c / rate_s
     print(
         f"{args.requests} requests, {tokens_c} output tokens, max_num_seqs {args.max_num_seqs}, "
-        f"output lengths lognormal(median 24, sigma {args.sigma}) capped at 400"
+        f"output lengths lognormal(median 24, sigma {args.sigma}) capped at 400, "
+        f"on {args.device}"
     )
     print(f"continuous: {t_c:7.2f} s  {rate_c:9,.0f} output tokens/s")
     print(f"static:     {t_s:7.2f} s  {rate_s:9,.0f} output tokens/s")
     verdict = "MET" if ratio >= TARGET_RATIO else "MISSED"
     print(f"ratio: {ratio:.2f}x   target >= {TARGET_RATIO}x   {verdict}")
+    size = f"{args.requests} requests on {args.device}"
+    return [
+        Figure(
+            "continuous/static output tokens/s",
+            ratio,
+            "x",
+            TARGET_RATIO,
+            "higher",
+            note=f"{size} (the full size amortizes the continuous run's tail)",
+        ),
+        Figure("continuous output tokens/s", rate_c, "tokens/s", note=size),
+        Figure("static output tokens/s", rate_s, "tokens/s", note=size),
+    ]
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

@@ -12,12 +12,12 @@ Targets: --quick within 90 s on 2 cores with held-out median error <= 10%; the f
 calibration within 10 minutes, aiming at <= 5%. Never fails on time: it reports.
 
 Run: .venv/bin/python benchmarks/bench_calibrate.py [--skip-full] [--executor sim
-     --cost-model FILE]
+     --cost-model FILE] [--quick: the quick calibration only, as --skip-full] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 from harness.run.server import repo_env
 
 TARGETS = {"quick": (90.0, 0.10), "full": (600.0, 0.05)}
@@ -36,7 +38,7 @@ def load() -> str:
     return f"load {one:.2f} (5 min {five:.2f}) on {os.cpu_count()} cores"
 
 
-def run(kind: str, args, work: Path) -> None:
+def calibrate(kind: str, args, work: Path) -> list[Figure]:
     out = work / f"{kind}.json"
     command = [sys.executable, "-m", "harness.cli", "calibrate", "--out", str(out)]
     command += ["--records-dir", str(work / kind), "--executor", args.executor]
@@ -46,12 +48,14 @@ def run(kind: str, args, work: Path) -> None:
     started = time.perf_counter()
     proc = subprocess.run(command, env=repo_env(), capture_output=True, text=True)
     wall = time.perf_counter() - started
+    max_s, max_err = TARGETS[kind]
+    duration = Figure(f"calibrate {kind} duration", wall, "s", max_s)
     if proc.returncode != 0:
         print(f"{kind}: calibrate exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
-        return
+        error = Figure(f"calibrate {kind} held-out median error", None, "%", max_err * 100)
+        return [dataclasses.replace(duration, value=None), error]
     fit = json.loads(out.read_text())["fit"]
     served = fit["served"]
-    max_s, max_err = TARGETS[kind]
     err = fit["holdout_median_rel_error"]
     print(
         f"{kind:5}: {wall:6.1f} s (served run {served['served_s']:.1f} s, {served['requests']} "
@@ -65,21 +69,31 @@ def run(kind: str, args, work: Path) -> None:
         f"       coverage {served['coverage']}; step-to-step noise "
         f"{'-' if noise is None else f'{noise:.1%}'}; {before} before, {load()} after"
     )
+    note = f"{args.executor} executor; {load()}"
+    return [
+        dataclasses.replace(duration, note=note),
+        Figure(f"calibrate {kind} held-out median error", err * 100, "%", max_err * 100),
+    ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
+    parser.add_argument(
+        "--skip-full", action="store_true", help="only the quick calibration (as --quick)"
     )
-    parser.add_argument("--skip-full", action="store_true", help="only the quick calibration")
     parser.add_argument("--executor", default="torch", choices=["torch", "sim"])
     parser.add_argument("--cost-model", type=Path, default=None, help="the sim's truth")
-    args = parser.parse_args()
+    return parser
+
+
+def run(args) -> list[Figure]:
     work = Path(tempfile.mkdtemp(prefix="schedscope-bench-calibrate-"))
-    for kind in ("quick",) if args.skip_full else ("quick", "full"):
-        run(kind, args, work)
+    figures = []
+    for kind in ("quick",) if args.skip_full or args.quick else ("quick", "full"):
+        figures += calibrate(kind, args, work)
     print(f"(files: {work})")
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

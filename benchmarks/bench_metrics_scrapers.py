@@ -15,12 +15,12 @@ load generator and the scrapers share this process (and the machine's cores) wit
 server: on a small machine their own CPU use shows in the figures.
 
 Run: .venv/bin/python benchmarks/bench_metrics_scrapers.py [--streams 200] [--window 5]
-[--rounds 3] [--engine-core process|thread]
+[--rounds 3] [--engine-core process|thread] [--quick: 50 streams, 1 round, 3 s warm-up,
+2 s windows] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -29,6 +29,8 @@ import time
 
 import aiohttp
 
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 from harness.local_server import CliServer
 
 TARGET_LOSS_AT_1HZ = 0.02
@@ -191,15 +193,18 @@ async def one_round(url: str, args) -> list[tuple[str, dict]]:
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--streams", type=int, default=200)
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
+    parser.sized("--streams", type=int, full=200, quick=50)
     parser.add_argument("--max-tokens", type=int, default=100, help="mean; 0.5x..1.5x")
-    parser.add_argument("--warmup", type=float, default=10.0, help="seconds")
-    parser.add_argument("--window", type=float, default=5.0, help="seconds per scenario")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.sized("--warmup", type=float, full=10.0, quick=3.0, help="seconds")
+    parser.sized("--window", type=float, full=5.0, quick=2.0, help="seconds per scenario")
+    parser.sized("--rounds", type=int, full=3, quick=1)
     parser.add_argument("--engine-core", default="process", choices=["process", "thread"])
-    args = parser.parse_args()
+    return parser
+
+
+def run(args) -> list[Figure]:
     serve = ["--executor", "sim", "--engine-core", args.engine_core]
     print(
         f"schedscope serve --executor sim --engine-core {args.engine_core}, {args.streams} "
@@ -229,7 +234,18 @@ def main() -> None:
         f"(measured {loss_1hz * 100:.1f}%); no stall at 50 scrapers "
         f"(max gap {results[4][1]['max_gap_s']:.3f} s; {base['max_gap_s']:.3f} s without)"
     )
+    size = f"{args.streams} streams, {args.rounds} round(s) of {args.window:g} s"
+    figures = [
+        Figure("steps/s without a scraper", base["steps_per_s"], "steps/s", note=size),
+        Figure("max inter-token gap without a scraper", base["max_gap_s"] * 1e3, "ms"),
+    ]
+    for label, row in results[1:-1]:
+        loss = 100 * (1 - row["steps_per_s"] / base["steps_per_s"])
+        target = TARGET_LOSS_AT_1HZ * 100 if label == "1 scraper at 1/s" else None
+        figures.append(Figure(f"throughput loss, {label}", loss, "%", target))
+        figures.append(Figure(f"max inter-token gap, {label}", row["max_gap_s"] * 1e3, "ms"))
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

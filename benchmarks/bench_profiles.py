@@ -6,18 +6,20 @@ all together; `sample_requests` of 100,000 requests of the default profile in <=
 Each figure is the median of --repeats runs.
 
 Run: .venv/bin/python benchmarks/bench_profiles.py [--requests 100000] [--repeats 5]
+     [--quick: 3 repeats] [--json FILE]
 Prints the measured figure beside the target; never fails on time (machines are shared).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 from harness.profiles import LengthDistribution, resolve_profile, sample_requests
 
 TARGET_DISTRIBUTIONS_S = 0.5
@@ -48,13 +50,16 @@ def verdict(measured: float, target: float) -> str:
     return "MET" if measured <= target else "MISSED"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
     parser.add_argument("--draws", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--profile", default="default")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    parser.sized("--repeats", type=int, full=5, quick=3)
+    return parser
+
+
+def run(args) -> list[Figure]:
 
     rng = np.random.default_rng(0)
     total = 0.0
@@ -70,6 +75,13 @@ def main() -> None:
         f"beside target <= {TARGET_DISTRIBUTIONS_S} s   "
         f"{verdict(scaled, TARGET_DISTRIBUTIONS_S)}"
     )
+    distributions = Figure(
+        "100,000 draws of each length distribution kind",
+        scaled,
+        "s",
+        TARGET_DISTRIBUTIONS_S,
+        note=f"all seven kinds together; median of {args.repeats}",
+    )
 
     profile = resolve_profile(args.profile)
     seconds = median_seconds(lambda: sample_requests(profile, args.requests), args.repeats)
@@ -82,7 +94,15 @@ def main() -> None:
         f"  measured {scaled:.3f} s per 100,000 requests beside target "
         f"<= {TARGET_SAMPLE_REQUESTS_S} s   {verdict(scaled, TARGET_SAMPLE_REQUESTS_S)}"
     )
+    sampling = Figure(
+        "sample_requests per 100,000 requests",
+        scaled,
+        "s",
+        TARGET_SAMPLE_REQUESTS_S,
+        note=f"profile {profile.name}, {args.requests:,} sampled; median of {args.repeats}",
+    )
+    return [distributions, sampling]
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

@@ -10,11 +10,11 @@ to be held in memory until shutdown: ~1.9 KB per request, +38.7 MB after 20,000)
 about what the server grows without records.
 
 Run: .venv/bin/python benchmarks/bench_record_memory.py [--requests 20000] [--concurrency 32]
+     [--quick: 5,000 requests; growth over fewer requests is noisier] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import tempfile
 import time
@@ -24,6 +24,8 @@ import aiohttp
 import polars as pl
 import psutil
 
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 from harness.local_server import CliServer
 
 TARGET_KB_PER_REQUEST = 0.1
@@ -82,11 +84,15 @@ def measure(records: bool, num_requests: int, concurrency: int) -> dict:
     return {"ok": ok, "rows": rows, "code": code, "kb_per_request": growth, "s": elapsed}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20_000)
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
+    parser.sized("--requests", type=int, full=20_000, quick=5_000)
     parser.add_argument("--concurrency", type=int, default=32)
-    args = parser.parse_args()
+    return parser
+
+
+def run(args) -> list[Figure]:
+    figures = []
     for records in (False, True):
         result = measure(records, args.requests, args.concurrency)
         label = "records on " if records else "records off"
@@ -96,7 +102,17 @@ def main() -> None:
             f"(target <= {TARGET_KB_PER_REQUEST} KB with records); "
             f"requests.parquet rows {result['rows']}; exit {result['code']}"
         )
+        figures.append(
+            Figure(
+                f"engine RSS growth per request, records {'on' if records else 'off'}",
+                result["kb_per_request"],
+                "KB",
+                TARGET_KB_PER_REQUEST if records else None,
+                note=f"{result['ok']} of {args.requests} ok; server exit {result['code']}",
+            )
+        )
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

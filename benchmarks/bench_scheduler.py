@@ -5,12 +5,12 @@ W=10,000 of at most 1.5x (no per-step work proportional to the waiting queue).
 A step here is Scheduler.schedule() + Scheduler.update() (what the engine adds around
 the executor), with every running request decoding and none finishing.
 
-Run: .venv/bin/python benchmarks/bench_scheduler.py
+Run: .venv/bin/python benchmarks/bench_scheduler.py [--json FILE] (seconds; --quick is the
+same run)
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -19,6 +19,8 @@ from engine.core.block_manager import BlockManager
 from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
 from engine.core.sched.scheduler import Scheduler
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 
 TARGET_MS = 1.0
 TARGET_GROWTH = 1.5
@@ -64,11 +66,15 @@ def time_steps(scheduler: Scheduler, steps: int) -> float:
     return statistics.median(samples)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
     parser.add_argument("--running", type=int, default=256)
     parser.add_argument("--steps", type=int, default=300)
-    args = parser.parse_args()
+    return parser
+
+
+def run(args) -> list[Figure]:
+    figures = []
     print(f"{'policy':9} {'max_wait':>8} {'W':>7} {'ms/step':>8}   target")
     for policy in ("fcfs", "sjf", "priority"):
         for max_wait in (None, 3600.0):
@@ -86,7 +92,20 @@ def main() -> None:
                 f"{'':9} {'':>8} {'growth':>7} {growth:8.2f}x  <= {TARGET_GROWTH}x: "
                 f"{'MET' if growth <= TARGET_GROWTH else 'MISSED'}"
             )
+            label = f"{policy}{'' if max_wait is None else f', max_wait {max_wait:g} s'}"
+            for waiting, ms in per_w.items():
+                figures.append(
+                    Figure(
+                        f"ms per step, {label}, R={args.running} W={waiting:,}",
+                        ms,
+                        "ms",
+                        TARGET_MS,
+                        note=f"median of {args.steps} steps",
+                    )
+                )
+            figures.append(Figure(f"growth W=100 to W=10,000, {label}", growth, "x", TARGET_GROWTH))
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

@@ -28,7 +28,8 @@ are disjoint (with N >= 3), or when no request of either ever waited after a ste
 policy was never consulted).
 
 Run: .venv/bin/python benchmarks/bench_serving.py [--rate-scale 0.3] [--duration-s 40]
-     [--repeats 3] [--rank-policies fcfs,sjf,priority]
+     [--repeats 3] [--rank-policies fcfs,sjf,priority] [--device cpu|cuda]
+     [--quick: the first 15 s of the schedule] [--json FILE]
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
 from engine.worker.model_config import ModelConfig
 from harness import open_loop_client
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 from harness.local_server import CliServer
 from harness.open_loop_client import prompt_ids, replay
 from harness.profiles import RequestSpec, build_plan, resolve_profile
 from harness.simulate import simulate
 
 TARGET_SERVED_VS_OFFLINE = 0.15
+AIM_SERVED_VS_OFFLINE = 0.05
 TARGET_SIM_VS_SERVED = 0.15
 #: Served p95s of the policies closer than this (relative spread) are a tie: run-to-run
 #: noise on a shared machine is about that large.
@@ -78,7 +82,7 @@ def engine_config(args) -> EngineConfig:
 
 # -- offline ----------------------------------------------------------------------------
 def run_offline(
-    specs: list[RequestSpec], config: EngineConfig, threads: int, steps_file: Path
+    specs: list[RequestSpec], config: EngineConfig, threads: int, steps_file: Path, device: str
 ) -> pl.DataFrame:
     import torch
 
@@ -88,7 +92,7 @@ def run_offline(
 
     from harness.steps import StepLog
 
-    engine = build_torch_engine(config, WallClock(), device="cpu")
+    engine = build_torch_engine(config, WallClock(), device=device)
     step_log = engine.observers.add(StepLog())
     vocab = engine.model_config.vocab_size
     clock = engine.clock
@@ -154,7 +158,9 @@ def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.Dat
         str(steps_file.with_name("requests.parquet")),
         *args.serve_args,
     ]
-    with CliServer(server_args, start_timeout_s=120) as server:
+    # the server takes CUDA when it sees it: hide it for a CPU run
+    env = {"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else None
+    with CliServer(server_args, env=env, start_timeout_s=120) as server:
         rows, lag_p99 = asyncio.run(replay(server.url, specs, vocab))
         epoch = json.loads(HttpClient(server.url).request("GET", "/health")[2])["clock_epoch_unix"]
     steps_file.with_name("epoch.json").write_text(json.dumps({"clock_epoch_unix": epoch}))
@@ -210,8 +216,11 @@ def compare(
     ref: Percentiles,
     target: float,
     band: tuple[Percentiles, Percentiles] | None = None,
-) -> None:
-    """``got`` against ``ref`` (the served median); ``band``: the served runs' range."""
+    label: str = "",
+) -> list[Figure]:
+    """``got`` against ``ref`` (the served median); ``band``: the served runs' range.
+    Prints a line and returns a figure (named after ``label``) per class x metric x q."""
+    figures = []
     for key in sorted(ref):
         cls, metric = key
         for q in ("p50", "p95"):
@@ -226,11 +235,24 @@ def compare(
                 f"  {name:20} {cls:16} {metric:7} {q}: {g:8.3f} s vs {r:8.3f} s  "
                 f"error {err:6.1%}  target <= {target:.0%}: {verdict(err, target)}{note}"
             )
+            figures.append(
+                Figure(
+                    f"{label or name} {cls} {metric} {q} error",
+                    err * 100,
+                    "%",
+                    target * 100,
+                    note=f"{g:.3f} s vs {r:.3f} s{note}",
+                )
+            )
+    return figures
 
 
-def compare_paired(served: list[Percentiles], offline: list[Percentiles], target: float) -> None:
+def compare_paired(
+    served: list[Percentiles], offline: list[Percentiles], target: float
+) -> list[Figure]:
     """Served against offline, run by run (each served run with the offline run next to
     it): the median of the paired ratios, and their range."""
+    figures = []
     for key in sorted(offline[0]):
         if key[1] != "e2e_s":
             continue
@@ -245,6 +267,17 @@ def compare_paired(served: list[Percentiles], offline: list[Percentiles], target
                 f"(runs {min(ratios):.3f}..{max(ratios):.3f})  error {err:6.1%}  "
                 f"target <= {target:.0%}: {verdict(err, target)}"
             )
+            figures.append(
+                Figure(
+                    f"served/offline {key[0]} e2e_s {q} error",
+                    err * 100,
+                    "%",
+                    target * 100,
+                    aim=AIM_SERVED_VS_OFFLINE * 100,
+                    note=f"ratio {ratio:.3f} (runs {min(ratios):.3f}..{max(ratios):.3f})",
+                )
+            )
+    return figures
 
 
 def step_cycle(steps_file: Path, name: str = "served") -> None:
@@ -341,7 +374,7 @@ def max_waiting(run_dirs: list[Path]) -> int:
     )
 
 
-def rank_policies(args, specs: list[RequestSpec]) -> None:
+def rank_policies(args, specs: list[RequestSpec]) -> list[Figure]:
     """Served (``--repeats`` runs each, round-robin) and simulated runs of each policy:
     does the simulator order them as the served engine does, per class, by p95 TTFT
     and p95 E2E? A pair is ordered by the served runs only as ``served_apart`` says,
@@ -414,25 +447,34 @@ def rank_policies(args, specs: list[RequestSpec]) -> None:
         f"  same order in {agree} of {resolved} policy pairs the served runs order "
         f"(over {len(keys)} class x metric keys, {args.repeats} served runs per policy)"
     )
+    figures = [
+        Figure(
+            "policy pairs the simulator orders as the served runs do",
+            100 * agree / resolved if resolved else None,
+            "%",
+            100.0,
+            "higher",
+            note=f"{agree} of {resolved} ordered pairs; {args.repeats} served runs per policy",
+        )
+    ]
     for policy in policies:
         print(
             f"simulated vs served, {policy}{' (median of the runs)' if args.repeats > 1 else ''}:"
         )
-        compare(
+        figures += compare(
             f"sim/served {policy}",
             sim_p[policy],
             med[policy],
             TARGET_SIM_VS_SERVED,
             (lo[policy], hi[policy]) if args.repeats > 1 else None,
         )
+    return figures
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
     parser.add_argument("--rate-scale", type=float, default=0.3)
-    parser.add_argument("--duration-s", type=float, default=40.0)
+    parser.sized("--duration-s", type=float, full=40.0, quick=15.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--policy", default="fcfs")
     parser.add_argument("--cost-model", type=Path, default=None)
@@ -450,25 +492,29 @@ def main() -> None:
         help="e.g. fcfs,sjf,priority: served and simulated runs of each, "
         "and whether the simulator ranks them as served runs do",
     )
+    parser.add_device()
     parser.add_argument(
         "--serve-args",
         nargs=argparse.REMAINDER,
         default=[],
         help="extra `schedscope serve` flags (last)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def run(args) -> list[Figure]:
     if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+        raise SystemExit("--repeats must be at least 1")
     specs = schedule(args.rate_scale, args.duration_s, args.seed)
     config = engine_config(args)
     print(
         f"schedule: {len(specs)} requests over {args.duration_s:.0f} s at "
         f"{args.rate_scale}x the default profile's rate, policy {args.policy}, "
-        f"{args.repeats} run(s) each"
+        f"{args.repeats} run(s) each, on {args.device}"
     )
     if args.rank_policies:
-        rank_policies(args, specs)
-        return
+        return rank_policies(args, specs)
+    figures: list[Figure] = []
     tmp = Path(tempfile.mkdtemp(prefix="schedscope-bench-serving-"))
     served_runs: list[pl.DataFrame] = []
     offline_runs: list[pl.DataFrame] = []
@@ -493,7 +539,13 @@ def main() -> None:
 
             threads = serving_torch_threads()
             offline_runs.append(
-                run_offline(specs, config, threads, steps_file.with_name("offline_steps.parquet"))
+                run_offline(
+                    specs,
+                    config,
+                    threads,
+                    steps_file.with_name("offline_steps.parquet"),
+                    args.device,
+                )
             )
             print(
                 f"offline {rep + 1}/{args.repeats}: {time.perf_counter() - started:.1f} s "
@@ -506,7 +558,9 @@ def main() -> None:
 
     if offline_runs:
         print("served vs offline (E2E; the bar the server must clear):")
-        compare_paired(served_p, [percentiles(f) for f in offline_runs], TARGET_SERVED_VS_OFFLINE)
+        figures += compare_paired(
+            served_p, [percentiles(f) for f in offline_runs], TARGET_SERVED_VS_OFFLINE
+        )
         ratios = [
             throughput(s, specs) / throughput(o, specs)
             for s, o in zip(served_runs, offline_runs, strict=True)
@@ -518,6 +572,16 @@ def main() -> None:
             f"error {abs(ratio - 1):.1%}, target <= {TARGET_SERVED_VS_OFFLINE:.0%}: "
             f"{verdict(abs(ratio - 1), TARGET_SERVED_VS_OFFLINE)}"
         )
+        figures.append(
+            Figure(
+                "served/offline output tokens/s error",
+                abs(ratio - 1) * 100,
+                "%",
+                TARGET_SERVED_VS_OFFLINE * 100,
+                aim=AIM_SERVED_VS_OFFLINE * 100,
+                note=f"ratio {ratio:.3f} (runs {min(ratios):.3f}..{max(ratios):.3f})",
+            )
+        )
 
     models = {
         "built-in" if args.cost_model is None else str(args.cost_model): CostModel.load(
@@ -526,15 +590,22 @@ def main() -> None:
         if args.cost_model
         else CostModel()
     }
+    # the figures' names: short and the same from run to run (a stored fit's file is not)
+    labels = {
+        "built-in" if args.cost_model is None else str(args.cost_model): "built-in"
+        if args.cost_model is None
+        else args.cost_model.name
+    }
     if args.cost_model is None:
         # Out of sample: the fit `schedscope calibrate` stored for this machine (the
         # served engine's fingerprint), beside the built-in fitted on another machine.
         from harness import cost_store
         from harness.machine import fingerprint
 
-        match = cost_store.find(fingerprint(config.model)).match
+        match = cost_store.find(fingerprint(config.model, device=args.device)).match
         if match is not None and match.model is not None:
             models[f"this machine's stored fit {match.path.name}"] = match.model
+            labels[f"this machine's stored fit {match.path.name}"] = "stored fit"
         else:
             print("no fit stored for this machine: `schedscope calibrate --quick` makes one")
     if all(f.exists() for f in steps_files):
@@ -542,6 +613,7 @@ def main() -> None:
 
         fitted = fit_from_steps([pl.read_parquet(f) for f in steps_files])
         models["fitted from served steps"] = fitted
+        labels["fitted from served steps"] = "served-steps fit"
         latencies = [client_latency(s, f) for s, f in zip(served_runs, steps_files, strict=True)]
         if all(latencies):
             latency = {
@@ -557,20 +629,23 @@ def main() -> None:
             models["fitted from served steps + client latency"] = dataclasses.replace(
                 fitted, client_latency_s=latency["client_latency_s"]
             )
+            labels["fitted from served steps + client latency"] = "served-steps fit + latency"
     band = (served_lo, served_hi) if args.repeats > 1 else None
     for name, model in models.items():
         sim = simulate_schedule(specs, config, model)
         print(f"simulated ({name}) vs served{' (median of the runs)' if args.repeats > 1 else ''}:")
-        compare(
+        figures += compare(
             "sim/served",
             percentiles(sim.select("request_id", "class", "output_tokens", "ttft_s", "e2e_s")),
             served_med,
             TARGET_SIM_VS_SERVED,
             band,
+            label=f"sim/served [{labels[name]}]",
         )
         ttft_parts(served_runs[0], steps_files[0], sim)
     print(f"(files: {tmp}; on a shared machine, believe a 5% change only across --repeats)")
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

@@ -12,14 +12,14 @@
 3. /health's worst latency while one /tokenize answer of about 10 MB is made. Target:
    at most 100 ms (was 630 ms: the answer was encoded on the event loop).
 
-Run: .venv/bin/python benchmarks/bench_shared_slots.py [--seconds 12]
+Run: .venv/bin/python benchmarks/bench_shared_slots.py [--seconds 12] [--quick: 3 s]
+     [--json FILE]
 (Against an older tree, settings it lacks are left out: the same script measures the
 "before" figures.)
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import http.client
 import json
@@ -29,6 +29,8 @@ import time
 
 from engine.api.server import ServerSettings
 from engine.serving.tokenizer import HashTokenizer
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 from harness.local_server import BackgroundServer, HttpClient, sim_engine
 
 JSON = {"Content-Type": "application/json"}
@@ -162,34 +164,77 @@ def health_during_large_answer() -> tuple[float, int]:
     return worst, size[0]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=12.0)
-    args = parser.parse_args()
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
+    parser.sized("--seconds", type=float, full=12.0, quick=3.0, help="of trickling, each")
+    return parser
+
+
+def run(args) -> list[Figure]:
+    figures = []
     raised = dict(max_tokenize_body_bytes=2 << 20, max_tokenize_tokens=1 << 20)
     alone, behind, statuses = chat_behind_flood(raised)
     print(
         f"100 KB chat: {alone:.2f} s alone, {behind:.2f} s behind 24 x 1 MB /tokenize "
         f"(limits raised, flood answered {sorted(statuses)}); target <= 2 s (was 14.1 s)"
     )
+    figures.append(
+        Figure(
+            "100 KB chat behind 24 x 1 MB /tokenize, limits raised",
+            behind,
+            "s",
+            2.0,
+            note=f"{alone:.2f} s alone; flood answered {sorted(statuses)}; was 14.1 s",
+        )
+    )
     alone, behind, statuses = chat_behind_flood({})
     print(
         f"100 KB chat: {alone:.2f} s alone, {behind:.2f} s behind 24 x 1 MB /tokenize "
         f"(default limits, flood answered {sorted(statuses)}); target <= 2 s"
     )
+    figures.append(
+        Figure(
+            "100 KB chat behind 24 x 1 MB /tokenize, default limits",
+            behind,
+            "s",
+            2.0,
+            note=f"{alone:.2f} s alone; flood answered {sorted(statuses)}",
+        )
+    )
     for body, was in ((False, "6 of 139"), (True, "2 of 140")):
         ok, sent = legit_under_trickling(args.seconds, body)
+        what = "bodies" if body else "headers"
         print(
             f"legitimate requests answered 200 in {args.seconds:g} s beside 64 sockets "
-            f"trickling their {'bodies' if body else 'headers'} (--max-connections 64): "
+            f"trickling their {what} (--max-connections 64): "
             f"{ok} of {sent} ({100 * ok / max(sent, 1):.0f}%); target >= 95% (was {was})"
+        )
+        figures.append(
+            Figure(
+                f"legitimate requests answered beside 64 sockets trickling {what}",
+                100 * ok / max(sent, 1),
+                "%",
+                95.0,
+                "higher",
+                note=f"{ok} of {sent} in {args.seconds:g} s; was {was}",
+            )
         )
     worst, size = health_during_large_answer()
     print(
         f"/health worst latency while a {size / 1e6:.1f} MB /tokenize answer is made: "
         f"{1e3 * worst:.0f} ms; target <= 100 ms (was 630 ms)"
     )
+    figures.append(
+        Figure(
+            "/health worst latency during a 10 MB /tokenize answer",
+            1e3 * worst,
+            "ms",
+            100.0,
+            note=f"a {size / 1e6:.1f} MB answer; was 630 ms",
+        )
+    )
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

@@ -11,11 +11,11 @@ With --profile, the server's event-loop thread runs under cProfile and the top
 functions by own time are printed: they name what limits the figure.
 
 Run: .venv/bin/python benchmarks/bench_streaming.py [--streams 64] [--seconds 5] [--profile]
+     [--quick: 3 s] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import cProfile
 import io
@@ -23,6 +23,9 @@ import json
 import multiprocessing
 import pstats
 import time
+
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 
 TARGET_TOKENS_PER_S = 10_000
 
@@ -104,15 +107,18 @@ async def serve_and_measure(args) -> tuple[dict, dict, cProfile.Profile | None]:
     return totals, {"steps": steps, "elapsed": elapsed}, profile
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
     parser.add_argument("--streams", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.sized("--seconds", type=float, full=5.0, quick=3.0)
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument(
         "--profile", action="store_true", help="profile the server's event loop (costs throughput)"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def run(args) -> list[Figure]:
 
     totals, engine, profile = asyncio.run(serve_and_measure(args))
     rate = totals["tokens"] / totals["seconds"]
@@ -145,7 +151,13 @@ def main() -> None:
             f"top item: {name} ({filename}:{line}), {tottime:.2f} s own time of "
             f"{engine['elapsed']:.2f} s"
         )
+    note = f"{args.streams} streams for {args.seconds:g} s{', profiled' if profile else ''}"
+    return [
+        Figure("streamed tokens/s", rate, "tokens/s", TARGET_TOKENS_PER_S, "higher", note=note),
+        Figure("SSE events/s", totals["events"] / totals["seconds"], "events/s", note=note),
+        Figure("engine steps/s", engine["steps"] / engine["elapsed"], "steps/s", note=note),
+    ]
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

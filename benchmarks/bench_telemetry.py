@@ -12,11 +12,11 @@ sides alike. Also printed: spans per round, dropped spans, the exporter's totals
 Target: throughput with telemetry >= 97% of without (aim >= 99%).
 
 Run: .venv/bin/python benchmarks/bench_telemetry.py [--rounds 6] [--batch 32] [--tokens 64]
+     [--quick: 2 rounds] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -26,6 +26,8 @@ from bench_telemetry_metrics import torch_engine  # the same engine: run from be
 
 from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 
 TARGET = 0.97
 AIM = 0.99
@@ -48,9 +50,9 @@ def one_round(engine, tag: str, batch: int, tokens: int) -> float:
     return batch * tokens / (time.perf_counter() - started)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6)
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
+    parser.sized("--rounds", type=int, full=6, quick=2)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument(
@@ -59,7 +61,10 @@ def main() -> None:
         default=0,
         help="0: what schedscope serve uses (one fewer than the cores)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def run(args) -> list[Figure]:
     if not args.torch_threads:
         from harness.serve import serving_torch_threads
 
@@ -108,7 +113,20 @@ def main() -> None:
         f"  spans: {stats['spans']} ended, {stats['exported_spans']} exported, "
         f"{stats['dropped_spans']} dropped; trace file {trace_file.stat().st_size / 1e6:.1f} MB"
     )
+    return [
+        Figure(
+            "throughput with spans+metrics / without",
+            ratio,
+            "x",
+            TARGET,
+            "higher",
+            AIM,
+            note=f"median of {args.rounds} alternating rounds, batch {args.batch}; "
+            f"{stats['dropped_spans']} spans dropped",
+        ),
+        Figure("spans dropped", stats["dropped_spans"], "spans", note=f"of {stats['spans']}"),
+    ]
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

@@ -9,11 +9,11 @@
 3. One render of /metrics (text and OpenMetrics).
 
 Run: .venv/bin/python benchmarks/bench_telemetry_metrics.py [--steps 200] [--batch 32]
+     [--quick: 50 steps, 50,000 observations] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -23,6 +23,8 @@ from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
 from engine.telemetry.metrics import ITL_BUCKETS, TTFT_BUCKETS, _BulkHistogram, install_metrics
+from harness.bench.figure import Figure
+from harness.bench.script import BenchParser, bench_main
 
 TARGET_FRACTION = 0.01
 
@@ -96,7 +98,7 @@ def fill(engine, batch: int, tag: str, max_tokens: int) -> None:
         engine.step()  # prefills: not measured
 
 
-def per_step(steps: int, batch: int, rounds: int = 5) -> None:
+def per_step(steps: int, batch: int, rounds: int = 5) -> list[Figure]:
     import torch
 
     torch.set_num_threads(2)
@@ -150,17 +152,34 @@ def per_step(steps: int, batch: int, rounds: int = 5) -> None:
         f"render /metrics: text {text_s * 1e3:.2f} ms ({len(text)} bytes), "
         f"OpenMetrics {om_s * 1e3:.2f} ms ({len(om)} bytes)"
     )
+    return [
+        Figure(
+            f"metrics observer, share of a torch step at batch {batch}",
+            fraction * 100,
+            "%",
+            TARGET_FRACTION * 100,
+            note=f"{observer * 1e6:.1f} us of a {step_off * 1e3:.3f} ms step",
+        ),
+        Figure("render /metrics, text", text_s * 1e3, "ms", note=f"{len(text)} bytes"),
+        Figure("render /metrics, OpenMetrics", om_s * 1e3, "ms", note=f"{len(om)} bytes"),
+    ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=200)
+def parser() -> BenchParser:
+    parser = BenchParser(description=__doc__)
+    parser.sized("--steps", type=int, full=200, quick=50)
     parser.add_argument("--batch", type=int, default=32)
-    args = parser.parse_args()
-    for name, seconds in per_observation().items():
+    parser.sized("--observations", type=int, full=200_000, quick=50_000)
+    return parser
+
+
+def run(args) -> list[Figure]:
+    figures = []
+    for name, seconds in per_observation(args.observations).items():
         print(f"{name:32s} {seconds * 1e6:7.3f} us")
-    per_step(args.steps, args.batch)
+        figures.append(Figure(f"per observation: {name}", seconds * 1e6, "us"))
+    return [*per_step(args.steps, args.batch), *figures]
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(parser, run)

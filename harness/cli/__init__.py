@@ -3,13 +3,14 @@
 
 One module per command; each parses and checks its arguments, calls the harness
 (``harness.simulate``, ``harness.run``, ``harness.serve``, ``harness.calibrate``,
-``harness.report``, ``harness.dashboards``) and maps its errors to exit codes.
+``harness.report``, ``harness.dashboards``, ``harness.bench``) and maps its errors to exit codes.
 :mod:`harness.cli.app` holds the app and its consoles; the commands are registered
 here, in the order ``schedscope --help`` lists them.
 """
 
 from harness.cli import (
     baseline,
+    bench,
     calibrate,
     dashboards,
     export_tokenizer,
@@ -31,6 +32,7 @@ app.command()(report.report)
 app.command()(gate.gate)
 app.add_typer(baseline.baseline_app, name="baseline")
 app.command("recover-records")(recover_records.recover_records)
+app.command()(bench.bench)
 app.add_typer(dashboards.dashboards_app, name="dashboards")
 
 __all__ = ["app"]

@@ -15,6 +15,7 @@ from engine.worker.model import build_model
 from engine.worker.model_config import ModelConfig
 from engine.worker.weights import save_checkpoint
 from harness.cli import app
+from tests.support.device import device_under_test
 
 
 def synthetic_seconds(model: CostModel, shapes: list[StepShape]) -> np.ndarray:
@@ -54,6 +55,7 @@ def test_fit_never_returns_negative_coefficients():
 
 
 def test_calibrate_command_writes_a_cost_model_the_simulator_uses(tmp_path):
+    device = device_under_test()
     torch.manual_seed(0)
     config = ModelConfig(
         name="calib",
@@ -78,7 +80,7 @@ def test_calibrate_command_writes_a_cost_model_the_simulator_uses(tmp_path):
             "--repeats",
             "1",
             "--device",
-            "cpu",
+            device,
             "--out",
             str(out),
         ],
@@ -86,12 +88,12 @@ def test_calibrate_command_writes_a_cost_model_the_simulator_uses(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["source"] == "calibrated"
-    assert data["device"].startswith("cpu")
+    assert data["device"].startswith(device)
     assert data["model"] and data["fitted_at"][:4].isdigit()
     assert data["fit"]["holdout_points"] > 0 and data["fit"]["train_points"] > 0
     # --out records the machine it was fitted on: the profiled threads, the checkpoint
     assert data["fingerprint"]["model"] == str(model_dir.resolve())
-    assert data["fingerprint"]["device"] == "cpu"
+    assert data["fingerprint"]["device"] == device
     assert data["fingerprint"]["torch_threads"] == data["fit"]["threads"]
     assert 0 <= data["fit"]["holdout_median_rel_error"]
     fitted = CostModel.load(out)
@@ -127,14 +129,15 @@ def test_calibrate_without_out_writes_into_the_store(tmp_path, monkeypatch):
     store = tmp_path / "store"
     monkeypatch.setenv(cost_store.STORE_ENV, str(store))
     monkeypatch.chdir(tmp_path)
-    args = ["calibrate", "--method", "profile", "--quick", "--repeats", "1", "--device", "cpu"]
+    device = device_under_test()
+    args = ["calibrate", "--method", "profile", "--quick", "--repeats", "1", "--device", device]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "cost_model.json").exists()
     [entry] = cost_store.entries(store)
     assert f"written: {entry.path}" in result.stdout
     threads = entry.model.fit["threads"]
-    assert entry.fingerprint == fingerprint("tiny", device="cpu", torch_threads=threads)
+    assert entry.fingerprint == fingerprint("tiny", device=device, torch_threads=threads)
 
 
 def test_a_served_fit_stands_for_the_executor_it_measured():

@@ -13,6 +13,7 @@ from engine.core.sequence import SequenceStatus
 from engine.factory import build_torch_engine
 from engine.worker.model import build_model
 from engine.worker.model_config import ModelConfig
+from tests.support.device import device_under_test
 
 # A model small enough for many steps on 2 cores, with GQA; random weights from a seed.
 MODEL = ModelConfig(
@@ -30,12 +31,12 @@ MODEL = ModelConfig(
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return build_model(MODEL, "cpu")
+    return build_model(MODEL, device_under_test())
 
 
 def make_engine(model, scheduler: SchedulerConfig, cache: CacheConfig):
     config = EngineConfig(scheduler, cache, model="tiny")
-    engine = build_torch_engine(config, VirtualClock(), device="cpu", model=model)
+    engine = build_torch_engine(config, VirtualClock(), device=model.device, model=model)
     return engine
 
 
@@ -176,7 +177,7 @@ def test_block_copies_move_kv_exactly(model):
     v[3].normal_()
     runner.copy_blocks([(3, 5)], to_host=True)
     hk, hv = runner.host_cache[0]
-    assert torch.equal(hk[5], k[3]) and torch.equal(hv[5], v[3])
+    assert torch.equal(hk[5], k[3].cpu()) and torch.equal(hv[5], v[3].cpu())
     runner.copy_blocks([(5, 1)], to_host=False)
     assert torch.equal(k[1], k[3]) and torch.equal(v[1], v[3])
 
