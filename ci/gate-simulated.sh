@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SCHEDSCOPE=${SCHEDSCOPE:-$( [ -x .venv/bin/schedscope ] && echo .venv/bin/schedscope || echo schedscope )}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 BASELINE=ci/baselines/simulated.json
 $SCHEDSCOPE simulate --profile mixed --policy all --duration-scale 0.25 --seed 7 \
   --cost-model builtin --out "$OUT/simulated" > "$OUT/simulate.log"

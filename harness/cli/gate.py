@@ -24,7 +24,9 @@ def gate(
         "or a summary.json.",
     ),
     current: Path = typer.Option(
-        ..., "--current", help="The run to gate: a run directory or a summary.json."
+        ...,
+        "--current",
+        help="The run to gate: a run directory, a baseline file or a summary.json.",
     ),
     config: Path | None = typer.Option(
         None,
@@ -49,19 +51,31 @@ def gate(
     except (GateConfigError, GateInputError) as exc:
         err_console.print(f"[red]gate: error:[/red] {exc}")
         raise typer.Exit(USAGE) from None
+    except Exception as exc:  # never exit 1 (a regression) for a fault of the data or ours
+        err_console.print(
+            f"[red]gate: internal error[/red] ({type(exc).__name__}: {exc}); the inputs "
+            "could not be gated",
+            markup=True,
+            highlight=False,
+        )
+        raise typer.Exit(USAGE) from None
     code = result.exit_code
     table = outputs.markdown(result.checks, result.notes, code, f"schedscope gate: {current}")
     console.print(table, markup=False, highlight=False, soft_wrap=True)
     for line in outputs.failure_lines(result.checks):
         err_console.print(line, markup=False, highlight=False, soft_wrap=True)
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary_file:
-        with open(summary_file, "a", encoding="utf-8") as handle:
-            handle.write(table + "\n")
-    if junit is not None:
-        outputs.junit(result.checks, junit)
-    if json_out is not None:
-        body = outputs.as_json(result.checks, result.notes, code, result.sides())
-        outputs.write_json(body, json_out)
+    try:
+        if summary_file:
+            with open(summary_file, "a", encoding="utf-8") as handle:
+                handle.write(table + "\n")
+        if junit is not None:
+            outputs.junit(result.checks, junit)
+        if json_out is not None:
+            body = outputs.as_json(result.checks, result.notes, code, result.sides())
+            outputs.write_json(body, json_out)
+    except OSError as exc:
+        err_console.print(f"[red]gate: error:[/red] cannot write {exc.filename}: {exc.strerror}")
+        raise typer.Exit(USAGE) from None
     console.print(outputs.verdict_line(result.checks, code), markup=False)
     raise typer.Exit(code)

@@ -27,12 +27,21 @@ from pathlib import Path
 
 import polars as pl
 
-from harness.gate.sides import GATE_COLUMNS, CellData, GateInputError, Side
+from harness.gate.sides import (
+    GATE_COLUMNS,
+    CellData,
+    GateInputError,
+    Side,
+    check_numbers,
+    schedule_digest,
+)
 
 BASELINE_KIND = "schedscope-baseline"
 BASELINE_VERSION = 1
 #: What must match between a baseline and the run compared with it.
-IDENTITY_KEYS = ("profile", "seed", "schedule", "schema_version", "machine")
+IDENTITY_KEYS = ("profile", "seed", "schedule", "repeats", "schema_version", "machine")
+#: Identity keys that must be known on both sides (missing on one is a mismatch too).
+REQUIRED_KEYS = ("profile", "seed", "schedule")
 _SCHEMA = {
     "request_id": pl.String,
     "class": pl.String,
@@ -122,23 +131,42 @@ def side_from_baseline(path: Path, body: dict, label: str) -> Side:
             "(write it again with `schedscope baseline update`)"
         )
     cells: dict[str, CellData] = {}
-    for name, cell in (body.get("cells") or {}).items():
+    listed = body.get("cells")
+    if not isinstance(listed, dict):
+        raise GateInputError(f"{path}: cells: expected an object of cells")
+    for name, cell in listed.items():
+        if not isinstance(cell, dict):
+            raise GateInputError(f"{path}: cell {name}: expected an object")
         columns = cell.get("columns") or []
         missing = [c for c in GATE_COLUMNS if c not in columns]
         if missing:
             raise GateInputError(f"{path}: cell {name} lacks the column {missing[0]}")
-        frame = pl.DataFrame(
-            cell.get("rows") or [],
-            schema={c: _SCHEMA.get(c, pl.Null) for c in columns},
-            orient="row",
-        ).select(GATE_COLUMNS)
+        try:
+            frame = pl.DataFrame(
+                cell.get("rows") or [],
+                schema={c: _SCHEMA.get(c, pl.Null) for c in columns},
+                orient="row",
+            ).select(GATE_COLUMNS)
+        except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise GateInputError(
+                f"{path}: cell {name}: rows do not fit the columns: {first}"
+            ) from None
+        frame = frame.with_columns(pl.col("class").fill_null("default"))
+        check_numbers(frame, f"{path}: cell {name}")
+        schedule = cell.get("schedule")
+        if schedule is not None and schedule_digest(frame) != schedule:
+            raise GateInputError(
+                f"{path}: cell {name}: its rows are not the schedule it records (edited by "
+                "hand?); write it again with `schedscope baseline update`"
+            )
         cells[name] = CellData(
             name=name,
             frame=frame,
             duration_s=float(cell.get("duration_s") or 0.0),
             generator_limited=cell.get("generator_limited"),
             send_lag_p99_s=cell.get("send_lag_p99_s"),
-            schedule=cell.get("schedule"),
+            schedule=schedule,
             repeats=int(cell.get("repeats") or 1),
         )
     if not cells:
@@ -151,12 +179,20 @@ def mismatches(baseline: Side, current: Side) -> dict[str, str]:
     out: dict[str, str] = {}
     for key in ("profile", "seed", "schema_version", "machine"):
         a, b = baseline.identity.get(key), current.identity.get(key)
-        if a is not None and b is not None and a != b:
+        unknown = key in REQUIRED_KEYS and (a is None) != (b is None)
+        if unknown or (a is not None and b is not None and a != b):
             out[key] = f"baseline {a!r}, current {b!r}"
     for name in sorted(set(baseline.cells) & set(current.cells)):
-        a, b = baseline.cells[name].schedule, current.cells[name].schedule
-        if a is not None and b is not None and a != b:
+        left, right = baseline.cells[name], current.cells[name]
+        a, b = left.schedule, right.schedule
+        if (a is None) != (b is None) and baseline.kind == current.kind == "requests":
             out.setdefault("schedule", f"cell {name}: baseline {a}, current {b}")
+        elif a is not None and b is not None and a != b:
+            out.setdefault("schedule", f"cell {name}: baseline {a}, current {b}")
+        if left.repeats != right.repeats:
+            out.setdefault(
+                "repeats", f"cell {name}: baseline {left.repeats}, current {right.repeats}"
+            )
     return out
 
 

@@ -11,7 +11,7 @@
     cell = "*"               # a cell (policy or matrix cell) or "*" (every cell)
     class = "short_chat"     # a request class, "all" (every request) or "*" (each class)
     metric = "ttft"          # ttft itl tpot e2e queue stall goodput error_rate
-    percentile = 95          # latency metrics: 50..100 or "mean"
+    percentile = 95          # latency metrics: 0..100 or "mean"
     max_regression = 0.10    # relative: fail when current is worse by more than 10%
     max = 2.0                # absolute ceiling (seconds; error_rate: a fraction)
     min = 1.5                # absolute floor (goodput, requests/s)

@@ -58,6 +58,11 @@ class Check:
         return "pass" if self.passed else "FAIL"
 
 
+def tolerance_text(fraction: float) -> str:
+    """0.1 -> "10%", 0.025 -> "2.5%": a tolerance as written, not rounded away."""
+    return f"{fraction * 100:.2f}".rstrip("0").rstrip(".") + "%"
+
+
 # -- values and statistics ---------------------------------------------------------------
 
 
@@ -66,25 +71,29 @@ def _rows(cell: CellData, klass: str) -> pl.DataFrame:
     return cell.frame if klass == ALL_REQUESTS else cell.frame.filter(pl.col("class") == klass)
 
 
-def _series(rule: Rule, cell: CellData, klass: str):
+def _series(rule: Rule, cell: CellData, klass: str, estimate_itl: bool = False):
     """(values, schedule offsets, statistic) of ``rule``'s metric over the rows.
 
     ``values`` is what the bootstrap resamples: one entry per request, or per gap for
     ITL measured by the client; ITL without client gaps is estimated as the report does
-    (each request's TPOT weighted by its number of gaps: rows of (tpot, weight))."""
+    (each request's TPOT weighted by its number of gaps: rows of (tpot, weight)), and so
+    is every ITL when ``estimate_itl`` (one side lacks client gaps: both sides then use
+    the one estimate)."""
     rows = _rows(cell, klass)
     column = METRICS[rule.metric][0]
     if rule.metric == "goodput":
+        # Each request counts 1 / its own run's duration, so that one statistic (the sum)
+        # is each side's goodput whatever their durations or numbers of repeats.
         duration = max(cell.duration_s, 1e-9)
-        values = rows["slo_met"].cast(pl.Float64).to_numpy()
-        return values, rows["offset_s"].to_numpy(), lambda v: float(v.sum()) / duration
+        values = rows["slo_met"].cast(pl.Float64).to_numpy() / duration
+        return values, rows["offset_s"].to_numpy(), lambda v: float(v.sum())
     if rule.metric == "error_rate":
         values = (rows["status"] != "ok").cast(pl.Float64).to_numpy()
         return values, rows["offset_s"].to_numpy(), lambda v: float(v.mean()) if v.size else None
     ok = rows.filter(pl.col("status") == "ok")
     if rule.metric == "itl":
         gaps = ok.select("offset_s", "itl_s").explode("itl_s").drop_nulls("itl_s")
-        if gaps.height:
+        if gaps.height and not estimate_itl:
             values, offsets = gaps["itl_s"].to_numpy(), gaps["offset_s"].to_numpy()
         else:
             est = ok.drop_nulls("tpot_s").filter(pl.col("output_tokens") > 1)
@@ -164,7 +173,7 @@ def _cells(rule: Rule, baseline: Side, current: Side) -> list[str]:
 
 def _classes_of(cell: CellData) -> set[str]:
     if cell.frame is not None:
-        return set(cell.frame["class"].unique().to_list())
+        return set(cell.frame["class"].fill_null("default").unique().to_list())
     return set((cell.summary or {}).get("classes", {}))
 
 
@@ -183,10 +192,14 @@ def _classes(rule: Rule, name: str, baseline: Side, current: Side) -> list[str]:
     return wanted
 
 
-def _value(rule: Rule, cell: CellData, klass: str) -> float | None:
+def _has_gaps(cell: CellData) -> bool:
+    return cell.frame is not None and cell.frame["itl_s"].list.len().fill_null(0).sum() > 0
+
+
+def _value(rule: Rule, cell: CellData, klass: str, estimate_itl: bool = False) -> float | None:
     if cell.frame is None:
         return _summary_value(rule, cell, klass)
-    values, _, statistic = _series(rule, cell, klass)
+    values, _, statistic = _series(rule, cell, klass, estimate_itl)
     return statistic(values) if len(values) else None
 
 
@@ -236,13 +249,14 @@ def _regression(
             f"rule {rule.name}: a relative rule between real runs needs per-request data; "
             "pass run directories or baseline files, not summary.json"
         )
-    value_a, value_b = _value(rule, a, klass), _value(rule, b, klass)
+    estimate = rule.metric == "itl" and not (_has_gaps(a) and _has_gaps(b))
+    value_a, value_b = _value(rule, a, klass, estimate), _value(rule, b, klass, estimate)
     change = _relative(rule, value_a, value_b)
     if exact or a.frame is None or b.frame is None:
         interval = None if change is None else (change, change)
         method = "exact"
     else:
-        interval = _interval(rule, a, b, klass, config)
+        interval = _interval(rule, a, b, klass, config, estimate)
         method = "bootstrap"
     if value_a is None or value_b is None:
         passed, message = False, "no value on one side (no finished request of this class)"
@@ -255,16 +269,19 @@ def _regression(
     else:
         passed = interval[0] <= tolerance
         if method == "exact":
-            message = f"{change:+.2%} {'<=' if passed else '>'} tolerance {tolerance:.0%}"
+            message = (
+                f"{change:+.2%} {'<=' if passed else '>'} tolerance {tolerance_text(tolerance)}"
+            )
         elif passed and interval[1] > tolerance:
             message = (
                 f"{change:+.2%}, interval [{interval[0]:+.2%}, {interval[1]:+.2%}] reaches "
-                f"past the tolerance {tolerance:.0%}: within noise, not a proven regression"
+                f"past the tolerance {tolerance_text(tolerance)}: within noise, not a proven "
+                "regression"
             )
         else:
             message = (
                 f"{change:+.2%}, interval [{interval[0]:+.2%}, {interval[1]:+.2%}] "
-                f"{'clears' if not passed else 'below'} tolerance {tolerance:.0%}"
+                f"{'clears' if not passed else 'below'} tolerance {tolerance_text(tolerance)}"
             )
     return Check(
         rule.name,
@@ -283,9 +300,11 @@ def _regression(
     )
 
 
-def _interval(rule: Rule, a: CellData, b: CellData, klass: str, config: GateConfig):
-    va, oa, statistic = _series(rule, a, klass)
-    vb, ob, _ = _series(rule, b, klass)
+def _interval(
+    rule: Rule, a: CellData, b: CellData, klass: str, config: GateConfig, estimate_itl: bool
+):
+    va, oa, statistic = _series(rule, a, klass, estimate_itl)
+    vb, ob, _ = _series(rule, b, klass, estimate_itl)
     if len(va) == 0 or len(vb) == 0:
         return None
     both = np.concatenate([oa, ob])
@@ -314,7 +333,8 @@ def _interval(rule: Rule, a: CellData, b: CellData, klass: str, config: GateConf
 def _exact_results(name: str, baseline: CellData, current: CellData) -> Check:
     """Two simulated cells: the same outcome for every request, or a failing line."""
     if baseline.frame is None or current.frame is None:
-        same = _summary_groups(baseline.summary) == _summary_groups(current.summary)
+        left, right = _shared(_summary_groups(baseline.summary), _summary_groups(current.summary))
+        same = left == right
         detail = "summary.json statistics identical" if same else "summary.json statistics differ"
         counted = None
     else:
@@ -368,6 +388,16 @@ def _equal(p, q) -> bool:
 def _summary_groups(summary: dict | None) -> dict:
     summary = summary or {}
     return {"overall": summary.get("overall"), "classes": summary.get("classes")}
+
+
+def _shared(a, b):
+    """``a`` and ``b`` cut to the keys both have, at every level (a version-2 summary
+    carries keys version 1 lacks; they are compared where both have them)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = set(a) & set(b)
+        pairs = {k: _shared(a[k], b[k]) for k in keys}
+        return {k: v[0] for k, v in pairs.items()}, {k: v[1] for k, v in pairs.items()}
+    return a, b
 
 
 def check_usable(side: Side, what: str) -> None:

@@ -4,14 +4,28 @@ XML (one test case per line, a failure per failing line) and JSON."""
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from harness.gate.evaluate import Check
+from harness.gate.evaluate import Check, tolerance_text
 from harness.request_stats import clean
 
 HEADER = ("", "rule", "cell", "class", "metric", "baseline", "current", "change", "interval",
           "limit", "detail")  # fmt: skip
+
+
+#: Characters XML 1.0 cannot hold (control characters but tab, newline, return).
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def _xml(text: str) -> str:
+    return _NOT_XML.sub("?", text)
+
+
+def _cell(text: str) -> str:
+    """A Markdown table cell: no pipe, no line break."""
+    return text.replace("|", "/").replace("\n", " ")
 
 
 def _number(value: float | None) -> str:
@@ -26,7 +40,7 @@ def _limit(check: Check) -> str:
     if check.limit is None:
         return "–"
     if check.kind == "regression":
-        return f"≤ {check.limit:+.0%}"
+        return f"≤ +{tolerance_text(check.limit)}"
     if check.kind == "exact":
         return "identical"
     return f"{'≤' if check.kind == 'ceiling' else '≥'} {check.limit:g}"
@@ -65,9 +79,9 @@ def markdown(checks: list[Check], notes: list[str], exit_code: int, title: str) 
             _percent(c.change),
             _interval(c),
             _limit(c),
-            c.message.replace("|", "/"),
+            c.message,
         )
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_cell(str(c)) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -97,13 +111,16 @@ def junit(checks: list[Check], path: Path, name: str = "schedscope gate") -> Non
     )
     for c in checks:
         case = ET.SubElement(
-            suite, "testcase", classname=f"gate.{c.cell}", name=f"{c.rule} {c.klass} {c.metric}"
+            suite,
+            "testcase",
+            classname=_xml(f"gate.{c.cell}"),
+            name=_xml(f"{c.rule} {c.klass} {c.metric}"),
         )
         if not c.passed:
-            failure = ET.SubElement(case, "failure", message=c.message, type=c.kind)
-            failure.text = "\n".join(failure_lines([c]))
+            failure = ET.SubElement(case, "failure", message=_xml(c.message), type=c.kind)
+            failure.text = _xml("\n".join(failure_lines([c])))
         else:
-            ET.SubElement(case, "system-out").text = c.message
+            ET.SubElement(case, "system-out").text = _xml(c.message)
     root = ET.Element("testsuites", name=name)
     root.append(suite)
     path.parent.mkdir(parents=True, exist_ok=True)

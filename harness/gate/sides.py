@@ -44,6 +44,11 @@ GATE_COLUMNS = (
     "itl_s",
 )
 REPEAT_RE = re.compile(r"^(?P<cell>.+)-r(?P<repeat>\d+)$")
+#: The version of the gate's per-request rows (GATE_COLUMNS and their meaning): a side's
+#: ``schema_version`` identity for run directories and baseline files alike.
+ROWS_SCHEMA_VERSION = 1
+#: Latency columns that may not hold NaN on a finished request.
+NUMERIC_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "stall_s")
 
 
 class GateInputError(ValueError):
@@ -60,6 +65,7 @@ class CellData:
     send_lag_p99_s: float | None = None
     schedule: str | None = None  # digest of the arrival schedule (schedule_digest)
     repeats: int = 1
+    repeat: int | None = None  # which repeat this cell is (its run.json), before pooling
     #: Planted faults (SCHEDSCOPE_FAULT, docs/engine.md) the cell ran with; {} for none.
     faults: dict = field(default_factory=dict)
 
@@ -114,8 +120,10 @@ def _optional_json(path: Path) -> dict:
 
 
 def _machine_key(machine) -> str | None:
+    """The fingerprint's ``machine_key``: the machine, model and executor, not the
+    schedscope version (a base and its change differ in that, on one machine)."""
     if isinstance(machine, dict):
-        return machine.get("key") or machine.get("fingerprint_key")
+        return machine.get("machine_key") or machine.get("key") or machine.get("fingerprint_key")
     return machine if isinstance(machine, str) else None
 
 
@@ -127,6 +135,18 @@ def _identity_machine(mode: str | None, summary: dict, machine) -> str | None:
         return _machine_key(machine)
     cost_model = summary.get("cost_model") or {}
     return _machine_key(cost_model.get("fingerprint")) if isinstance(cost_model, dict) else None
+
+
+def check_numbers(frame: pl.DataFrame, where: str) -> None:
+    """A finished request with a NaN latency cannot be gated: name it (exit 2)."""
+    ok = frame.filter(pl.col("status") == "ok")
+    for column in NUMERIC_COLUMNS:
+        bad = ok.filter(pl.col(column).is_nan())
+        if bad.height:
+            raise GateInputError(
+                f"{where}: request {bad['request_id'][0]} has {column} NaN "
+                f"({bad.height} such requests)"
+            )
 
 
 def normalise(frame: pl.DataFrame) -> pl.DataFrame:
@@ -142,11 +162,13 @@ def normalise(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
-    """Repeats ``X-r1``, ``X-r2``... become one cell ``X`` (module docstring)."""
+    """Repeats ``X-r1``, ``X-r2``... become one cell ``X`` (module docstring): cells whose
+    run.json says which repeat they are, never by name alone."""
     groups: dict[str, list[CellData]] = {}
     for name, cell in cells.items():
         match = REPEAT_RE.match(name)
-        groups.setdefault(match["cell"] if match else name, []).append(cell)
+        pooled = match is not None and cell.repeat is not None
+        groups.setdefault(match["cell"] if pooled and match else name, []).append(cell)
     out: dict[str, CellData] = {}
     for name, members in groups.items():
         if len(members) == 1 and members[0].name == name:
@@ -195,6 +217,8 @@ def open_directory(path: Path, label: str) -> Side:
         machine = machine or cell_json.get("machine")
         loadgen = cell_json.get("loadgen") or {}
         rows = normalise(frame)
+        check_numbers(rows, f"{data.path}/requests.parquet")
+        repeat = cell_json.get("repeat")
         cells[name] = CellData(
             name=name,
             frame=rows,
@@ -203,14 +227,18 @@ def open_directory(path: Path, label: str) -> Side:
             send_lag_p99_s=loadgen.get("send_lag_p99_s") if isinstance(loadgen, dict) else None,
             schedule=schedule_digest(rows),
             faults=cell_json.get("faults") or {},
+            repeat=repeat if isinstance(repeat, int) else None,
         )
     identity = {
         "profile": run_json.get("profile") or summary.get("profile"),
         "seed": run_json.get("seed", summary.get("seed")),
-        "schema_version": summary.get("schema_version"),
+        "schema_version": ROWS_SCHEMA_VERSION,
         "machine": _identity_machine(mode, summary, machine),
     }
-    return Side(label, path, "requests", mode, identity, _pool(cells), list(run.notes))
+    notes = list(run.notes)
+    if mode is None:
+        notes.append(f"{path}: no run.json or summary.json says how it ran: taken as a real run")
+    return Side(label, path, "requests", mode, identity, _pool(cells), notes)
 
 
 def open_summary(path: Path, body: dict, label: str) -> Side:
@@ -224,8 +252,9 @@ def open_summary(path: Path, body: dict, label: str) -> Side:
     identity = {
         "profile": body.get("profile"),
         "seed": body.get("seed"),
-        "schema_version": body.get("schema_version"),
+        # Versions 1 and 2 share the keys the gate reads; compared where both have them.
+        "schema_version": None,
         "machine": _identity_machine(body.get("mode"), body, body.get("machine")),
     }
     note = "summary.json only: absolute rules and simulated comparisons, no per-request data"
-    return Side(label, path, "summary", body.get("mode"), identity, _pool(cells), [note])
+    return Side(label, path, "summary", body.get("mode"), identity, cells, [note])

@@ -84,8 +84,8 @@ def paired_block_bootstrap(
     def prepare(values, blocks):
         values = np.asarray(values, dtype=float)
         blocks = np.asarray(blocks)
-        if values.size > max_rows:
-            pick = rng.choice(values.size, max_rows, replace=False)
+        if len(values) > max_rows:  # rows: a 2-D array is (rows, columns)
+            pick = rng.choice(len(values), max_rows, replace=False)
             values, blocks = values[pick], blocks[pick]
         order = np.argsort(blocks, kind="stable")
         values, blocks = values[order], blocks[order]
@@ -94,7 +94,7 @@ def paired_block_bootstrap(
 
     va, ba = prepare(*a)
     vb, bb = prepare(*b)
-    if va.size == 0 or vb.size == 0:
+    if len(va) == 0 or len(vb) == 0:
         return None
     diffs = []
     for _ in range(resamples):

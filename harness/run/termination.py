@@ -18,6 +18,8 @@ EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 def _raise_exit(signum, frame) -> None:
+    # Once: a second SIGTERM (runners send several) must not cut the cleanup short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(EXIT_TERMINATED)
 
 

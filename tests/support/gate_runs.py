@@ -5,6 +5,7 @@ regression has a known size."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,7 @@ def write_run(
     seed: int = 1,
     profile: str = "mixed",
     generator_limited: bool = False,
+    durations: dict[str, float] | None = None,
 ) -> Path:
     """A run directory as ``schedscope run`` lays it out (run.json, <cell>/requests.parquet,
     <cell>/run.json)."""
@@ -58,14 +60,21 @@ def write_run(
     (root / "run.json").write_text(
         json.dumps({"kind": "schedscope-run", "mode": mode, "profile": profile, "seed": seed})
     )
+    if durations:  # as a run's summary.json records them (the report reads them back)
+        policies = {name: {"duration_s": d} for name, d in durations.items()}
+        (root / "summary.json").write_text(
+            json.dumps({"mode": mode, "profile": profile, "seed": seed, "policies": policies})
+        )
     for name, frame in cells.items():
         cell = root / name
         cell.mkdir()
         frame.write_parquet(cell / "requests.parquet")
+        repeat = re.search(r"-r(\d+)$", name)
         (cell / "run.json").write_text(
             json.dumps(
                 {
                     "cell": name,
+                    "repeat": int(repeat[1]) if repeat else None,
                     "mode": mode,
                     "generator_limited": generator_limited,
                     "loadgen": {"send_lag_p99_s": 0.2 if generator_limited else 0.001},

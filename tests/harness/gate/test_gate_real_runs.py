@@ -279,3 +279,134 @@ def test_planted_faults_are_named_and_never_become_a_baseline(tmp_path):
         app, ["baseline", "update", "--from", str(faulted), "--out", str(tmp_path / "b.json")]
     )
     assert refused.exit_code == 2 and "planted faults" in " ".join(refused.output.split())
+
+
+def test_goodput_compares_rates_whatever_the_durations(tmp_path):
+    """The same requests met their SLOs, but the current run took twice as long: its
+    goodput halved, a regression (the interval used to compare counts, not rates)."""
+    frame = requests_frame(1)
+    base = write_run(tmp_path / "a", {"fcfs": frame}, durations={"fcfs": 60.0})
+    slower = write_run(tmp_path / "b", {"fcfs": frame}, durations={"fcfs": 120.0})
+    config = parse_config({"rule": [{"metric": "goodput", "max_regression": 0.05}]})
+    (check,) = run_gate(base, slower, config).checks
+    assert check.change == pytest.approx(0.5) and check.interval == pytest.approx((0.5, 0.5))
+    assert not check.passed
+    (same,) = run_gate(base, base, config).checks
+    assert same.passed and same.interval == pytest.approx((0.0, 0.0))
+
+
+def test_a_different_number_of_repeats_is_a_mismatch(tmp_path):
+    base = write_run(tmp_path / "a", {f"fcfs-r{k}": requests_frame(k) for k in (1, 2, 3)})
+    cur = write_run(tmp_path / "b", {"fcfs": requests_frame(4)})
+    with pytest.raises(GateInputError, match="different repeats"):
+        run_gate(base, cur, parse_config(TTFT_P95))
+
+
+def test_cells_are_pooled_only_when_their_run_json_says_they_are_repeats(tmp_path):
+    base = write_run(tmp_path / "a", {"fcfs-r1": requests_frame(1), "fcfs-r2": requests_frame(2)})
+    for name in ("fcfs-r1", "fcfs-r2"):  # a knob set named r1, r2: not repeats
+        info = json.loads((base / name / "run.json").read_text())
+        info["repeat"] = None
+        (base / name / "run.json").write_text(json.dumps(info))
+    result = run_gate(base, base, parse_config(TTFT_P95))
+    assert {c.cell for c in result.checks} == {"fcfs-r1", "fcfs-r2"}
+
+
+def test_itl_from_client_gaps_on_one_side_only_uses_one_estimate_for_both(tmp_path):
+    gaps = requests_frame(1).with_columns(
+        pl.col("tpot_s")
+        .map_elements(lambda t: [t] * 31, return_dtype=pl.List(pl.Float64))
+        .alias("itl_s")
+    )
+    with_gaps = write_run(tmp_path / "a", {"fcfs": gaps})
+    without = write_run(tmp_path / "b", {"fcfs": requests_frame(1)})
+    config = parse_config({"rule": [{"metric": "itl", "max_regression": 0.05}]})
+    for base, cur in ((with_gaps, without), (without, with_gaps)):
+        (check,) = run_gate(base, cur, config).checks
+        assert check.change == pytest.approx(0.0) and check.passed
+
+
+def bad_baseline(tmp_path, edit) -> tuple:
+    run = write_run(tmp_path / "run", {"fcfs": requests_frame(1, n=20)})
+    path = tmp_path / "baseline.json"
+    assert (
+        runner.invoke(app, ["baseline", "update", "--from", str(run), "--out", str(path)]).exit_code
+        == 0
+    )
+    body = json.loads(path.read_text())
+    edit(body)
+    path.write_text(json.dumps(body))
+    return run, path
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (
+            lambda b: b["cells"]["fcfs"]["rows"][0].__setitem__(4, "many"),
+            "rows do not fit the columns",
+        ),
+        (lambda b: b["cells"].__setitem__("fcfs", [1, 2]), "cell fcfs: expected an object"),
+        (lambda b: b["cells"]["fcfs"]["rows"][0].pop(), "rows do not fit the columns"),
+        (lambda b: b["cells"]["fcfs"]["rows"].pop(), "not the schedule it records"),
+        (lambda b: b["cells"]["fcfs"]["rows"][0].__setitem__(9, float("nan")), "has e2e_s NaN"),
+        (lambda b: b.__setitem__("cells", []), "cells: expected an object"),
+    ],
+)
+def test_a_baseline_edited_by_hand_is_a_usage_error(tmp_path, edit, named):
+    run, path = bad_baseline(tmp_path, edit)
+    result = gate(tmp_path, path, run)
+    assert result.exit_code == 2, result.output
+    assert named in " ".join(result.output.split())
+
+
+def test_a_nan_latency_in_a_run_is_named(tmp_path):
+    frame = requests_frame(1).with_columns(
+        pl.when(pl.col("request_id") == "r00007")
+        .then(float("nan"))
+        .otherwise(pl.col("ttft_s"))
+        .alias("ttft_s")
+    )
+    base = write_run(tmp_path / "a", {"fcfs": requests_frame(1)})
+    cur = write_run(tmp_path / "b", {"fcfs": frame})
+    result = gate(tmp_path, base, cur)
+    assert result.exit_code == 2 and "request r00007 has ttft_s NaN" in " ".join(
+        result.output.split()
+    )
+
+
+def test_the_bootstrap_subsamples_rows_of_a_two_column_array():
+    """Estimated ITL resamples (value, weight) rows: past max_rows it must subsample rows,
+    not elements (it used to index past the end)."""
+    import numpy as np
+
+    from harness.report.stats import paired_block_bootstrap
+
+    rng = np.random.default_rng(0)
+    rows = np.column_stack([rng.uniform(0, 1, 12_000), np.ones(12_000)])
+    blocks = rng.integers(0, 40, 12_000)
+    ci = paired_block_bootstrap((rows, blocks), (rows, blocks), lambda v: float(v[:, 0].mean()),
+                                resamples=50, max_rows=10_000)  # fmt: skip
+    assert ci is not None and ci[0] <= 0 <= ci[1]
+
+
+def test_odd_names_make_valid_junit_and_markdown(tmp_path):
+    frame = requests_frame(1).with_columns(
+        pl.when(pl.col("class") == "short_chat")
+        .then(pl.lit("a|b\x07"))
+        .otherwise(pl.col("class"))
+        .alias("class")
+    )
+    run = write_run(tmp_path / "a", {"fcfs": frame})
+    result = gate(tmp_path, run, run, "--junit", str(tmp_path / "j.xml"))
+    assert result.exit_code == 0, result.output
+    ET.parse(tmp_path / "j.xml")  # well-formed
+    rows = [line for line in result.output.splitlines() if line.startswith("| ✅")]
+    assert rows and all(line.count("|") == 12 for line in rows)
+
+
+def test_an_unwritable_output_is_a_usage_error(tmp_path):
+    run = write_run(tmp_path / "a", {"fcfs": requests_frame(1)})
+    (tmp_path / "file").write_text("")
+    result = gate(tmp_path, run, run, "--junit", str(tmp_path / "file" / "j.xml"))
+    assert result.exit_code == 2 and "cannot write" in result.output
