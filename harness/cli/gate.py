@@ -17,16 +17,17 @@ ALLOW_HELP = (
 
 
 def gate(
-    baseline: Path = typer.Option(
+    baseline: list[Path] = typer.Option(
         ...,
         "--baseline",
         help="The baseline: a run directory, a baseline file (schedscope baseline update) "
-        "or a summary.json.",
+        "or a summary.json. Repeat it to pool several runs of one schedule as repeats.",
     ),
-    current: Path = typer.Option(
+    current: list[Path] = typer.Option(
         ...,
         "--current",
-        help="The run to gate: a run directory, a baseline file or a summary.json.",
+        help="The run to gate: a run directory, a baseline file or a summary.json; repeat "
+        "it to pool several runs.",
     ),
     config: Path | None = typer.Option(
         None,
@@ -60,7 +61,8 @@ def gate(
         )
         raise typer.Exit(USAGE) from None
     code = result.exit_code
-    table = outputs.markdown(result.checks, result.notes, code, f"schedscope gate: {current}")
+    title = "schedscope gate: " + ", ".join(str(p) for p in current)
+    table = outputs.markdown(result.checks, result.notes, code, title)
     console.print(table, markup=False, highlight=False, soft_wrap=True)
     for line in outputs.failure_lines(result.checks):
         err_console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -14,7 +14,14 @@ from pathlib import Path
 from harness.gate.baseline import BASELINE_KIND, check_compatible, side_from_baseline
 from harness.gate.config import GateConfig
 from harness.gate.evaluate import Check, evaluate
-from harness.gate.sides import GateInputError, Side, open_directory, open_summary, read_json
+from harness.gate.sides import (
+    GateInputError,
+    Side,
+    combine,
+    open_directory,
+    open_summary,
+    read_json,
+)
 
 PASS, REGRESSION, USAGE = 0, 1, 2
 
@@ -59,11 +66,23 @@ def open_side(path: Path | str, label: str) -> Side:
     return open_summary(path, body, label)
 
 
+def open_sides(paths: Path | str | list, label: str) -> Side:
+    """One path, or several runs of one schedule pooled as repeats (:func:`combine`)."""
+    listed = paths if isinstance(paths, list) else [paths]
+    if not listed:
+        raise GateInputError(f"no {label} given")
+    return combine([open_side(p, label) for p in listed], label)
+
+
 def run_gate(
-    baseline: Path | str, current: Path | str, config: GateConfig, allow: set[str] | None = None
+    baseline: Path | str | list,
+    current: Path | str | list,
+    config: GateConfig,
+    allow: set[str] | None = None,
 ) -> GateResult:
-    base = open_side(baseline, "baseline")
-    cur = open_side(current, "current")
+    """Gate ``current`` against ``baseline`` (each a path, or a list of runs pooled)."""
+    base = open_sides(baseline, "baseline")
+    cur = open_sides(current, "current")
     notes = check_compatible(base, cur, allow or set())
     checks = evaluate(config, base, cur)
     if not checks:

@@ -189,7 +189,7 @@ def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
             generator_limited=any(bool(m.generator_limited) for m in members),
             send_lag_p99_s=max(lags) if lags else None,
             schedule=schedules.pop(),
-            repeats=len(members),
+            repeats=sum(m.repeats for m in members),
             faults=next((m.faults for m in members if m.faults), {}),
         )
     return out
@@ -258,3 +258,37 @@ def open_summary(path: Path, body: dict, label: str) -> Side:
     }
     note = "summary.json only: absolute rules and simulated comparisons, no per-request data"
     return Side(label, path, "summary", body.get("mode"), identity, cells, [note])
+
+
+def combine(sides: list[Side], label: str) -> Side:
+    """Several runs of one schedule (``--baseline A --baseline B``) as one side: each
+    cell's runs pooled as repeats (module docstring). They must agree on how they ran."""
+    first = sides[0]
+    if len(sides) == 1:
+        return first
+    for side in sides[1:]:
+        if side.kind != "requests" or first.kind != "requests":
+            raise GateInputError(
+                f"{side.path}: only run directories and baseline files can be pooled"
+            )
+        for key in ("profile", "seed", "machine"):
+            if side.identity.get(key) != first.identity.get(key):
+                raise GateInputError(
+                    f"{side.path} and {first.path} differ in {key} "
+                    f"({side.identity.get(key)!r}, {first.identity.get(key)!r}): they cannot "
+                    "be pooled as repeats of one run"
+                )
+        if side.mode != first.mode or set(side.cells) != set(first.cells):
+            raise GateInputError(
+                f"{side.path} and {first.path} differ in mode or cells: they cannot be "
+                "pooled as repeats of one run"
+            )
+    renamed: dict[str, CellData] = {}
+    for number, side in enumerate(sides, 1):
+        for name, cell in side.cells.items():
+            copy = CellData(**{**cell.__dict__, "name": f"{name}-r{number}", "repeat": number})
+            renamed[copy.name] = copy
+    notes = [n for side in sides for n in side.notes]
+    paths = ", ".join(str(side.path) for side in sides)
+    return Side(label, Path(paths), "requests", first.mode, dict(first.identity),
+                _pool(renamed), notes)  # fmt: skip

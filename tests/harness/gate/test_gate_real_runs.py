@@ -410,3 +410,25 @@ def test_an_unwritable_output_is_a_usage_error(tmp_path):
     (tmp_path / "file").write_text("")
     result = gate(tmp_path, run, run, "--junit", str(tmp_path / "file" / "j.xml"))
     assert result.exit_code == 2 and "cannot write" in result.output
+
+
+def test_several_runs_given_are_pooled_as_repeats(tmp_path):
+    """`--baseline A --baseline B`: runs interleaved with the change's (base, head, base,
+    head ...) pooled per cell, as a repeated run's cells are."""
+    bases = [write_run(tmp_path / f"base{k}", {"fcfs": requests_frame(k)}) for k in (1, 2)]
+    heads = [write_run(tmp_path / f"head{k}", {"fcfs": requests_frame(k + 10)}) for k in (1, 2)]
+    args = ["gate", "--json", str(tmp_path / "g.json")]
+    for b in bases:
+        args += ["--baseline", str(b)]
+    for h in heads:
+        args += ["--current", str(h)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    body = json.loads((tmp_path / "g.json").read_text())
+    assert body["sides"]["baseline"]["cells"]["fcfs"]["repeats"] == 2
+    other = write_run(tmp_path / "other", {"fcfs": requests_frame(3)}, seed=4)
+    refused = runner.invoke(
+        app,
+        ["gate", "--baseline", str(bases[0]), "--baseline", str(other), "--current", str(heads[0])],
+    )
+    assert refused.exit_code == 2 and "cannot be pooled" in " ".join(refused.output.split())
