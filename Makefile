@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.schedscope-installed
 LINT_PATHS := engine harness loadprofiles tests benchmarks
 
-.PHONY: demo test test-fast install system-deps lint format typecheck clean
+.PHONY: demo test test-fast gate install system-deps lint format typecheck clean
 
 install: $(STAMP)
 
@@ -52,6 +52,13 @@ test: $(STAMP) system-deps
 # torch model, a real vLLM or a long run (markers in pyproject.toml; under 2 minutes).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not (prometheus or chromium or torch_model or vllm or slow)"
+
+# The simulated gate (docs/gate.md): the `mixed` profile simulated with the built-in cost
+# model, gated against ci/baselines/simulated.json with ci/gate.toml. A change that moves
+# scheduling results fails it until `bash ci/gate-simulated.sh --update` rewrites the
+# baseline in the same commit. About 5 s.
+gate: $(STAMP)
+	SCHEDSCOPE=$(VENV)/bin/schedscope bash ci/gate-simulated.sh
 
 # Formatting, lint (line length 100), the import contracts and the engine's types.
 lint: $(STAMP)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.run.matrix import Cell, RunPlan, build_cells, load_run_file
+from harness.run.matrix import Cell, RunPlan, build_cells, load_run_file, repeated
 
 
 def plan_run(
@@ -19,6 +19,7 @@ def plan_run(
     seed: int | None,
     run_file: Path | None = None,
     target_label: str | None = None,
+    repeats: int = 1,
 ) -> RunPlan:
     """The run's plan; RunFileError for a bad run file or knob."""
     if run_file is not None:
@@ -31,22 +32,30 @@ def plan_run(
             duration_scale,
             seed,
             with_configs=True,
+            repeats=repeats,
         )
     else:
         plan = RunPlan(
-            build_cells(policies, knobs, [], [rate_scale]), profile, duration_scale, seed
+            build_cells(policies, knobs, [], [rate_scale], repeats=repeats),
+            profile,
+            duration_scale,
+            seed,
         )
     if target_label is not None:
         rates = list(dict.fromkeys(c.rate_scale for c in plan.cells))
-        plan.cells = [
-            Cell(
-                name=target_label + (f"-x{r:g}" if len(rates) > 1 else ""),
-                policy=target_label,
-                knob_set=None,
-                rate_scale=r,
-                knobs={},
-                config=None,
-            )
-            for r in rates
-        ]
+        rounds = max(c.repeat or 1 for c in plan.cells)
+        plan.cells = repeated(
+            [
+                Cell(
+                    name=target_label + (f"-x{r:g}" if len(rates) > 1 else ""),
+                    policy=target_label,
+                    knob_set=None,
+                    rate_scale=r,
+                    knobs={},
+                    config=None,
+                )
+                for r in rates
+            ],
+            rounds,
+        )
     return plan

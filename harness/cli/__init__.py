@@ -9,10 +9,12 @@ here, in the order ``schedscope --help`` lists them.
 """
 
 from harness.cli import (
+    baseline,
     bench,
     calibrate,
     dashboards,
     export_tokenizer,
+    gate,
     recover_records,
     report,
     run,
@@ -27,6 +29,8 @@ app.command()(serve.serve)
 app.command("export-tokenizer")(export_tokenizer.export_tokenizer)
 app.command()(calibrate.calibrate)
 app.command()(report.report)
+app.command()(gate.gate)
+app.add_typer(baseline.baseline_app, name="baseline")
 app.command("recover-records")(recover_records.recover_records)
 app.command()(bench.bench)
 app.add_typer(dashboards.dashboards_app, name="dashboards")

@@ -51,6 +51,12 @@ def run(
         1.0, "--rate-scale", help="Multiply every open-loop arrival rate."
     ),
     seed: int | None = typer.Option(None, "--seed", help="Schedule seed (default: the profile's)."),
+    repeats: int = typer.Option(
+        1,
+        "--repeats",
+        help="Serve every cell N times (cells <name>-r1..rN, in rounds); schedscope gate "
+        "pools the repeats of a cell (docs/gate.md).",
+    ),
     run_file: Path | None = typer.Option(
         None,
         "--run-file",
@@ -126,6 +132,7 @@ def run(
     import sys
 
     from harness.run import RunFileError, RunOptions, run_matrix
+    from harness.run.termination import sigterm_stops_the_run
     from harness.run_plan import plan_run
 
     policies = parse_policies(policy)
@@ -140,6 +147,8 @@ def run(
         raise typer.BadParameter("must be > 0", param_hint="--duration-scale")
     if rate_scale <= 0:
         raise typer.BadParameter("must be > 0", param_hint="--rate-scale")
+    if repeats < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--repeats")
     try:
         plan = plan_run(
             policies,
@@ -150,6 +159,7 @@ def run(
             seed,
             run_file=run_file,
             target_label=label if target else None,
+            repeats=repeats,
         )
     except RunFileError as exc:
         raise typer.BadParameter(str(exc), param_hint="--run-file" if run_file else None) from None
@@ -196,7 +206,8 @@ def run(
             for name in machines
         },
     )
-    code, report_path, root = run_matrix(options, console)
+    with sigterm_stops_the_run():
+        code, report_path, root = run_matrix(options, console)
     console.print(f"run: {root}", soft_wrap=True, highlight=False, markup=False)
     if report_path is not None:
         # The last line: the report's path alone (`make demo`, `| tail -1`).

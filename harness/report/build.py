@@ -64,11 +64,13 @@ class Report:
     missing: list[str] = field(default_factory=list)
 
 
-def _slos(options: ReportOptions, run: RunData, frames: list[pl.DataFrame]) -> tuple[dict, str]:
+def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
+    """(class -> SLOs, where they came from): the profile named by ``--profile``, the
+    run's summary.json, its run config or its rows, the first that resolves."""
     from harness.profiles import ProfileError, resolve_profile
 
     candidates = []
-    if options.profile:
+    if options is not None and options.profile:
         candidates.append((options.profile, "--profile"))
     if run.info.get("profile"):
         candidates.append((run.info["profile"], "summary.json profile"))
@@ -120,7 +122,7 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
     first = {}
     for name, data in run.policies.items():
         first[name] = data
-    slos, slo_source = _slos(options, run, [])
+    slos, slo_source = run_slos(options, run)
     policies: dict[str, PolicyReport] = {}
     for name, data in run.policies.items():
         frame = tables.load_requests(data.requests, slos)

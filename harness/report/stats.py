@@ -65,8 +65,12 @@ def paired_block_bootstrap(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
     max_rows: int = BOOTSTRAP_MAX_ROWS,
+    confidence: float = 0.95,
+    contrast=None,
 ) -> tuple[float, float] | None:
-    """95% CI of ``statistic(A) - statistic(B)``.
+    """The ``confidence`` (two-sided, percentile) CI of ``contrast(statistic(A),
+    statistic(B))``, by default the difference ``statistic(A) - statistic(B)`` (the gate
+    passes a relative change).
 
     ``a`` and ``b`` are (values, block ids): the same arrival-time windows in both
     runs. Each resample draws ``num_blocks`` windows with replacement — the same
@@ -80,8 +84,8 @@ def paired_block_bootstrap(
     def prepare(values, blocks):
         values = np.asarray(values, dtype=float)
         blocks = np.asarray(blocks)
-        if values.size > max_rows:
-            pick = rng.choice(values.size, max_rows, replace=False)
+        if len(values) > max_rows:  # rows: a 2-D array is (rows, columns)
+            pick = rng.choice(len(values), max_rows, replace=False)
             values, blocks = values[pick], blocks[pick]
         order = np.argsort(blocks, kind="stable")
         values, blocks = values[order], blocks[order]
@@ -90,7 +94,7 @@ def paired_block_bootstrap(
 
     va, ba = prepare(*a)
     vb, bb = prepare(*b)
-    if va.size == 0 or vb.size == 0:
+    if len(va) == 0 or len(vb) == 0:
         return None
     diffs = []
     for _ in range(resamples):
@@ -102,8 +106,11 @@ def paired_block_bootstrap(
         sa, sb = statistic(va[ia]), statistic(vb[ib])
         if sa is None or sb is None:
             continue
-        diffs.append(sa - sb)
+        value = sa - sb if contrast is None else contrast(sa, sb)
+        if value is not None:
+            diffs.append(value)
     if len(diffs) < resamples // 2:
         return None
-    low, high = np.percentile(np.asarray(diffs), [2.5, 97.5])
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(np.asarray(diffs), [tail, 100 - tail])
     return float(low), float(high)

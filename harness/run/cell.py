@@ -700,6 +700,7 @@ def _finish(result: CellResult, settings: CellSettings, info: dict) -> CellResul
         "mode": result.mode,
         "policy": cell.policy,
         "knob_set": cell.knob_set,
+        "repeat": cell.repeat,
         "rate_scale": cell.rate_scale,
         "duration_scale": settings.duration_scale,
         "profile": settings.profile_name,

@@ -8,6 +8,7 @@ From the command line: the ``--policy`` list, one knob set (the knob flags), one
     rate_scales = [0.5, 1, 2]    # optional; overrides --rate-scale
     duration_scale = 0.3         # optional; overrides --duration-scale
     seed = 7                     # optional
+    repeats = 3                  # optional: every cell N times (the gate pools them)
     [knobs]                      # applied to every cell (on top of the knob flags)
     max-num-seqs = 64
     [[knob_sets]]                # optional; each is one more column of the matrix
@@ -15,8 +16,9 @@ From the command line: the ``--policy`` list, one knob set (the knob flags), one
     swap-space = 0.01
     torch-threads = 1            # a run setting (CELL_SETTINGS) may be set per cell too
 
-Each cell's directory is ``<policy>[-<knob set>][-x<rate>]``: the knob set's name only
-when the file has knob sets, the rate only when it sweeps several.
+Each cell's directory is ``<policy>[-<knob set>][-x<rate>][-r<k>]``: the knob set's name
+only when the file has knob sets, the rate only when it sweeps several, the repeat only
+with ``repeats`` > 1 (the same schedule served again: ``schedscope gate`` pools them).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import re
 import tomllib
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engine.config import ConfigError, EngineConfig
@@ -42,6 +44,7 @@ RUN_FILE_KEYS = {
     "knobs",
     "knob_sets",
     "label",
+    "repeats",
 }
 
 
@@ -70,6 +73,7 @@ class Cell:
     #: the run settings this cell sets itself (CELL_SETTINGS names -> value), over the
     #: run's flags
     settings: dict = field(default_factory=dict)
+    repeat: int | None = None  # 1..N when the run repeats every cell, else None
 
     def setting(self, name: str, run_value):
         """The cell's value of run setting ``name``: its own, else the run's."""
@@ -176,7 +180,7 @@ def _check_rate_scales(rate_scales: list[float]) -> None:
 
 
 def _cell_name(policy: str, set_name: str | None, rate: float, sweeps_rates: bool) -> str:
-    """``<policy>[-<knob set>][-x<rate>]`` (module docstring)."""
+    """``<policy>[-<knob set>][-x<rate>]`` (module docstring; the repeat is added after)."""
     name = policy
     if set_name:
         name += f"-{set_name}"
@@ -185,14 +189,34 @@ def _cell_name(policy: str, set_name: str | None, rate: float, sweeps_rates: boo
     return name
 
 
+def check_repeats(repeats) -> int:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise RunFileError(f"repeats: a whole number >= 1, got {repeats!r}")
+    return repeats
+
+
+def repeated(cells: list[Cell], repeats: int) -> list[Cell]:
+    """Each cell ``repeats`` times as ``<name>-r<k>`` (k = 1..N), in rounds: every cell
+    once, then every cell again, so a slow drift of the machine touches all alike."""
+    if check_repeats(repeats) == 1:
+        return cells
+    return [
+        replace(cell, name=f"{cell.name}-r{k}", repeat=k)
+        for k in range(1, repeats + 1)
+        for cell in cells
+    ]
+
+
 def build_cells(
     policies: list[str],
     base_knobs: dict,
     knob_sets: list[tuple[str, dict]],
     rate_scales: list[float],
     with_configs: bool = True,
+    repeats: int = 1,
 ) -> list[Cell]:
-    """Every (policy, knob set, rate) cell with a validated EngineConfig."""
+    """Every (policy, knob set, rate) cell with a validated EngineConfig, ``repeats``
+    times (:func:`repeated`)."""
     _check_policies(policies)
     _check_rate_scales(rate_scales)
     sets = knob_sets or [(None, {})]
@@ -212,7 +236,7 @@ def build_cells(
                     except ConfigError as exc:
                         raise RunFileError(f"{name}: {exc}") from None
                 cells.append(Cell(name, policy, set_name, float(rate), knobs, config, settings))
-    return cells
+    return repeated(cells, repeats)
 
 
 def load_run_file(
@@ -224,6 +248,7 @@ def load_run_file(
     duration_scale: float,
     seed: int | None,
     with_configs: bool = True,
+    repeats: int = 1,
 ) -> RunPlan:
     """The matrix of a TOML run file, on top of the command line's values."""
     try:
@@ -262,7 +287,8 @@ def load_run_file(
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise RunFileError(f"{path}: seed: an integer")
     try:
-        cells = build_cells(policies, knobs, sets, [float(r) for r in rates], with_configs)
+        repeats = check_repeats(data.get("repeats", repeats))
+        cells = build_cells(policies, knobs, sets, [float(r) for r in rates], with_configs, repeats)
     except RunFileError as exc:
         raise RunFileError(f"{path}: {exc}") from None
     return RunPlan(cells, str(data.get("profile", profile)), float(ds), seed, data)

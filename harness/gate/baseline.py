@@ -1,0 +1,215 @@
+"""Baseline files: a run's per-request rows and identity in one JSON file, for committing.
+
+``schedscope baseline update --from RUN --out FILE`` writes one (:func:`write_baseline`);
+``schedscope gate --baseline FILE`` reads it back as a side
+(:func:`side_from_baseline`). JSON, not Parquet, so a change to a committed baseline
+shows in a diff. Its keys::
+
+    {"kind": "schedscope-baseline", "baseline_version": 1, "created_at": ISO,
+     "schedscope": VERSION, "source": PATH, "mode": "simulate" | "serve" | "target",
+     "identity": {"profile", "seed", "schema_version", "machine"},
+     "cells": {NAME: {"duration_s", "generator_limited", "send_lag_p99_s", "schedule",
+                      "repeats", "columns": [COLUMN...], "rows": [[value...], ...]}}}
+
+One request per line (sorted by schedule offset), so a diff of a baseline shows the
+requests whose outcome changed.
+
+A baseline compared with a run of another profile, seed, schedule, summary schema
+version or machine fingerprint is refused (:func:`check_compatible`), unless that
+mismatch is allowed by name (``--allow-mismatch``).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+
+from harness.gate.sides import (
+    GATE_COLUMNS,
+    CellData,
+    GateInputError,
+    Side,
+    check_numbers,
+    schedule_digest,
+)
+
+BASELINE_KIND = "schedscope-baseline"
+BASELINE_VERSION = 1
+#: What must match between a baseline and the run compared with it.
+IDENTITY_KEYS = ("profile", "seed", "schedule", "repeats", "schema_version", "machine")
+#: Identity keys that must be known on both sides (missing on one is a mismatch too).
+REQUIRED_KEYS = ("profile", "seed", "schedule")
+_SCHEMA = {
+    "request_id": pl.String,
+    "class": pl.String,
+    "status": pl.String,
+    "offset_s": pl.Float64,
+    "prompt_tokens": pl.Int64,
+    "max_tokens": pl.Int64,
+    "output_tokens": pl.Int64,
+    "ttft_s": pl.Float64,
+    "tpot_s": pl.Float64,
+    "e2e_s": pl.Float64,
+    "queue_s": pl.Float64,
+    "stall_s": pl.Float64,
+    "slo_met": pl.Boolean,
+    "itl_s": pl.List(pl.Float64),
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("schedscope")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def baseline_document(side: Side) -> dict:
+    """The baseline file's body for ``side`` (a side with per-request rows)."""
+    if side.kind != "requests":
+        raise GateInputError(
+            f"{side.path}: a baseline needs per-request data (a run directory), not a summary.json"
+        )
+    cells = {}
+    for name, cell in sorted(side.cells.items()):
+        frame = cell.frame if cell.frame is not None else pl.DataFrame(schema=_SCHEMA)
+        cells[name] = {
+            "duration_s": cell.duration_s,
+            "generator_limited": cell.generator_limited,
+            "send_lag_p99_s": cell.send_lag_p99_s,
+            "schedule": cell.schedule,
+            "repeats": cell.repeats,
+            "columns": list(GATE_COLUMNS),
+            "rows": [
+                list(r) for r in frame.sort("offset_s", "request_id").select(GATE_COLUMNS).rows()
+            ],
+        }
+    return {
+        "kind": BASELINE_KIND,
+        "baseline_version": BASELINE_VERSION,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "schedscope": _version(),
+        "source": str(side.path),
+        "mode": side.mode,
+        "identity": side.identity,
+        "cells": cells,
+    }
+
+
+def write_baseline(side: Side, out: Path) -> dict:
+    """Write ``side`` to ``out`` (whole or not at all: a temporary file, then a rename)."""
+    body = baseline_document(side)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(_dumps(body) + "\n")
+    partial.replace(out)
+    return body
+
+
+def _dumps(value, indent: str = "") -> str:
+    """JSON with objects indented and each list of rows one row per line."""
+    if isinstance(value, dict) and value:
+        inner = indent + " "
+        items = [f"{inner}{json.dumps(k)}: {_dumps(v, inner)}" for k, v in sorted(value.items())]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        inner = indent + " "
+        return "[\n" + ",\n".join(inner + json.dumps(v) for v in value) + "\n" + indent + "]"
+    return json.dumps(value)
+
+
+def side_from_baseline(path: Path, body: dict, label: str) -> Side:
+    version = body.get("baseline_version")
+    if version != BASELINE_VERSION:
+        raise GateInputError(
+            f"{path}: baseline_version {version!r}; this schedscope reads {BASELINE_VERSION} "
+            "(write it again with `schedscope baseline update`)"
+        )
+    cells: dict[str, CellData] = {}
+    listed = body.get("cells")
+    if not isinstance(listed, dict):
+        raise GateInputError(f"{path}: cells: expected an object of cells")
+    for name, cell in listed.items():
+        if not isinstance(cell, dict):
+            raise GateInputError(f"{path}: cell {name}: expected an object")
+        columns = cell.get("columns") or []
+        missing = [c for c in GATE_COLUMNS if c not in columns]
+        if missing:
+            raise GateInputError(f"{path}: cell {name} lacks the column {missing[0]}")
+        try:
+            frame = pl.DataFrame(
+                cell.get("rows") or [],
+                schema={c: _SCHEMA.get(c, pl.Null) for c in columns},
+                orient="row",
+            ).select(GATE_COLUMNS)
+        except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise GateInputError(
+                f"{path}: cell {name}: rows do not fit the columns: {first}"
+            ) from None
+        frame = frame.with_columns(pl.col("class").fill_null("default"))
+        check_numbers(frame, f"{path}: cell {name}")
+        schedule = cell.get("schedule")
+        if schedule is not None and schedule_digest(frame) != schedule:
+            raise GateInputError(
+                f"{path}: cell {name}: its rows are not the schedule it records (edited by "
+                "hand?); write it again with `schedscope baseline update`"
+            )
+        cells[name] = CellData(
+            name=name,
+            frame=frame,
+            duration_s=float(cell.get("duration_s") or 0.0),
+            generator_limited=cell.get("generator_limited"),
+            send_lag_p99_s=cell.get("send_lag_p99_s"),
+            schedule=schedule,
+            repeats=int(cell.get("repeats") or 1),
+        )
+    if not cells:
+        raise GateInputError(f"{path}: a baseline with no cells")
+    return Side(label, path, "requests", body.get("mode"), dict(body.get("identity") or {}), cells)
+
+
+def mismatches(baseline: Side, current: Side) -> dict[str, str]:
+    """Identity key -> what differs, for every :data:`IDENTITY_KEYS` entry that does."""
+    out: dict[str, str] = {}
+    for key in ("profile", "seed", "schema_version", "machine"):
+        a, b = baseline.identity.get(key), current.identity.get(key)
+        unknown = key in REQUIRED_KEYS and (a is None) != (b is None)
+        if unknown or (a is not None and b is not None and a != b):
+            out[key] = f"baseline {a!r}, current {b!r}"
+    for name in sorted(set(baseline.cells) & set(current.cells)):
+        left, right = baseline.cells[name], current.cells[name]
+        a, b = left.schedule, right.schedule
+        if (a is None) != (b is None) and baseline.kind == current.kind == "requests":
+            out.setdefault("schedule", f"cell {name}: baseline {a}, current {b}")
+        elif a is not None and b is not None and a != b:
+            out.setdefault("schedule", f"cell {name}: baseline {a}, current {b}")
+        if left.repeats != right.repeats:
+            out.setdefault(
+                "repeats", f"cell {name}: baseline {left.repeats}, current {right.repeats}"
+            )
+    return out
+
+
+def check_compatible(baseline: Side, current: Side, allowed: set[str]) -> list[str]:
+    """Raise :class:`GateInputError` for a mismatch not in ``allowed``; return the
+    allowed ones as notes."""
+    unknown = sorted(allowed - set(IDENTITY_KEYS))
+    if unknown:
+        raise GateInputError(
+            f"--allow-mismatch {unknown[0]}: unknown (known: {', '.join(IDENTITY_KEYS)})"
+        )
+    found = mismatches(baseline, current)
+    refused = {k: v for k, v in found.items() if k not in allowed}
+    if refused:
+        key, what = next(iter(refused.items()))
+        raise GateInputError(
+            f"the baseline {baseline.path} was made from a different {key} ({what}); "
+            f"compare runs of one {key}, update the baseline, or pass --allow-mismatch {key}"
+        )
+    return [f"allowed mismatch: {k} ({v})" for k, v in found.items()]

@@ -1,0 +1,442 @@
+"""Each rule applied to each of its cells and classes: one :class:`Check` per line.
+
+How a line is decided (docs/gate.md, "Method"):
+
+- ``max`` / ``min`` (absolute): the current run's value against the limit.
+- ``max_regression`` between two simulated runs: they are deterministic, so the
+  relative change is compared exactly with the tolerance.
+- ``max_regression`` between real runs: the relative change (current / baseline - 1,
+  sign turned so that positive is worse) gets a confidence interval from the report's
+  paired block bootstrap (:func:`harness.report.stats.paired_block_bootstrap`): the
+  requests of both runs are cut into the same windows of schedule offset, and each
+  resample draws windows with replacement for both runs at once. The line fails only
+  when the whole interval lies above the tolerance: a regression the noise cannot
+  explain.
+- ``simulated = "exact"``: two simulated runs must also agree on every request
+  (status, output tokens, every latency), or the change must come with a new baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from harness.gate.config import ALL_REQUESTS, EVERY, METRICS, GateConfig, Rule
+from harness.gate.sides import CellData, GateInputError, Side
+from harness.report.stats import (
+    paired_block_bootstrap,
+    percentile,
+    time_blocks,
+    weighted_percentile,
+)
+
+#: Columns two simulated runs must agree on, request by request.
+EXACT_COLUMNS = ("status", "output_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "stall_s")
+
+
+@dataclass
+class Check:
+    rule: str
+    cell: str
+    klass: str
+    metric: str  # "ttft p95", "goodput", "results"
+    kind: str  # "regression" | "ceiling" | "floor" | "exact"
+    limit: float | None
+    baseline: float | None
+    current: float | None
+    change: float | None  # relative, positive = worse (regression lines)
+    interval: tuple[float, float] | None
+    method: str  # "exact" | "bootstrap" | "point"
+    passed: bool
+    message: str
+
+    @property
+    def status(self) -> str:
+        return "pass" if self.passed else "FAIL"
+
+
+def tolerance_text(fraction: float) -> str:
+    """0.1 -> "10%", 0.025 -> "2.5%": a tolerance as written, not rounded away."""
+    return f"{fraction * 100:.2f}".rstrip("0").rstrip(".") + "%"
+
+
+# -- values and statistics ---------------------------------------------------------------
+
+
+def _rows(cell: CellData, klass: str) -> pl.DataFrame:
+    assert cell.frame is not None
+    return cell.frame if klass == ALL_REQUESTS else cell.frame.filter(pl.col("class") == klass)
+
+
+def _series(rule: Rule, cell: CellData, klass: str, estimate_itl: bool = False):
+    """(values, schedule offsets, statistic) of ``rule``'s metric over the rows.
+
+    ``values`` is what the bootstrap resamples: one entry per request, or per gap for
+    ITL measured by the client; ITL without client gaps is estimated as the report does
+    (each request's TPOT weighted by its number of gaps: rows of (tpot, weight)), and so
+    is every ITL when ``estimate_itl`` (one side lacks client gaps: both sides then use
+    the one estimate)."""
+    rows = _rows(cell, klass)
+    column = METRICS[rule.metric][0]
+    if rule.metric == "goodput":
+        # Each request counts 1 / its own run's duration, so that one statistic (the sum)
+        # is each side's goodput whatever their durations or numbers of repeats.
+        duration = max(cell.duration_s, 1e-9)
+        values = rows["slo_met"].cast(pl.Float64).to_numpy() / duration
+        return values, rows["offset_s"].to_numpy(), lambda v: float(v.sum())
+    if rule.metric == "error_rate":
+        values = (rows["status"] != "ok").cast(pl.Float64).to_numpy()
+        return values, rows["offset_s"].to_numpy(), lambda v: float(v.mean()) if v.size else None
+    ok = rows.filter(pl.col("status") == "ok")
+    if rule.metric == "itl":
+        gaps = ok.select("offset_s", "itl_s").explode("itl_s").drop_nulls("itl_s")
+        if gaps.height and not estimate_itl:
+            values, offsets = gaps["itl_s"].to_numpy(), gaps["offset_s"].to_numpy()
+        else:
+            est = ok.drop_nulls("tpot_s").filter(pl.col("output_tokens") > 1)
+            weights = (est["output_tokens"] - 1).cast(pl.Float64).to_numpy()
+            values = np.column_stack([est["tpot_s"].to_numpy(), weights])
+            return values, est["offset_s"].to_numpy(), _weighted_statistic(rule)
+    else:
+        present = ok.drop_nulls(column)
+        values, offsets = present[column].to_numpy(), present["offset_s"].to_numpy()
+    return np.asarray(values, dtype=float), offsets, _statistic(rule)
+
+
+def _statistic(rule: Rule):
+    if rule.percentile is None:
+        return lambda v: float(v.mean()) if v.size else None
+    p = rule.percentile
+    return lambda v: percentile(v, p)
+
+
+def _weighted_statistic(rule: Rule):
+    if rule.percentile is None:
+        return lambda v: float(np.average(v[:, 0], weights=v[:, 1])) if v.size else None
+    p = rule.percentile
+    return lambda v: weighted_percentile(v[:, 0], v[:, 1], p) if v.size else None
+
+
+def _summary_value(rule: Rule, cell: CellData, klass: str) -> float | None:
+    """The value from a summary.json group (percentiles it holds: 50, 90, 95, 99)."""
+    summary = cell.summary or {}
+    group = (
+        summary.get("overall") if klass == ALL_REQUESTS else summary.get("classes", {}).get(klass)
+    )
+    if group is None:
+        raise GateInputError(f"cell {cell.name}: no class {klass!r} in its summary.json")
+    if rule.metric == "goodput":
+        return group.get("goodput_rps")
+    if rule.metric == "error_rate":
+        total = group.get("requests") or 0
+        return 1 - (group.get("counts", {}).get("ok", 0) / total) if total else None
+    column = METRICS[rule.metric][0]
+    dist = group.get("itl_s") if rule.metric == "itl" else group.get("metrics", {}).get(column)
+    if dist is None:
+        raise GateInputError(f"cell {cell.name}: its summary.json has no {column} ({rule.name})")
+    key = "mean" if rule.percentile is None else f"p{rule.percentile:g}"
+    if key not in dist and dist.get("count", 1):
+        raise GateInputError(
+            f"rule {rule.name}: summary.json holds p50/p90/p95/p99 and the mean, not {key}; "
+            "gate run directories for other percentiles"
+        )
+    return dist.get(key)
+
+
+def _relative(rule: Rule, current: float | None, baseline: float | None) -> float | None:
+    """Relative change, positive when worse; None when undefined (a zero baseline)."""
+    if current is None or baseline is None:
+        return None
+    if baseline == 0:
+        return 0.0 if current == 0 else None
+    change = current / baseline - 1
+    return -change if rule.higher_is_better else change
+
+
+# -- the lines ---------------------------------------------------------------------------
+
+
+def _cells(rule: Rule, baseline: Side, current: Side) -> list[str]:
+    names = sorted(set(baseline.cells) | set(current.cells)) if rule.cell == EVERY else [rule.cell]
+    for name in names:
+        for side, what in ((baseline, "baseline"), (current, "current")):
+            if name not in side.cells:
+                raise GateInputError(
+                    f"rule {rule.name}: cell {name!r} is missing from the {what} "
+                    f"({side.path}; it has {', '.join(sorted(side.cells)) or 'none'})"
+                )
+    return names
+
+
+def _classes_of(cell: CellData) -> set[str]:
+    if cell.frame is not None:
+        return set(cell.frame["class"].fill_null("default").unique().to_list())
+    return set((cell.summary or {}).get("classes", {}))
+
+
+def _classes(rule: Rule, name: str, baseline: Side, current: Side) -> list[str]:
+    a, b = _classes_of(baseline.cells[name]), _classes_of(current.cells[name])
+    wanted = sorted(a | b) if rule.klass == EVERY else [rule.klass]
+    for klass in wanted:
+        if klass == ALL_REQUESTS:
+            continue
+        for present, side, what in ((a, baseline, "baseline"), (b, current, "current")):
+            if klass not in present:
+                raise GateInputError(
+                    f"rule {rule.name}: class {klass!r} is missing from cell {name} of the "
+                    f"{what} ({side.path}; it has {', '.join(sorted(present)) or 'none'})"
+                )
+    return wanted
+
+
+def _has_gaps(cell: CellData) -> bool:
+    return cell.frame is not None and cell.frame["itl_s"].list.len().fill_null(0).sum() > 0
+
+
+def _value(rule: Rule, cell: CellData, klass: str, estimate_itl: bool = False) -> float | None:
+    if cell.frame is None:
+        return _summary_value(rule, cell, klass)
+    values, _, statistic = _series(rule, cell, klass, estimate_itl)
+    return statistic(values) if len(values) else None
+
+
+def _absolute(rule: Rule, name: str, klass: str, current: CellData, baseline_value) -> list[Check]:
+    out = []
+    value = _value(rule, current, klass)
+    for kind, limit in (("ceiling", rule.max), ("floor", rule.min)):
+        if limit is None:
+            continue
+        if value is None:
+            passed, message = False, "no value in the current run (no finished request)"
+        elif kind == "ceiling":
+            passed = value <= limit
+            message = f"{value:.6g} {'<=' if passed else '>'} ceiling {limit:g}"
+        else:
+            passed = value >= limit
+            message = f"{value:.6g} {'>=' if passed else '<'} floor {limit:g}"
+        out.append(
+            Check(
+                rule.name,
+                name,
+                klass,
+                rule.label,
+                kind,
+                limit,
+                baseline_value,
+                value,
+                None,
+                None,
+                "point",
+                passed,
+                message,
+            )
+        )
+    return out
+
+
+def _regression(
+    rule: Rule, name: str, klass: str, baseline: Side, current: Side, config: GateConfig
+) -> Check:
+    tolerance = rule.max_regression
+    assert tolerance is not None
+    a, b = current.cells[name], baseline.cells[name]
+    exact = baseline.simulated and current.simulated
+    if not exact and (a.frame is None or b.frame is None):
+        raise GateInputError(
+            f"rule {rule.name}: a relative rule between real runs needs per-request data; "
+            "pass run directories or baseline files, not summary.json"
+        )
+    estimate = rule.metric == "itl" and not (_has_gaps(a) and _has_gaps(b))
+    value_a, value_b = _value(rule, a, klass, estimate), _value(rule, b, klass, estimate)
+    change = _relative(rule, value_a, value_b)
+    if exact or a.frame is None or b.frame is None:
+        interval = None if change is None else (change, change)
+        method = "exact"
+    else:
+        interval = _interval(rule, a, b, klass, config, estimate)
+        method = "bootstrap"
+    if value_a is None or value_b is None:
+        passed, message = False, "no value on one side (no finished request of this class)"
+    elif change is None:
+        passed = False
+        message = f"baseline is 0 and current {value_a:.6g}: a relative change is undefined"
+    elif interval is None:
+        passed = False
+        message = "too few requests for an interval of the change"
+    else:
+        passed = interval[0] <= tolerance
+        if method == "exact":
+            message = (
+                f"{change:+.2%} {'<=' if passed else '>'} tolerance {tolerance_text(tolerance)}"
+            )
+        elif passed and interval[1] > tolerance:
+            message = (
+                f"{change:+.2%}, interval [{interval[0]:+.2%}, {interval[1]:+.2%}] reaches "
+                f"past the tolerance {tolerance_text(tolerance)}: within noise, not a proven "
+                "regression"
+            )
+        else:
+            message = (
+                f"{change:+.2%}, interval [{interval[0]:+.2%}, {interval[1]:+.2%}] "
+                f"{'clears' if not passed else 'below'} tolerance {tolerance_text(tolerance)}"
+            )
+    return Check(
+        rule.name,
+        name,
+        klass,
+        rule.label,
+        "regression",
+        tolerance,
+        value_b,
+        value_a,
+        change,
+        interval,
+        method,
+        passed,
+        message,
+    )
+
+
+def _interval(
+    rule: Rule, a: CellData, b: CellData, klass: str, config: GateConfig, estimate_itl: bool
+):
+    va, oa, statistic = _series(rule, a, klass, estimate_itl)
+    vb, ob, _ = _series(rule, b, klass, estimate_itl)
+    if len(va) == 0 or len(vb) == 0:
+        return None
+    both = np.concatenate([oa, ob])
+    start, end = float(both.min()), float(both.max())
+    higher = rule.higher_is_better
+
+    def contrast(current: float, baseline: float) -> float | None:
+        if baseline == 0:
+            return 0.0 if current == 0 else None
+        change = current / baseline - 1
+        return -change if higher else change
+
+    ci = paired_block_bootstrap(
+        (va, time_blocks(oa, start, end, config.num_blocks)),
+        (vb, time_blocks(ob, start, end, config.num_blocks)),
+        statistic,
+        num_blocks=config.num_blocks,
+        resamples=config.resamples,
+        seed=config.seed,
+        confidence=config.confidence,
+        contrast=contrast,
+    )
+    return ci
+
+
+def _exact_results(name: str, baseline: CellData, current: CellData) -> Check:
+    """Two simulated cells: the same outcome for every request, or a failing line."""
+    if baseline.frame is None or current.frame is None:
+        left, right = _shared(_summary_groups(baseline.summary), _summary_groups(current.summary))
+        same = left == right
+        detail = "summary.json statistics identical" if same else "summary.json statistics differ"
+        counted = None
+    else:
+        a = baseline.frame.select("request_id", *EXACT_COLUMNS).sort(
+            "request_id", maintain_order=True
+        )
+        b = current.frame.select("request_id", *EXACT_COLUMNS).sort(
+            "request_id", maintain_order=True
+        )
+        if a["request_id"].to_list() != b["request_id"].to_list():
+            same, counted = False, None
+            detail = "the two runs hold different requests"
+        else:
+            differs = np.zeros(a.height, dtype=bool)
+            for column in EXACT_COLUMNS:
+                x, y = a[column].to_list(), b[column].to_list()
+                differs |= np.array(
+                    [not _equal(p, q) for p, q in zip(x, y, strict=True)], dtype=bool
+                )
+            counted = int(differs.sum())
+            same = counted == 0
+            if same:
+                detail = f"all {a.height} requests identical"
+            else:
+                first = a["request_id"][int(np.argmax(differs))]
+                detail = f"{counted} of {a.height} requests differ (first: {first})"
+    message = detail if same else f"{detail}: if intended, update the baseline in this change"
+    return Check(
+        "simulated_exact",
+        name,
+        ALL_REQUESTS,
+        "results",
+        "exact",
+        0.0,
+        None,
+        None if counted is None else float(counted),
+        None,
+        None,
+        "exact",
+        same,
+        message,
+    )
+
+
+def _equal(p, q) -> bool:
+    if isinstance(p, float) and isinstance(q, float):
+        return p == q or (math.isnan(p) and math.isnan(q))
+    return p == q
+
+
+def _summary_groups(summary: dict | None) -> dict:
+    summary = summary or {}
+    return {"overall": summary.get("overall"), "classes": summary.get("classes")}
+
+
+def _shared(a, b):
+    """``a`` and ``b`` cut to the keys both have, at every level (a version-2 summary
+    carries keys version 1 lacks; they are compared where both have them)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = set(a) & set(b)
+        pairs = {k: _shared(a[k], b[k]) for k in keys}
+        return {k: v[0] for k, v in pairs.items()}, {k: v[1] for k, v in pairs.items()}
+    return a, b
+
+
+def check_usable(side: Side, what: str) -> None:
+    """A generator-limited cell measured the load generator, not the engine: exit 2."""
+    for name, cell in side.cells.items():
+        if cell.generator_limited:
+            lag = cell.send_lag_p99_s
+            said = f" (p99 send lag {lag * 1e3:.1f} ms)" if lag is not None else ""
+            raise GateInputError(
+                f"the {what} cell {name} is generator-limited{said}: the load generator fell "
+                "behind its schedule, so its latencies are not the engine's; rerun it with "
+                "more load-generator processes or a lower rate"
+            )
+
+
+def evaluate(config: GateConfig, baseline: Side, current: Side) -> list[Check]:
+    """Every line of the gate, in rule order (then cell, then class)."""
+    if baseline.simulated != current.simulated:
+        raise GateInputError(
+            f"the baseline is {'simulated' if baseline.simulated else 'real'} and the current "
+            f"run {'simulated' if current.simulated else 'real'}: gate like with like"
+        )
+    check_usable(baseline, "baseline")
+    check_usable(current, "current")
+    checks: list[Check] = []
+    for rule in config.rules:
+        for name in _cells(rule, baseline, current):
+            for klass in _classes(rule, name, baseline, current):
+                if rule.max_regression is not None:
+                    checks.append(_regression(rule, name, klass, baseline, current, config))
+                if rule.max is not None or rule.min is not None:
+                    base_value = _value(rule, baseline.cells[name], klass)
+                    checks += _absolute(rule, name, klass, current.cells[name], base_value)
+    if config.simulated == "exact" and baseline.simulated and current.simulated:
+        if baseline.kind != current.kind:
+            raise GateInputError(
+                'simulated = "exact" compares like with like: both sides run directories '
+                "(or baseline files), or both summary.json"
+            )
+        for name in sorted(set(baseline.cells) & set(current.cells)):
+            checks.append(_exact_results(name, baseline.cells[name], current.cells[name]))
+    return checks

@@ -1,0 +1,294 @@
+"""The two sides of a gate (baseline, current), read into one form whatever they are.
+
+A side is one of:
+
+- a run directory: ``schedscope run`` output (``run.json``, ``<cell>/requests.parquet``)
+  or ``schedscope simulate`` output (``summary.json`` and ``requests.parquet``, or
+  ``<policy>/requests.parquet``) — opened with the report's reader
+  (:func:`harness.report.inputs.open_run`), so the gate sees the rows the report sees;
+- a baseline file (``schedscope baseline update``; read by :mod:`harness.gate.baseline`): the
+  same per-request rows, kept in one JSON file;
+- a ``summary.json`` (version 1 or 2): percentiles only, so the gate can apply absolute
+  rules and compare simulated (deterministic) runs, nothing that needs per-request data.
+
+Cells named ``<cell>-r<k>`` (repeats of one cell) are pooled into ``<cell>``: their rows
+are concatenated (each keeps its schedule offset, so blocks still pair) and their
+durations added.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+#: The per-request columns the gate keeps (the normalised form of every side).
+GATE_COLUMNS = (
+    "request_id",
+    "class",
+    "status",
+    "offset_s",
+    "prompt_tokens",
+    "max_tokens",
+    "output_tokens",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "queue_s",
+    "stall_s",
+    "slo_met",
+    "itl_s",
+)
+REPEAT_RE = re.compile(r"^(?P<cell>.+)-r(?P<repeat>\d+)$")
+#: The version of the gate's per-request rows (GATE_COLUMNS and their meaning): a side's
+#: ``schema_version`` identity for run directories and baseline files alike.
+ROWS_SCHEMA_VERSION = 1
+#: Latency columns that may not hold NaN on a finished request.
+NUMERIC_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "stall_s")
+
+
+class GateInputError(ValueError):
+    """A side the gate cannot read or use (exit 2); the message names the file."""
+
+
+@dataclass
+class CellData:
+    name: str
+    frame: pl.DataFrame | None  # GATE_COLUMNS; None for a summary.json side
+    summary: dict | None = None  # the policy's summary.json entry (overall, classes)
+    duration_s: float = 0.0
+    generator_limited: bool | None = None
+    send_lag_p99_s: float | None = None
+    schedule: str | None = None  # digest of the arrival schedule (schedule_digest)
+    repeats: int = 1
+    repeat: int | None = None  # which repeat this cell is (its run.json), before pooling
+    #: Planted faults (SCHEDSCOPE_FAULT, docs/engine.md) the cell ran with; {} for none.
+    faults: dict = field(default_factory=dict)
+
+
+@dataclass
+class Side:
+    label: str
+    path: Path
+    kind: str  # "requests" | "summary"
+    mode: str | None  # "simulate" | "serve" | "target"
+    identity: dict  # profile, seed, schema_version, machine (fingerprint key)
+    cells: dict[str, CellData]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def simulated(self) -> bool:
+        return self.mode == "simulate"
+
+
+def schedule_digest(frame: pl.DataFrame) -> str:
+    """16 hex digits over the schedule itself: every request's id, class, prompt and
+    output lengths and arrival offset (to the microsecond). Equal digests: the same
+    arrivals, whichever engine answered them."""
+    rows = frame.select(
+        pl.col("request_id").cast(pl.String),
+        pl.col("class").cast(pl.String),
+        pl.col("prompt_tokens").cast(pl.Int64),
+        pl.col("max_tokens").cast(pl.Int64),
+        (pl.col("offset_s") * 1e6).round(0).cast(pl.Int64),
+    ).sort("request_id")
+    text = "\n".join(",".join("" if v is None else str(v) for v in row) for row in rows.rows())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except OSError as exc:
+        raise GateInputError(f"{path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise GateInputError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise GateInputError(f"{path}: expected a JSON object")
+    return value
+
+
+def _optional_json(path: Path) -> dict:
+    try:
+        return read_json(path) if path.is_file() else {}
+    except GateInputError:
+        return {}
+
+
+def _machine_key(machine) -> str | None:
+    """The fingerprint's ``machine_key``: the machine, model and executor, not the
+    schedscope version (a base and its change differ in that, on one machine)."""
+    if isinstance(machine, dict):
+        return machine.get("machine_key") or machine.get("key") or machine.get("fingerprint_key")
+    return machine if isinstance(machine, str) else None
+
+
+def _identity_machine(mode: str | None, summary: dict, machine) -> str | None:
+    """The machine a side's latencies stand for. A real run's: the fingerprint of the
+    machine it ran on. A simulated run's: the machine its cost model was fitted on
+    (None for the built-in model, whose predictions are the same on every machine)."""
+    if mode != "simulate":
+        return _machine_key(machine)
+    cost_model = summary.get("cost_model") or {}
+    return _machine_key(cost_model.get("fingerprint")) if isinstance(cost_model, dict) else None
+
+
+def check_numbers(frame: pl.DataFrame, where: str) -> None:
+    """A finished request with a NaN latency cannot be gated: name it (exit 2)."""
+    ok = frame.filter(pl.col("status") == "ok")
+    for column in NUMERIC_COLUMNS:
+        bad = ok.filter(pl.col(column).is_nan())
+        if bad.height:
+            raise GateInputError(
+                f"{where}: request {bad['request_id'][0]} has {column} NaN "
+                f"({bad.height} such requests)"
+            )
+
+
+def normalise(frame: pl.DataFrame) -> pl.DataFrame:
+    """The report's request rows (``harness.report.tables.load_requests``) in the gate's
+    columns: the schedule offset as ``offset_s`` (``harness.report.verdict``'s axis)."""
+    from harness.report.verdict import arrival_offsets
+
+    offsets = pl.Series("offset_s", arrival_offsets(frame), dtype=pl.Float64)
+    out = frame.with_columns(offsets)
+    if "itl_s" not in out.columns:
+        out = out.with_columns(pl.lit(None, dtype=pl.List(pl.Float64)).alias("itl_s"))
+    return out.select(GATE_COLUMNS)
+
+
+def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
+    """Repeats ``X-r1``, ``X-r2``... become one cell ``X`` (module docstring): cells whose
+    run.json says which repeat they are, never by name alone."""
+    groups: dict[str, list[CellData]] = {}
+    for name, cell in cells.items():
+        match = REPEAT_RE.match(name)
+        pooled = match is not None and cell.repeat is not None
+        groups.setdefault(match["cell"] if pooled and match else name, []).append(cell)
+    out: dict[str, CellData] = {}
+    for name, members in groups.items():
+        if len(members) == 1 and members[0].name == name:
+            out[name] = members[0]
+            continue
+        schedules = {m.schedule for m in members}
+        if len(schedules) > 1:
+            raise GateInputError(
+                f"cell {name}: its repeats {', '.join(m.name for m in members)} have "
+                "different schedules; repeats must replay one schedule"
+            )
+        frames = [m.frame for m in members if m.frame is not None]
+        lags = [m.send_lag_p99_s for m in members if m.send_lag_p99_s is not None]
+        out[name] = CellData(
+            name=name,
+            frame=pl.concat(frames) if frames else None,
+            duration_s=sum(m.duration_s for m in members),
+            generator_limited=any(bool(m.generator_limited) for m in members),
+            send_lag_p99_s=max(lags) if lags else None,
+            schedule=schedules.pop(),
+            repeats=sum(m.repeats for m in members),
+            faults=next((m.faults for m in members if m.faults), {}),
+        )
+    return out
+
+
+def open_directory(path: Path, label: str) -> Side:
+    from harness.report.build import run_slos
+    from harness.report.inputs import ReportInputError, open_run
+    from harness.report.tables import load_requests, run_duration
+
+    try:
+        run = open_run(path, label)
+    except ReportInputError as exc:
+        raise GateInputError(str(exc)) from None
+    run_json = _optional_json(path / "run.json")
+    summary = _optional_json(path / "summary.json")
+    mode = run_json.get("mode") or summary.get("mode")
+    slos, _ = run_slos(None, run)
+    cells: dict[str, CellData] = {}
+    machine = run_json.get("machine") or summary.get("machine")
+    for name, data in run.policies.items():
+        frame = load_requests(data.requests, slos)
+        cell_json = _optional_json(data.path / "run.json")
+        mode = mode or cell_json.get("mode")
+        machine = machine or cell_json.get("machine")
+        loadgen = cell_json.get("loadgen") or {}
+        rows = normalise(frame)
+        check_numbers(rows, f"{data.path}/requests.parquet")
+        repeat = cell_json.get("repeat")
+        cells[name] = CellData(
+            name=name,
+            frame=rows,
+            duration_s=run_duration(frame, data.info),
+            generator_limited=cell_json.get("generator_limited"),
+            send_lag_p99_s=loadgen.get("send_lag_p99_s") if isinstance(loadgen, dict) else None,
+            schedule=schedule_digest(rows),
+            faults=cell_json.get("faults") or {},
+            repeat=repeat if isinstance(repeat, int) else None,
+        )
+    identity = {
+        "profile": run_json.get("profile") or summary.get("profile"),
+        "seed": run_json.get("seed", summary.get("seed")),
+        "schema_version": ROWS_SCHEMA_VERSION,
+        "machine": _identity_machine(mode, summary, machine),
+    }
+    notes = list(run.notes)
+    if mode is None:
+        notes.append(f"{path}: no run.json or summary.json says how it ran: taken as a real run")
+    return Side(label, path, "requests", mode, identity, _pool(cells), notes)
+
+
+def open_summary(path: Path, body: dict, label: str) -> Side:
+    policies = body.get("policies")
+    if not isinstance(policies, dict) or not policies:
+        raise GateInputError(f"{path}: a summary.json with no policies")
+    cells = {
+        name: CellData(name=name, frame=None, summary=value, duration_s=value.get("duration_s", 0))
+        for name, value in policies.items()
+    }
+    identity = {
+        "profile": body.get("profile"),
+        "seed": body.get("seed"),
+        # Versions 1 and 2 share the keys the gate reads; compared where both have them.
+        "schema_version": None,
+        "machine": _identity_machine(body.get("mode"), body, body.get("machine")),
+    }
+    note = "summary.json only: absolute rules and simulated comparisons, no per-request data"
+    return Side(label, path, "summary", body.get("mode"), identity, cells, [note])
+
+
+def combine(sides: list[Side], label: str) -> Side:
+    """Several runs of one schedule (``--baseline A --baseline B``) as one side: each
+    cell's runs pooled as repeats (module docstring). They must agree on how they ran."""
+    first = sides[0]
+    if len(sides) == 1:
+        return first
+    for side in sides[1:]:
+        if side.kind != "requests" or first.kind != "requests":
+            raise GateInputError(
+                f"{side.path}: only run directories and baseline files can be pooled"
+            )
+        for key in ("profile", "seed", "machine"):
+            if side.identity.get(key) != first.identity.get(key):
+                raise GateInputError(
+                    f"{side.path} and {first.path} differ in {key} "
+                    f"({side.identity.get(key)!r}, {first.identity.get(key)!r}): they cannot "
+                    "be pooled as repeats of one run"
+                )
+        if side.mode != first.mode or set(side.cells) != set(first.cells):
+            raise GateInputError(
+                f"{side.path} and {first.path} differ in mode or cells: they cannot be "
+                "pooled as repeats of one run"
+            )
+    renamed: dict[str, CellData] = {}
+    for number, side in enumerate(sides, 1):
+        for name, cell in side.cells.items():
+            copy = CellData(**{**cell.__dict__, "name": f"{name}-r{number}", "repeat": number})
+            renamed[copy.name] = copy
+    notes = [n for side in sides for n in side.notes]
+    paths = ", ".join(str(side.path) for side in sides)
+    return Side(label, Path(paths), "requests", first.mode, dict(first.identity),
+                _pool(renamed), notes)  # fmt: skip
