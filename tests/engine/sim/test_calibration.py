@@ -148,9 +148,12 @@ def test_a_served_fit_stands_for_the_executor_it_measured():
     from harness.machine import fingerprint
 
     fitted = CostModel.constant(0.01)
-    sim = _fit_fingerprint(fitted, "tiny", None, "served", "sim")
-    torch = _fit_fingerprint(fitted, "tiny", None, "served", "torch")
+    sim = _fit_fingerprint(fitted, "tiny", None, "served", "sim", None)
+    torch = _fit_fingerprint(fitted, "tiny", None, "served", "torch", None)
     assert sim.executor == "sim" and torch.executor == "torch"
     assert sim.key != torch.key
     assert torch == fingerprint("tiny")  # the served torch engine's defaults here
-    assert _fit_fingerprint(fitted, "tiny", None, "steps", "torch") == fingerprint("tiny")
+    assert _fit_fingerprint(fitted, "tiny", None, "steps", "torch", 0) == fingerprint("tiny")
+    # The served engine's torch threads are part of what the fit stands for.
+    two = _fit_fingerprint(fitted, "tiny", None, "served", "torch", 2)
+    assert two == fingerprint("tiny", torch_threads=2)
