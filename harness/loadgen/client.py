@@ -13,7 +13,12 @@ that arrive together are 0 s apart in ``itl_s`` (so ``len(itl_s) == tokens - 1``
 
 Two transports: ``fast`` (geventhttpclient, one keep-alive connection pool, the
 default) and ``requests`` (what Locust's ``HttpUser`` uses), kept so that
-``benchmarks/bench_loadgen.py`` can compare them.
+``benchmarks/bench_loadgen.py`` can compare them. On ``fast``, a request whose pooled
+connection the server had closed before any byte of a response is sent once more on a
+fresh connection (harness/loadgen/keepalive.py; the row's ``retried``).
+
+``probe`` runs once per process before the start; it chooses the prompts
+(harness/loadgen/prompt_choice.py).
 """
 
 from __future__ import annotations

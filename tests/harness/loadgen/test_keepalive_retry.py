@@ -54,6 +54,23 @@ def test_a_request_on_a_connection_the_server_closed_is_retried_once_on_a_fresh_
     assert dropped == 1  # so the retry that succeeded went out on another connection
 
 
+def test_the_retry_takes_a_fresh_connection_not_another_idle_pooled_one():
+    """Two pooled connections, both idle past the server's limit: the retry must not take
+    the second (the server would drop it too)."""
+    import gevent
+
+    with VllmStub(drop_idle_after_s=IDLE_S) as stub:
+        client = client_of(stub.url)
+        both = [gevent.spawn(send, client, i) for i in (0, 1)]  # two connections at once
+        gevent.joinall(both)
+        assert [g.value["status"] for g in both] == ["ok", "ok"]
+        time.sleep(2 * IDLE_S)
+        late = send(client, 2)
+        dropped = stub.dropped
+    assert late["status"] == "ok" and late["retried"] is True, late
+    assert dropped == 1
+
+
 def test_a_retry_that_fails_too_is_the_request_s_error_naming_both():
     class Dropping:
         """A transport whose every request fails as on a connection the server closed."""
