@@ -74,6 +74,15 @@ class _FastResponse:
         r._pool = None
 
     def release(self) -> None:
+        """Give the connection back to the pool. The stream is read to its end first:
+        after ``[DONE]`` the chunked body's last chunk may not have been parsed yet, and
+        geventhttpclient closes, rather than pools, a connection whose message it has not
+        seen end (so keep-alive reuse depended on how the final bytes were split)."""
+        try:
+            self._r.read()
+        except Exception:  # noqa: BLE001 - a broken tail: the connection cannot be reused
+            self.discard()
+            return
         self._r.release()
 
 

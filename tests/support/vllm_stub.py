@@ -26,6 +26,7 @@ import asyncio
 import json
 import threading
 import time
+import weakref
 import zlib
 
 from aiohttp import web
@@ -47,7 +48,11 @@ class VllmStub:
         self.completions = 0
         self.refused = 0
         self.dropped = 0
-        self._protocols: dict[int, float | None] = {}  # connection -> idle since (monotonic)
+        self.connections = 0  # completions' connections, one count per new connection
+        # connection -> idle since (monotonic), keyed by the connection's transport itself: an
+        # id() key outlives a closed connection and a new one at the same address inherited
+        # its idle time (a fresh retry was then dropped as if idle).
+        self._protocols: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
 
@@ -88,7 +93,9 @@ class VllmStub:
         )
 
     async def _completions_route(self, request: web.Request) -> web.StreamResponse:
-        key = id(request.protocol)
+        key = request.transport
+        if key not in self._protocols:
+            self.connections += 1
         idle_since = self._protocols.get(key)
         self._protocols[key] = None
         if (

@@ -54,6 +54,18 @@ def test_a_request_on_a_connection_the_server_closed_is_retried_once_on_a_fresh_
     assert dropped == 1  # so the retry that succeeded went out on another connection
 
 
+def test_streamed_requests_one_after_another_share_one_pooled_connection():
+    """After ``[DONE]`` the client reads the stream to its end, so the connection goes
+    back to the pool (it was closed instead whenever the last chunk came apart from
+    ``[DONE]``, and the retry test above then saw no pooled connection to be dropped)."""
+    with VllmStub() as stub:
+        client = client_of(stub.url)
+        rows = [send(client, i) for i in range(6)]
+        connections = stub.connections
+    assert [r["status"] for r in rows] == ["ok"] * 6
+    assert connections == 1
+
+
 def test_the_retry_takes_a_fresh_connection_not_another_idle_pooled_one():
     """Two pooled connections, both idle past the server's limit: the retry must not take
     the second (the server would drop it too)."""
