@@ -16,6 +16,7 @@ from harness.cli.app import console, err_console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
 from harness.cost_choice import cell_lines, is_named_choice
 from harness.knobs import with_engine_knobs
+from harness.loadgen.options import ENDPOINTS, PROMPT_MODES
 from harness.machine import Fingerprint, fingerprint
 from harness.profiles import ProfileError, resolve_profile
 
@@ -124,6 +125,32 @@ def run(
     report: bool = typer.Option(
         True, "--report/--no-report", help="Generate the report at the end."
     ),
+    prompt_mode: str | None = typer.Option(
+        None,
+        "--prompt-mode",
+        envvar="LOCUST_PROMPT_MODE",
+        help="Completions prompts: token_ids (exact lengths), text (words sized with the "
+        "server's /tokenize) or auto (token ids below the vocabulary bound the target's "
+        "/tokenize shows, else text). Default: auto with --target, token_ids served.",
+    ),
+    endpoint: str = typer.Option(
+        "completions",
+        "--endpoint",
+        envvar="LOCUST_ENDPOINT",
+        help="The load generator's endpoint: completions (/v1/completions) or chat "
+        "(/v1/chat/completions, text prompts).",
+    ),
+    target_model: str | None = typer.Option(
+        None,
+        "--target-model",
+        help="With --target: the model name to send (default: the first of its /v1/models).",
+    ),
+    max_error_rate: float | None = typer.Option(
+        None,
+        "--max-error-rate",
+        help="Exit 3 when any cell's share of failed requests exceeds this (0..1; default "
+        "0.05; 1 never).",
+    ),
 ) -> None:
     """Compare scheduling policies under Locust load: one served engine per policy (or a
     --target, or --simulate), records, spans and metrics per policy in
@@ -149,6 +176,26 @@ def run(
         raise typer.BadParameter("must be > 0", param_hint="--rate-scale")
     if repeats < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--repeats")
+    if prompt_mode is not None and prompt_mode not in PROMPT_MODES:
+        raise typer.BadParameter(
+            f"{prompt_mode!r}: expected one of {', '.join(PROMPT_MODES)}",
+            param_hint="--prompt-mode (or LOCUST_PROMPT_MODE)",
+        )
+    if endpoint not in ENDPOINTS:
+        raise typer.BadParameter(
+            f"{endpoint!r}: expected one of {', '.join(ENDPOINTS)}",
+            param_hint="--endpoint (or LOCUST_ENDPOINT)",
+        )
+    if target_model is not None and not target:
+        raise typer.BadParameter("only with --target", param_hint="--target-model")
+    if max_error_rate is None:
+        from harness.report.errors import HIGH_ERROR_RATE
+
+        max_error_rate = HIGH_ERROR_RATE
+    if not 0 <= max_error_rate <= 1:
+        raise typer.BadParameter(
+            f"{max_error_rate:g}: must be in [0, 1]", param_hint="--max-error-rate"
+        )
     try:
         plan = plan_run(
             policies,
@@ -191,6 +238,9 @@ def run(
         "prometheus": prometheus,
         "grace_s": grace,
         "start_timeout_s": start_timeout,
+        "locust_args": loadgen_args(
+            prompt_mode or ("auto" if target else "token_ids"), endpoint, target_model
+        ),
     }
     options = RunOptions(
         plan=plan,
@@ -200,6 +250,7 @@ def run(
         keep_raw=keep_raw,
         argv=["schedscope", *sys.argv[1:]],
         report=report,
+        max_error_rate=max_error_rate,
         machine=machines[first].to_dict(),
         cell_settings={
             name: {"machine": machines[name].to_dict(), "cost_model": cost_models[name]}
@@ -213,6 +264,12 @@ def run(
         # The last line: the report's path alone (`make demo`, `| tail -1`).
         console.print(str(report_path), soft_wrap=True, highlight=False, markup=False)
     raise typer.Exit(code)
+
+
+def loadgen_args(prompt_mode: str, endpoint: str, model: str | None) -> list[str]:
+    """The load generator's own arguments a run passes to every cell's Locust."""
+    args = ["--prompt-mode", prompt_mode, "--endpoint", endpoint]
+    return args + (["--model", model] if model else [])
 
 
 def _cell_machine(

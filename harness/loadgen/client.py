@@ -13,7 +13,12 @@ that arrive together are 0 s apart in ``itl_s`` (so ``len(itl_s) == tokens - 1``
 
 Two transports: ``fast`` (geventhttpclient, one keep-alive connection pool, the
 default) and ``requests`` (what Locust's ``HttpUser`` uses), kept so that
-``benchmarks/bench_loadgen.py`` can compare them.
+``benchmarks/bench_loadgen.py`` can compare them. On ``fast``, a request whose pooled
+connection the server had closed before any byte of a response is sent once more on a
+fresh connection (harness/loadgen/keepalive.py; the row's ``retried``).
+
+``probe`` runs once per process before the start; it chooses the prompts
+(harness/loadgen/prompt_choice.py).
 """
 
 from __future__ import annotations
@@ -24,14 +29,21 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from harness.loadgen.prompts import TextSizer, chat_messages, token_ids
+from harness.loadgen.prompt_choice import PromptChoice, choose
+from harness.loadgen.prompts import DEFAULT_ID_RANGE, TextSizer, chat_messages, token_ids
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 
 
 class TransportError(Exception):
-    """The connection failed or broke (no HTTP answer, or a cut stream)."""
+    """The connection failed or broke (no HTTP answer, or a cut stream). ``stale``: it
+    failed on a pooled keep-alive connection the server had closed before answering any
+    byte (harness/loadgen/keepalive.py): sending it again on a fresh one is safe."""
+
+    def __init__(self, message: str, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale
 
 
 class _FastResponse:
@@ -62,6 +74,15 @@ class _FastResponse:
         r._pool = None
 
     def release(self) -> None:
+        """Give the connection back to the pool. The stream is read to its end first:
+        after ``[DONE]`` the chunked body's last chunk may not have been parsed yet, and
+        geventhttpclient closes, rather than pools, a connection whose message it has not
+        seen end (so keep-alive reuse depended on how the final bytes were split)."""
+        try:
+            self._r.read()
+        except Exception:  # noqa: BLE001 - a broken tail: the connection cannot be reused
+            self.discard()
+            return
         self._r.release()
 
 
@@ -72,7 +93,11 @@ class FastTransport:
 
     def __init__(self, base_url: str, concurrency: int, timeout_s: float) -> None:
         from geventhttpclient import HTTPClient
+        from geventhttpclient.response import HTTPConnectionClosed
 
+        from harness.loadgen.keepalive import ReuseWatch
+
+        self._closed_error = HTTPConnectionClosed
         parts = urlsplit(base_url)
         self.prefix = parts.path.rstrip("/")
         self._client = HTTPClient(
@@ -83,12 +108,21 @@ class FastTransport:
             connection_timeout=min(timeout_s, 30.0),
             network_timeout=timeout_s,
         )
+        self._reuse = ReuseWatch(self._client._connection_pool)
 
-    def request(self, method: str, path: str, body: bytes | None, headers: dict) -> _FastResponse:
+    def request(
+        self, method: str, path: str, body: bytes | None, headers: dict, fresh: bool = False
+    ) -> _FastResponse:
+        """Send; ``fresh``: on a new connection, not a pooled one."""
         try:
-            return _FastResponse(self._client.request(method, self.prefix + path, body, headers))
+            with self._reuse.fresh(fresh):
+                return _FastResponse(
+                    self._client.request(method, self.prefix + path, body, headers)
+                )
         except Exception as e:  # noqa: BLE001 - every transport failure is a row, not a crash
-            raise TransportError(f"{type(e).__name__}: {e}") from e
+            # geventhttpclient raises HTTPConnectionClosed only when no byte came back
+            stale = isinstance(e, self._closed_error) and self._reuse.reused
+            raise TransportError(f"{type(e).__name__}: {e}", stale=stale) from e
 
     def close(self) -> None:
         self._client.close()
@@ -129,7 +163,10 @@ class RequestsTransport:
         self._session.mount("https://", adapter)
         self._timeout = timeout_s
 
-    def request(self, method: str, path: str, body: bytes | None, headers: dict):
+    def request(
+        self, method: str, path: str, body: bytes | None, headers: dict, fresh: bool = False
+    ):
+        """Send (``fresh`` is ignored: urllib3's pool does not say what it reused)."""
         try:
             return _RequestsResponse(
                 self._session.request(
@@ -176,6 +213,8 @@ class ServerInfo:
     clock_epoch_unix: float | None
     tokenize: bool
     probe_requests: int
+    #: the prompts chosen (--prompt-mode, harness/loadgen/prompt_choice.py)
+    prompts: PromptChoice | None = None
 
 
 class OpenAIClient:
@@ -189,6 +228,7 @@ class OpenAIClient:
         model: str,
         api_key: str = "",
         prompt_mode: str = "token_ids",
+        id_range: tuple[int, int] = DEFAULT_ID_RANGE,
         continuous_usage: bool = True,
         sizer: TextSizer | None = None,
         profile_name: str = "",
@@ -200,6 +240,7 @@ class OpenAIClient:
         self.path = CHAT if endpoint == "chat" else COMPLETIONS
         self.model = model
         self.prompt_mode = "text" if endpoint == "chat" else prompt_mode
+        self.id_range = id_range
         self.continuous_usage = continuous_usage
         self.sizer = sizer
         self.profile_name = profile_name
@@ -229,7 +270,7 @@ class OpenAIClient:
         if self.continuous_usage:
             body["stream_options"]["continuous_usage_stats"] = True
         if self.prompt_mode == "token_ids":
-            body["prompt"] = token_ids(spec.request_id, spec.prompt_tokens)
+            body["prompt"] = token_ids(spec.request_id, spec.prompt_tokens, *self.id_range)
         else:
             text = (
                 self.sizer.text(spec.request_id, spec.prompt_tokens)
@@ -277,6 +318,7 @@ class OpenAIClient:
             "token_counting": "usage" if self.continuous_usage else "chunks",
             "worker": self.worker,
             "in_flight_capped": in_flight_capped,
+            "retried": False,
         }
 
     def send(self, row: dict, spec) -> float | None:
@@ -295,8 +337,19 @@ class OpenAIClient:
         try:
             response = self.transport.request("POST", self.path, payload, headers)
         except TransportError as e:
-            row.update(status="error", error=str(e))
-            return None
+            if not e.stale:
+                row.update(status="error", error=str(e))
+                return None
+            # The server had closed the pooled connection: it never took the request.
+            row["retried"] = True
+            try:
+                response = self.transport.request("POST", self.path, payload, headers, fresh=True)
+            except TransportError as again:
+                row.update(
+                    status="error",
+                    error=f"{again} (sent again on a fresh connection after: {e})"[:500],
+                )
+                return None
         row["http_status"] = response.status
         if response.status != 200:
             try:
@@ -408,18 +461,23 @@ class OpenAIClient:
 def probe(
     transport, *, endpoint: str, model: str, api_key: str, prompt_mode: str, continuous: str
 ) -> tuple[ServerInfo, TextSizer | None]:
-    """Ask the server (once per process, before the run): the model (/v1/models),
-    its clock epoch (/health), /tokenize, and whether streams take
-    ``continuous_usage_stats`` (one 2-token request, id ``schedscope-probe-<pid>``;
-    ``continuous`` is auto|on|off, and only auto sends it)."""
+    """Ask the server (once per process, before the run): the model and its
+    ``max_model_len`` (/v1/models), its clock epoch (/health), the prompts to send
+    (``prompt_mode`` token_ids|text|auto: harness/loadgen/prompt_choice.py; auto asks
+    /tokenize and may send one 1-token request), /tokenize for text prompts, and whether
+    streams take ``continuous_usage_stats`` (one 2-token request, id
+    ``schedscope-probe-<pid>``; ``continuous`` is auto|on|off, and only auto sends it)."""
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
 
-    def call(method, path, body=None):
+    def call(method, path, body=None, extra=None):
         try:
             r = transport.request(
-                method, path, None if body is None else json.dumps(body).encode(), headers
+                method,
+                path,
+                None if body is None else json.dumps(body).encode(),
+                {**headers, **(extra or {})},
             )
             data = r.read()
             r.release()
@@ -427,14 +485,22 @@ def probe(
         except (TransportError, Exception):  # noqa: BLE001
             return None, b""
 
+    status, data = call("GET", "/v1/models")
+    models = []
+    if status == 200:
+        try:
+            models = json.loads(data)["data"]
+        except (ValueError, KeyError, TypeError):
+            models = []
     if not model:
-        status, data = call("GET", "/v1/models")
-        if status != 200:
+        if not models:
             raise RuntimeError(
                 f"cannot read the model from {transport.__class__.__name__} "
                 f"/v1/models (status {status}); pass --model"
             )
-        model = json.loads(data)["data"][0]["id"]
+        model = models[0]["id"]
+    card = next((m for m in models if isinstance(m, dict) and m.get("id") == model), {})
+    max_model_len = card.get("max_model_len") if isinstance(card, dict) else None
     epoch = None
     status, data = call("GET", "/health")
     if status == 200:
@@ -443,6 +509,27 @@ def probe(
         except (ValueError, AttributeError):
             epoch = None
     probes = 0
+
+    def tokenize_ids(text: str) -> list[int] | None:
+        st, d = call("POST", "/tokenize", {"model": model, "prompt": text})
+        try:
+            tokens = json.loads(d).get("tokens") if st == 200 else None
+        except (ValueError, AttributeError):
+            return None
+        return [int(t) for t in tokens] if isinstance(tokens, list) and tokens else None
+
+    def accepts(ids: list[int]) -> tuple[bool, str]:
+        nonlocal probes
+        probes += 1
+        body = {"model": model, "prompt": ids, "max_tokens": 1, "stream": False}
+        st, d = call(
+            "POST", COMPLETIONS, body, {"X-Request-Id": f"schedscope-vocab-probe-{os.getpid()}"}
+        )
+        if st == 200:
+            return True, ""
+        return False, (f"{st}: {error_message(d)}" if st is not None else "no answer")[:200]
+
+    prompts = choose(prompt_mode, endpoint, tokenize_ids, accepts, max_model_len)
     if continuous == "auto":
         body = {
             "model": model,
@@ -454,14 +541,16 @@ def probe(
         }
         if endpoint == "chat":
             body["messages"] = chat_messages("probe")
+        elif prompts.mode == "token_ids":
+            body["prompt"] = token_ids("probe", 4, *prompts.id_range)
         else:
-            body["prompt"] = token_ids("probe", 4)
+            body["prompt"] = "probe"
         h = {**headers, "X-Request-Id": f"schedscope-probe-{os.getpid()}"}
         try:
             r = transport.request(
                 "POST", CHAT if endpoint == "chat" else COMPLETIONS, json.dumps(body).encode(), h
             )
-            probes = 1
+            probes += 1
             data = r.read()
             r.release()
             has = r.status == 200 and any(
@@ -477,7 +566,7 @@ def probe(
         cont = continuous == "on"
     sizer = None
     tokenize = False
-    if endpoint == "chat" or prompt_mode == "text":
+    if endpoint == "chat" or prompts.mode == "text":
 
         def count(text: str) -> int | None:
             body = (
@@ -490,4 +579,4 @@ def probe(
 
         tokenize = count("probe") is not None
         sizer = TextSizer(count if tokenize else None)
-    return ServerInfo(model, cont, epoch, tokenize, probes), sizer
+    return ServerInfo(model, cont, epoch, tokenize, probes, prompts), sizer

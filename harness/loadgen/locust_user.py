@@ -44,6 +44,7 @@ from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 from harness.loadgen import options as opts_mod
 from harness.loadgen.client import TRANSPORTS, OpenAIClient, probe
 from harness.loadgen.dispatcher import Dispatcher
+from harness.loadgen.prompts import DEFAULT_ID_RANGE
 from harness.loadgen.records import RecordWriter
 from harness.loadgen.split import share
 from harness.profiles import build_plan
@@ -200,6 +201,8 @@ class _Run:
                 prompt_mode=o.prompt_mode,
                 continuous=o.continuous_usage,
             )
+            if self.index == 0:
+                print(f"schedscope: prompts: {self.info.prompts.line()}", file=sys.stderr)
             if sizer is not None:  # size every distinct open-loop length before the start
                 for length in sorted({s.prompt_tokens for s in mine.open_requests}):
                     sizer.num_words(length)
@@ -208,7 +211,8 @@ class _Run:
                 endpoint=o.endpoint,
                 model=self.info.model,
                 api_key=o.api_key,
-                prompt_mode=o.prompt_mode,
+                prompt_mode=self.info.prompts.mode,
+                id_range=self.info.prompts.id_range or DEFAULT_ID_RANGE,
                 continuous_usage=self.info.continuous_usage,
                 sizer=sizer,
                 profile_name=profile.name,
@@ -309,6 +313,8 @@ class _Run:
                 continuous_usage=self.info.continuous_usage,
                 tokenize=self.info.tokenize,
                 probe_requests=self.info.probe_requests,
+                prompts=self.info.prompts.to_dict(),
+                retried=w.num_retried,
                 server_clock_epoch_unix=self.info.clock_epoch_unix,
                 http_client=self.options.http_client,
                 max_in_flight=self.options.max_in_flight,

@@ -11,8 +11,9 @@ pick one run out of a directory that holds several) and writes:
 - ``summary.json``: the run's counts by status, send lag percentiles over the
   open-loop rows, ``generator_limited`` (p99 lag over the limit, or any request that
   waited for the in-flight cap), the requests the end of the run cut in flight
-  (``cut_in_flight``) or left unsent (``not_sent``), the workers' summaries, the
-  server's clock epoch.
+  (``cut_in_flight``) or left unsent (``not_sent``), the requests sent again on a fresh
+  connection (``retried``), the prompts chosen (``prompts``), the workers' summaries,
+  the server's clock epoch.
 
 Command line: ``python -m harness.loadgen.merge RECORDS_DIR [--out DIR] [--run-id ID]``.
 """
@@ -60,6 +61,7 @@ SCHEMA: dict[str, pl.DataType] = {
     "token_counting": pl.String,
     "worker": pl.Int64,
     "in_flight_capped": pl.Boolean,
+    "retried": pl.Boolean,
 }
 assert tuple(SCHEMA) == RECORD_COLUMNS
 
@@ -135,6 +137,9 @@ def merge_records(
         "in_flight_capped": capped,
         "generator_limited": bool((p99 is not None and p99 > lag_limit_s) or capped > 0),
         "probe_requests": sum(w.get("probe_requests", 0) for w in workers),
+        "retried": int(frame["retried"].sum()) if len(frame) else 0,
+        # every process probes the same server: the first one's choice stands for all
+        "prompts": next((w["prompts"] for w in workers if w.get("prompts")), None),
         "cut_in_flight": sum(w.get("cut_in_flight", 0) for w in workers),
         "not_sent": sum(w.get("not_sent", 0) for w in workers),
         "worker_summaries": workers,

@@ -2,7 +2,9 @@
 
 Registered through Locust's ``events.init_command_line_parser``, so they appear in
 ``locust --help``, in the web UI's start form, in ``locust.conf`` files and as
-``LOCUST_*`` environment variables, and the master hands them to its workers.
+``LOCUST_*`` environment variables (``LOCUST_PROMPT_MODE`` for ``--prompt-mode``: Locust
+reads a variable only for an argument that names it, so :func:`add_arguments` names one
+for each), and the master hands them to its workers.
 """
 
 from __future__ import annotations
@@ -27,9 +29,31 @@ NAMES = (
     "lag_limit_ms",
 )
 
+#: ``--prompt-mode``: token ids, text sized with /tokenize, or chosen from the server's
+#: vocabulary (harness/loadgen/prompt_choice.py).
+PROMPT_MODES = ("token_ids", "text", "auto")
+ENDPOINTS = ("completions", "chat")
+
+
+def env_var(flag: str) -> str:
+    """The environment variable of a custom argument: ``--prompt-mode`` ->
+    ``LOCUST_PROMPT_MODE``."""
+    return "LOCUST_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+class _WithEnvVars:
+    """Locust's parser, each argument given its ``LOCUST_*`` variable (:func:`env_var`)."""
+
+    def __init__(self, parser) -> None:
+        self._parser = parser
+
+    def add_argument(self, flag: str, **kwargs):
+        kwargs.setdefault("env_var", env_var(flag))
+        return self._parser.add_argument(flag, **kwargs)
+
 
 def add_arguments(parser) -> None:
-    group = parser  # Locust's own add_argument (an argument group drops is_secret)
+    group = _WithEnvVars(parser)  # Locust's own add_argument (an argument group drops is_secret)
     group.add_argument(
         "--rate-scale", type=float, default=1.0, help="multiply every open-loop rate (default 1)"
     )
@@ -44,7 +68,7 @@ def add_arguments(parser) -> None:
     )
     group.add_argument(
         "--endpoint",
-        choices=["completions", "chat"],
+        choices=list(ENDPOINTS),
         default="completions",
         help="/v1/completions or /v1/chat/completions",
     )
@@ -67,9 +91,10 @@ def add_arguments(parser) -> None:
     )
     group.add_argument(
         "--prompt-mode",
-        choices=["token_ids", "text"],
+        choices=list(PROMPT_MODES),
         default="token_ids",
-        help="completions prompts as token ids (exact anywhere) or text",
+        help="completions prompts as token ids (exact lengths), text (sized with /tokenize) "
+        "or auto (token ids below the vocabulary bound /tokenize shows, else text)",
     )
     group.add_argument(
         "--continuous-usage",

@@ -49,6 +49,7 @@ RECORD_COLUMNS = (
     "token_counting",
     "worker",
     "in_flight_capped",
+    "retried",
 )
 
 #: A run whose p99 send lag exceeds this is generator-limited (its latencies are the
@@ -81,6 +82,7 @@ class RecordWriter:
         self.status_counts: dict[str, int] = {}
         self.open_lags: list[float] = []
         self.num_capped = 0
+        self.num_retried = 0
         self.num_rows = 0
 
     def write(self, row: dict) -> None:
@@ -91,6 +93,8 @@ class RecordWriter:
             self.open_lags.append(row["send_lag_s"])
         if row["in_flight_capped"]:
             self.num_capped += 1
+        if row.get("retried"):
+            self.num_retried += 1
 
     def lag_stats(self, limit_s: float = LAG_LIMIT_S) -> dict:
         p99 = percentile(self.open_lags, 99)

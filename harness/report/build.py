@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from engine.core.token_timing import STALL_FLOOR_S
-from harness.report import diagnosis, figures, simulator_check, stalls, tables, verdict
+from harness.report import diagnosis, errors, figures, simulator_check, stalls, tables, verdict
 from harness.report.cells import baseline, cell_groups
 from harness.report.inputs import PolicyData, RunData, open_runs
 
@@ -39,6 +39,8 @@ class PolicyReport:
     starvation: dict | None
     facts: dict
     findings: list[dict] = field(default_factory=list)
+    #: why requests failed (harness/report/errors.py)
+    errors: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -147,6 +149,7 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
         policies[name] = PolicyReport(
             data, frame, duration, chosen, note, attributed, sources, groups, starv, facts
         )
+        policies[name].errors = _errors(data)
     any_frame = next(iter(policies.values())).frame if policies else None
     order = tables.class_sizes(any_frame) if any_frame is not None and any_frame.height else []
     short_class = order[0] if order else None
@@ -194,6 +197,16 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
         )
     check = simulator_check.for_cells({n: (p.data.path, p.frame) for n, p in policies.items()})
     return RunReport(run, slos, slo_source, policies, short_class, long_class, v, vs, check)
+
+
+def _errors(data: PolicyData) -> dict:
+    """The policy's failed requests grouped by message, with their HTTP statuses."""
+    present = data.columns("requests")
+    cols = [
+        pl.col(c) if c in present else pl.lit(None, dtype).alias(c)
+        for c, dtype in (("status", pl.String), ("error", pl.String), ("http_status", pl.Int64))
+    ]
+    return errors.error_summary(data.requests.select(cols).collect())
 
 
 def _figures(report: Report) -> list[tuple[str, str, object]]:

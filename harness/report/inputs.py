@@ -42,6 +42,9 @@ class PolicyData:
     #: The policy's entry of the run's summary.json (config, duration_s, stall_threshold_s, ...).
     info: dict = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    #: The prompts the load generator sent (the cell's run.json ``prompts``:
+    #: harness/loadgen/prompt_choice.py); None when not recorded.
+    prompts: dict | None = None
 
     @property
     def key(self) -> str:
@@ -123,6 +126,7 @@ def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
         path=path,
         requests=pl.scan_parquet(path / "requests.parquet"),
         info=info,
+        prompts=(_read_json(path / "run.json") or {}).get("prompts"),
     )
     for name in OPTIONAL_FILES:
         frame = _scan(path / f"{name}.parquet")

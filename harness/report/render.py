@@ -9,6 +9,8 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.loadgen.prompt_choice import PromptChoice
+from harness.report import errors
 from harness.report.build import Report
 from harness.report.summary import flat_rows, summary_json
 from harness.report.tables import STALL_CAUSES
@@ -244,6 +246,44 @@ def _verdict_lines(report: Report) -> list[tuple[str, list[str]]]:
     return out
 
 
+def _prompt_lines(report: Report) -> list[str]:
+    """``prompts: ...`` per cell whose run.json recorded them (one line when every such
+    cell sent the same)."""
+    known = {
+        f"{rr.run.label}/{n}": PromptChoice.from_dict(p.data.prompts).line()
+        for rr in report.runs
+        for n, p in rr.policies.items()
+        if p.data.prompts
+    }
+    if not known:
+        return []
+    if len(set(known.values())) == 1:
+        return [f"prompts: {next(iter(known.values()))}"]
+    return [f"prompts ({cell}): {line}" for cell, line in known.items()]
+
+
+def _error_cells(report: Report, high_only: bool) -> list[tuple[str, dict]]:
+    """(cell, its error summary) of the cells with failed requests (those over
+    errors.HIGH_ERROR_RATE only, when ``high_only``), the highest rate first."""
+    cells = [
+        (f"{rr.run.label}/{n}", p.errors)
+        for rr in report.runs
+        for n, p in rr.policies.items()
+        if p.errors.get("failed")
+        and (not high_only or p.errors["error_rate"] > errors.HIGH_ERROR_RATE)
+    ]
+    return sorted(cells, key=lambda c: -c[1]["error_rate"])
+
+
+def _high_error_lines(report: Report) -> list[str]:
+    """What the verdicts say first: the cells whose error rate is high."""
+    return [
+        f"HIGH ERROR RATE: {errors.headline(cell, e)}; its latencies and verdicts cover only "
+        f"the requests that succeeded (most common: {errors.describe(e['top'][0])})"
+        for cell, e in _error_cells(report, high_only=True)
+    ]
+
+
 def _notes(report: Report) -> list[str]:
     notes = []
     for rr in report.runs:
@@ -268,12 +308,24 @@ def write_markdown(report: Report, path: Path) -> None:
         "Runs: " + ", ".join(f"`{rr.run.label}` ({rr.run.path})" for rr in report.runs),
         "",
     ]
+    prompts = _prompt_lines(report)
+    if prompts:
+        parts += [*[f"- {line}" for line in prompts], ""]
     if report.missing:
         parts += ["## Missing data", "", *[f"- {m}" for m in report.missing], ""]
     parts += ["## Verdicts", ""]
+    high = _high_error_lines(report)
+    if high:  # before any verdict: the verdicts stand on the requests that succeeded
+        parts += [*[f"- **{line}**" for line in high], ""]
     for label, lines in _verdict_lines(report):
         parts += [f"**{label}**", "", *[f"- {line}" for line in lines], ""]
     parts += ["## Diagnosis", ""]
+    for cell, e in _error_cells(report, high_only=False):
+        parts += [f"### {errors.headline(cell, e)}", ""]
+        parts += [f"- {errors.describe(g)}" for g in e["top"]]
+        if e.get("other_groups"):
+            parts.append(f"- ... and {e['other_groups']} other kind(s) of error")
+        parts.append("")
     found = _findings(report)
     if not found:
         parts += ["No known trap flagged (rules: docs/report.md).", ""]
@@ -351,6 +403,8 @@ def write_html(report: Report, path: Path) -> int:
         + ", ".join(f"<code>{e(rr.run.label)}</code> ({e(str(rr.run.path))})" for rr in report.runs)
         + "</p>"
     ]
+    for line in _prompt_lines(report):
+        body.append(f'<p class="prompts">{e(line)}</p>')
     if report.missing:
         body.append(
             '<div class="missing"><b>Missing data</b> (rendered what the rest allows):<ul>'
@@ -358,11 +412,21 @@ def write_html(report: Report, path: Path) -> int:
             + "</ul></div>"
         )
     body.append('<h2 id="verdicts">Verdicts</h2>')
+    for line in _high_error_lines(report):
+        body.append(f'<div class="finding" data-errors="high"><b>{e(line)}</b></div>')
     for label, lines in _verdict_lines(report):
         body.append(
             f"<p><b>{e(label)}</b></p><ul>" + "".join(f"<li>{e(x)}</li>" for x in lines) + "</ul>"
         )
     body.append('<h2 id="diagnosis">Diagnosis</h2>')
+    for cell, errs in _error_cells(report, high_only=False):
+        groups = [errors.describe(g) for g in errs["top"]]
+        if errs.get("other_groups"):
+            groups.append(f"... and {errs['other_groups']} other kind(s) of error")
+        body.append(
+            f'<div class="finding" data-errors="{e(cell)}"><b>{e(errors.headline(cell, errs))}</b>'
+            "<ul>" + "".join(f"<li>{e(x)}</li>" for x in groups) + "</ul></div>"
+        )
     found = _findings(report)
     if not found:
         body.append('<div class="ok">No known trap flagged.</div>')

@@ -32,6 +32,8 @@ def _policy(p: PolicyReport) -> dict:
         findings=[f["trap"] for f in p.findings],
         missing=p.data.missing,
         run_info=p.data.info,
+        errors=p.errors,
+        prompts=p.data.prompts,
     )
 
 

@@ -30,6 +30,7 @@ import polars as pl
 from engine.core.token_timing import STALL_FLOOR_S
 from harness.knobs import knob_flags
 from harness.profiles import Profile, build_plan
+from harness.report.errors import describe, error_summary, headline
 from harness.run.join import join_requests, shift_steps, write_spans
 from harness.run.live import RecordsTail, figures_line
 from harness.run.loadgen import LOCUST_OK_CODES, LocustRun, profile_file
@@ -74,6 +75,12 @@ class CellResult:
     generator_limited: bool | None = None
     wall_s: float = 0.0
     files: list[str] = field(default_factory=list)
+    #: why requests failed: harness.report.errors.error_summary of requests.parquet
+    #: (None: no rows were read)
+    errors: dict | None = None
+    #: the prompts the load generator chose (harness/loadgen/prompt_choice.py), served
+    #: or --target; None: not known
+    prompts: dict | None = None
 
     def fail(
         self, kind: str, message: str, log_tail: str | None = None, infrastructure: bool = False
@@ -109,6 +116,9 @@ class CellSettings:
     #: A served cell: the model its simulator check uses, chosen at the run's start
     #: (harness/run/simulator_check.py); None: no check.
     simulator_check: CheckModel | None = None
+    #: An error rate above this degrades the cell (an ``error_rate`` failure, not
+    #: infrastructure; the run then exits 3); None: no limit.
+    max_error_rate: float | None = None
 
 
 def planned(profile: Profile, seed: int | None) -> tuple[int, float]:
@@ -490,7 +500,7 @@ def _collect(
         if epoch is None:
             epoch = loadgen.get("server_clock_epoch_unix")
     if client is not None:
-        _write_requests(result, client, engine, epoch, info)
+        _write_requests(result, client, engine, epoch, info, settings.max_error_rate)
     _write_engine_records(result, raw, epoch)
     _write_spans(result, settings, raw, info)
     if client is not None:
@@ -524,6 +534,7 @@ def _client_records(
         except Exception:  # noqa: BLE001
             client = None
     info["loadgen"] = {k: v for k, v in loadgen.items() if k != "worker_summaries"}
+    result.prompts = info["prompts"] = loadgen.get("prompts")
     result.generator_limited = loadgen.get("generator_limited")
     if result.generator_limited:
         result.fail(
@@ -556,13 +567,16 @@ def _write_requests(
     engine: pl.DataFrame | None,
     epoch: float | None,
     info: dict,
+    max_error_rate: float | None,
 ) -> None:
     """requests.parquet: every client row, the engine's columns joined on one clock;
-    the status counts, and warnings for requests not ok or rows not scheduled."""
+    the status counts, why requests failed (an error rate over ``max_error_rate``
+    degrades the cell), and warnings for requests not ok or rows not scheduled."""
     cell = result.cell
     frame = join_requests(client, engine, epoch, cell.policy, cell.name)
     frame.write_parquet(result.path / "requests.parquet")
     result.counts = dict(sorted(frame.group_by("status").len().iter_rows())) if frame.height else {}
+    _note_errors(result, frame, max_error_rate)
     failed = {k: v for k, v in result.counts.items() if k != "ok"}
     if failed:
         result.warnings.append(
@@ -578,6 +592,18 @@ def _write_requests(
     if engine is not None and epoch is not None:
         joined = frame["queue_s"].is_not_null().sum() if "queue_s" in frame.columns else 0
         info["engine_rows_joined"] = int(joined)
+
+
+def _note_errors(result: CellResult, frame: pl.DataFrame, limit: float | None) -> None:
+    """The cell's failed requests grouped by message (``result.errors``); an error rate
+    above ``limit`` is the cell's ``error_rate`` failure, naming the commonest error."""
+    result.errors = errors = error_summary(frame)
+    if limit is not None and errors["error_rate"] > limit:
+        result.fail(
+            "error_rate",
+            f"{headline(result.cell.name, errors)}, over --max-error-rate {limit:g}; most "
+            f"common: {describe(errors['top'][0])}",
+        )
 
 
 def _write_engine_records(result: CellResult, raw: Path, epoch: float | None) -> None:
@@ -679,6 +705,7 @@ def run_simulated_cell(
     summary["profile"] = settings.profile_name
     (cell_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     result.counts = dict(sorted(frame.group_by("status").len().iter_rows())) if frame.height else {}
+    _note_errors(result, frame, settings.max_error_rate)
     result.generator_limited = False
     _note_files(result, ("requests.parquet", "steps.parquet", "spans.parquet", "decisions.parquet"))
     result.wall_s = time.monotonic() - started
@@ -722,6 +749,7 @@ def _finish(result: CellResult, settings: CellSettings, info: dict) -> CellResul
         "warnings": result.warnings,
         "missing": result.missing,
         "counts": result.counts,
+        "errors": result.errors,
         "generator_limited": result.generator_limited,
         "wall_s": round(result.wall_s, 3),
         "files": result.files,

@@ -19,7 +19,10 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.cost_choice import cell_lines
+from harness.loadgen.prompt_choice import PromptChoice
 from harness.profiles import resolve_profile
+from harness.report import errors as error_lines
+from harness.report.errors import HIGH_ERROR_RATE
 from harness.run.cell import CellResult, CellSettings, remove_raw, run_load_cell, run_simulated_cell
 from harness.run.matrix import RunPlan
 from harness.run.versions import versions
@@ -41,6 +44,14 @@ class RunOptions:
     #: fingerprint, when its knob set changes what the fingerprint covers), over
     #: ``settings`` and the cell's own run settings
     cell_settings: dict[str, dict] = field(default_factory=dict)
+    #: a cell whose error rate (harness/report/errors.py) exceeds this makes the run exit
+    #: ERROR_RATE_EXIT (None: no limit)
+    max_error_rate: float | None = HIGH_ERROR_RATE
+
+
+#: Exit codes of `schedscope run` (docs/run.md, "Exit codes").
+INFRASTRUCTURE_EXIT = 1
+ERROR_RATE_EXIT = 3
 
 
 def default_root(base: Path = Path("runs")) -> Path:
@@ -150,8 +161,9 @@ def summary_table(root: Path, results: list[CellResult], summary: dict | None) -
 
 def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None, Path]:
     """Run every cell, then the report. Returns (exit code, report path, run root).
-    Exit code 1 only for infrastructure failures (a server that did not start, Locust
-    crashed or hung); degraded cells (failed requests, generator lag) exit 0."""
+    Exit code 1 for infrastructure failures (a server that did not start, Locust
+    crashed or hung); else 3 when a cell's error rate exceeds ``max_error_rate``; else 0
+    (degraded cells: a few failed requests, generator lag)."""
     plan = options.plan
     root = options.out or default_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -230,6 +242,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                 duration_scale=plan.duration_scale,
                 seed=plan.seed,
                 simulator_check=checks.get(cell.name),
+                max_error_rate=options.max_error_rate,
                 **{
                     "machine": options.machine,
                     **options.settings,
@@ -264,6 +277,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                     "warnings": r.warnings,
                     "missing": r.missing,
                     "counts": r.counts,
+                    "errors": r.errors,
                     "scheduled": r.scheduled,
                     "generator_limited": r.generator_limited,
                     "wall_s": round(r.wall_s, 3),
@@ -279,6 +293,9 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
     elif options.report:
         run_info["report"] = None
         console.print("[red]no cell produced requests.parquet: no report[/red]")
+    over = over_error_rate(results, options.max_error_rate)
+    run_info["max_error_rate"] = options.max_error_rate
+    run_info["error_rate_exceeded"] = [r.cell.name for r in over]
     (root / "run.json").write_text(json.dumps(run_info, indent=2, default=str) + "\n")
     out = (
         console
@@ -286,8 +303,41 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
         else Console(width=max(console.width, 140), file=console.file)
     )
     out.print(summary_table(root, results, summary))
-    code = 1 if any(r.infrastructure_failure for r in results) else 0
+    _print_errors(console, results, over, options.max_error_rate)
+    if any(r.infrastructure_failure for r in results):
+        code = INFRASTRUCTURE_EXIT
+    else:
+        code = ERROR_RATE_EXIT if over else 0
     return code, report_path, root
+
+
+def over_error_rate(results: list[CellResult], limit: float | None) -> list[CellResult]:
+    """The cells whose error rate exceeds ``limit`` (none when it is None)."""
+    if limit is None:
+        return []
+    return [r for r in results if r.errors and r.errors["error_rate"] > limit]
+
+
+def _print_errors(
+    console: Console, results: list[CellResult], over: list[CellResult], limit: float | None
+) -> None:
+    """Why requests failed, per cell (the largest groups of error messages), then the
+    cells over --max-error-rate."""
+    said = False
+    for r in results:
+        for line in error_lines.lines(r.cell.name, r.errors or {"failed": 0}):
+            if not said:
+                console.print("[bold]why requests failed[/bold]", highlight=False)
+                said = True
+            console.print(line, soft_wrap=True, highlight=False, markup=False)
+    if over:
+        cells = ", ".join(f"{r.cell.name} ({r.errors['error_rate'] * 100:.1f}%)" for r in over)
+        console.print(
+            f"[red]error rate over --max-error-rate {limit:g}[/red]: {cells}; exit code "
+            f"{ERROR_RATE_EXIT}",
+            soft_wrap=True,
+            highlight=False,
+        )
 
 
 def _report(
@@ -350,6 +400,9 @@ def _print_cell(console: Console, r: CellResult) -> None:
         f"{r.cell.name}: {state} in {r.wall_s:.0f} s — {counts} (scheduled {r.scheduled})",
         highlight=False,
     )
+    if r.prompts:
+        line = PromptChoice.from_dict(r.prompts).line()
+        console.print(f"  prompts: {line}", soft_wrap=True, highlight=False, markup=False)
     for f in r.failures:
         console.print(f"  [red]{f['kind']}[/red]: {f['message']}", soft_wrap=True, highlight=False)
         if f.get("log_tail"):
