@@ -11,6 +11,9 @@ shows in a diff. Its keys::
      "cells": {NAME: {"duration_s", "generator_limited", "send_lag_p99_s", "schedule",
                       "repeats", "columns": [COLUMN...], "rows": [[value...], ...]}}}
 
+(``columns`` ends with ``run`` for a cell pooled from several runs: which run each row
+came from.)
+
 One request per line (sorted by schedule offset), so a diff of a baseline shows the
 requests whose outcome changed.
 
@@ -29,6 +32,7 @@ import polars as pl
 
 from harness.gate.sides import (
     GATE_COLUMNS,
+    RUN_COLUMN,
     CellData,
     GateInputError,
     Side,
@@ -57,6 +61,7 @@ _SCHEMA = {
     "stall_s": pl.Float64,
     "slo_met": pl.Boolean,
     "itl_s": pl.List(pl.Float64),
+    RUN_COLUMN: pl.Int64,
 }
 
 
@@ -78,15 +83,18 @@ def baseline_document(side: Side) -> dict:
     cells = {}
     for name, cell in sorted(side.cells.items()):
         frame = cell.frame if cell.frame is not None else pl.DataFrame(schema=_SCHEMA)
+        # A pooled cell keeps which run each row came from (optional: one run has none).
+        columns = [*GATE_COLUMNS, *([RUN_COLUMN] if RUN_COLUMN in frame.columns else [])]
+        order = ["offset_s", "request_id", *columns[len(GATE_COLUMNS) :]]
         cells[name] = {
             "duration_s": cell.duration_s,
             "generator_limited": cell.generator_limited,
             "send_lag_p99_s": cell.send_lag_p99_s,
             "schedule": cell.schedule,
             "repeats": cell.repeats,
-            "columns": list(GATE_COLUMNS),
+            "columns": columns,
             "rows": [
-                list(r) for r in frame.sort("offset_s", "request_id").select(GATE_COLUMNS).rows()
+                list(r) for r in frame.sort(order, maintain_order=True).select(columns).rows()
             ],
         }
     return {
@@ -146,7 +154,7 @@ def side_from_baseline(path: Path, body: dict, label: str) -> Side:
                 cell.get("rows") or [],
                 schema={c: _SCHEMA.get(c, pl.Null) for c in columns},
                 orient="row",
-            ).select(GATE_COLUMNS)
+            ).select([*GATE_COLUMNS, *([RUN_COLUMN] if RUN_COLUMN in columns else [])])
         except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise GateInputError(

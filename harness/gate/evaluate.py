@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from harness.gate.config import ALL_REQUESTS, EVERY, METRICS, GateConfig, Rule
-from harness.gate.sides import CellData, GateInputError, Side
+from harness.gate.sides import RUN_COLUMN, CellData, GateInputError, Side
 from harness.report.stats import (
     paired_block_bootstrap,
     percentile,
@@ -72,7 +72,8 @@ def _rows(cell: CellData, klass: str) -> pl.DataFrame:
 
 
 def _series(rule: Rule, cell: CellData, klass: str, estimate_itl: bool = False):
-    """(values, schedule offsets, statistic) of ``rule``'s metric over the rows.
+    """(values, schedule offsets, statistic, runs) of ``rule``'s metric over the rows;
+    ``runs`` (which run of a pooled cell each value came from) is None for one run.
 
     ``values`` is what the bootstrap resamples: one entry per request, or per gap for
     ITL measured by the client; ITL without client gaps is estimated as the report does
@@ -86,24 +87,33 @@ def _series(rule: Rule, cell: CellData, klass: str, estimate_itl: bool = False):
         # is each side's goodput whatever their durations or numbers of repeats.
         duration = max(cell.duration_s, 1e-9)
         values = rows["slo_met"].cast(pl.Float64).to_numpy() / duration
-        return values, rows["offset_s"].to_numpy(), lambda v: float(v.sum())
+        return values, rows["offset_s"].to_numpy(), lambda v: float(v.sum()), _runs(rows)
     if rule.metric == "error_rate":
         values = (rows["status"] != "ok").cast(pl.Float64).to_numpy()
-        return values, rows["offset_s"].to_numpy(), lambda v: float(v.mean()) if v.size else None
+        statistic = lambda v: float(v.mean()) if v.size else None  # noqa: E731
+        return values, rows["offset_s"].to_numpy(), statistic, _runs(rows)
     ok = rows.filter(pl.col("status") == "ok")
     if rule.metric == "itl":
-        gaps = ok.select("offset_s", "itl_s").explode("itl_s").drop_nulls("itl_s")
+        keep = ["offset_s", "itl_s", *([RUN_COLUMN] if RUN_COLUMN in ok.columns else [])]
+        gaps = ok.select(keep).explode("itl_s").drop_nulls("itl_s")
         if gaps.height and not estimate_itl:
-            values, offsets = gaps["itl_s"].to_numpy(), gaps["offset_s"].to_numpy()
+            values, offsets, present = gaps["itl_s"].to_numpy(), gaps["offset_s"].to_numpy(), gaps
         else:
             est = ok.drop_nulls("tpot_s").filter(pl.col("output_tokens") > 1)
             weights = (est["output_tokens"] - 1).cast(pl.Float64).to_numpy()
             values = np.column_stack([est["tpot_s"].to_numpy(), weights])
-            return values, est["offset_s"].to_numpy(), _weighted_statistic(rule)
+            return values, est["offset_s"].to_numpy(), _weighted_statistic(rule), _runs(est)
     else:
         present = ok.drop_nulls(column)
         values, offsets = present[column].to_numpy(), present["offset_s"].to_numpy()
-    return np.asarray(values, dtype=float), offsets, _statistic(rule)
+    return np.asarray(values, dtype=float), offsets, _statistic(rule), _runs(present)
+
+
+def _runs(frame: pl.DataFrame) -> np.ndarray | None:
+    """Which run each row came from, for a cell pooled from several; else None."""
+    if RUN_COLUMN not in frame.columns or frame[RUN_COLUMN].n_unique() < 2:
+        return None
+    return frame[RUN_COLUMN].to_numpy()
 
 
 def _statistic(rule: Rule):
@@ -199,7 +209,7 @@ def _has_gaps(cell: CellData) -> bool:
 def _value(rule: Rule, cell: CellData, klass: str, estimate_itl: bool = False) -> float | None:
     if cell.frame is None:
         return _summary_value(rule, cell, klass)
-    values, _, statistic = _series(rule, cell, klass, estimate_itl)
+    values, _, statistic, _ = _series(rule, cell, klass, estimate_itl)
     return statistic(values) if len(values) else None
 
 
@@ -303,8 +313,8 @@ def _regression(
 def _interval(
     rule: Rule, a: CellData, b: CellData, klass: str, config: GateConfig, estimate_itl: bool
 ):
-    va, oa, statistic = _series(rule, a, klass, estimate_itl)
-    vb, ob, _ = _series(rule, b, klass, estimate_itl)
+    va, oa, statistic, ra = _series(rule, a, klass, estimate_itl)
+    vb, ob, _, rb = _series(rule, b, klass, estimate_itl)
     if len(va) == 0 or len(vb) == 0:
         return None
     both = np.concatenate([oa, ob])
@@ -317,9 +327,13 @@ def _interval(
         change = current / baseline - 1
         return -change if higher else change
 
+    side_a = (va, time_blocks(oa, start, end, config.num_blocks))
+    side_b = (vb, time_blocks(ob, start, end, config.num_blocks))
+    if ra is not None or rb is not None:  # several runs on a side: resample runs too
+        side_a, side_b = (*side_a, ra), (*side_b, rb)
     ci = paired_block_bootstrap(
-        (va, time_blocks(oa, start, end, config.num_blocks)),
-        (vb, time_blocks(ob, start, end, config.num_blocks)),
+        side_a,
+        side_b,
         statistic,
         num_blocks=config.num_blocks,
         resamples=config.resamples,

@@ -96,6 +96,16 @@ def run_gate(
             "when its whole interval is past the tolerance"
         )
     )
+    if not base.simulated:
+        single = sorted({n for side in (base, cur) for n, c in side.cells.items() if c.repeats < 2})
+        if single:
+            method += (
+                f"; {', '.join(single)}: one run on a side, so the interval holds the noise "
+                "inside a run but not the drift between runs of one commit (docs/gate.md: "
+                "run 3 or more repeats per side, base and head interleaved)"
+            )
+        else:
+            method += "; the runs of each side are resampled too (two-stage bootstrap)"
     notes = [f"rules: {config.source}", method, *notes, *base.notes, *cur.notes]
     for side in (base, cur):
         planted = {n: c.faults for n, c in side.cells.items() if c.faults}

@@ -12,8 +12,8 @@ A side is one of:
   rules and compare simulated (deterministic) runs, nothing that needs per-request data.
 
 Cells named ``<cell>-r<k>`` (repeats of one cell) are pooled into ``<cell>``: their rows
-are concatenated (each keeps its schedule offset, so blocks still pair) and their
-durations added.
+are concatenated (each keeps its schedule offset, so blocks still pair, and its run in
+``run``, so the interval resamples runs as well as windows) and their durations added.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ GATE_COLUMNS = (
     "slo_met",
     "itl_s",
 )
+#: Which run of a pooled cell a row came from (0, 1, ...): present only on cells pooled
+#: from several runs, so that the interval resamples runs too (harness/report/stats.py).
+RUN_COLUMN = "run"
 REPEAT_RE = re.compile(r"^(?P<cell>.+)-r(?P<repeat>\d+)$")
 #: The version of the gate's per-request rows (GATE_COLUMNS and their meaning): a side's
 #: ``schema_version`` identity for run directories and baseline files alike.
@@ -161,6 +164,25 @@ def normalise(frame: pl.DataFrame) -> pl.DataFrame:
     return out.select(GATE_COLUMNS)
 
 
+def _numbered_runs(frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
+    """Each frame's rows numbered with their run (:data:`RUN_COLUMN`), counting on across
+    frames; a frame pooled already keeps its runs apart."""
+    out, next_run = [], 0
+    for frame in frames:
+        if RUN_COLUMN in frame.columns:
+            runs = frame[RUN_COLUMN].unique().sort()
+            mapping = {int(r): next_run + i for i, r in enumerate(runs)}
+            frame = frame.with_columns(
+                pl.col(RUN_COLUMN).replace_strict(mapping, return_dtype=pl.Int64)
+            )
+            next_run += len(runs)
+        else:
+            frame = frame.with_columns(pl.lit(next_run, dtype=pl.Int64).alias(RUN_COLUMN))
+            next_run += 1
+        out.append(frame)
+    return out
+
+
 def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
     """Repeats ``X-r1``, ``X-r2``... become one cell ``X`` (module docstring): cells whose
     run.json says which repeat they are, never by name alone."""
@@ -180,7 +202,7 @@ def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
                 f"cell {name}: its repeats {', '.join(m.name for m in members)} have "
                 "different schedules; repeats must replay one schedule"
             )
-        frames = [m.frame for m in members if m.frame is not None]
+        frames = _numbered_runs([m.frame for m in members if m.frame is not None])
         lags = [m.send_lag_p99_s for m in members if m.send_lag_p99_s is not None]
         out[name] = CellData(
             name=name,

@@ -58,8 +58,8 @@ def time_blocks(
 
 
 def paired_block_bootstrap(
-    a: tuple[np.ndarray, np.ndarray],
-    b: tuple[np.ndarray, np.ndarray],
+    a: tuple,
+    b: tuple,
     statistic,
     num_blocks: int = MIN_BLOCKS,
     resamples: int = BOOTSTRAP_RESAMPLES,
@@ -73,7 +73,9 @@ def paired_block_bootstrap(
     passes a relative change).
 
     ``a`` and ``b`` are (values, block ids): the same arrival-time windows in both
-    runs. Each resample draws ``num_blocks`` windows with replacement — the same
+    runs; or (values, block ids, run ids) when a side pools several runs of one schedule
+    (:func:`_two_stage`: the runs are resampled too). Each resample draws ``num_blocks``
+    windows with replacement — the same
     windows for A and B (the policies saw the same arrivals) — and keeps every request
     of those windows, so the correlation of requests queued together stays inside a
     block. Groups above ``max_rows`` are first subsampled (seeded) to ``max_rows``:
@@ -92,6 +94,9 @@ def paired_block_bootstrap(
         bounds = np.searchsorted(blocks, np.arange(num_blocks + 1))
         return values, bounds
 
+    if len(a) == 3 or len(b) == 3:
+        return _two_stage(a, b, statistic, num_blocks, resamples, rng, max_rows, confidence,
+                          contrast)  # fmt: skip
     va, ba = prepare(*a)
     vb, bb = prepare(*b)
     if len(va) == 0 or len(vb) == 0:
@@ -109,8 +114,69 @@ def paired_block_bootstrap(
         value = sa - sb if contrast is None else contrast(sa, sb)
         if value is not None:
             diffs.append(value)
+    return _percentile_interval(diffs, resamples, confidence)
+
+
+def _percentile_interval(diffs: list, resamples: int, confidence: float):
     if len(diffs) < resamples // 2:
         return None
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(np.asarray(diffs), [tail, 100 - tail])
     return float(low), float(high)
+
+
+def _two_stage(a, b, statistic, num_blocks, resamples, rng, max_rows, confidence, contrast):
+    """:func:`paired_block_bootstrap` over several runs per side: (values, block ids,
+    run ids). Each resample first draws each side's runs with replacement (as many as it
+    has), then the arrival-time windows (the same for both sides), and keeps every request
+    of the chosen windows in the chosen runs. So the interval holds the drift between runs
+    of one commit (a slower minute of a shared machine moves a whole run) besides the
+    noise inside a run; drawing both stages is conservative (it counts the within-run
+    noise twice over), never narrower than it should be. With one run on each side it is
+    the one-stage bootstrap of the same requests."""
+
+    def prepare(values, blocks, runs=None):
+        values = np.asarray(values, dtype=float)
+        blocks = np.asarray(blocks, dtype=np.int64)
+        runs = np.zeros(len(blocks), np.int64) if runs is None else np.asarray(runs)
+        _, runs = np.unique(runs, return_inverse=True)
+        if len(values) > max_rows:
+            pick = rng.choice(len(values), max_rows, replace=False)
+            values, blocks, runs = values[pick], blocks[pick], runs[pick]
+        num_runs = int(runs.max()) + 1 if len(runs) else 0
+        cell = runs * num_blocks + blocks
+        order = np.argsort(cell, kind="stable")
+        bounds = np.searchsorted(cell[order], np.arange(num_runs * num_blocks + 1))
+        return values[order], num_runs, bounds
+
+    def rows(bounds, chosen_runs, chosen_blocks):
+        cells = (chosen_runs[:, None] * num_blocks + chosen_blocks[None, :]).reshape(-1)
+        starts, ends = bounds[cells], bounds[cells + 1]
+        lengths = ends - starts
+        total = int(lengths.sum())
+        if total == 0:
+            return np.empty(0, np.int64)
+        # Every index of every chosen (run, window), in one vectorised step.
+        offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        return offsets + np.arange(total)
+
+    va, runs_a, bounds_a = prepare(*a)
+    vb, runs_b, bounds_b = prepare(*b)
+    if len(va) == 0 or len(vb) == 0:
+        return None
+    diffs = []
+    for _ in range(resamples):
+        chosen_a = rng.integers(0, runs_a, runs_a)
+        chosen_b = rng.integers(0, runs_b, runs_b)
+        chosen = rng.integers(0, num_blocks, num_blocks)
+        ia = rows(bounds_a, chosen_a, chosen)
+        ib = rows(bounds_b, chosen_b, chosen)
+        if ia.size == 0 or ib.size == 0:
+            continue
+        sa, sb = statistic(va[ia]), statistic(vb[ib])
+        if sa is None or sb is None:
+            continue
+        value = sa - sb if contrast is None else contrast(sa, sb)
+        if value is not None:
+            diffs.append(value)
+    return _percentile_interval(diffs, resamples, confidence)
