@@ -104,6 +104,8 @@ class StepsOrigin:
     #: serve's --torch-threads (None: serve's default); meaningful only with a record
     torch_threads: int | None = None
     model: str | None = None
+    #: the planted faults its run recorded (SCHEDSCOPE_FAULT); None: none
+    faults: dict | None = None
 
 
 def steps_file(path: Path) -> Path:
@@ -132,12 +134,14 @@ def steps_origin(path: Path) -> StepsOrigin:
         threads = int(command[at]) if at < len(command) and str(command[at]).isdigit() else None
     knobs = data.get("knobs")
     model = data.get("model") or (knobs.get("model") if isinstance(knobs, dict) else None)
+    faults = data.get("faults")
     return StepsOrigin(
         file,
         record,
         executor if isinstance(executor, str) else None,
         (threads or None) if isinstance(threads, int) else None,
         model if isinstance(model, str) else None,
+        faults if isinstance(faults, dict) and faults else None,
     )
 
 
@@ -177,6 +181,13 @@ def resolve_steps_origin(
                 "--from-steps",
             )
     for o in origins:
+        if o.faults:  # the steps are slower (or ordered) on purpose: not this machine's
+            raise CalibrateInputError(
+                f"{o.steps}: its run ran with planted faults ({o.record} faults "
+                f"{o.faults}, SCHEDSCOPE_FAULT, tests only): its steps are not this "
+                "machine's, so they are not fitted",
+                "--from-steps",
+            )
         where = f"{o.steps} ({o.record})" if o.record else str(o.steps)
         if o.executor is None and executor is None:
             why = (

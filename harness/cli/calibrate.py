@@ -4,6 +4,8 @@ the fit."""
 
 from __future__ import annotations
 
+import os
+
 from functools import partial
 from pathlib import Path
 
@@ -136,6 +138,7 @@ def calibrate(
         )
         return
     try:
+        refuse_planted_faults()
         chosen = resolve_method(
             method,
             from_steps=bool(from_steps),
@@ -219,6 +222,23 @@ def _fit_fingerprint(
         device="cuda" if fitted.device.startswith("cuda") else "cpu",
         torch_threads=threads if isinstance(threads, int) else None,
     )
+
+
+def refuse_planted_faults() -> None:
+    """A calibration with ``SCHEDSCOPE_FAULT`` set would time (or serve) an engine slowed
+    on purpose and store that fit for this machine, where `simulate` then finds it."""
+    from engine.faults import ENV_VAR, FaultError, Faults
+
+    try:
+        faults = Faults.from_env()
+    except FaultError:
+        faults = None  # malformed: planted faults all the same
+    if faults is None or faults.active:
+        raise CalibrateInputError(
+            f"{ENV_VAR} is set ({os.environ.get(ENV_VAR)!r}): a calibration with planted "
+            "faults (tests only) would store a wrong model for this machine; unset it",
+            ENV_VAR,
+        )
 
 
 def show_store(machine: Fingerprint) -> None:
