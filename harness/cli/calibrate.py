@@ -5,7 +5,6 @@ the fit."""
 from __future__ import annotations
 
 import os
-
 from functools import partial
 from pathlib import Path
 
