@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.cost_model import CostModel, CostModelError
+from engine.factory import EXECUTORS
 from harness.calibrate import CalibrateInputError
 from harness.knobs import config_knobs, knob_defaults, knob_flags
 from harness.profiles import (
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
 
     from harness.machine import Fingerprint
 
-EXECUTORS = ("torch", "sim")
 #: The shape families of the calibration schedule (its phases run long_context first).
 SHAPE_FAMILIES = ("decode_heavy", "prefill_burst", "mixed", "long_context")
 #: The calibration server's KV pool, in tokens: twice what the full schedule holds at
