@@ -135,6 +135,7 @@ def panel_description(panel: Panel) -> str:
         return f"{panel.description} {EXEMPLARS_NOTE}"
     return panel.description
 
+
 SCHEDULER_ROWS: tuple[Row, ...] = (
     Row(
         "Queues",
