@@ -58,9 +58,7 @@ class OtlpGrpcReceiver:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-            _TraceService(self.lines), server
-        )
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.lines), server)
         try:
             port = server.add_insecure_port(f"{self.host}:{self.port}")
         except RuntimeError as exc:  # grpcio raises it for a port it cannot bind
