@@ -120,6 +120,21 @@ def _quantile_targets(v1: str, v0: str | None = None, by: str = "model_name") ->
 
 
 _BOTH = "Engines: schedscope, vLLM V0 and vLLM V1 (a name both generations share)."
+#: Appended to the description of every panel with an exemplar target: vLLM's histograms
+#: carry no exemplars, so only schedscope's dots link to traces.
+EXEMPLARS_NOTE = (
+    "Trace links (exemplar dots) are schedscope-only: vLLM exposes no exemplars, so a real "
+    "vLLM fills this panel's series but not its exemplar dots."
+)
+
+
+def panel_description(panel: Panel) -> str:
+    """The panel's description as the dashboard shows it: with :data:`EXEMPLARS_NOTE`
+    when any of its targets asks for exemplars."""
+    if any(target.exemplar for target in panel.targets):
+        return f"{panel.description} {EXEMPLARS_NOTE}"
+    return panel.description
+
 
 SCHEDULER_ROWS: tuple[Row, ...] = (
     Row(
@@ -602,7 +617,7 @@ def _panel_builder(panel: Panel, panel_id: int):
         )
     builder = (
         builder.title(panel.title)
-        .description(panel.description)
+        .description(panel_description(panel))
         .datasource(_DATASOURCE)
         .unit(panel.unit)
     )

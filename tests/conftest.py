@@ -41,6 +41,7 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     "harness/loadgen/test_loadgen_profiles.py": ("slow",),
     "harness/run/test_run.py": ("slow",),
     "harness/run/test_run_target_vocabulary.py": ("slow",),
+    "harness/run/test_run_target_external.py": ("slow",),
     "harness/test_served_calibration_sim.py": ("slow",),
     "harness/test_served_calibration_knobs.py": ("slow",),
     "test_architecture.py": ("slow",),

@@ -84,7 +84,17 @@ def run(
         "--target-otlp-port",
         help="With --target: receive the target's spans over OTLP/HTTP at "
         "http://127.0.0.1:PORT/v1/traces (start the target exporting there, e.g. vLLM's "
-        "--otlp-traces-endpoint); they become spans.parquet.",
+        "--otlp-traces-endpoint with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); they "
+        "become spans.parquet.",
+    ),
+    target_otlp_grpc_port: int | None = typer.Option(
+        None,
+        "--target-otlp-grpc-port",
+        help="With --target: receive the target's spans over OTLP/gRPC (plaintext) at "
+        "127.0.0.1:PORT (vLLM's default exporter protocol: start it with "
+        "--otlp-traces-endpoint http://127.0.0.1:PORT and "
+        "OTEL_EXPORTER_OTLP_TRACES_INSECURE=true); they become spans.parquet. May be given "
+        "with --target-otlp-port (another port).",
     ),
     api_key: str | None = typer.Option(
         None, "--api-key", envvar="SCHEDSCOPE_API_KEY", help="Bearer token for --target."
@@ -188,6 +198,18 @@ def run(
         )
     if target_model is not None and not target:
         raise typer.BadParameter("only with --target", param_hint="--target-model")
+    for port, flag in (
+        (target_otlp_port, "--target-otlp-port"),
+        (target_otlp_grpc_port, "--target-otlp-grpc-port"),
+    ):
+        if port is not None and not target:
+            raise typer.BadParameter("only with --target", param_hint=flag)
+        if port is not None and not 0 < port < 65536:
+            raise typer.BadParameter(f"{port}: not a TCP port (1..65535)", param_hint=flag)
+    if target_otlp_port is not None and target_otlp_port == target_otlp_grpc_port:
+        raise typer.BadParameter(
+            "OTLP/HTTP and OTLP/gRPC need ports of their own", param_hint="--target-otlp-grpc-port"
+        )
     if max_error_rate is None:
         from harness.report.errors import HIGH_ERROR_RATE
 
@@ -234,6 +256,7 @@ def run(
         "target": target.rstrip("/") if target else None,
         "target_trace_file": target_trace_file,
         "target_otlp_port": target_otlp_port,
+        "target_otlp_grpc_port": target_otlp_grpc_port,
         "api_key": api_key,
         "prometheus": prometheus,
         "grace_s": grace,

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from harness.report.tables import STALL_CAUSES
+from harness.report.stall_causes import CAUSE_LABELS, STALL_CAUSES
 
 CDF_POINTS = 201
 MAX_BINS = 300
@@ -30,6 +30,7 @@ CAUSE_COLORS = {
     "prefill_interference": "#1f77b4",
     "token_budget": "#2ca02c",
     "other": "#7f7f7f",
+    "external_unknown": "#bcbd22",
 }
 INTERVAL_COLORS = {
     "queued": "#bbbbbb",
@@ -303,13 +304,13 @@ def stalls_timeline(
                 go.Bar(
                     x=at - origin,
                     y=part["duration_s"].to_numpy(),
-                    name=cause,
+                    name=CAUSE_LABELS[cause],
                     legendgroup=cause,
                     showlegend=row == 1,
                     marker_color=CAUSE_COLORS[cause],
                     customdata=absolute_times(at),
-                    hovertemplate=f"{key}: {cause} %{{y:.3f}} s<br>%{{x:.3f}} s since the "
-                    "schedule started<br>%{customdata}<extra></extra>",
+                    hovertemplate=f"{key}: {CAUSE_LABELS[cause]} %{{y:.3f}} s<br>%{{x:.3f}} s "
+                    "since the schedule started<br>%{customdata}<extra></extra>",
                 ),
                 row=row,
                 col=1,

@@ -45,6 +45,10 @@ class PolicyData:
     #: The prompts the load generator sent (the cell's run.json ``prompts``:
     #: harness/loadgen/prompt_choice.py); None when not recorded.
     prompts: dict | None = None
+    #: Where requests.parquet's ``stalls`` came from (the cell's run.json
+    #: ``stall_source``: harness/report/stall_causes.py); None: not recorded (the
+    #: engine's or the simulator's records).
+    stall_source: str | None = None
 
     @property
     def key(self) -> str:
@@ -120,13 +124,15 @@ def _scan(path: Path) -> pl.LazyFrame | None:
 
 
 def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
+    cell_run = _read_json(path / "run.json") or {}
     data = PolicyData(
         run=run,
         policy=policy,
         path=path,
         requests=pl.scan_parquet(path / "requests.parquet"),
         info=info,
-        prompts=(_read_json(path / "run.json") or {}).get("prompts"),
+        prompts=cell_run.get("prompts"),
+        stall_source=cell_run.get("stall_source"),
     )
     for name in OPTIONAL_FILES:
         frame = _scan(path / f"{name}.parquet")

@@ -12,8 +12,9 @@ import polars as pl
 from harness.loadgen.prompt_choice import PromptChoice
 from harness.report import errors
 from harness.report.build import Report
+from harness.report.stall_causes import CAUSE_LABELS, EXTERNAL_UNKNOWN, STALL_CAUSES
+from harness.report.stalls import is_external
 from harness.report.summary import flat_rows, summary_json
-from harness.report.tables import STALL_CAUSES
 
 CLASS_HEADERS = [
     "run",
@@ -98,7 +99,21 @@ def class_rows(report: Report) -> list[list[str]]:
     return rows
 
 
-STALL_HEADERS = ["run", "policy", *[f"{c} (n / s)" for c in STALL_CAUSES], "total s", "threshold"]
+STALL_HEADERS = [
+    "run",
+    "policy",
+    *[f"{CAUSE_LABELS[c]} (n / s)" for c in STALL_CAUSES],
+    "total s",
+    "threshold",
+]
+
+
+def _cause_cell(by: dict, cause: str, external: bool) -> str:
+    """``n / s`` of a cause, or "–" where it cannot be known or cannot apply: an
+    external engine's own causes, and the external cause of a cell whose engine is seen."""
+    if external != (cause == EXTERNAL_UNKNOWN):
+        return "–"
+    return f"{by[cause]['count']} / {by[cause]['time_s']:.2f}"
 
 
 def stall_rows(report: Report) -> list[list[str]]:
@@ -106,11 +121,12 @@ def stall_rows(report: Report) -> list[list[str]]:
     for rr in report.runs:
         for name, p in rr.policies.items():
             by = p.groups["overall"]["stalls_by_cause"]
+            external = is_external(p.data)
             rows.append(
                 [
                     rr.run.label,
                     name,
-                    *[f"{by[c]['count']} / {by[c]['time_s']:.2f}" for c in STALL_CAUSES],
+                    *[_cause_cell(by, c, external) for c in STALL_CAUSES],
                     _num(p.groups["overall"]["stall_time_s"]),
                     _ms(p.threshold_s),
                 ]
@@ -293,6 +309,8 @@ def _notes(report: Report) -> list[str]:
         )
         for name, p in rr.policies.items():
             src = ", ".join(f"{k} from {v}" for k, v in p.stall_sources.items())
+            if is_external(p.data):
+                src += "; an external engine: their causes cannot be known"
             notes.append(
                 f"{rr.run.label}/{name}: stall threshold {_ms(p.threshold_s)}"
                 + (f" ({p.threshold_note})" if p.threshold_note else "")

@@ -21,6 +21,10 @@ precedence (rank 0 wins):
 
 Spans come first; decisions and steps fill in where spans are missing. Where neither
 exists the cause is ``other`` and the report lists the missing files.
+
+An external target's stalls (``stall_source``: the client's token times,
+harness/run/client_stalls.py) are all ``external_unknown``: nothing of its engine is
+seen, so no evidence is looked for (its spans, if it sent any, are not schedscope's).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import polars as pl
 # the report's ``stalls.stall_threshold``.
 from harness.records import stall_threshold  # noqa: F401
 from harness.report.inputs import PolicyData
-from harness.report.tables import STALL_CAUSES
+from harness.report.stall_causes import CLIENT_TOKEN_TIMES, EXTERNAL_UNKNOWN, STALL_CAUSES
 
 RANK = {c: i for i, c in enumerate(STALL_CAUSES)}
 #: Matching a gap's end to the step whose execute_end it is (engine-clock seconds).
@@ -83,6 +87,11 @@ def gaps(data: PolicyData, classes: pl.DataFrame, threshold_s: float) -> pl.Lazy
     return lazy.join(classes.lazy(), on="request_id", how="left", maintain_order="left").select(
         "request_id", "class", "start_s", "duration_s", "end_s"
     )
+
+
+def is_external(data: PolicyData) -> bool:
+    """Whether the cell's stalls are an external engine's, seen by its client only."""
+    return data.stall_source == CLIENT_TOKEN_TIMES
 
 
 def _col(names: list[str], name: str, dtype=pl.String) -> pl.Expr:
@@ -216,6 +225,9 @@ def attribute(
 ) -> tuple[pl.DataFrame, dict]:
     """Every gap above ``threshold_s`` with its cause, and the evidence sources used."""
     stalls = gaps(data, classes, threshold_s).with_row_index("gap").collect()
+    if is_external(data):
+        out = stalls.with_columns(cause=pl.lit(EXTERNAL_UNKNOWN)).select(list(STALLS_SCHEMA))
+        return out, {"stalls": CLIENT_TOKEN_TIMES}
     sources = {}
     ranks = [stalls.select("gap", pl.lit(RANK["other"], dtype=pl.Int64).alias("rank"))]
     if stalls.height:

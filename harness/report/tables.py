@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from engine.records.stall_causes import STALL_CAUSES
 from harness.records import REQUEST_SCHEMA
+from harness.report.stall_causes import STALL_CAUSES
 from harness.report.stats import (
     PERCENTILES,
     clean,

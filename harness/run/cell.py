@@ -31,6 +31,8 @@ from engine.core.token_timing import STALL_FLOOR_S
 from harness.knobs import knob_flags
 from harness.profiles import Profile, build_plan
 from harness.report.errors import describe, error_summary, headline
+from harness.report.stall_causes import CLIENT_TOKEN_TIMES, ENGINE_RECORDS
+from harness.run.client_stalls import with_client_stalls
 from harness.run.join import join_requests, shift_steps, write_spans
 from harness.run.live import RecordsTail, figures_line
 from harness.run.loadgen import LOCUST_OK_CODES, LocustRun, profile_file
@@ -40,7 +42,7 @@ from harness.run.server import ServedEngine, ServerStartError
 
 if TYPE_CHECKING:
     from harness.prometheus import PrometheusServer
-    from harness.run.otlp_receiver import OtlpReceiver
+    from harness.run.otlp_receiver import SpanLines
     from harness.run.simulator_check import CheckModel
 
 #: Served records keep the gaps above the engine's stall floor: a served run has no
@@ -105,6 +107,8 @@ class CellSettings:
     target_trace_file: Path | None = None
     #: With --target: receive the target's spans over OTLP/HTTP on this port.
     target_otlp_port: int | None = None
+    #: With --target: receive the target's spans over OTLP/gRPC on this port.
+    target_otlp_grpc_port: int | None = None
     api_key: str | None = None
     prometheus: bool = False
     grace_s: float = 30.0
@@ -309,7 +313,7 @@ def _run_load(run: _LoadCell, url: str) -> float:
             load_end = _run_locust(load_scope, run, url, metrics)
             if receiver is not None:
                 time.sleep(OTLP_FLUSH_WAIT_S)  # the target's batch exporter sends what it holds
-        # The receiver stopped with load_scope: every span it got is in its file.
+        # The receivers stopped with load_scope: every span they got is in the file.
         if receiver is not None:
             run.info["otlp_spans_received"] = receiver.num_spans
         # Exported while a real Prometheus still runs; it stops with metrics_scope.
@@ -362,23 +366,49 @@ def _start_prometheus(stack: ExitStack, run: _LoadCell, url: str) -> PrometheusS
     return prom
 
 
-def _start_otlp_receiver(stack: ExitStack, run: _LoadCell) -> OtlpReceiver | None:
-    """For a --target cell with --target-otlp-port: receive the target's spans into
-    raw/target_spans.jsonl until ``stack`` closes. None for any other cell, or (with the
-    cell's warning) when the port cannot be served."""
-    port = run.settings.target_otlp_port
-    if run.result.mode != "target" or port is None:
+def _start_otlp_receiver(stack: ExitStack, run: _LoadCell) -> SpanLines | None:
+    """For a --target cell with --target-otlp-port and/or --target-otlp-grpc-port:
+    receive the target's spans (OTLP/HTTP, OTLP/gRPC or both, into one trace file,
+    raw/target_spans.jsonl) until ``stack`` closes. Returns the trace file's writer
+    (its span count), or None for any other cell or (each with the cell's warning) when
+    no port can be served."""
+    settings = run.settings
+    http_port, grpc_port = settings.target_otlp_port, settings.target_otlp_grpc_port
+    if run.result.mode != "target" or (http_port is None and grpc_port is None):
         return None
-    from harness.run.otlp_receiver import OtlpReceiver
+    from harness.run.otlp_receiver import OtlpReceiver, SpanLines
 
-    try:
-        receiver = stack.enter_context(OtlpReceiver(run.raw / "target_spans.jsonl", port))
-    except OSError as exc:
-        run.result.warnings.append(f"--target-otlp-port: {exc}; no spans")
-        return None
-    run.info["otlp_receiver"] = receiver.url
-    run.show(f"{run.cell.name}: receiving the target's spans at {receiver.url}")
-    return receiver
+    lines = stack.enter_context(SpanLines(_target_trace(run.raw)))
+    receiving = False
+    if http_port is not None:
+        try:
+            receiver = stack.enter_context(OtlpReceiver(lines, http_port))
+        except OSError as exc:
+            run.result.warnings.append(f"--target-otlp-port: {exc}; no spans over OTLP/HTTP")
+        else:
+            receiving = True
+            run.info["otlp_receiver"] = receiver.url
+            run.show(f"{run.cell.name}: receiving the target's spans at {receiver.url}")
+    if grpc_port is not None:
+        from harness.run.otlp_grpc_receiver import OtlpGrpcReceiver
+
+        try:
+            grpc_receiver = stack.enter_context(OtlpGrpcReceiver(lines, grpc_port))
+        except OSError as exc:
+            run.result.warnings.append(f"--target-otlp-grpc-port: {exc}; no spans over OTLP/gRPC")
+        else:
+            receiving = True
+            run.info["otlp_grpc_receiver"] = grpc_receiver.url
+            run.show(
+                f"{run.cell.name}: receiving the target's spans over OTLP/gRPC at "
+                f"{grpc_receiver.url}"
+            )
+    return lines if receiving else None
+
+
+def _target_trace(raw: Path) -> Path:
+    """The trace file a --target cell's OTLP receivers write."""
+    return raw / "target_spans.jsonl"
 
 
 def _run_locust(stack: ExitStack, run: _LoadCell, url: str, metrics: _Metrics) -> float:
@@ -511,7 +541,8 @@ def _collect(
             m for m in result.missing if m not in ("steps.parquet", "decisions.parquet")
         ]
         result.missing.append(
-            "engine records (steps, queue_s, preemptions, stalls): an external target has none"
+            "engine records (steps, queue_s, preemptions, stall causes): an external "
+            "target has none"
         )
 
 
@@ -569,11 +600,18 @@ def _write_requests(
     info: dict,
     max_error_rate: float | None,
 ) -> None:
-    """requests.parquet: every client row, the engine's columns joined on one clock;
+    """requests.parquet: every client row, the engine's columns joined on one clock
+    (a --target cell: its stalls from the client's token times, ``stall_source``);
     the status counts, why requests failed (an error rate over ``max_error_rate``
     degrades the cell), and warnings for requests not ok or rows not scheduled."""
     cell = result.cell
     frame = join_requests(client, engine, epoch, cell.policy, cell.name)
+    if result.mode == "target":
+        # No engine records: the stalls the client saw, cut by the served rule.
+        frame = with_client_stalls(frame, SERVED_STALL_THRESHOLD_S)
+        info["stall_source"] = CLIENT_TOKEN_TIMES
+    elif engine is not None:
+        info["stall_source"] = ENGINE_RECORDS
     frame.write_parquet(result.path / "requests.parquet")
     result.counts = dict(sorted(frame.group_by("status").len().iter_rows())) if frame.height else {}
     _note_errors(result, frame, max_error_rate)
@@ -623,11 +661,12 @@ def _write_engine_records(result: CellResult, raw: Path, epoch: float | None) ->
 
 def _write_spans(result: CellResult, settings: CellSettings, raw: Path, info: dict) -> None:
     """spans.parquet from the cell's trace file: the server's (served), the OTLP
-    receiver's or --target-trace-file's (--target). A trace file that cannot be read
+    receivers' or --target-trace-file's (--target). A trace file that cannot be read
     degrades the cell; a missing one is a warning."""
     trace = raw / "spans.jsonl" if result.mode == "serve" else settings.target_trace_file
-    if result.mode == "target" and settings.target_otlp_port is not None:
-        trace = raw / "target_spans.jsonl"
+    receives = settings.target_otlp_port is not None or settings.target_otlp_grpc_port is not None
+    if result.mode == "target" and receives:
+        trace = _target_trace(raw)
     if trace is not None and Path(trace).is_file():
         try:
             info["spans"] = write_spans(Path(trace), result.path / "spans.parquet")

@@ -7,6 +7,10 @@ Protobuf bodies (``application/x-protobuf``, gzip or not) and JSON bodies
 (``application/json``) are both accepted, as the OTLP/HTTP specification asks. In
 protobuf's own JSON mapping ids are base64; OTLP/JSON writes them as hex, so they are
 rewritten here.
+
+:class:`SpanLines` is the one writer of that file: the OTLP/gRPC receiver
+(harness/run/otlp_grpc_receiver.py) writes its requests through it too, and a cell that
+receives both ways shares one.
 """
 
 from __future__ import annotations
@@ -36,30 +40,75 @@ def _hex_ids(node) -> None:
             _hex_ids(item)
 
 
-def export_request_json(body: bytes, content_type: str) -> dict:
-    """An OTLP/HTTP traces request body as the OTLP/JSON object of one line."""
-    if content_type == "application/json":
-        return json.loads(body)
+def message_json(message) -> dict:
+    """A protobuf ``ExportTraceServiceRequest`` as the OTLP/JSON object of one line."""
     from google.protobuf.json_format import MessageToDict
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
 
-    message = ExportTraceServiceRequest.FromString(body)
     out = MessageToDict(message, use_integers_for_enums=True)
     _hex_ids(out)
     return out
 
 
-class OtlpReceiver:
-    """``with OtlpReceiver(trace_file, port) as receiver: ...`` serves
-    ``POST /v1/traces`` on 127.0.0.1 (``port`` 0: any free one; ``receiver.url``)."""
+def export_request_json(body: bytes, content_type: str) -> dict:
+    """An OTLP/HTTP traces request body as the OTLP/JSON object of one line."""
+    if content_type == "application/json":
+        return json.loads(body)
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
 
-    def __init__(self, trace_file: Path, port: int = 0, host: str = "127.0.0.1") -> None:
-        self.trace_file = Path(trace_file)
-        self.host, self.port = host, port
+    return message_json(ExportTraceServiceRequest.FromString(body))
+
+
+class SpanLines:
+    """A cell's trace file of received spans: one OTLP-JSON line per export request,
+    appended and flushed as it comes (``with SpanLines(path) as lines``). Thread-safe:
+    the HTTP receiver's loop and the gRPC server's threads may write at once. Counts
+    the requests and spans written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
         self.num_requests = 0
         self.num_spans = 0
+        self._lock = threading.Lock()
+        self._file = None
+
+    def __enter__(self) -> SpanLines:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def write(self, line: dict) -> None:
+        """Append one export request (its OTLP/JSON object)."""
+        spans = sum(
+            len(ss.get("spans", ()))
+            for rs in line.get("resourceSpans", ())
+            for ss in rs.get("scopeSpans", ())
+        )
+        text = json.dumps(line, separators=(",", ":")) + "\n"
+        with self._lock:
+            if self._file is None:
+                raise OSError(f"{self.path}: closed, the request is not kept")
+            self._file.write(text)
+            self._file.flush()
+            self.num_requests += 1
+            self.num_spans += spans
+
+
+class OtlpReceiver:
+    """``with OtlpReceiver(lines, port) as receiver: ...`` serves ``POST /v1/traces`` on
+    127.0.0.1 (``port`` 0: any free one; ``receiver.url``), each request a line of
+    ``lines`` (an open :class:`SpanLines`)."""
+
+    def __init__(self, lines: SpanLines, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.lines = lines
+        self.host, self.port = host, port
         self.url = ""
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -72,14 +121,7 @@ class OtlpReceiver:
             line = export_request_json(body, request.content_type)
         except Exception as exc:  # noqa: BLE001 - a bad body is the sender's 400
             return web.json_response({"error": f"not an OTLP traces request: {exc}"}, status=400)
-        self.num_requests += 1
-        self.num_spans += sum(
-            len(ss.get("spans", ()))
-            for rs in line.get("resourceSpans", ())
-            for ss in rs.get("scopeSpans", ())
-        )
-        self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
-        self._file.flush()
+        self.lines.write(line)
         if request.content_type == "application/json":
             return web.json_response({})
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -110,13 +152,10 @@ class OtlpReceiver:
         self.loop.run_forever()
 
     def __enter__(self) -> OtlpReceiver:
-        self.trace_file.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.trace_file.open("a", encoding="utf-8")
         self._thread = threading.Thread(target=self._run, name="schedscope-otlp", daemon=True)
         self._thread.start()
         self._ready.wait(10)
         if self._error is not None:
-            self._file.close()
             raise OSError(f"cannot receive OTLP on {self.host}:{self.port}: {self._error}")
         return self
 
@@ -125,4 +164,3 @@ class OtlpReceiver:
             asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
-        self._file.close()

@@ -18,6 +18,13 @@ that long since its last response is not answered: the connection is closed befo
 byte, as uvicorn closing an idle connection while the request crosses the close
 (vLLM's uvicorn closes them after 5 s). Counters: ``completions`` (requests answered,
 refused ones included), ``refused``, ``dropped``.
+
+``stall_s``: a streamed completion of at least 3 tokens pauses this long after its
+second token (an inter-token gap the client sees, as a real engine's preemption).
+``otlp_grpc_endpoint`` (``http://host:port``): each completion becomes an ``llm_request``
+span (``gen_ai.request.id``: its ``X-Request-Id``, as vLLM's), exported by the official
+OTel SDK's OTLP/gRPC exporter (batched every 200 ms, plaintext), as vLLM's default
+exporter sends its spans.
 """
 
 from __future__ import annotations
@@ -39,11 +46,28 @@ class VllmStub:
         max_model_len: int = 2048,
         model: str = "stub-model",
         drop_idle_after_s: float | None = None,
+        stall_s: float | None = None,
+        otlp_grpc_endpoint: str | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.model = model
         self.drop_idle_after_s = drop_idle_after_s
+        self.stall_s = stall_s
+        self._tracer_provider = None
+        if otlp_grpc_endpoint is not None:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            self._tracer_provider = TracerProvider(
+                resource=Resource.create({"service.name": "vllm-stub"})
+            )
+            exporter = OTLPSpanExporter(endpoint=otlp_grpc_endpoint, insecure=True)
+            self._tracer_provider.add_span_processor(
+                BatchSpanProcessor(exporter, schedule_delay_millis=200)
+            )
         self.url = ""
         self.completions = 0
         self.refused = 0
@@ -114,6 +138,14 @@ class VllmStub:
                 self._protocols[key] = time.monotonic()
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
+        if self._tracer_provider is None:
+            return await self._answer(request)
+        tracer = self._tracer_provider.get_tracer("vllm-stub")
+        with tracer.start_as_current_span("llm_request") as span:
+            span.set_attribute("gen_ai.request.id", request.headers.get("X-Request-Id", ""))
+            return await self._answer(request)
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         self.completions += 1
         body = await request.json()
         prompt = body.get("prompt")
@@ -149,6 +181,8 @@ class VllmStub:
             if continuous:
                 chunk["usage"] = {**usage, "completion_tokens": i + 1}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if self.stall_s and i == 1 and n >= 3:
+                await asyncio.sleep(self.stall_s)
         if options.get("include_usage"):
             final = {"id": "cmpl-stub", "choices": [], "usage": usage}
             await response.write(f"data: {json.dumps(final)}\n\n".encode())
@@ -189,3 +223,5 @@ class VllmStub:
     def __exit__(self, *exc) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+        if self._tracer_provider is not None:
+            self._tracer_provider.shutdown()

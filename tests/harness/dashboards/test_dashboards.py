@@ -185,6 +185,22 @@ def test_every_panel_says_healthy_unhealthy_engines_and_a_knob():
         assert any(knob in text for knob in KNOBS), f"{where}: names no knob"
 
 
+def test_every_panel_with_exemplars_says_they_are_schedscope_only():
+    """vLLM exposes no exemplars: a panel whose dots link to traces must say a real vLLM
+    fills its series but not its dots (and a panel without exemplars must not)."""
+    with_exemplars = 0
+    for uid, panel in all_panels():
+        text = panel["description"]
+        where = f"{uid} / {panel['title']}"
+        if any(t.get("exemplar") for t in panel["targets"]):
+            with_exemplars += 1
+            assert "schedscope-only" in text and "exemplar" in text, where
+            assert "a real vLLM fills this panel's series but not its exemplar dots" in text, where
+        else:
+            assert "schedscope-only" not in text, where
+    assert with_exemplars >= 6  # the stall-length panel and the five latency panels
+
+
 def test_every_query_is_scoped_by_the_variables():
     for query in dashboards.panel_queries(raw=True):
         for selector in re.findall(r"(?:vllm:|schedscope_)[a-z0-9_:]+(\{[^}]*\})?", query.expr):
