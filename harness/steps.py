@@ -80,12 +80,17 @@ class StepLog:
             # idle wait belongs to the next step that runs.
             self._idle_carry += record.idle_before_s + (record.token_time - record.schedule_start)
             return
+        self.add_row(record, len(record.scheduled))
+
+    def add_row(self, record: StepRecord, num_seqs: int) -> None:
+        """The row of a non-empty step that ran ``num_seqs`` sequences (the simulator's
+        decode runs hand their steps' records here without per-sequence entries)."""
         record_idle = record.idle_before_s + self._idle_carry
         self._idle_carry = 0.0
         for name, column in self._same_named:
             column.append(getattr(record, name))
         c = self.columns
-        c["num_seqs"].append(len(record.scheduled))
+        c["num_seqs"].append(num_seqs)
         c["num_decisions"].append(len(record.decisions))
         c["idle_before_s"].append(record_idle)
 

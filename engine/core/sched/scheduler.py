@@ -375,6 +375,46 @@ class Scheduler:
         seq.status = status
         seq.finished_time = now
 
+    # -- steps with no choice in them (the simulator's decode runs) ------------------
+    def is_plain_decode_state(self) -> bool:
+        """Whether the next step is certain to be every running request decoding one
+        token, with no decision to take: nothing waiting, promoted, swapped or pending,
+        every running request a plain decode (no recompute left) and the token budget
+        room for all of them. Only blocks can still run out (the caller checks them:
+        :mod:`engine.sim.decode_runs`). Such steps are what ``schedule`` then
+        ``update`` would do with no choice made; checked in O(running)."""
+        running = self.running
+        if (
+            not running
+            or len(self.waiting)
+            or self.waiting.promoted
+            or self.swapped
+            or self._pending
+            or self._ended
+            or len(running) > self.token_budget
+        ):
+            return False
+        for seq in running:
+            computed = seq.num_computed_tokens
+            if (
+                seq.num_tokens - computed != 1
+                or computed < seq.num_prompt_tokens
+                or seq.num_scheduled_tokens
+                or seq.num_pending_recompute_tokens
+            ):
+                return False
+        return True
+
+    def count_plain_step(self) -> int:
+        """Number one more step (a plain decode step taken without ``schedule``)."""
+        self._step += 1
+        return self._step
+
+    def finish_running(self, seq: Sequence, status: SequenceStatus, now: float) -> None:
+        """End a running request as ``update`` does (out of the running set, blocks
+        freed)."""
+        self._finish(seq, status, now)
+
     # -- checking --------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Raise AssertionError if queues, counts or blocks are inconsistent."""
