@@ -9,6 +9,8 @@ runs reads the same columns.
 
 from __future__ import annotations
 
+import operator
+
 import polars as pl
 
 from engine.records.step_record import StepRecord
@@ -58,9 +60,10 @@ class StepLog:
     def _new_columns(self) -> None:
         self.columns: dict[str, list] = {name: [] for name in STEP_SCHEMA}
         # Columns that are a StepRecord attribute of the same name.
-        self._same_named = [
-            (name, self.columns[name]) for name in STEP_SCHEMA if name not in _DERIVED
-        ]
+        names = [name for name in STEP_SCHEMA if name not in _DERIVED]
+        self._same_named = [self.columns[name] for name in names]
+        # One C call reads them all off a record (a getattr per column cost ~3 us a step).
+        self._read_same_named = operator.attrgetter(*names)
 
     def take_frame(self) -> pl.DataFrame:
         """The steps recorded since the last call, forgotten here (a served run's
@@ -87,8 +90,8 @@ class StepLog:
         decode runs hand their steps' records here without per-sequence entries)."""
         record_idle = record.idle_before_s + self._idle_carry
         self._idle_carry = 0.0
-        for name, column in self._same_named:
-            column.append(getattr(record, name))
+        for column, value in zip(self._same_named, self._read_same_named(record), strict=True):
+            column.append(value)
         c = self.columns
         c["num_seqs"].append(num_seqs)
         c["num_decisions"].append(len(record.decisions))

@@ -171,7 +171,7 @@ def run_decodes(
                 grows.setdefault(j + block_size, []).append(m)
         step = j
         number = scheduler.count_plain_step()
-        duration = cost.predict(0, num, context, 0, 0, 0, 0)
+        duration = cost.predict_decode_step(num, context)
         clock.advance(duration)
         ended = clock.now()
         times.add_step(ended)

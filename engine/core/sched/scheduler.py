@@ -355,15 +355,16 @@ class Scheduler:
                 continue
             seq.promoted = False  # a max-wait admission made progress: no longer protected
             seq.output_token_ids.append(token)
-            seq.num_tokens += 1
+            num_tokens = seq.num_tokens = seq.num_tokens + 1
             params = seq.params
-            num_output = seq.num_tokens - seq.num_prompt_tokens
-            if num_output >= params.min_tokens and (
+            num_output = num_tokens - seq.num_prompt_tokens
+            # The token tests first (cheap, and false for most tokens), then the count.
+            if (
                 (token == eos and not params.ignore_eos) or token in params.stop_token_ids
-            ):
+            ) and num_output >= params.min_tokens:
                 self._finish(seq, SequenceStatus.FINISHED_STOPPED, now)
                 finished.append(seq)
-            elif num_output >= params.max_tokens or seq.num_tokens >= max_model_len:
+            elif num_output >= params.max_tokens or num_tokens >= max_model_len:
                 self._finish(seq, SequenceStatus.FINISHED_LENGTH, now)
                 finished.append(seq)
         return finished
