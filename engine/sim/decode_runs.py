@@ -25,20 +25,38 @@ hands them (``harness.simulate``: no per-sequence entries in its records).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from engine.core.clock import VirtualClock
+from engine.core.block_manager import BlockManager
+from engine.core.clock import VirtualClock, WallClock
 from engine.core.sched.preemption import policy_order
+from engine.core.sched.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.core.token_timing import RunTokenTimes
+from engine.executor import Executor
 from engine.records.step_record import StepRecord
 from engine.sim.simulated_executor import SimulatedExecutor
 
-if TYPE_CHECKING:
-    from engine.llm_engine import LLMEngine
-
 RUNNING = SequenceStatus.RUNNING
 NEVER = 1 << 62  # a step number no run reaches
+
+
+class SimulatedEngine(Protocol):
+    """What a run reads of an ``engine.llm_engine.LLMEngine`` (a layer above this
+    one): its scheduler and block pools, its clock and its executor."""
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def block_manager(self) -> BlockManager: ...
+
+    @property
+    def clock(self) -> WallClock | VirtualClock: ...
+
+    @property
+    def executor(self) -> Executor: ...
+
 
 #: Called after each step of a run with its record (``scheduled`` left empty: the
 #: record's requests are the running set of the step) and the number of requests that
@@ -46,7 +64,7 @@ NEVER = 1 << 62  # a step number no run reaches
 StepSink = Callable[[StepRecord, int], None]
 
 
-def supports_decode_runs(engine: LLMEngine) -> bool:
+def supports_decode_runs(engine: SimulatedEngine) -> bool:
     """Whether ``engine`` is one decode runs reproduce exactly: the bare simulated
     executor (no planted delays) on a virtual clock, the executor's EOS the
     scheduler's."""
@@ -100,7 +118,7 @@ class _Member:
         times.apply(seq.timing, num_steps)
 
 
-def can_start(engine: LLMEngine) -> bool:
+def can_start(engine: SimulatedEngine) -> bool:
     """Whether the next step of ``engine`` would be a plain decode step a run takes."""
     scheduler = engine.scheduler
     if not scheduler.is_plain_decode_state():
@@ -113,7 +131,7 @@ def can_start(engine: LLMEngine) -> bool:
 
 
 def run_decodes(
-    engine: LLMEngine,
+    engine: SimulatedEngine,
     next_arrival: Callable[[], float | None],
     on_step: StepSink,
     idle_before_s: float = 0.0,
@@ -126,8 +144,9 @@ def run_decodes(
     scheduler = engine.scheduler
     bm = engine.block_manager
     clock = engine.clock
-    cost = engine.executor.cost_model
     executor = engine.executor
+    assert isinstance(executor, SimulatedExecutor)  # supports_decode_runs(engine)
+    cost = executor.cost_model
     eos, filler = executor.eos_token_id, SimulatedExecutor.FILLER_TOKEN_ID
     block_size = bm.block_size
     max_model_len = scheduler.config.max_model_len

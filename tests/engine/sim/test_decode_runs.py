@@ -155,7 +155,7 @@ def _drive(engine, specs, runs: bool):
     return rows, final, run_steps
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     specs=requests,
     block_size=st.sampled_from([1, 2, 16]),
