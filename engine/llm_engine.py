@@ -255,20 +255,17 @@ class LLMEngine:
             finished=list(out.ended_between_steps),
             wake_at=out.wake_at,
         )
-        scheduled = record.scheduled
+        append = record.scheduled.append
         num_recompute = 0
         for seq, decode, token in zip(out.seqs, out.is_decode, result.sampled, strict=True):
             n = seq.num_scheduled_tokens
-            computed = seq.num_computed_tokens
             pending = seq.num_pending_recompute_tokens
             if pending:
                 kind = RECOMPUTE
                 num_recompute += min(n, pending)
-            elif decode:
-                kind = DECODE
             else:
-                kind = PREFILL
-            scheduled.append(ScheduledSeq(seq, seq.request_id, kind, n, computed, token))
+                kind = DECODE if decode else PREFILL
+            append(ScheduledSeq(seq, seq.request_id, kind, n, seq.num_computed_tokens, token))
         record.num_recompute_tokens = num_recompute
         for x in out.decisions:
             if x.kind == d.IDLE_RUNNING:

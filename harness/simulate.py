@@ -35,6 +35,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.factory import build_simulated_engine
 from engine.records.step_record import StepRecord
+from engine.sim.decode_runs import can_start, run_decodes, supports_decode_runs
 from harness.decision_log import decisions_frame
 from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
 from harness.records import RequestRecorder, add_stalls, requests_frame, stall_threshold
@@ -94,13 +95,17 @@ def simulate(
     record_decisions: bool = True,
     tracing: TracingSettings | None = None,
     truncate_trace_file: bool = True,
+    fast: bool = True,
 ) -> SimulationResult:
     """Run ``profile`` (or an explicit list of open-loop ``requests``) through a
     simulated engine and return one record per request.
 
     With ``tracing``, the run's spans (virtual time: Unix time = engine time, the
     simulator's epoch is 0) go where it says; ``truncate_trace_file=False`` appends
-    to its file (the next policy of a comparison).
+    to its file (the next policy of a comparison). ``fast``: take the steps in which
+    the scheduler has no choice as decode runs (``engine.sim.decode_runs``: the same
+    records, byte for byte, in a fraction of the time); False steps the engine one
+    step at a time (what the tests compare the runs with).
     """
     engine = build_simulated_engine(config, cost_model or CostModel())
     policy = config.scheduler.scheduling_policy
@@ -114,7 +119,12 @@ def simulate(
         engine.observers.add(lambda record: decisions.extend(record.decisions))
     traced = _install_tracing(engine, tracing, truncate_trace_file)
 
-    _Driver(engine, _Arrivals(open_specs, closed_phases)).run()
+    # Decode runs need observers that take their steps without per-sequence entries:
+    # the records, steps and decisions above; spans need every step's sequences.
+    runs = fast and traced is None and supports_decode_runs(engine)
+    _Driver(
+        engine, _Arrivals(open_specs, closed_phases), (recorder, step_log) if runs else None
+    ).run()
 
     tracing_stats = traced.shutdown() if traced is not None else None
     rows = recorder.rows
@@ -241,8 +251,18 @@ class _Driver:
     arrivals: admit what has arrived, step while there is work, else jump the virtual
     clock to the next arrival."""
 
-    def __init__(self, engine: LLMEngine, arrivals: _Arrivals) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        arrivals: _Arrivals,
+        run_observers: tuple[RequestRecorder, StepLog] | None = None,
+    ) -> None:
+        """``run_observers``: the engine's request recorder and step log, to take
+        decode runs (their steps go to these two directly; the engine's other
+        observers must need nothing of them: token times are applied by the run,
+        decisions are none); None steps one step at a time."""
         self.engine = engine
+        self.run_observers = run_observers
         self.clock = engine.clock
         self.arrivals = arrivals
         self.idle = 0.0  # virtual seconds with nothing to do since the last step
@@ -255,7 +275,10 @@ class _Driver:
             now = self.clock.now()
             self._admit_arrived(now)
             if self.engine.has_work():
-                self._step(now)
+                if self.run_observers is not None and can_start(self.engine):
+                    self._run_decodes()
+                else:
+                    self._step(now)
                 continue
             t_next = self.arrivals.next_time()
             if t_next is None:
@@ -278,6 +301,27 @@ class _Driver:
             self._wait_after_empty_step(record, now)
         elif not record.is_empty:
             self.empty_in_a_row = 0
+
+    def _run_decodes(self) -> None:
+        """Plain decode steps until an arrival is due or a choice is to be made
+        (``engine.sim.decode_runs``); their ended requests let their closed-loop users
+        send again, as after any step."""
+        assert self.run_observers is not None
+        recorder, step_log = self.run_observers
+        clock, arrivals = self.clock, self.arrivals
+
+        def on_step(record: StepRecord, num_seqs: int) -> None:
+            if record.finished:
+                recorder(record)
+            step_log.add_row(record, num_seqs)
+            for seq in record.finished:
+                arrivals.request_ended(seq, clock.now())
+
+        if run_decodes(self.engine, arrivals.next_time, on_step, self.idle):
+            self.idle = 0.0
+            self.empty_in_a_row = 0
+        else:
+            self._step(self.clock.now())
 
     def _wait_after_empty_step(self, record: StepRecord, now: float) -> None:
         """An empty step with requests unfinished (e.g. a static batch forming): move

@@ -24,6 +24,7 @@ the fingerprint of the machine (when the harness recorded one).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
@@ -184,6 +185,21 @@ class CostModel:
     def predict_features(self, features: list[float]) -> float:
         """The model itself — the one place its formula is evaluated."""
         return sum(c * x for c, x in zip(self.coefficients, features, strict=True))
+
+    def predict_decode_step(self, num_decode_seqs: int, decode_context_tokens: int) -> float:
+        """``predict(0, num_decode_seqs, decode_context_tokens)`` bit for bit (a step of
+        decodes only, the simulator's decode runs), without the feature vector: the
+        sum's zero terms add exactly nothing to its non-negative partial sums, so the
+        same additions in the same order are left."""
+        if not num_decode_seqs or not self._finite:
+            return self.predict(0, num_decode_seqs, decode_context_tokens)
+        c = self.coefficients
+        return c[0] + c[2] * float(num_decode_seqs) + c[3] * float(decode_context_tokens)
+
+    @cached_property
+    def _finite(self) -> bool:
+        """Every parameter finite (``inf * 0`` is NaN, which the shortcut would skip)."""
+        return all(math.isfinite(c) for c in self.coefficients)
 
     def predict_step(self, out) -> float:
         """Predicted seconds for a :class:`engine.core.sched.scheduler_output.SchedulerOutput`."""

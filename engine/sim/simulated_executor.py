@@ -27,16 +27,17 @@ class SimulatedExecutor:
     def execute(self, out: SchedulerOutput) -> StepResult:
         eos, filler = self.eos_token_id, self.FILLER_TOKEN_ID
         sampled: list[int | None] = []
+        append = sampled.append
         for seq in out.seqs:
-            if seq.num_computed_tokens + seq.num_scheduled_tokens < seq.num_tokens:
-                sampled.append(None)
-            elif (
-                seq.oracle_output_tokens is not None
-                and seq.num_tokens - seq.num_prompt_tokens + 1 >= seq.oracle_output_tokens
-            ):
-                sampled.append(eos)
+            tokens = seq.num_tokens
+            if seq.num_computed_tokens + seq.num_scheduled_tokens < tokens:
+                append(None)
             else:
-                sampled.append(filler)
+                oracle = seq.oracle_output_tokens
+                if oracle is not None and tokens - seq.num_prompt_tokens + 1 >= oracle:
+                    append(eos)
+                else:
+                    append(filler)
         duration = self.cost_model.predict_step(out)
         swap_block_s = self.cost_model.swap_block_s
         swap_out_s = swap_block_s * len(out.blocks_to_swap_out)

@@ -355,15 +355,16 @@ class Scheduler:
                 continue
             seq.promoted = False  # a max-wait admission made progress: no longer protected
             seq.output_token_ids.append(token)
-            seq.num_tokens += 1
+            num_tokens = seq.num_tokens = seq.num_tokens + 1
             params = seq.params
-            num_output = seq.num_tokens - seq.num_prompt_tokens
-            if num_output >= params.min_tokens and (
+            num_output = num_tokens - seq.num_prompt_tokens
+            # The token tests first (cheap, and false for most tokens), then the count.
+            if (
                 (token == eos and not params.ignore_eos) or token in params.stop_token_ids
-            ):
+            ) and num_output >= params.min_tokens:
                 self._finish(seq, SequenceStatus.FINISHED_STOPPED, now)
                 finished.append(seq)
-            elif num_output >= params.max_tokens or seq.num_tokens >= max_model_len:
+            elif num_output >= params.max_tokens or num_tokens >= max_model_len:
                 self._finish(seq, SequenceStatus.FINISHED_LENGTH, now)
                 finished.append(seq)
         return finished
@@ -374,6 +375,46 @@ class Scheduler:
         del self.requests[seq.request_id]
         seq.status = status
         seq.finished_time = now
+
+    # -- steps with no choice in them (the simulator's decode runs) ------------------
+    def is_plain_decode_state(self) -> bool:
+        """Whether the next step is certain to be every running request decoding one
+        token, with no decision to take: nothing waiting, promoted, swapped or pending,
+        every running request a plain decode (no recompute left) and the token budget
+        room for all of them. Only blocks can still run out (the caller checks them:
+        :mod:`engine.sim.decode_runs`). Such steps are what ``schedule`` then
+        ``update`` would do with no choice made; checked in O(running)."""
+        running = self.running
+        if (
+            not running
+            or len(self.waiting)
+            or self.waiting.promoted
+            or self.swapped
+            or self._pending
+            or self._ended
+            or len(running) > self.token_budget
+        ):
+            return False
+        for seq in running:
+            computed = seq.num_computed_tokens
+            if (
+                seq.num_tokens - computed != 1
+                or computed < seq.num_prompt_tokens
+                or seq.num_scheduled_tokens
+                or seq.num_pending_recompute_tokens
+            ):
+                return False
+        return True
+
+    def count_plain_step(self) -> int:
+        """Number one more step (a plain decode step taken without ``schedule``)."""
+        self._step += 1
+        return self._step
+
+    def finish_running(self, seq: Sequence, status: SequenceStatus, now: float) -> None:
+        """End a running request as ``update`` does (out of the running set, blocks
+        freed)."""
+        self._finish(seq, status, now)
 
     # -- checking --------------------------------------------------------------------
     def check_invariants(self) -> None:
