@@ -33,6 +33,9 @@ TEST_OFFSET_ENV = "SCHEDSCOPE_TEST_CLOCK_OFFSET_S"
 INSTANT_COLUMNS = ("scheduled_at", "sent_at", "first_token_at", "last_token_at")
 #: Probes per worker; the best one is kept.
 NUM_PROBES = 8
+#: A worker's clock offset known no better than this (seconds) makes the instants the
+#: run joins across machines (client rows vs engine records and spans) doubtful.
+CLOCK_TOLERANCE_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -91,3 +94,15 @@ def to_master_clock(row: dict, offset_s: float) -> dict:
         if out.get(c) is not None:
             out[c] = out[c] - offset_s
     return out
+
+
+def clock_warnings(clock: dict[str, dict], tolerance_s: float = CLOCK_TOLERANCE_S) -> list[str]:
+    """One line per worker whose offset uncertainty exceeds ``tolerance_s`` (``clock``:
+    the merged summary's, worker -> {offset_s, uncertainty_s})."""
+    return [
+        f"worker {w}: clock offset {est['offset_s'] * 1e3:+.1f} ms known only to "
+        f"±{est['uncertainty_s'] * 1e3:.1f} ms (> the join's {tolerance_s * 1e3:.0f} ms): its "
+        "instants joined with the engine's and the spans' are that uncertain"
+        for w, est in sorted(clock.items())
+        if est.get("uncertainty_s") is not None and est["uncertainty_s"] > tolerance_s
+    ]

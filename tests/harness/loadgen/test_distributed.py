@@ -9,20 +9,24 @@ run by one process; a worker killed mid-run is reported with its missing count.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import polars as pl
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.loadgen.clock import TEST_OFFSET_ENV, Probe, best, to_master_clock
+from harness.loadgen.clock import TEST_OFFSET_ENV, Probe, best, clock_warnings, to_master_clock
 from harness.loadgen.merge import merge_records
 from harness.local_server import CliServer
+from harness.run.loadgen import distribution_args, worker_line
 from tests.harness.loadgen.test_loadgen import LOCUST, PROFILE_FILE, ROOT, run_locust
 
 #: Columns that depend on the worker or on timing, not on the schedule.
@@ -58,9 +62,7 @@ def start(args: list[str], log: Path, offset: float | None = None) -> subprocess
     if offset is not None:
         env[TEST_OFFSET_ENV] = str(offset)
     cmd = [LOCUST, "-f", str(PROFILE_FILE), *args]
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT
-    )
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
 def distributed(url: str, tmp: Path, offsets: list[float], kill: int | None = None):
@@ -160,6 +162,7 @@ def test_master_gets_every_row_on_its_clock(tmp_path):
         code, out, pids = distributed(server.url, tmp_path, offsets)
     assert code == 0, out
     one = merge_records(tmp_path / "one")
+    assert one["workers"] == 1 and not one["lost_workers"] and not one["clock"]
     two = merge_records(tmp_path / "master")
     assert two["workers"] == 2 and not two["lost_workers"], two
     # The estimated offsets are the injected ones (loopback: within a few ms).
@@ -216,8 +219,9 @@ def test_a_worker_killed_mid_run_is_reported_with_its_missing_count(tmp_path):
     ), out
     # worker 0 finished its share: all its rows are there
     assert {w["worker"] for w in summary["worker_summaries"]} == {survivor}
-    assert frame.filter(pl.col("worker") == survivor).height == (
-        summary["worker_summaries"][0]["rows"]
+    assert (
+        frame.filter(pl.col("worker") == survivor).height
+        == (summary["worker_summaries"][0]["rows"])
     )
 
 
@@ -227,3 +231,91 @@ def _open_ids(worker: int, workers: int) -> list[str]:
 
     plan = build_plan(load_profile(PROFILE_FILE))
     return [s.request_id for s in share(plan, worker, workers).open_requests]
+
+
+def test_distribution_args():
+    assert distribution_args(1, None, 5557, 60) == []
+    assert distribution_args(3, None, 5557, 60) == ["--processes", "3"]
+    assert distribution_args(1, 2, 6000, 60.4, "127.0.0.1") == [
+        "--master",
+        "--master-bind-host",
+        "127.0.0.1",
+        "--master-bind-port",
+        "6000",
+        "--expect-workers",
+        "2",
+        "--expect-workers-max-wait",
+        "60",
+    ]
+    for bad in ((0, None), (1, 0), (2, 2)):
+        with pytest.raises(ValueError):
+            distribution_args(*bad, 5557, 60)
+    assert worker_line("gen-1") == "schedscope worker --master-host gen-1"
+    assert worker_line("gen-1", 6000) == "schedscope worker --master-host gen-1 --master-port 6000"
+
+
+def test_clock_warnings_name_the_uncertain_workers():
+    clock = {
+        "0": {"offset_s": 0.2, "uncertainty_s": 0.001},
+        "1": {"offset_s": -1.0, "uncertainty_s": 0.02},
+    }
+    [line] = clock_warnings(clock)
+    assert line.startswith("worker 1: clock offset -1000.0 ms known only to ±20.0 ms")
+
+
+def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
+    """`schedscope run --expect-workers 2` waits for two `schedscope worker`s (each its
+    own records directory and clock): the cell's requests.parquet has both workers' rows,
+    run.json their offsets."""
+    port = free_port()
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env.pop(TEST_OFFSET_ENV, None)
+    run = subprocess.Popen(
+        [
+            sys.executable, "-m", "harness.cli", "run", "--executor", "sim", "--policy", "fcfs",
+            "--duration-scale", "0.03", "--grace", "10", "--no-report", "--out", str(out),
+            "--expect-workers", "2", "--master-port", str(port),
+            "--master-bind-host", "127.0.0.1", "--workers-wait", "120",
+        ],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    workers = []
+    try:
+        for i, offset in enumerate((0.3, -0.2)):
+            wenv = {**env, TEST_OFFSET_ENV: str(offset)}
+            workers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "harness.cli",
+                        "worker",
+                        "--master-host",
+                        "127.0.0.1",
+                        "--master-port",
+                        str(port),
+                        "--records-dir",
+                        str(tmp_path / f"w{i}"),
+                    ],
+                    cwd=ROOT,
+                    env=wenv,
+                    stdout=open(tmp_path / f"w{i}.log", "w"),
+                    stderr=subprocess.STDOUT,
+                )  # fmt: skip
+            )
+        output, _ = run.communicate(timeout=400)
+    finally:
+        for p in [run, *workers]:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+    assert run.returncode == 0, output
+    assert "start each with: schedscope worker --master-host" in output
+    info = json.loads((out / "fcfs" / "run.json").read_text())
+    clock = info["loadgen"]["clock"]
+    assert sorted(round(c["offset_s"], 2) for c in clock.values()) == [-0.2, 0.3], clock
+    assert not info["loadgen"]["lost_workers"]
+    frame = pl.read_parquet(out / "fcfs" / "requests.parquet")
+    assert set(frame["worker"]) == {0, 1} and frame["request_id"].is_unique().all()
+    assert frame.height == info["loadgen"]["rows"]
