@@ -307,7 +307,13 @@ def run(
 
         line = worker_line(socket.gethostname(), master_port)
         console.print(
-            f"each cell waits for {expect_workers} worker(s); start each with: {line}",
+            f"each cell waits for {expect_workers} worker(s); start each with: {line}"
+            + (
+                ""
+                if target
+                else " (a served cell's engine listens on loopback: its workers must run on "
+                "this machine; use --target for workers elsewhere)"
+            ),
             soft_wrap=True,
             highlight=False,
             markup=False,

@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import subprocess
+import time
 
 import typer
 
 from harness.cli.app import err_console
+from harness.run.loadgen import LOCUST_OK_CODES
 
 
 def worker(
@@ -18,6 +20,12 @@ def worker(
     master_port: int = typer.Option(
         5557, "--master-port", help="Its --master-port (Locust's default 5557)."
     ),
+    once: bool = typer.Option(
+        False,
+        "--once",
+        help="Serve one cell's master and exit; default: start again for the next cell's "
+        "master (a run with several policies starts one master per cell) until stopped.",
+    ),
     records_dir: str = typer.Option(
         "runs/locust",
         "--records-dir",
@@ -26,8 +34,9 @@ def worker(
     ),
 ) -> None:
     """Run one Locust worker for a master elsewhere: it takes the locustfile, options and
-    its share of the schedule from the master, sends its records and clock probes back,
-    and exits with the master's run. Exit code: Locust's."""
+    its share of the schedule from the master, sends its records and clock probes back.
+    Each cell of the run has its own master, so the worker starts again when one ends,
+    until Ctrl-C (or after one with --once). Exit code: Locust's last."""
     from harness.run.loadgen import worker_command
     from harness.run.server import repo_env
 
@@ -35,4 +44,8 @@ def worker(
         raise typer.BadParameter(f"{master_port} is not a port", param_hint="--master-port")
     cmd = [*worker_command(master_host, master_port), "--records-dir", records_dir]
     err_console.print(" ".join(cmd[2:]), soft_wrap=True, highlight=False, markup=False)
-    raise typer.Exit(subprocess.call(cmd, env=repo_env()))
+    while True:
+        code = subprocess.call(cmd, env=repo_env())
+        if once or code not in LOCUST_OK_CODES:  # 2: bad arguments, or killed: stop
+            raise typer.Exit(code)
+        time.sleep(1.0)  # the next cell's master starts a moment later

@@ -295,6 +295,7 @@ def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
                         "127.0.0.1",
                         "--master-port",
                         str(port),
+                        "--once",
                         "--records-dir",
                         str(tmp_path / f"w{i}"),
                     ],
@@ -302,7 +303,7 @@ def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
                     env=wenv,
                     stdout=open(tmp_path / f"w{i}.log", "w"),
                     stderr=subprocess.STDOUT,
-                )  # fmt: skip
+                )
             )
         output, _ = run.communicate(timeout=400)
     finally:
