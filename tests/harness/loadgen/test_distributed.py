@@ -26,7 +26,10 @@ from hypothesis import strategies as st
 from harness.loadgen.clock import TEST_OFFSET_ENV, Probe, best, clock_warnings, to_master_clock
 from harness.loadgen.merge import merge_records
 from harness.local_server import CliServer
+from harness.report.inputs import _load_notes
+from harness.run.cell import CellResult, _client_records
 from harness.run.loadgen import distribution_args, worker_line
+from harness.run.matrix import Cell
 from tests.harness.loadgen.test_loadgen import LOCUST, PROFILE_FILE, ROOT, run_locust
 
 #: Columns that depend on the worker or on timing, not on the schedule.
@@ -223,6 +226,14 @@ def test_a_worker_killed_mid_run_is_reported_with_its_missing_count(tmp_path):
         frame.filter(pl.col("worker") == survivor).height
         == (summary["worker_summaries"][0]["rows"])
     )
+    # The cell of a schedscope run says so (a worker_lost failure), and so does the report.
+    result = CellResult(Cell("c", "fcfs", None, 1.0, {}), tmp_path, "serve")
+    info: dict = {}
+    _client_records(result, tmp_path / "master", info)
+    [failure] = [f for f in result.failures if f["kind"] == "worker_lost"]
+    assert f"{lost['missing_open']} of its {lost['num_open_requests']}" in failure["message"]
+    notes = _load_notes({"failures": result.failures, "loadgen": info["loadgen"]})
+    assert notes == [failure["message"]]
 
 
 def _open_ids(worker: int, workers: int) -> list[str]:
@@ -320,3 +331,9 @@ def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
     frame = pl.read_parquet(out / "fcfs" / "requests.parquet")
     assert set(frame["worker"]) == {0, 1} and frame["request_id"].is_unique().all()
     assert frame.height == info["loadgen"]["rows"]
+
+
+def test_the_report_notes_uncertain_clocks():
+    clock = {"0": {"offset_s": 0.01, "uncertainty_s": 0.05}}
+    [note] = _load_notes({"loadgen": {"clock": clock}})
+    assert note.startswith("worker 0: clock offset +10.0 ms known only to ±50.0 ms")
