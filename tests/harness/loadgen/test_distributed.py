@@ -337,3 +337,23 @@ def test_the_report_notes_uncertain_clocks():
     clock = {"0": {"offset_s": 0.01, "uncertainty_s": 0.05}}
     [note] = _load_notes({"loadgen": {"clock": clock}})
     assert note.startswith("worker 0: clock offset +10.0 ms known only to ±50.0 ms")
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--workers", "2", "--expect-workers", "2"], "exclude each other"),
+        (["--workers", "0"], "--workers 0: need at least 1"),
+        (["--expect-workers", "0"], "--expect-workers 0: need at least 1"),
+    ],
+)
+def test_bad_worker_counts_are_usage_errors(flags, says):
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "--simulate", *flags],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and says in done.stdout + done.stderr, done.stderr
