@@ -357,3 +357,24 @@ def test_bad_worker_counts_are_usage_errors(flags, says):
         timeout=60,
     )
     assert done.returncode == 2 and says in done.stdout + done.stderr, done.stderr
+
+
+def test_schedscope_run_workers_spreads_the_cell_over_local_processes(tmp_path):
+    """`schedscope run --workers 2`: Locust's --processes 2, the cell's rows from both."""
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "harness.cli", "run", "--executor", "sim", "--policy", "fcfs",
+            "--duration-scale", "0.03", "--grace", "10", "--no-report", "--out", str(out),
+            "--workers", "2",
+        ],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    info = json.loads((out / "fcfs" / "run.json").read_text())
+    assert info["locust_command"][-2:] == ["--processes", "2"]
+    assert info["loadgen"]["workers"] == 2 and set(info["loadgen"]["clock"]) == {"0", "1"}
+    frame = pl.read_parquet(out / "fcfs" / "requests.parquet")
+    assert set(frame["worker"]) == {0, 1} and frame["request_id"].is_unique().all()
+    assert frame.height == info["loadgen"]["rows"] and not info["loadgen"]["lost_workers"]
