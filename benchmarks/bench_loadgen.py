@@ -55,7 +55,16 @@ def percentile(xs: list[float], q: float) -> float:
     return p(xs, q)
 
 
-def locust_step(url: str, profile: Path, rate: float, records: Path, http_client: str) -> dict:
+def locust_step(
+    url: str,
+    profile: Path,
+    rate: float,
+    records: Path,
+    http_client: str,
+    extra: tuple[str, ...] = (),
+) -> dict:
+    """One Locust run at ``rate`` (``extra``: more Locust arguments, e.g.
+    ``--processes N`` for benchmarks/bench_distributed.py)."""
     from harness.loadgen.merge import merge_records
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -77,6 +86,7 @@ def locust_step(url: str, profile: Path, rate: float, records: Path, http_client
         http_client,
         "--loglevel",
         "WARNING",
+        *extra,
     ]
     subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     s = merge_records(records)

@@ -39,6 +39,7 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     "engine/telemetry/test_spans_served.py": ("slow",),
     "harness/loadgen/test_loadgen.py": ("slow",),
     "harness/loadgen/test_loadgen_profiles.py": ("slow",),
+    "harness/loadgen/test_distributed.py": ("slow",),
     "harness/run/test_run.py": ("slow",),
     "harness/run/test_run_target_vocabulary.py": ("slow",),
     "harness/run/test_run_target_external.py": ("slow",),

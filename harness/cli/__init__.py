@@ -20,6 +20,7 @@ from harness.cli import (
     run,
     serve,
     simulate,
+    worker,
 )
 from harness.cli.app import app
 
@@ -33,6 +34,7 @@ app.command()(gate.gate)
 app.add_typer(baseline.baseline_app, name="baseline")
 app.command("recover-records")(recover_records.recover_records)
 app.command()(bench.bench)
+app.command()(worker.worker)
 app.add_typer(dashboards.dashboards_app, name="dashboards")
 
 __all__ = ["app"]

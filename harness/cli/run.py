@@ -155,6 +155,33 @@ def run(
         "--target-model",
         help="With --target: the model name to send (default: the first of its /v1/models).",
     ),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        "--processes",
+        help="Load-generator processes on this machine (Locust's --processes: a local master "
+        "and N workers; the schedule split exactly, records collected by the master).",
+    ),
+    expect_workers: int | None = typer.Option(
+        None,
+        "--expect-workers",
+        help="Run the load generator's master only and wait (at most --workers-wait s) for "
+        "N workers started elsewhere with `schedscope worker --master-host THIS_HOST "
+        "[--master-port P]`.",
+    ),
+    master_port: int = typer.Option(
+        5557, "--master-port", help="With --expect-workers: the port the workers connect to."
+    ),
+    master_bind_host: str = typer.Option(
+        "*",
+        "--master-bind-host",
+        help="With --expect-workers: the interface the master listens on (default: all).",
+    ),
+    workers_wait: float = typer.Option(
+        300.0,
+        "--workers-wait",
+        help="With --expect-workers: seconds each cell waits for its workers to connect.",
+    ),
     max_error_rate: float | None = typer.Option(
         None,
         "--max-error-rate",
@@ -236,6 +263,14 @@ def run(
         resolve_profile(plan.profile).with_duration_scale(plan.duration_scale)
     except ProfileError as exc:
         raise typer.BadParameter(str(exc), param_hint="--profile") from None
+    from harness.run.loadgen import distribution_args, worker_line
+
+    try:
+        spread = distribution_args(
+            workers, expect_workers, master_port, workers_wait, master_bind_host
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workers/--expect-workers") from None
     if target and not target.startswith(("http://", "https://")):
         raise typer.BadParameter("expected http://HOST:PORT", param_hint="--target")
     machines = {
@@ -263,8 +298,26 @@ def run(
         "start_timeout_s": start_timeout,
         "locust_args": loadgen_args(
             prompt_mode or ("auto" if target else "token_ids"), endpoint, target_model
-        ),
+        )
+        + spread,
+        "workers_wait_s": workers_wait if expect_workers else 0.0,
     }
+    if expect_workers:
+        import socket
+
+        line = worker_line(socket.gethostname(), master_port)
+        console.print(
+            f"each cell waits for {expect_workers} worker(s); start each with: {line}"
+            + (
+                ""
+                if target
+                else " (a served cell's engine listens on loopback: its workers must run on "
+                "this machine; use --target for workers elsewhere)"
+            ),
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
     options = RunOptions(
         plan=plan,
         out=out,

@@ -34,6 +34,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 import gevent
 import gevent.event
@@ -41,9 +42,11 @@ from gevent.lock import Semaphore
 from locust import LoadTestShape, User, constant, events, task
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
+from harness.loadgen import clock
 from harness.loadgen import options as opts_mod
 from harness.loadgen.client import TRANSPORTS, OpenAIClient, probe
 from harness.loadgen.dispatcher import Dispatcher
+from harness.loadgen.forward import ROWS_MESSAGE, Collector, ForwardingWriter
 from harness.loadgen.prompts import DEFAULT_ID_RANGE
 from harness.loadgen.records import RecordWriter
 from harness.loadgen.split import share
@@ -219,7 +222,14 @@ class _Run:
                 run_id=self.run_id,
                 worker=self.index,
             )
-            self.writer = RecordWriter(o.records_dir, self.index)
+            runner = self.environment.runner
+            if isinstance(runner, WorkerRunner):  # rows go to the master (forward.py)
+                local = Path(self.state.local_records_dir or o.records_dir)
+                self.writer = ForwardingWriter(
+                    local / f"worker-{self.index}-{os.getpid()}", self.index, runner.send_message
+                )
+            else:
+                self.writer = RecordWriter(o.records_dir, self.index)
             start = self.start_at if self.start_at is not None else time.time() + 0.1
             if time.time() > start:
                 log.warning(
@@ -361,6 +371,13 @@ class _State:
         self.done: dict[int, dict] = {}
         self.local_done = False
         self.clients: dict[int, str] = {}  # the master's workers: index -> client id
+        self.collector: Collector | None = None  # the master's: the workers' rows
+        self.offsets: dict[int, dict] = {}  # the master's: worker -> clock.best()
+        self._pongs: dict[int, list] = {}
+        self.lost: dict[int, dict] = {}
+        self.local_records_dir: str | None = None  # a worker's own --records-dir
+        self.options = None
+        self.run_id = None
         self.stopping = gevent.event.Event()  # set by test_stopping, cleared at test_start
         self.grace_over = False  # the run stops because --grace ran out
 
@@ -379,7 +396,13 @@ class _State:
         self.environment = environment
         if isinstance(runner, MasterRunner):
             runner.register_message("schedscope_done", self._on_done_message)
+            runner.register_message(ROWS_MESSAGE, self._on_rows_message)
+            runner.register_message("schedscope_pong", self._on_pong_message)
         elif isinstance(runner, WorkerRunner):
+            clock.install_test_offset()
+            # its own --records-dir, read before the master's options replace its own
+            self.local_records_dir = getattr(environment.parsed_options, "records_dir", None)
+            runner.register_message("schedscope_ping", self._on_ping_message)
             runner.register_message("schedscope_split", self._on_split_message)
             runner.register_message("schedscope_stop", self._on_stop_message)
 
@@ -390,6 +413,7 @@ class _State:
             return  # a worker starts on the master's schedscope_split
         options = opts_mod.LoadgenOptions.from_parsed(environment.parsed_options)
         self.done = {}
+        self.lost = {}
         self.local_done = False
         self.grace_over = False
         notice = cut_notice(
@@ -406,6 +430,10 @@ class _State:
             )
             self.workers = len(clients)
             self.clients = {i: c.id for i, c in enumerate(clients)}
+            self.options = options
+            self.run_id = run_id
+            self.offsets = self._estimate_clocks(runner)
+            self.collector = Collector(options.records_dir, self.offsets)
             start = time.time() + DISTRIBUTED_LEAD_S
             for i, c in enumerate(clients):
                 runner.send_message(
@@ -413,7 +441,8 @@ class _State:
                     {
                         "index": i,
                         "count": self.workers,
-                        "start_at": start,
+                        # the common start instant on the worker's own clock
+                        "start_at": start + self.offsets.get(i, {}).get("offset_s", 0.0),
                         "run_id": run_id,
                         "options": options.to_dict(),
                         "host": environment.host or "",
@@ -442,7 +471,55 @@ class _State:
         )
 
     def _on_done_message(self, environment, msg, **_kw) -> None:
-        self.done[msg.data["worker"]] = msg.data
+        summary = msg.data
+        if self.collector is not None:
+            summary = self.collector.add_summary(summary)
+        self.done[summary["worker"]] = summary
+
+    def _on_rows_message(self, environment, msg, **_kw) -> None:
+        if self.collector is not None:
+            self.collector.add_rows(msg.data)
+
+    # -- clock offsets (clock.py) ------------------------------------------------------
+    def _on_ping_message(self, environment, msg, **_kw) -> None:
+        """A worker: answer the master's clock probe at once (t1, t2 on this clock)."""
+        t1 = time.time()
+        environment.runner.send_message(
+            "schedscope_pong", {**msg.data, "t1": t1, "t2": time.time()}
+        )
+
+    def _on_pong_message(self, environment, msg, **_kw) -> None:
+        t3 = time.time()
+        d = msg.data
+        self._pongs.setdefault(d["worker"], []).append(clock.Probe(d["t0"], d["t1"], d["t2"], t3))
+
+    def _estimate_clocks(self, runner) -> dict[int, dict]:
+        """The master: each worker's clock offset, best of clock.NUM_PROBES round trips."""
+        self._pongs = {}
+        for n in range(clock.NUM_PROBES):
+            for i, cid in self.clients.items():
+                runner.send_message(
+                    "schedscope_ping", {"worker": i, "seq": n, "t0": time.time()}, client_id=cid
+                )
+            deadline = time.time() + 1.0
+            while time.time() < deadline and any(
+                len(self._pongs.get(i, ())) <= n for i in self.clients
+            ):
+                gevent.sleep(0.002)
+        offsets = {}
+        for i in self.clients:
+            if self._pongs.get(i):
+                offsets[i] = clock.best(self._pongs[i])
+            else:
+                log.warning("schedscope: worker %d answered no clock probe; offset taken as 0", i)
+        for i, est in sorted(offsets.items()):
+            log.info(
+                "schedscope: worker %d clock offset %+.4f s ± %.4f s",
+                i,
+                est["offset_s"],
+                est["uncertainty_s"],
+            )
+        return offsets
 
     def _on_stop_message(self, environment, msg, **_kw) -> None:
         """A worker: the master is stopping the run (its ``test_stopping``)."""
@@ -477,6 +554,8 @@ class _State:
             self.run.stop()  # Locust's stop timeout is over: cut what is still in flight
         if isinstance(runner, MasterRunner):
             self._wait_for_workers(runner, environment.stop_timeout + 20.0)
+            if self.collector is not None:
+                self.collector.close()
         if not isinstance(runner, WorkerRunner):
             self._report()
 
@@ -484,25 +563,50 @@ class _State:
         """The master: wait for the summaries of the workers still connected (each has
         ``--stop-timeout`` to let its requests finish after the schedscope_stop message)."""
         deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            nodes = {i: runner.clients.get(cid) for i, cid in self.clients.items()}
-            waiting = [
-                i
-                for i, node in nodes.items()
-                if i not in self.done and node is not None and node.state != STATE_MISSING
-            ]
-            if not waiting:
-                return
+        while time.time() < deadline and self._waiting_for(runner):
             gevent.sleep(0.1)
-        log.warning(
-            "schedscope: no summary from worker(s) %s", sorted(set(self.clients) - set(self.done))
-        )
+        self._report_lost()
+
+    def _waiting_for(self, runner) -> list[int]:
+        """The master: the workers still connected whose summary has not come."""
+        nodes = {i: runner.clients.get(cid) for i, cid in self.clients.items()}
+        return [
+            i
+            for i, node in nodes.items()
+            if i not in self.done and node is not None and node.state != STATE_MISSING
+        ]
+
+    def _report_lost(self) -> None:
+        """The master: every worker without a summary is lost; say how many of its
+        scheduled requests have no record (forward.Collector.add_lost)."""
+        missing = sorted(set(self.clients) - set(self.done) - set(self.lost))
+        if not missing or self.collector is None:
+            return
+        plan = _plan(self.profile, self.options)
+        for i in missing:
+            mine = share(plan, i, self.workers)
+            lost = self.collector.add_lost(
+                self.run_id, i, [s.request_id for s in mine.open_requests], len(mine.closed_loops)
+            )
+            self.lost[i] = lost
+            msg = (
+                f"schedscope: WORKER LOST: worker {i} sent no summary (it died or lost the "
+                f"master): {lost['missing_open']} of its {lost['num_open_requests']} scheduled "
+                f"open-loop requests have no record, and its {lost['num_closed_loops']} closed "
+                f"loop(s) ended early ({lost['rows_received']} rows received; "
+                f"{self.collector.directory}/lost-{i}.json)"
+            )
+            log.warning(msg)
+            print(msg, file=sys.stderr, flush=True)
+        self.environment.process_exit_code = 1
 
     def _report(self) -> None:
         if not self.done:
             return
         rows = sum(s.get("rows", 0) for s in self.done.values())
         records = {s.get("options", {}).get("records_dir") for s in self.done.values()}
+        if self.collector is not None:  # distributed: the workers' rows came to the master
+            records = {str(self.collector.directory)}
         print(
             f"schedscope: {rows} request rows from {len(self.done)} of {self.workers} "
             f"process(es) in {', '.join(sorted(r for r in records if r))}; merge with "
@@ -551,6 +655,8 @@ class _State:
         if self.deadline is not None:
             if len(self.done) >= max(self.workers, 1):
                 return None
+            if isinstance(runner, MasterRunner) and self.done and not self._waiting_for(runner):
+                return None  # the others are lost: reported at the end
             if time.time() > self.deadline:
                 log.warning("schedscope: the schedule and --grace are over; stopping")
                 self.grace_over = True

@@ -113,6 +113,8 @@ def merge_records(
         s = json.loads(path.read_text())
         if not runs or s.get("run_id") == runs[0]:
             workers.append(s)
+    lost = [json.loads(path.read_text()) for path in sorted(records_dir.glob("lost-*.json"))]
+    lost = [w for w in lost if not runs or w.get("run_id") == runs[0]]
     if lag_limit_s is None:
         lag_limit_s = next((w["lag_limit_s"] for w in workers if "lag_limit_s" in w), LAG_LIMIT_S)
     lags = frame.filter(pl.col("phase_kind") == "open")["send_lag_s"].drop_nulls()
@@ -140,6 +142,16 @@ def merge_records(
         "retried": int(frame["retried"].sum()) if len(frame) else 0,
         # every process probes the same server: the first one's choice stands for all
         "prompts": next((w["prompts"] for w in workers if w.get("prompts")), None),
+        "clock": {
+            str(w["worker"]): {
+                "offset_s": w["clock_offset_s"],
+                "uncertainty_s": w.get("clock_uncertainty_s"),
+            }
+            for w in [*workers, *lost]
+            if w.get("clock_offset_s") is not None
+        },
+        "lost_workers": lost,
+        "missing_open": sum(w["missing_open"] for w in lost),
         "cut_in_flight": sum(w.get("cut_in_flight", 0) for w in workers),
         "not_sent": sum(w.get("not_sent", 0) for w in workers),
         "worker_summaries": workers,
@@ -162,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         f"p99 send lag {(s['send_lag_p99_s'] or 0) * 1e3:.2f} ms; "
         f"generator_limited: {str(s['generator_limited']).lower()}"
     )
+    for lost in s["lost_workers"]:
+        print(
+            f"WARNING: worker {lost['worker']} was lost: {lost['missing_open']} of its "
+            f"{lost['num_open_requests']} scheduled open-loop requests have no record"
+        )
     if s["generator_limited"]:
         print("WARNING: generator-limited run: latencies include the generator's delay")
     return 0

@@ -71,11 +71,14 @@ def percentile(values: list[float], q: float) -> float | None:
 class RecordWriter:
     """Appends rows to this process's file and keeps the counts its summary needs."""
 
-    def __init__(self, directory: str | os.PathLike, worker: int) -> None:
+    def __init__(self, directory: str | os.PathLike, worker: int, stem: str | None = None) -> None:
+        """``stem``: the files' ``<worker>-<pid>`` (default: this process's); the master
+        passes a worker's when it writes that worker's forwarded rows."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.worker = worker
-        stem = f"{worker}-{os.getpid()}"
+        self.pid = os.getpid()
+        stem = stem or f"{worker}-{self.pid}"
         self.path = self.directory / f"client-{stem}.jsonl"
         self.summary_path = self.directory / f"summary-{stem}.json"
         self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # line-buffered

@@ -49,6 +49,9 @@ class PolicyData:
     #: ``stall_source``: harness/report/stall_causes.py); None: not recorded (the
     #: engine's or the simulator's records).
     stall_source: str | None = None
+    #: Distributed load: workers lost mid-run, clock offsets beyond the join's tolerance
+    #: (from the cell's run.json; harness/loadgen/clock.py).
+    load_notes: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -123,6 +126,13 @@ def _scan(path: Path) -> pl.LazyFrame | None:
     return pl.scan_parquet(path) if path.is_file() else None
 
 
+def _load_notes(cell_run: dict) -> list[str]:
+    from harness.loadgen.clock import clock_warnings
+
+    lost = [f["message"] for f in cell_run.get("failures") or [] if f.get("kind") == "worker_lost"]
+    return lost + clock_warnings((cell_run.get("loadgen") or {}).get("clock") or {})
+
+
 def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
     cell_run = _read_json(path / "run.json") or {}
     data = PolicyData(
@@ -133,6 +143,7 @@ def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
         info=info,
         prompts=cell_run.get("prompts"),
         stall_source=cell_run.get("stall_source"),
+        load_notes=_load_notes(cell_run),
     )
     for name in OPTIONAL_FILES:
         frame = _scan(path / f"{name}.parquet")

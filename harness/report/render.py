@@ -278,6 +278,16 @@ def _prompt_lines(report: Report) -> list[str]:
     return [f"prompts ({cell}): {line}" for cell, line in known.items()]
 
 
+def _load_lines(report: Report) -> list[str]:
+    """Distributed load the report must not hide: a lost worker, an uncertain clock."""
+    return [
+        f"LOAD ({rr.run.label}/{n}): {note}"
+        for rr in report.runs
+        for n, p in rr.policies.items()
+        for note in p.data.load_notes
+    ]
+
+
 def _error_cells(report: Report, high_only: bool) -> list[tuple[str, dict]]:
     """(cell, its error summary) of the cells with failed requests (those over
     errors.HIGH_ERROR_RATE only, when ``high_only``), the highest rate first."""
@@ -329,6 +339,9 @@ def write_markdown(report: Report, path: Path) -> None:
     prompts = _prompt_lines(report)
     if prompts:
         parts += [*[f"- {line}" for line in prompts], ""]
+    load = _load_lines(report)
+    if load:
+        parts += [*[f"- **{line}**" for line in load], ""]
     if report.missing:
         parts += ["## Missing data", "", *[f"- {m}" for m in report.missing], ""]
     parts += ["## Verdicts", ""]
@@ -423,6 +436,8 @@ def write_html(report: Report, path: Path) -> int:
     ]
     for line in _prompt_lines(report):
         body.append(f'<p class="prompts">{e(line)}</p>')
+    for line in _load_lines(report):
+        body.append(f'<div class="finding" data-load="distributed"><b>{e(line)}</b></div>')
     if report.missing:
         body.append(
             '<div class="missing"><b>Missing data</b> (rendered what the rest allows):<ul>'

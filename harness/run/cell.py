@@ -29,6 +29,7 @@ import polars as pl
 
 from engine.core.token_timing import STALL_FLOOR_S
 from harness.knobs import knob_flags
+from harness.loadgen.clock import clock_warnings
 from harness.profiles import Profile, build_plan
 from harness.report.errors import describe, error_summary, headline
 from harness.report.stall_causes import CLIENT_TOKEN_TIMES, ENGINE_RECORDS
@@ -113,6 +114,9 @@ class CellSettings:
     prometheus: bool = False
     grace_s: float = 30.0
     locust_args: list[str] = field(default_factory=list)
+    #: ``--expect-workers``: seconds Locust's master may wait for its remote workers
+    #: (added to the cell's Locust deadline).
+    workers_wait_s: float = 0.0
     serve_args: list[str] = field(default_factory=list)
     start_timeout_s: float = 180.0
     #: the fingerprint of the machine (harness/machine.py), for run.json and summary.json
@@ -433,7 +437,7 @@ def _run_locust(stack: ExitStack, run: _LoadCell, url: str, metrics: _Metrics) -
     locust.start()
     stack.callback(locust.stop)
     tail = RecordsTail(run.records)
-    limit_s = run.duration_s + settings.grace_s + LOCUST_SLACK_S
+    limit_s = run.duration_s + settings.grace_s + LOCUST_SLACK_S + settings.workers_wait_s
     deadline = time.monotonic() + limit_s
     locust_started = time.monotonic()
     while locust.poll() is None and time.monotonic() < deadline:
@@ -575,6 +579,14 @@ def _client_records(
             f"{loadgen.get('in_flight_capped', 0)} requests waited for the in-flight cap: "
             "latencies include the generator's delay",
         )
+    for lost in loadgen.get("lost_workers") or []:
+        result.fail(
+            "worker_lost",
+            f"load-generator worker {lost['worker']} was lost mid-run: "
+            f"{lost['missing_open']} of its {lost['num_open_requests']} scheduled open-loop "
+            f"requests have no record ({lost['num_closed_loops']} closed loop(s) ended early)",
+        )
+    result.warnings.extend(clock_warnings(loadgen.get("clock") or {}))
     return client, loadgen
 
 

@@ -16,6 +16,14 @@
 - ``steps.parquet``: the engine's step records with ``schedule_start``,
   ``execute_start``, ``execute_end`` shifted the same way.
 - ``spans.parquet``: the trace file (OTLP-JSON lines, Unix time) via harness/spans.py.
+
+Distributed load (several Locust workers, maybe on other machines): the client rows
+arrive already on the master's clock, the clock of the engine and the spans (the
+master shifts each worker's instants by its estimated offset as it writes them,
+harness/loadgen/forward.py and clock.py); ``harness.loadgen.clock.clock_warnings`` says
+which workers' offsets are uncertain beyond the join's tolerance
+(``clock.CLOCK_TOLERANCE_S``), where instants joined across machines cannot be trusted
+to that precision (the cell's warnings and the report say so).
 """
 
 from __future__ import annotations

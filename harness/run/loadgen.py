@@ -133,3 +133,67 @@ class LocustRun:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+#: Locust's default master port (its --master-port / --master-bind-port).
+MASTER_PORT = 5557
+
+
+def distribution_args(
+    workers: int,
+    expect_workers: int | None,
+    master_port: int,
+    wait_s: float,
+    bind_host: str = "*",
+) -> list[str]:
+    """Locust arguments that spread a cell's schedule over worker processes (the same
+    exact split, harness/loadgen/split.py; their records come to the master,
+    harness/loadgen/forward.py). ``workers`` > 1: Locust's ``--processes`` (a local
+    master and that many local workers); ``expect_workers``: this Locust is the master
+    and waits at most ``wait_s`` for that many workers started elsewhere with
+    :func:`worker_command`, listening on ``bind_host`` (Locust's ``*``: every
+    interface). Neither: one process (no arguments)."""
+    if expect_workers is not None and workers > 1:
+        raise ValueError(
+            "--workers (local processes) and --expect-workers (remote) exclude each other"
+        )
+    if expect_workers is not None:
+        if expect_workers < 1:
+            raise ValueError(f"--expect-workers {expect_workers}: need at least 1")
+        return [
+            "--master",
+            "--master-bind-host",
+            bind_host,
+            "--master-bind-port",
+            str(master_port),
+            "--expect-workers",
+            str(expect_workers),
+            "--expect-workers-max-wait",
+            str(max(1, round(wait_s))),
+        ]
+    if workers < 1:
+        raise ValueError(f"--workers {workers}: need at least 1")
+    return ["--processes", str(workers)] if workers > 1 else []
+
+
+def worker_command(master_host: str, master_port: int = MASTER_PORT) -> list[str]:
+    """The Locust command of one remote worker (``schedscope worker``): its locustfile
+    comes from the master (``-f -``), its options and share too."""
+    return [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        "-",
+        "--worker",
+        "--master-host",
+        master_host,
+        "--master-port",
+        str(master_port),
+    ]
+
+
+def worker_line(master_host: str, master_port: int = MASTER_PORT) -> str:
+    """The one-line command a user runs on each worker machine."""
+    port = "" if master_port == MASTER_PORT else f" --master-port {master_port}"
+    return f"schedscope worker --master-host {master_host}{port}"

@@ -1,0 +1,108 @@
+"""Each worker's clock offset from the master's, and the rows put on the master's clock.
+
+Latencies are durations on one process's clock, so a worker's skew does not touch them;
+instants (``scheduled_at``, ``sent_at``, ...) are joined with the engine's records and
+spans, which are on the master machine's clock (the engine runs beside ``schedscope
+run``), so a worker's instants must be shifted by its offset.
+
+The master estimates an offset NTP-style over Locust's own messages: it sends a ping at
+``t0`` (its clock), the worker receives it at ``t1`` and replies at ``t2`` (the worker's
+clock), the master receives the reply at ``t3``. Then
+
+    offset      = ((t1 - t0) + (t2 - t3)) / 2      (worker clock - master clock)
+    uncertainty = ((t3 - t0) - (t2 - t1)) / 2      (half the round trip less the worker's time)
+
+the true offset lies within ``offset ± uncertainty`` whatever the split of the round
+trip between the two directions; of several probes the one with the smallest
+uncertainty is kept (:func:`best`).
+
+``SCHEDSCOPE_TEST_CLOCK_OFFSET_S`` (test-only): a worker started with it shifts its own
+``time.time()`` by that many seconds (:func:`install_test_offset`), as a machine whose
+clock is off would be.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+#: Test-only: seconds a worker adds to its own ``time.time()``.
+TEST_OFFSET_ENV = "SCHEDSCOPE_TEST_CLOCK_OFFSET_S"
+#: The Unix instants of a record row (docs/loadgen.md, "Records").
+INSTANT_COLUMNS = ("scheduled_at", "sent_at", "first_token_at", "last_token_at")
+#: Probes per worker; the best one is kept.
+NUM_PROBES = 8
+#: A worker's clock offset known no better than this (seconds) makes the instants the
+#: run joins across machines (client rows vs engine records and spans) doubtful.
+CLOCK_TOLERANCE_S = 0.005
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One round trip: t0, t3 on the master's clock, t1, t2 on the worker's."""
+
+    t0: float
+    t1: float
+    t2: float
+    t3: float
+
+    @property
+    def offset_s(self) -> float:
+        return ((self.t1 - self.t0) + (self.t2 - self.t3)) / 2
+
+    @property
+    def uncertainty_s(self) -> float:
+        return max(0.0, ((self.t3 - self.t0) - (self.t2 - self.t1)) / 2)
+
+
+def best(probes: list[Probe]) -> dict:
+    """``{offset_s, uncertainty_s, probes}`` of the probe with the smallest uncertainty."""
+    if not probes:
+        raise ValueError("no clock probe came back")
+    p = min(probes, key=lambda p: p.uncertainty_s)
+    return {"offset_s": p.offset_s, "uncertainty_s": p.uncertainty_s, "probes": len(probes)}
+
+
+def install_test_offset() -> float:
+    """Shift this process's ``time.time()`` by ``$SCHEDSCOPE_TEST_CLOCK_OFFSET_S`` (tests
+    only: a worker on a machine whose clock is off); returns the shift (0 when unset)."""
+    raw = os.environ.get(TEST_OFFSET_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        shift = float(raw)
+    except ValueError:
+        raise ValueError(f"{TEST_OFFSET_ENV}={raw!r}: not a number of seconds") from None
+    real = time.time
+    if getattr(real, "schedscope_shift", None) is None:
+
+        def shifted() -> float:
+            return real() + shift
+
+        shifted.schedscope_shift = shift  # type: ignore[attr-defined]
+        time.time = shifted
+    return shift
+
+
+def to_master_clock(row: dict, offset_s: float) -> dict:
+    """The row with its instants on the master's clock (``t - offset``)."""
+    if not offset_s:
+        return row
+    out = dict(row)
+    for c in INSTANT_COLUMNS:
+        if out.get(c) is not None:
+            out[c] = out[c] - offset_s
+    return out
+
+
+def clock_warnings(clock: dict[str, dict], tolerance_s: float = CLOCK_TOLERANCE_S) -> list[str]:
+    """One line per worker whose offset uncertainty exceeds ``tolerance_s`` (``clock``:
+    the merged summary's, worker -> {offset_s, uncertainty_s})."""
+    return [
+        f"worker {w}: clock offset {est['offset_s'] * 1e3:+.1f} ms known only to "
+        f"±{est['uncertainty_s'] * 1e3:.1f} ms (> the join's {tolerance_s * 1e3:.0f} ms): its "
+        "instants joined with the engine's and the spans' are that uncertain"
+        for w, est in sorted(clock.items())
+        if est.get("uncertainty_s") is not None and est["uncertainty_s"] > tolerance_s
+    ]
