@@ -18,7 +18,8 @@ The tokenizer is word-level (one token per word or punctuation mark, whitespace 
 that decoding is injective: a completion's text split on whitespace gives back its token
 ids on any server, which is how the greedy comparison reads schedscope's completions (it
 has no logprobs). The loader's text-prompt words (harness/loadgen/prompts.py) are each one
-token; the chat template's words are in the vocabulary too. Ids 0-2 are ``<unk>``,
+token; the chat template's words are in the vocabulary too, and a few rare words close it
+(the last ids). Ids 0-2 are ``<unk>``,
 ``<s>``, ``</s>`` (end of sequence, as schedscope's default).
 """
 
@@ -37,6 +38,13 @@ PROMPT_WORDS = (
     "more when will would who so no out up into do any time about other than then them"
 ).split()
 SPECIAL = ["<unk>", "<s>", "</s>"]
+#: Rare words, last (a vocabulary built by frequency puts them there): the load
+#: generator's vocabulary probe (harness/loadgen/prompt_choice.py) meets them, so its
+#: /tokenize bound is the vocabulary's size and `--prompt-mode auto` picks token ids.
+RARE_WORDS = (
+    "zephyr quixotic xylophone juxtapose kaleidoscope onomatopoeia serendipity mnemonic "
+    "rhythm sphinx fjord czar pneumatic bureaucracy idiosyncrasy"
+).split()
 TEMPLATE_WORDS = ["system", "user", "assistant", ":", ".", ",", "?", "!"]
 #: Filler words up to a vocabulary of 1,280 (a multiple of 128, as real vocabularies are).
 VOCAB_SIZE = 1280
@@ -79,9 +87,9 @@ SEED = 1234
 def vocabulary() -> list[str]:
     words = SPECIAL + PROMPT_WORDS + [w for w in TEMPLATE_WORDS if w not in PROMPT_WORDS]
     fillers = (f"w{i:04d}" for i in range(VOCAB_SIZE))
-    while len(words) < VOCAB_SIZE:
+    while len(words) < VOCAB_SIZE - len(RARE_WORDS):
         words.append(next(fillers))
-    return words
+    return words + RARE_WORDS
 
 
 def content_key() -> str:

@@ -252,10 +252,14 @@ def vllm_server(vllm_python_path: Path, vllm_checkpoints: Path) -> Iterator[Vllm
 
 if __name__ == "__main__":
     # A vLLM for the edit-test loop (see URL_ENV), until interrupted.
+    # SIGTERM or SIGINT stops it (a background job ignores SIGINT: send SIGTERM).
+    def stop(signum, frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     python = vllm_python()
     with VllmServer(python, build_checkpoints(python) / "served") as server:
         print(f"{URL_ENV}={server.url}", flush=True)
-        try:
+        while True:
             signal.pause()
-        except KeyboardInterrupt:
-            pass
