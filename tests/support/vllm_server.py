@@ -41,7 +41,7 @@ SERVED_MODEL_NAME = "tiny-vllm"
 #: vLLM's scheduler runs at most this many requests at once: small, so that the priority
 #: test can queue requests behind a full batch of long ones.
 MAX_NUM_SEQS = 4
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = 4096
 START_TIMEOUT_S = 300.0  # measured 40-80 s on 2 cores; a cold compile cache is slower
 STOP_TIMEOUT_S = 30.0
 BUILD_TIMEOUT_S = 300.0
