@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +37,7 @@ PYTHON_ENV = "SCHEDSCOPE_VLLM_PYTHON"
 #: below (``python -m tests.support.vllm_server`` starts one and prints its URL); the
 #: session then starts none.
 URL_ENV = "SCHEDSCOPE_VLLM_URL"
+OTLP_PORT_ENV = "SCHEDSCOPE_VLLM_OTLP_PORT"
 DEFAULT_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 SERVED_MODEL_NAME = "tiny-vllm"
 #: vLLM's scheduler runs at most this many requests at once: small, so that the priority
@@ -106,6 +108,10 @@ class VllmServer:
 
     python: Path
     model_dir: Path
+    #: The port vLLM exports its spans to (OTLP/HTTP, http://127.0.0.1:PORT/v1/traces):
+    #: a run's ``--target-otlp-port`` listens there while it runs; between runs vLLM's
+    #: exporter finds nobody and drops its batches.
+    otlp_port: int = 0
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     process: subprocess.Popen | None = None
@@ -114,8 +120,13 @@ class VllmServer:
     def __enter__(self) -> VllmServer:
         state = vllm_state_dir(self.python)
         tmp = Path(tempfile.mkdtemp(prefix="vllm-tmp-", dir=state))
+        self._tmp = tmp
         port = free_port()
+        self.otlp_port = self.otlp_port or free_port()
         env = vllm_env(
+            # vLLM exports OTLP over gRPC unless told otherwise; the run's receiver is HTTP
+            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+            OTEL_SERVICE_NAME="vllm",
             VLLM_CPU_KVCACHE_SPACE="1",  # GiB: plenty for the tiny model
             VLLM_CACHE_ROOT=str(state / "vllm-cache"),
             TORCHINDUCTOR_CACHE_DIR=str(state / "inductor-cache"),
@@ -147,6 +158,8 @@ class VllmServer:
                 "priority",
                 "--max-num-seqs",
                 str(MAX_NUM_SEQS),
+                "--otlp-traces-endpoint",
+                f"http://127.0.0.1:{self.otlp_port}/v1/traces",
                 *self.extra_args,
             ],
             cwd=tmp,
@@ -215,6 +228,7 @@ class VllmServer:
         # children that outlived their parent's exit (the engine core) are in its group
         _signal_group(process.pid, signal.SIGKILL)
         self._log.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def _signal_group(pgid: int, signum: int) -> None:
@@ -244,7 +258,10 @@ def vllm_server(vllm_python_path: Path, vllm_checkpoints: Path) -> Iterator[Vllm
     priority policy (a request's ``priority`` 0 by default: first come, first served)."""
     url = os.environ.get(URL_ENV)
     if url:
-        yield VllmServer(vllm_python_path, vllm_checkpoints / "served", url=url.rstrip("/"))
+        otlp_port = int(os.environ.get(OTLP_PORT_ENV, "0"))
+        yield VllmServer(
+            vllm_python_path, vllm_checkpoints / "served", otlp_port=otlp_port, url=url
+        )
         return
     with VllmServer(vllm_python_path, vllm_checkpoints / "served") as server:
         yield server
@@ -260,6 +277,6 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, stop)
     python = vllm_python()
     with VllmServer(python, build_checkpoints(python) / "served") as server:
-        print(f"{URL_ENV}={server.url}", flush=True)
+        print(f"{URL_ENV}={server.url} {OTLP_PORT_ENV}={server.otlp_port}", flush=True)
         while True:
             signal.pause()

@@ -1,7 +1,9 @@
 """``schedscope run --target URL`` against the real vLLM: exit 0, every request ok, a
 complete report (client-side tables and pictures, vLLM's own ``/metrics`` in
 ``metrics.parquet``) that says plainly which engine-side sections an external engine
-without spans cannot fill."""
+without spans cannot fill. With ``--target-otlp-port`` at the port vLLM exports its
+spans to (tests/support/vllm_server.py), vLLM's ``llm_request`` spans, one per request,
+land in ``spans.parquet``."""
 
 from __future__ import annotations
 
@@ -11,13 +13,16 @@ import subprocess
 import sys
 
 import polars as pl
+import pytest
 
 from harness.report.inputs import NO_ENGINE_RECORDS
 from tests.support.paths import REPO
 
 
-def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path):
+@pytest.mark.parametrize("spans", [False, True], ids=["no-spans", "otlp-spans"])
+def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path, spans):
     out = tmp_path / "run"
+    otlp = ["--target-otlp-port", str(vllm_server.otlp_port)] if spans else []
     done = subprocess.run(
         [
             sys.executable,
@@ -34,6 +39,7 @@ def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path):
             "0.5",
             "--out",
             str(out),
+            *otlp,
         ],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -72,6 +78,15 @@ def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path):
     report_html = (out / "report.html").read_text()
     assert "## Per policy x class" in report_md and "| target | all |" in report_md
     assert "<svg" in report_html or "plotly" in report_html.lower()
-    assert f"target: {NO_ENGINE_RECORDS}" in report_md
     for frame_name in ("classes", "stalls"):
         assert (out / f"{frame_name}.parquet").is_file()
+    if not spans:
+        assert f"target: {NO_ENGINE_RECORDS}" in report_md
+        assert not (cell / "spans.parquet").exists()
+        return
+    assert NO_ENGINE_RECORDS not in report_md
+    received = pl.read_parquet(cell / "spans.parquet").filter(pl.col("name") == "llm_request")
+    # vLLM's request id is "cmpl-<the client's X-Request-Id>-0"
+    ids = {x.removeprefix("cmpl-").rsplit("-", 1)[0] for x in received["attr.gen_ai.request.id"]}
+    assert set(frame["request_id"]) <= ids
+    assert cell_run["otlp_spans_received"] >= frame.height
