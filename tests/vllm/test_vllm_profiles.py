@@ -3,8 +3,10 @@ real vLLM and produces complete records: every scheduled request has a row, ever
 is ok, its token counts are vLLM's own (the change in vLLM's counters the run caused),
 and text prompts are exactly their target length on vLLM's tokenizer.
 
-Prompts are text (``--prompt-mode text``, sized with vLLM's ``/tokenize``): the default
-token-id prompts use ids in [1000, 3000), past this vocabulary's 1,280 tokens.
+Each profile runs twice: with text prompts (``--prompt-mode text``, sized with vLLM's
+``/tokenize``) and with ``--prompt-mode auto``, which finds that this vocabulary (1,280
+ids) refuses the default ids in [1000, 3000) (one refused 1-token probe) and sends ids
+below it instead: exact lengths either way.
 """
 
 from __future__ import annotations
@@ -51,9 +53,14 @@ def counters(url: str) -> dict[str, float]:
     }
 
 
+#: prompt mode -> the method the rows must record
+PROMPT_MODES = {"text": "tokenize", "auto": "token_ids"}
+
+
+@pytest.mark.parametrize("mode", sorted(PROMPT_MODES))
 @pytest.mark.parametrize("name", PROFILES)
 def test_a_shipped_profile_runs_under_locust_against_vllm_with_complete_records(
-    vllm_server, tmp_path, name
+    vllm_server, tmp_path, name, mode
 ):
     rate_scale = 1.0 if name in FULL_RATE else RATE_SCALE
     records = tmp_path / "records"
@@ -72,7 +79,7 @@ def test_a_shipped_profile_runs_under_locust_against_vllm_with_complete_records(
             "--rate-scale",
             str(rate_scale),
             "--prompt-mode",
-            "text",
+            mode,
             # vLLM streams usage in every chunk; said outright, the 2-token probe (token
             # ids this vocabulary refuses) is not sent
             "--continuous-usage",
@@ -103,10 +110,14 @@ def test_a_shipped_profile_runs_under_locust_against_vllm_with_complete_records(
         f"missing {sorted(expected - got)[:5]}, extra {sorted(got - expected)[:5]}"
     )
     assert summary["status_counts"] == {"ok": frame.height}, summary["status_counts"]
-    assert summary["probe_requests"] == 0
+    # auto: one 1-token probe with the default ids, which vLLM refuses (never counted)
+    assert summary["probe_requests"] == (1 if mode == "auto" else 0)
+    if mode == "auto":
+        assert summary["prompts"]["mode"] == "token_ids", summary["prompts"]
+        assert summary["prompts"]["id_range"][1] <= 1280, summary["prompts"]
 
-    # exact prompt lengths: vLLM's count of each text prompt is its target
-    assert set(frame["prompt_method"]) == {"tokenize"}
+    # exact prompt lengths: vLLM's count of each prompt is its target
+    assert set(frame["prompt_method"]) == {PROMPT_MODES[mode]}
     wrong = frame.filter(pl.col("server_prompt_tokens") != pl.col("prompt_tokens"))
     assert wrong.is_empty(), wrong.select("request_id", "prompt_tokens", "server_prompt_tokens")
     # every output token asked for (ignore_eos), counted from vLLM's continuous usage
