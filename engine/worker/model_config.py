@@ -201,12 +201,12 @@ class ModelConfig:
         dtype = _HF_DTYPES.get(str(hf.get("torch_dtype", hf.get("dtype", "float32"))), "float32")
         # transformers 5 writes RoPE as `rope_parameters` (rope_theta inside, rope_type
         # "default" when unscaled) instead of top-level `rope_theta` and `rope_scaling`.
-        rope_parameters = hf.get("rope_parameters") or {}
-        scaling = hf.get("rope_scaling") or rope_parameters
+        rope_parameters: dict[str, Any] = hf.get("rope_parameters") or {}
+        scaling: dict[str, Any] = hf.get("rope_scaling") or rope_parameters
         rope_theta = hf.get("rope_theta", rope_parameters.get("rope_theta", 10000.0))
+        rope_type = str(scaling.get("rope_type", scaling.get("type", "default")))
         rope_scaling = None
-        if scaling and scaling.get("rope_type", scaling.get("type")) != "default":
-            rope_type = scaling.get("rope_type", scaling.get("type"))
+        if rope_type != "default":
             params = {
                 k: scaling[k]
                 for k in (

@@ -215,6 +215,9 @@ def test_transformers_5_rope_parameters_are_read_as_rope_theta_and_scaling():
     plain = {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 20000.0}}
     config = ModelConfig.from_hf_config(plain)
     assert (config.rope_theta, config.rope_scaling) == (20000.0, None)
+    theta_only = {**base, "rope_parameters": {"rope_theta": 30000.0}}
+    config = ModelConfig.from_hf_config(theta_only)
+    assert (config.rope_theta, config.rope_scaling) == (30000.0, None)
     linear = {**base, "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}}
     assert ModelConfig.from_hf_config(linear).rope_scaling == RopeScaling("linear", 4.0)
 
