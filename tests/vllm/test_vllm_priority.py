@@ -63,6 +63,10 @@ class Streams:
         self.lock = threading.Lock()
         self.connections: dict[str, http.client.HTTPConnection] = {}
         self.done: set[str] = set()
+        #: name -> how its stream ended, in order: "[DONE]", "closed by the test",
+        #: "ended without [DONE]" (the server ended it)
+        self.endings: dict[str, str] = {}
+        self.closed: set[str] = set()
 
     def send(self, name: str, max_tokens: int, priority: int) -> None:
         body = {
@@ -98,13 +102,18 @@ class Streams:
                 if line.startswith(b"data: [DONE]"):
                     with self.lock:
                         self.done.add(name)
-        except (OSError, ValueError, AttributeError):
-            pass  # a blocker the test closed
-        finally:
-            conn.close()
+            ending = "[DONE]" if name in self.done else "ended without [DONE]"
+            if name in self.closed and name not in self.done:
+                ending = "closed by the test"
+        except (OSError, ValueError, AttributeError, http.client.HTTPException):
+            ending = "closed by the test" if name in self.closed else "connection error"
+        with self.lock:
+            self.endings[name] = ending
+        conn.close()
 
     def close(self, name: str) -> None:
         """End a stream from the client's side (the engine aborts the request)."""
+        self.closed.add(name)
         self.connections[name].sock.shutdown(socket.SHUT_RDWR)
 
     def join(self) -> None:
@@ -127,12 +136,13 @@ def admission_order(url: str) -> list[str]:
     deadline = time.monotonic() + 120
     while len(streams.order) < MAX_NUM_SEQS + NUM_QUEUED + 1 and time.monotonic() < deadline:
         time.sleep(0.05)
-    finished_early = streams.done & set(blockers)
-    assert not finished_early, f"{finished_early} ended before the queue was served"
+    early = {b: streams.endings[b] for b in blockers[1:] if b in streams.endings}
+    assert not early, f"blockers ended before the queue was served: {early}; {streams.order}"
     for name in blockers[1:]:
         streams.close(name)
     streams.join()
     assert not streams.errors, streams.errors
+    assert all(streams.endings[b] == "closed by the test" for b in blockers), streams.endings
     return [name for name in streams.order if not name.startswith("blocker")]
 
 
