@@ -164,8 +164,9 @@ def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
 NO_ENGINE_RECORDS = (
     "no engine-side records (an external engine without spans): these sections cannot "
     "be filled and are not evidence of absence: queue wait (queue p99, queue max), "
-    "preemptions (the preempt columns read 0), stall causes (every stall counts as "
-    "other) and the trap diagnosis; the client-side tables and pictures are complete, "
+    "preemptions (the preempt columns read 0), what the engine did over each stall "
+    "(its cause: unknown, external engine) and the trap diagnosis; the client-side "
+    "tables, pictures and stalls are complete, "
     "and the engine's /metrics are in metrics.parquet when it was scraped. Spans fill "
     "some: --target-otlp-port (docs/vllm.md)"
 )
