@@ -1,0 +1,31 @@
+"""The confirm step's comparison (harness/tune/confirm.py) on made-up measurements: the
+rates served, the measured capacity, how far off the simulator was, the flag."""
+
+from harness.tune.confirm import Confirmed, _compare, confirm_rates
+from harness.tune.objective import Evaluation
+
+
+def test_rates_bracket_the_predicted_capacity():
+    e = Evaluation(knobs={}, value=2.0, capacity=2.0)
+    assert confirm_rates(e, "capacity", 0.15) == [1.7, 2.0, 2.3]
+    assert confirm_rates(e, "capacity", 0.0) == [2.0]
+    assert confirm_rates(Evaluation(knobs={}), "capacity", 0.15) == [1.0]  # nothing met
+    assert confirm_rates(e, "goodput", 0.15) == [1.0]
+
+
+def _confirmed(capacity: float, measured: dict[float, bool]) -> Confirmed:
+    c = Confirmed("c1", {"capacity": capacity, "value": capacity})
+    c.measured = {r: {"meets": m, "predicted_meets": r <= capacity} for r, m in measured.items()}
+    _compare(c, "capacity")
+    return c
+
+
+def test_a_missed_slo_the_simulator_promised_is_flagged():
+    c = _confirmed(2.0, {1.7: True, 2.0: False, 2.3: False})
+    assert c.missed == [2.0] and c.measured_capacity == 1.7
+    assert abs(c.off_by - (2.0 / 1.7 - 1)) < 1e-9
+
+
+def test_a_capacity_measured_as_predicted_is_not_flagged():
+    c = _confirmed(2.0, {1.7: True, 2.0: True, 2.3: False})
+    assert c.missed == [] and c.measured_capacity == 2.0 and c.off_by == 0.0
