@@ -29,3 +29,18 @@ def test_a_missed_slo_the_simulator_promised_is_flagged():
 def test_a_capacity_measured_as_predicted_is_not_flagged():
     c = _confirmed(2.0, {1.7: True, 2.0: True, 2.3: False})
     assert c.missed == [] and c.measured_capacity == 2.0 and c.off_by == 0.0
+
+
+def test_cells_carry_each_configurations_knobs_or_the_targets_label():
+    from harness.knobs import knob_defaults
+    from harness.tune.confirm import Candidate, ConfirmSettings, plan_cells
+
+    knobs = {**knob_defaults(), "scheduling_policy": "sjf", "max_wait_s": 5.0}
+    cands = [Candidate("c1", Evaluation(knobs=knobs, value=2.0, capacity=2.0))]
+    cells = plan_cells(cands, "capacity", ConfirmSettings(executor="sim"))
+    assert [c.name for _, _, c in cells] == ["sjf-c1-x1.7", "sjf-c1-x2", "sjf-c1-x2.3"]
+    _, rate, cell = cells[0]
+    assert rate == 1.7 and cell.config.scheduler.max_wait_s == 5.0
+    assert cell.settings == {"executor": "sim"}
+    target = plan_cells(cands, "capacity", ConfirmSettings(target="http://127.0.0.1:1", margin=0))
+    assert [(c.name, c.config, c.knobs) for _, _, c in target] == [("target-c1-x2", None, {})]
