@@ -279,7 +279,8 @@ def stalls_timeline(
         cols=1,
         shared_xaxes=False,
         subplot_titles=keys,
-        vertical_spacing=0.12 if len(keys) > 1 else 0.1,
+        # plotly refuses a spacing above 1 / (rows - 1): a run of 12 cells has 12 rows
+        vertical_spacing=min(0.12, 0.5 / (len(keys) - 1)) if len(keys) > 1 else 0.1,
     )
     for row, key in enumerate(keys, 1):
         frame = stalls[key]
