@@ -154,7 +154,13 @@ def confirm(
         machine=next(iter(machines.values())),
         cell_settings={name: {"machine": m} for name, m in machines.items()},
     )
-    _, _, root = run_matrix(options, console)
+    try:
+        _, _, root = run_matrix(options, console)
+    except Exception as exc:  # noqa: BLE001 - the cells' own files still say what was measured
+        # The cells are served and written before the run's report; a report that
+        # fails must not lose them (the comparison reads each cell's summary.json).
+        console.print(f"confirm: the run's report failed ({type(exc).__name__}: {exc})")
+        root = out
     findings = _findings(root)
     results: dict[str, Confirmed] = {}
     for cand, rate, cell in planned:

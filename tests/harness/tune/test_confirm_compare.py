@@ -44,3 +44,48 @@ def test_cells_carry_each_configurations_knobs_or_the_targets_label():
     assert cell.settings == {"executor": "sim"}
     target = plan_cells(cands, "capacity", ConfirmSettings(target="http://127.0.0.1:1", margin=0))
     assert [(c.name, c.config, c.knobs) for _, _, c in target] == [("target-c1-x2", None, {})]
+
+
+def test_a_failing_run_report_keeps_the_served_cells_measurements(tmp_path, monkeypatch):
+    """The cells are written before the run's report: a report that raises (as plotly's
+    spacing bound once did at 12 cells) must not lose them."""
+    import json
+
+    import harness.run
+    from engine.core.cost_model import CostModel
+    from harness.knobs import knob_defaults
+    from harness.profiles import resolve_profile
+    from harness.tune.confirm import Candidate, ConfirmSettings, confirm
+    from harness.tune.objective import Context
+    from harness.tune.slo import Target
+
+    classes = {
+        "short_chat": {
+            "requests": 3,
+            "counts": {"ok": 3},
+            "metrics": {"ttft_s": {"p95": 0.4}},
+        }
+    }
+
+    def served_then_report_fails(options, console):
+        for cell in options.plan.cells:
+            (options.out / cell.name).mkdir(parents=True)
+            summary = {"policies": {cell.name: {"classes": classes, "overall": {}}}}
+            (options.out / cell.name / "summary.json").write_text(json.dumps(summary))
+        raise ValueError("Vertical spacing cannot be greater than ...")
+
+    monkeypatch.setattr(harness.run, "run_matrix", served_then_report_fails)
+    ctx = Context(
+        resolve_profile("mixed"), None, (Target("short_chat", "ttft", "p95", 0.5),), CostModel()
+    )
+    cand = Candidate("c1", Evaluation(knobs=knob_defaults(), value=1.0, capacity=1.0))
+    settings = ConfirmSettings(executor="sim", margin=0)
+    results, root = confirm([cand], ctx, "mixed", 0.1, settings, tmp_path / "confirm", _Quiet())
+    assert root == tmp_path / "confirm"
+    (result,) = results
+    assert result.measured[1.0]["meets"] and result.measured_capacity == 1.0 and not result.missed
+
+
+class _Quiet:
+    def print(self, *args, **kwargs):
+        pass
