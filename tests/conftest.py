@@ -43,6 +43,7 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     "harness/run/test_run.py": ("slow",),
     "harness/run/test_run_target_vocabulary.py": ("slow",),
     "harness/run/test_run_target_external.py": ("slow",),
+    "harness/tune/test_tune_confirm.py": ("slow",),
     "harness/test_served_calibration_sim.py": ("slow",),
     "harness/test_served_calibration_knobs.py": ("slow",),
     "test_architecture.py": ("slow",),
@@ -93,6 +94,13 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_an_engine_process_killed_before_its_first_flush_is_a_failed_exit",
     ): ("slow",),
     ("harness/run/test_run.py", "test_served_torch_two_policies"): ("torch_model",),
+    ("harness/tune/test_tune_confirm.py", "test_confirm_serves_with_the_torch_executor"): (
+        "torch_model",
+    ),
+    ("harness/tune/test_search.py", "test_a_process_pool_gives_the_same_search_as_one_worker"): (
+        "slow",
+    ),
+    ("harness/tune/test_tune_cli.py", "test_the_search_is_deterministic_for_a_seed"): ("slow",),
     (
         "harness/run/test_run.py",
         "test_prometheus_scrapes_the_cell_and_its_series_become_metrics_parquet",

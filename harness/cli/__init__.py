@@ -3,7 +3,8 @@
 
 One module per command; each parses and checks its arguments, calls the harness
 (``harness.simulate``, ``harness.run``, ``harness.serve``, ``harness.calibrate``,
-``harness.report``, ``harness.dashboards``, ``harness.bench``) and maps its errors to exit codes.
+``harness.report``, ``harness.dashboards``, ``harness.bench``, ``harness.tune``) and maps
+its errors to exit codes.
 :mod:`harness.cli.app` holds the app and its consoles; the commands are registered
 here, in the order ``schedscope --help`` lists them.
 """
@@ -20,12 +21,14 @@ from harness.cli import (
     run,
     serve,
     simulate,
+    tune,
     worker,
 )
 from harness.cli.app import app
 
 app.command()(simulate.simulate)
 app.command()(run.run)
+app.command()(tune.tune)
 app.command()(serve.serve)
 app.command("export-tokenizer")(export_tokenizer.export_tokenizer)
 app.command()(calibrate.calibrate)

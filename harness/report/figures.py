@@ -280,7 +280,8 @@ def stalls_timeline(
         cols=1,
         shared_xaxes=False,
         subplot_titles=keys,
-        vertical_spacing=0.12 if len(keys) > 1 else 0.1,
+        # plotly refuses a spacing above 1 / (rows - 1): a run of 12 cells has 12 rows
+        vertical_spacing=min(0.12, 0.5 / (len(keys) - 1)) if len(keys) > 1 else 0.1,
     )
     for row, key in enumerate(keys, 1):
         frame = stalls[key]
@@ -445,4 +446,53 @@ def waterfall(
     )
     fig.update_yaxes(categoryorder="array", categoryarray=order)
     fig.update_xaxes(title_text="seconds since arrival")
+    return fig
+
+
+def tradeoff_front(
+    points: list[dict], axes: list[tuple[str, str]], value_title: str, title: str
+) -> go.Figure:
+    """``schedscope tune``'s Pareto front: one subplot per (class, target) axis, the
+    target's value at the profile's rate on x, the objective (``value_title``) on y.
+    ``points``: {"label", "value", "tails": class -> target -> s, "kind": "front" |
+    "trial" | "current"}; the front's points are joined in order of x."""
+    fig = make_subplots(
+        rows=1,
+        cols=max(len(axes), 1),
+        subplot_titles=[f"{c}: {name}" for c, name in axes],
+        shared_yaxes=True,
+    )
+    styles = {
+        "trial": dict(mode="markers", marker=dict(color="#bbbbbb", size=6)),
+        "front": dict(mode="lines+markers", marker=dict(color="#d62728", size=9)),
+        "current": dict(mode="markers", marker=dict(color="#1f77b4", size=12, symbol="star")),
+    }
+    for col, (cls, name) in enumerate(axes, 1):
+        for kind, style in styles.items():
+            chosen = [
+                p
+                for p in points
+                if p["kind"] == kind and p["tails"].get(cls, {}).get(name) is not None
+            ]
+            chosen.sort(key=lambda p: p["tails"][cls][name])
+            if not chosen:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[p["tails"][cls][name] for p in chosen],
+                    y=[p["value"] for p in chosen],
+                    text=[p["label"] for p in chosen],
+                    name=kind,
+                    legendgroup=kind,
+                    showlegend=col == 1,
+                    hovertemplate=f"%{{text}}<br>{name}=%{{x:.4g}} s<br>"
+                    f"{value_title}=%{{y:.4g}}<extra></extra>",
+                    **style,
+                ),
+                row=1,
+                col=col,
+            )
+        fig.update_xaxes(title_text=f"{name} at the profile's rate (s)", row=1, col=col)
+    fig.update_yaxes(title_text=value_title, row=1, col=1)
+    fig.update_layout(title=title, **LAYOUT)
     return fig

@@ -209,3 +209,11 @@ def test_a_simulated_run_s_virtual_clock_is_unchanged():
     stall = pl.DataFrame({"start_s": [3.25], "duration_s": [0.5], "cause": ["other"]})
     fig = figures.stalls_timeline({"sim": stall}, {"sim": origin})
     assert float(fig.data[0].x[0]) == pytest.approx(3.25)
+
+
+def test_stalls_timeline_of_many_cells():
+    """A row per cell however many: 12 cells (a tune's confirm run) once raised
+    plotly's 'Vertical spacing cannot be greater than (1 / (rows - 1))'."""
+    stall = pl.DataFrame({"start_s": [1.0], "duration_s": [0.5], "cause": ["other"]})
+    fig = figures.stalls_timeline({f"cell{n}": stall for n in range(12)})
+    assert fig is not None and len(fig.data) == 12

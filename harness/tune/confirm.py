@@ -1,0 +1,247 @@
+"""The confirm step: the best configurations and the current one served for real, as
+``schedscope run`` cells (:func:`harness.run.run_matrix`), each at rates around its
+predicted capacity, and the simulator's predictions set beside what was measured
+(docs/tune.md, "The confirm step").
+
+Capacity objective: each configuration is served at its predicted capacity times
+``1 - margin``, 1 and ``1 + margin`` (one rate when ``margin`` is 0; the profile's own
+rate when nothing was predicted to meet). The measured capacity is the highest rate
+served at which every class met its targets (a lower bound, bracketed by the next rate
+served), so "predicted within ``margin``" is what the three rates can tell. Goodput
+objective: the profile's own rate. A rate the simulator said meets the SLOs and the
+served run missed is flagged.
+
+``--target URL``: an external engine takes no knobs from us: the winner's flags are
+printed for it (``vllm serve ...``) and the target, started with them, is served at the
+winner's rates instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from harness.run.matrix import Cell, RunPlan
+from harness.tune.objective import CAPACITY, Context, Evaluation, tails_of
+from harness.tune.slo import meets
+
+
+@dataclass
+class Candidate:
+    """One configuration to serve: its label (``c1`` .. ``cK``, ``current``), knobs and
+    what the simulator predicted."""
+
+    label: str
+    evaluation: Evaluation
+
+
+@dataclass
+class ConfirmSettings:
+    executor: str = "torch"  # the served cells' --executor (sim: fast tests)
+    cost_model: Path | None = None  # what the sim executor sleeps (None: the built-in)
+    torch_threads: int | None = None
+    target: str | None = None
+    margin: float = 0.15
+    grace_s: float = 30.0
+    start_timeout_s: float = 180.0
+    report: bool = True
+
+
+@dataclass
+class Confirmed:
+    label: str
+    predicted: dict
+    #: rate -> {"cell", "meets", "predicted_meets", "tails", "goodput_rps", "status"}
+    measured: dict = field(default_factory=dict)
+    measured_capacity: float | None = None
+    #: predicted capacity / measured capacity - 1 (None: not comparable)
+    off_by: float | None = None
+    #: rates the simulator said meet the SLOs and the served run missed
+    missed: list[float] = field(default_factory=list)
+    traps: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label,
+            "predicted": self.predicted,
+            "measured": {f"{r:g}": v for r, v in self.measured.items()},
+            "measured_capacity": self.measured_capacity,
+            "off_by": self.off_by,
+            "missed": self.missed,
+            "flagged": bool(self.missed),
+            "traps": self.traps,
+        }
+
+
+def confirm_rates(evaluation: Evaluation, objective: str, margin: float) -> list[float]:
+    """The rate scales a candidate is served at (module docstring)."""
+    capacity = evaluation.capacity
+    if objective != CAPACITY or not capacity:
+        return [1.0]
+    factors = (1.0,) if margin <= 0 else (1 - margin, 1.0, 1 + margin)
+    return sorted({float(f"{capacity * f:.3g}") for f in factors})
+
+
+def plan_cells(
+    candidates: list[Candidate], objective: str, settings: ConfirmSettings
+) -> list[tuple[Candidate, float, Cell]]:
+    """(candidate, rate, cell) for every cell to serve; names
+    ``<policy>-<label>-x<rate>`` (``target-<label>-x<rate>`` against a --target)."""
+    from harness.knobs import build_engine_config
+
+    out = []
+    for cand in candidates:
+        knobs = cand.evaluation.knobs
+        for rate in confirm_rates(cand.evaluation, objective, settings.margin):
+            if settings.target:
+                cell = Cell(f"target-{cand.label}-x{rate:g}", "target", cand.label, rate, {})
+            else:
+                policy = knobs["scheduling_policy"]
+                cell = Cell(
+                    f"{policy}-{cand.label}-x{rate:g}",
+                    policy,
+                    cand.label,
+                    rate,
+                    dict(knobs),
+                    build_engine_config(knobs),
+                    {"executor": settings.executor},
+                )
+            out.append((cand, rate, cell))
+    return out
+
+
+def confirm(
+    candidates: list[Candidate],
+    ctx: Context,
+    profile_name: str,
+    duration_scale: float,
+    settings: ConfirmSettings,
+    out: Path,
+    console: Console,
+) -> tuple[list[Confirmed], Path]:
+    """Serve every candidate's cells under ``out`` (a ``schedscope run`` root) and
+    compare. Returns the comparisons and the run root."""
+    from harness.machine import fingerprint
+    from harness.run import RunOptions, run_matrix
+
+    planned = plan_cells(candidates, ctx.objective, settings)
+    plan = RunPlan([c for _, _, c in planned], profile_name, duration_scale, ctx.seed)
+    executor = "external" if settings.target else settings.executor
+    machines = {
+        c.name: fingerprint(
+            c.config.model if c.config else "tiny",
+            executor=executor,
+            torch_threads=settings.torch_threads or None,
+        ).to_dict()
+        for _, _, c in planned
+    }
+    options = RunOptions(
+        plan=plan,
+        out=out,
+        settings={
+            "executor": settings.executor,
+            "cost_model": settings.cost_model,
+            "torch_threads": settings.torch_threads,
+            "target": settings.target.rstrip("/") if settings.target else None,
+            "grace_s": settings.grace_s,
+            "start_timeout_s": settings.start_timeout_s,
+        },
+        argv=["schedscope", "tune", "(confirm)"],
+        report=settings.report,
+        machine=next(iter(machines.values())),
+        cell_settings={name: {"machine": m} for name, m in machines.items()},
+    )
+    try:
+        _, _, root = run_matrix(options, console)
+    except Exception as exc:  # noqa: BLE001 - the cells' own files still say what was measured
+        # The cells are served and written before the run's report; a report that
+        # fails must not lose them (the comparison reads each cell's summary.json).
+        console.print(f"confirm: the run's report failed ({type(exc).__name__}: {exc})")
+        root = out
+    findings = _findings(root)
+    results: dict[str, Confirmed] = {}
+    for cand, rate, cell in planned:
+        entry = results.setdefault(cand.label, Confirmed(cand.label, predicted(cand.evaluation)))
+        entry.measured[rate] = _measured(root / cell.name, cell, rate, cand.evaluation, ctx)
+        entry.traps += [f for f in findings if f.get("policy") == cell.name]
+    for entry in results.values():
+        _compare(entry, ctx.objective)
+    return list(results.values()), root
+
+
+def predicted(e: Evaluation) -> dict:
+    return {
+        "value": e.value,
+        "capacity": e.capacity,
+        "goodput_rps": e.goodput_rps,
+        "meets_at_profile_rate": e.meets_at_profile_rate,
+        "tails": e.tails,
+        "tails_at_capacity": e.tails_at_capacity,
+    }
+
+
+def _measured(cell_dir: Path, cell: Cell, rate: float, e: Evaluation, ctx: Context) -> dict:
+    """One served cell against its targets, from its summary.json."""
+    from harness.summary import group_summary
+    from harness.tune.slo import request_slos
+
+    predicted_meets = (
+        rate <= (e.capacity or 0.0) * (1 + 1e-9)
+        if ctx.objective == CAPACITY
+        else e.meets_at_profile_rate
+    )
+    entry = {"cell": cell.name, "predicted_meets": predicted_meets}
+    try:
+        summary = json.loads((cell_dir / "summary.json").read_text())
+        policy = summary["policies"][cell.name]
+    except (OSError, ValueError, KeyError):
+        return {**entry, "status": "no data", "meets": False, "tails": {}, "goodput_rps": None}
+    entry["meets"] = meets(list(ctx.targets), policy["classes"])
+    entry["tails"] = tails_of(ctx.targets, policy["classes"])
+    entry["status"] = "ok"
+    try:
+        import polars as pl
+
+        frame = pl.read_parquet(cell_dir / "requests.parquet")
+        profile = ctx.profile.with_rate_scale(rate) if rate != 1.0 else ctx.profile
+        entry["goodput_rps"] = group_summary(
+            frame, policy["duration_s"], request_slos(list(ctx.targets), profile)
+        )["goodput_rps"]
+    except (OSError, KeyError, pl.exceptions.PolarsError):
+        entry["goodput_rps"] = policy["overall"].get("goodput_rps")
+    return entry
+
+
+def _compare(entry: Confirmed, objective: str) -> None:
+    rates = sorted(entry.measured)
+    entry.missed = [
+        r for r in rates if entry.measured[r]["predicted_meets"] and not entry.measured[r]["meets"]
+    ]
+    if objective != CAPACITY:
+        measured = entry.measured[rates[0]].get("goodput_rps")
+        value = entry.predicted["value"]
+        entry.off_by = value / measured - 1 if measured else None
+        return
+    meeting = [r for r in rates if entry.measured[r]["meets"]]
+    entry.measured_capacity = max(meeting) if meeting else 0.0
+    capacity = entry.predicted["capacity"]
+    entry.off_by = (
+        capacity / entry.measured_capacity - 1 if entry.measured_capacity and capacity else None
+    )
+
+
+def _findings(root: Path) -> list[dict]:
+    """The report's trap findings of the served run (its summary.json ``diagnosis``)."""
+    try:
+        summary = json.loads((root / "summary.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if summary.get("kind") != "schedscope-report":
+        return []
+    return [
+        {k: f.get(k) for k in ("trap", "policy", "title", "message", "knob")}
+        for f in summary.get("diagnosis", [])
+    ]

@@ -1,0 +1,91 @@
+"""The confirm step's comparison (harness/tune/confirm.py) on made-up measurements: the
+rates served, the measured capacity, how far off the simulator was, the flag."""
+
+from harness.tune.confirm import Confirmed, _compare, confirm_rates
+from harness.tune.objective import Evaluation
+
+
+def test_rates_bracket_the_predicted_capacity():
+    e = Evaluation(knobs={}, value=2.0, capacity=2.0)
+    assert confirm_rates(e, "capacity", 0.15) == [1.7, 2.0, 2.3]
+    assert confirm_rates(e, "capacity", 0.0) == [2.0]
+    assert confirm_rates(Evaluation(knobs={}), "capacity", 0.15) == [1.0]  # nothing met
+    assert confirm_rates(e, "goodput", 0.15) == [1.0]
+
+
+def _confirmed(capacity: float, measured: dict[float, bool]) -> Confirmed:
+    c = Confirmed("c1", {"capacity": capacity, "value": capacity})
+    c.measured = {r: {"meets": m, "predicted_meets": r <= capacity} for r, m in measured.items()}
+    _compare(c, "capacity")
+    return c
+
+
+def test_a_missed_slo_the_simulator_promised_is_flagged():
+    c = _confirmed(2.0, {1.7: True, 2.0: False, 2.3: False})
+    assert c.missed == [2.0] and c.measured_capacity == 1.7
+    assert abs(c.off_by - (2.0 / 1.7 - 1)) < 1e-9
+
+
+def test_a_capacity_measured_as_predicted_is_not_flagged():
+    c = _confirmed(2.0, {1.7: True, 2.0: True, 2.3: False})
+    assert c.missed == [] and c.measured_capacity == 2.0 and c.off_by == 0.0
+
+
+def test_cells_carry_each_configurations_knobs_or_the_targets_label():
+    from harness.knobs import knob_defaults
+    from harness.tune.confirm import Candidate, ConfirmSettings, plan_cells
+
+    knobs = {**knob_defaults(), "scheduling_policy": "sjf", "max_wait_s": 5.0}
+    cands = [Candidate("c1", Evaluation(knobs=knobs, value=2.0, capacity=2.0))]
+    cells = plan_cells(cands, "capacity", ConfirmSettings(executor="sim"))
+    assert [c.name for _, _, c in cells] == ["sjf-c1-x1.7", "sjf-c1-x2", "sjf-c1-x2.3"]
+    _, rate, cell = cells[0]
+    assert rate == 1.7 and cell.config.scheduler.max_wait_s == 5.0
+    assert cell.settings == {"executor": "sim"}
+    target = plan_cells(cands, "capacity", ConfirmSettings(target="http://127.0.0.1:1", margin=0))
+    assert [(c.name, c.config, c.knobs) for _, _, c in target] == [("target-c1-x2", None, {})]
+
+
+def test_a_failing_run_report_keeps_the_served_cells_measurements(tmp_path, monkeypatch):
+    """The cells are written before the run's report: a report that raises (as plotly's
+    spacing bound once did at 12 cells) must not lose them."""
+    import json
+
+    import harness.run
+    from engine.core.cost_model import CostModel
+    from harness.knobs import knob_defaults
+    from harness.profiles import resolve_profile
+    from harness.tune.confirm import Candidate, ConfirmSettings, confirm
+    from harness.tune.objective import Context
+    from harness.tune.slo import Target
+
+    classes = {
+        "short_chat": {
+            "requests": 3,
+            "counts": {"ok": 3},
+            "metrics": {"ttft_s": {"p95": 0.4}},
+        }
+    }
+
+    def served_then_report_fails(options, console):
+        for cell in options.plan.cells:
+            (options.out / cell.name).mkdir(parents=True)
+            summary = {"policies": {cell.name: {"classes": classes, "overall": {}}}}
+            (options.out / cell.name / "summary.json").write_text(json.dumps(summary))
+        raise ValueError("Vertical spacing cannot be greater than ...")
+
+    monkeypatch.setattr(harness.run, "run_matrix", served_then_report_fails)
+    ctx = Context(
+        resolve_profile("mixed"), None, (Target("short_chat", "ttft", "p95", 0.5),), CostModel()
+    )
+    cand = Candidate("c1", Evaluation(knobs=knob_defaults(), value=1.0, capacity=1.0))
+    settings = ConfirmSettings(executor="sim", margin=0)
+    results, root = confirm([cand], ctx, "mixed", 0.1, settings, tmp_path / "confirm", _Quiet())
+    assert root == tmp_path / "confirm"
+    (result,) = results
+    assert result.measured[1.0]["meets"] and result.measured_capacity == 1.0 and not result.missed
+
+
+class _Quiet:
+    def print(self, *args, **kwargs):
+        pass
