@@ -7,7 +7,7 @@ logarithmic one). ``when`` makes it conditional: searched only when an earlier
 categorical knob has one of the listed values (``aging_rate`` only under sjf and
 priority), else left at the current configuration's value.
 
-:data:`DEFAULT_PARAMS` covers the scheduler guide's knobs: the policy, its aging rate and
+:data:`DEFAULT_PARAMS` covers the scheduler's knobs: the policy, its aging rate and
 max-wait bound, ``max_num_seqs``, ``max_num_batched_tokens``, chunked prefill, the KV
 pool (``gpu_memory_utilization``), the swap space and the preemption mode. ``--space
 FILE`` (TOML) narrows or widens it::

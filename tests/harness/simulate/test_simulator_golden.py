@@ -1,5 +1,5 @@
 """The simulator's output files, byte for byte, against digests made by the code
-before it was made faster (issue 22): speed must change nothing a user sees.
+before it was made faster (decode runs): speed must change nothing a user sees.
 
 Each case simulates a small schedule through :func:`harness.simulate.run_simulations`
 (what ``schedscope simulate`` calls) and compares the SHA-256 (its first 48 hex
@@ -75,7 +75,7 @@ CASES: dict[str, tuple[str, tuple[str, ...], dict, int | None, float]] = {
 #: Hex digits of each SHA-256 kept (192 bits: a collision is out of the question).
 DIGITS = 48
 
-#: Made by the simulator before issue 22's speed-up (main at 8788008).
+#: Made by the simulator before its decode-run speed-up (main at 8788008).
 GOLDEN: dict[str, dict[str, str]] = {
     "closed-loop": {
         "decisions.parquet": "503a8c50301228dc9b1e434006cef518ea7cfc39f4840a35",
