@@ -106,15 +106,21 @@ def paired_block_bootstrap(
         chosen = rng.integers(0, num_blocks, num_blocks)
         ia = np.concatenate([np.arange(ba[k], ba[k + 1]) for k in chosen])
         ib = np.concatenate([np.arange(bb[k], bb[k + 1]) for k in chosen])
-        if ia.size == 0 or ib.size == 0:
-            continue
-        sa, sb = statistic(va[ia]), statistic(vb[ib])
-        if sa is None or sb is None:
-            continue
-        value = sa - sb if contrast is None else contrast(sa, sb)
-        if value is not None:
-            diffs.append(value)
+        _add_contrast(diffs, va, ia, vb, ib, statistic, contrast)
     return _percentile_interval(diffs, resamples, confidence)
+
+
+def _add_contrast(diffs: list, va, ia, vb, ib, statistic, contrast) -> None:
+    """One resample's contrast (A's rows ``ia``, B's ``ib``) onto ``diffs``; nothing when
+    a side drew no row or a statistic is undefined."""
+    if ia.size == 0 or ib.size == 0:
+        return
+    sa, sb = statistic(va[ia]), statistic(vb[ib])
+    if sa is None or sb is None:
+        return
+    value = sa - sb if contrast is None else contrast(sa, sb)
+    if value is not None:
+        diffs.append(value)
 
 
 def _percentile_interval(diffs: list, resamples: int, confidence: float):
@@ -171,12 +177,5 @@ def _two_stage(a, b, statistic, num_blocks, resamples, rng, max_rows, confidence
         chosen = rng.integers(0, num_blocks, num_blocks)
         ia = rows(bounds_a, chosen_a, chosen)
         ib = rows(bounds_b, chosen_b, chosen)
-        if ia.size == 0 or ib.size == 0:
-            continue
-        sa, sb = statistic(va[ia]), statistic(vb[ib])
-        if sa is None or sb is None:
-            continue
-        value = sa - sb if contrast is None else contrast(sa, sb)
-        if value is not None:
-            diffs.append(value)
+        _add_contrast(diffs, va, ia, vb, ib, statistic, contrast)
     return _percentile_interval(diffs, resamples, confidence)
