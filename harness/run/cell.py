@@ -117,6 +117,9 @@ class CellSettings:
     #: ``--expect-workers``: seconds Locust's master may wait for its remote workers
     #: (added to the cell's Locust deadline).
     workers_wait_s: float = 0.0
+    #: ``--expect-workers``: a TOML profile's locustfile holds the profile and its files
+    #: (harness/profiles/bundle.py), for workers that lack them.
+    ship_profile: bool = False
     serve_args: list[str] = field(default_factory=list)
     start_timeout_s: float = 180.0
     #: the fingerprint of the machine (harness/machine.py), for run.json and summary.json
@@ -423,7 +426,7 @@ def _run_locust(stack: ExitStack, run: _LoadCell, url: str, metrics: _Metrics) -
     """
     cell, settings = run.cell, run.settings
     locust = LocustRun(
-        profile_file(settings.profile_name, run.cell_dir),
+        profile_file(settings.profile_name, run.cell_dir, ship=settings.ship_profile),
         url,
         run.records,
         run.cell_dir / "locust.log",
