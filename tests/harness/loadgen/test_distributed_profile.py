@@ -14,13 +14,12 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import polars as pl
 
 from harness.loadgen.clock import TEST_OFFSET_ENV
 from harness.profiles import build_plan, load_profile
-from tests.harness.loadgen.test_distributed import free_port
+from tests.harness.loadgen.test_distributed import free_port, schedscope_worker
 from tests.harness.profiles.test_bundle import write_profile
 from tests.support.paths import REPO
 
@@ -86,17 +85,7 @@ def test_workers_without_the_toml_profile_run_its_exact_schedule(tmp_path):
         _wait_for_port(port, run)
         shutil.rmtree(master_dir / "profile")  # read by the master; no worker sees it
         for i in range(2):
-            workers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable, "-m", "harness.cli", "worker", "--master-host",
-                        "127.0.0.1", "--master-port", str(port), "--once",
-                        "--records-dir", str(tmp_path / f"w{i}"),
-                    ],
-                    cwd=elsewhere, env=_env(), stdout=open(tmp_path / f"w{i}.log", "w"),
-                    stderr=subprocess.STDOUT,
-                )  # fmt: skip
-            )
+            workers.append(schedscope_worker(port, tmp_path, i, elsewhere, _env()))
         output, _ = run.communicate(timeout=400)
     finally:
         for p in [run, *workers]:

@@ -93,7 +93,9 @@ def test_a_packed_profile_loads_the_same_schedule_without_its_files(tmp_path):
 
 def test_too_much_to_ship_is_refused_naming_the_file(tmp_path):
     path = write_profile(tmp_path)
-    with pytest.raises(ProfileError, match=r"1670 bytes, more than the 100 bytes .*largest: trace\.jsonl, 973"):
+    with pytest.raises(
+        ProfileError, match=r"1670 bytes, more than the 100 bytes .*largest: trace\.jsonl, 973"
+    ):
         pack_profile(path, limit=100)
 
 
