@@ -560,6 +560,7 @@ def _client_records(
     cannot be merged are a ``merge`` failure (the rows read as they are, if they can be,
     else None); a generator-limited load is a failure of its own."""
     from harness.loadgen.merge import MergeError, merge_records, read_records
+    from harness.loadgen.plan_check import failure_message
 
     try:
         loadgen = merge_records(records)
@@ -589,6 +590,18 @@ def _client_records(
             f"{lost['missing_open']} of its {lost['num_open_requests']} scheduled open-loop "
             f"requests have no record ({lost['num_closed_loops']} closed loop(s) ended early)",
         )
+    for failed in loadgen.get("failed_workers") or []:
+        # A worker that ran another schedule or none: the cell did not measure the load
+        # it asked for (harness/loadgen/plan_check.py).
+        if "missing_open" in failed:
+            kind = "worker_plan_mismatch" if failed.get("plan_mismatch") else "worker_failed"
+            message = failure_message(failed)
+        else:  # one process: no master to count its share
+            kind, message = (
+                "worker_failed",
+                f"the load generator could not start: {failed['error']}",
+            )
+        result.fail(kind, message, infrastructure=True)
     result.warnings.extend(clock_warnings(loadgen.get("clock") or {}))
     return client, loadgen
 
