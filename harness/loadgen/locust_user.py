@@ -397,7 +397,6 @@ class _State:
         self.collector: Collector | None = None  # the master's: the workers' rows
         self.offsets: dict[int, dict] = {}  # the master's: worker -> clock.best()
         self.plan: Plan | None = None  # the master's plan (the one its workers must build)
-        self.failed: dict[int, dict] = {}  # the master's: workers that did not run their share
         self._pongs: dict[int, list] = {}
         self.lost: dict[int, dict] = {}
         self.local_records_dir: str | None = None  # a worker's own --records-dir
@@ -457,9 +456,13 @@ class _State:
             self.clients = {i: c.id for i, c in enumerate(clients)}
             self.options = options
             self.run_id = run_id
-            self.failed = {}
-            self.plan = _plan(self.profile, options)
-            facts = plan_facts(self.plan)  # each worker checks its own plan against it
+            facts = None  # each worker checks its own plan against the master's facts
+            try:
+                self.plan = _plan(self.profile, options)
+                facts = plan_facts(self.plan)
+            except Exception:  # noqa: BLE001 - the workers fail alike, and say why
+                log.exception("schedscope: the master could not build the plan")
+                self.plan = None
             self.offsets = self._estimate_clocks(runner)
             self.collector = Collector(options.records_dir, self.offsets)
             start = time.time() + DISTRIBUTED_LEAD_S
@@ -502,7 +505,7 @@ class _State:
 
     def _on_done_message(self, environment, msg, **_kw) -> None:
         summary = msg.data
-        if summary.get("error") and self.plan is not None:
+        if summary.get("error"):
             summary = self._worker_failed(summary)
         if self.collector is not None:
             summary = self.collector.add_summary(summary)
@@ -512,15 +515,15 @@ class _State:
         """The master: a worker that did not run its share (its plan was not the
         master's, or its run could not start) fails the run, at once and by name."""
         i = int(summary["worker"])
-        mine = share(self.plan, i, self.workers)
-        received = self.collector.received.get(i, set()) if self.collector else set()
-        failure = worker_failure(
-            {**summary, "client_id": self.clients.get(i)},
-            [s.request_id for s in mine.open_requests],
-            received,
-            len(mine.closed_loops),
-        )
-        self.failed[i] = failure
+        failure = {**summary, "client_id": self.clients.get(i)}
+        if self.plan is not None:  # what of its share has no row
+            mine = share(self.plan, i, self.workers)
+            failure = worker_failure(
+                failure,
+                [s.request_id for s in mine.open_requests],
+                self.collector.received.get(i, set()) if self.collector else set(),
+                len(mine.closed_loops),
+            )
         msg = f"schedscope: WORKER FAILED: {failure_message(failure)}"
         log.error(msg)
         print(msg, file=sys.stderr, flush=True)
@@ -676,6 +679,8 @@ class _State:
                 file=sys.stderr,
                 flush=True,
             )
+        if any(s.get("error") for s in self.done.values()):
+            self.environment.process_exit_code = 1  # a process did not run its share
         ok = sum(s.get("status_counts", {}).get("ok", 0) for s in self.done.values())
         scheduled = sum(
             s.get("num_open_requests", 0) + s.get("num_closed_loops", 0) for s in self.done.values()

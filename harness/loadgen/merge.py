@@ -185,10 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{lost['num_open_requests']} scheduled open-loop requests have no record"
         )
     for failed in s["failed_workers"]:
-        if "missing_open" in failed:  # the master's account of a worker's share
-            print(f"WARNING: {failure_message(failed)}")
-        else:
-            print(f"WARNING: process {failed['worker']} could not start: {failed['error']}")
+        print(f"WARNING: {failure_message(failed)}")
     if s["generator_limited"]:
         print("WARNING: generator-limited run: latencies include the generator's delay")
     return 0

@@ -78,15 +78,18 @@ def worker_failure(summary: dict, open_ids: list[str], received: set[str], close
 
 
 def failure_message(failure: dict) -> str:
-    """One line for a worker that did not run its share (:func:`worker_failure`'s dict)."""
+    """One line for a process that did not run its share: its summary, with
+    :func:`worker_failure`'s counts when the master knew its share."""
     name = f"worker {failure['worker']}"
     if failure.get("client_id"):
         name += f" ({failure['client_id']})"
     # a mismatch's error says it (PlanMismatch); any other stopped the run's start
     what = ":" if failure.get("plan_mismatch") else " could not start:"
+    line = f"load-generator {name}{what} {failure.get('error')}"
+    if "missing_open" not in failure:
+        return line
     return (
-        f"load-generator {name}{what} {failure.get('error')}; "
-        f"{failure['missing_open']} of its {failure['num_open_requests']} scheduled "
+        f"{line}; {failure['missing_open']} of its {failure['num_open_requests']} scheduled "
         f"open-loop requests have no record ({failure['num_closed_loops']} closed loop(s) "
         f"not run)"
     )

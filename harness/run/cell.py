@@ -593,15 +593,8 @@ def _client_records(
     for failed in loadgen.get("failed_workers") or []:
         # A worker that ran another schedule or none: the cell did not measure the load
         # it asked for (harness/loadgen/plan_check.py).
-        if "missing_open" in failed:
-            kind = "worker_plan_mismatch" if failed.get("plan_mismatch") else "worker_failed"
-            message = failure_message(failed)
-        else:  # one process: no master to count its share
-            kind, message = (
-                "worker_failed",
-                f"the load generator could not start: {failed['error']}",
-            )
-        result.fail(kind, message, infrastructure=True)
+        kind = "worker_plan_mismatch" if failed.get("plan_mismatch") else "worker_failed"
+        result.fail(kind, failure_message(failed), infrastructure=True)
     result.warnings.extend(clock_warnings(loadgen.get("clock") or {}))
     return client, loadgen
 

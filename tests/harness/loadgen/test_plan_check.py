@@ -3,9 +3,13 @@ mismatch it raises, the master's account of a worker that did not run its share.
 
 from __future__ import annotations
 
+import json
+
 from harness.loadgen.plan_check import PlanMismatch, check_plan, failure_message, worker_failure
 from harness.profiles import build_plan
 from harness.profiles.digest import plan_digest
+from harness.run.cell import CellResult, _client_records
+from harness.run.matrix import Cell
 from tests.harness.profiles.test_digest import WITH_CLOSED
 
 
@@ -38,3 +42,20 @@ def test_a_failed_worker_counts_what_of_its_share_has_no_row():
         "load-generator worker 1 (gen-2_ab) could not start: ProfileError: no; 2 of its 3 "
         "scheduled open-loop requests have no record (2 closed loop(s) not run)"
     )
+
+
+def test_one_process_that_could_not_start_fails_its_cell(tmp_path):
+    """No master counts its share: the line says what failed, and the cell fails."""
+    summary = {"run_id": "r", "worker": 0, "workers": 1, "pid": 5, "error": "ProfileError: x"}
+    (tmp_path / "summary-0-5.json").write_text(json.dumps(summary))
+    result = CellResult(Cell("c", "fcfs", None, 1.0, {}), tmp_path, "serve")
+    info: dict = {}
+    _client_records(result, tmp_path, info)
+    assert result.failures == [
+        {
+            "kind": "worker_failed",
+            "message": "load-generator worker 0 could not start: ProfileError: x",
+        }
+    ]
+    assert result.infrastructure_failure
+    assert info["loadgen"]["failed_workers"] == [summary]
