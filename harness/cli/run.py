@@ -259,6 +259,8 @@ def run(
         )
     except RunFileError as exc:
         raise typer.BadParameter(str(exc), param_hint="--run-file" if run_file else None) from None
+    if expect_workers:
+        _check_shippable(plan.profile)
     try:
         resolve_profile(plan.profile).with_duration_scale(plan.duration_scale)
     except ProfileError as exc:
@@ -301,6 +303,7 @@ def run(
         )
         + spread,
         "workers_wait_s": workers_wait if expect_workers else 0.0,
+        "ship_profile": bool(expect_workers),
     }
     if expect_workers:
         import socket
@@ -346,6 +349,23 @@ def loadgen_args(prompt_mode: str, endpoint: str, model: str | None) -> list[str
     """The load generator's own arguments a run passes to every cell's Locust."""
     args = ["--prompt-mode", prompt_mode, "--endpoint", endpoint]
     return args + (["--model", model] if model else [])
+
+
+def _check_shippable(profile: str) -> None:
+    """With --expect-workers: a TOML profile and the files it names go to the workers
+    inside the locustfile (harness/profiles/bundle.py); refuse now, as a usage error,
+    when they exceed what is shipped, rather than at the first cell (sizes only: before
+    a large trace is read)."""
+    from harness.profiles.bundle import check_shippable
+    from harness.run.loadgen import profile_path
+
+    path = profile_path(profile)
+    if path.suffix != ".toml":
+        return  # a .py profile is the locustfile itself: Locust sends it
+    try:
+        check_shippable(path)
+    except ProfileError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--profile/--expect-workers") from None
 
 
 def _cell_machine(

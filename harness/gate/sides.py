@@ -18,13 +18,14 @@ are concatenated (each keeps its schedule offset, so blocks still pair, and its 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
+
+from harness.profiles.digest import schedule_digest as digest_rows
 
 #: The per-request columns the gate keeps (the normalised form of every side).
 GATE_COLUMNS = (
@@ -90,17 +91,17 @@ class Side:
 
 def schedule_digest(frame: pl.DataFrame) -> str:
     """16 hex digits over the schedule itself: every request's id, class, prompt and
-    output lengths and arrival offset (to the microsecond). Equal digests: the same
-    arrivals, whichever engine answered them."""
+    output lengths and arrival offset (harness.profiles.digest, whose plan digest a
+    distributed run's workers check). Equal digests: the same arrivals, whichever
+    engine answered them."""
     rows = frame.select(
         pl.col("request_id").cast(pl.String),
         pl.col("class").cast(pl.String),
         pl.col("prompt_tokens").cast(pl.Int64),
         pl.col("max_tokens").cast(pl.Int64),
-        (pl.col("offset_s") * 1e6).round(0).cast(pl.Int64),
-    ).sort("request_id")
-    text = "\n".join(",".join("" if v is None else str(v) for v in row) for row in rows.rows())
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+        pl.col("offset_s").cast(pl.Float64),
+    ).rows()
+    return digest_rows(rows)
 
 
 def read_json(path: Path) -> dict:

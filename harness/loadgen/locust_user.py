@@ -12,10 +12,11 @@ into the file's namespace:
 
 and registers the listeners: the custom arguments (``options``), the start (one
 process: at once; distributed: the master numbers the ready workers 0..W-1 and sends
-each its index, W, the options and a common start instant in a ``schedscope_split``
-message), the per-request Locust events (``TTFT``/``TPOT``/``E2E``, named
-``ttft <class>`` ...), and the end (rows for whatever was left, the summary, the
-generator-limited warning).
+each its index, W, the options, a common start instant and its plan's facts in a
+``schedscope_split`` message; a worker whose own plan differs sends nothing, and the
+master fails the run naming it: ``plan_check``), the per-request Locust events
+(``TTFT``/``TPOT``/``E2E``, named ``ttft <class>`` ...), and the end (rows for whatever
+was left, the summary, the generator-limited warning).
 
 The end of a run that stops before its schedule has been answered (``-t`` shorter than
 the profile, the web UI's stop, Ctrl-C): sending stops at once (``test_stopping``); what
@@ -47,10 +48,17 @@ from harness.loadgen import options as opts_mod
 from harness.loadgen.client import TRANSPORTS, OpenAIClient, probe
 from harness.loadgen.dispatcher import Dispatcher
 from harness.loadgen.forward import ROWS_MESSAGE, Collector, ForwardingWriter
+from harness.loadgen.plan_check import (
+    PlanMismatch,
+    check_plan,
+    failure_message,
+    plan_facts,
+    worker_failure,
+)
 from harness.loadgen.prompts import DEFAULT_ID_RANGE
 from harness.loadgen.records import RecordWriter
-from harness.loadgen.split import share
-from harness.profiles import build_plan
+from harness.loadgen.split import Share, share
+from harness.profiles import Plan, build_plan
 
 log = logging.getLogger("schedscope.loadgen")
 
@@ -165,6 +173,7 @@ class _Run:
         options: opts_mod.LoadgenOptions,
         host: str,
         run_id: str,
+        master_plan: dict | None = None,
     ) -> None:
         self.state = state
         self.environment = environment
@@ -173,6 +182,12 @@ class _Run:
         self.host = host
         self.run_id = run_id
         self.start_at = start_at
+        #: The master's plan facts (plan_check.plan_facts); None: one process, no check.
+        self.master_plan = master_plan
+        self.plan_mismatch: dict | None = None
+        # None until built: a run whose plan cannot be built still writes its summary
+        self.plan: Plan | None = None
+        self.share: Share | None = None
         self.dispatcher: Dispatcher | None = None
         self.writer: RecordWriter | None = None
         self.summary: dict | None = None
@@ -193,6 +208,8 @@ class _Run:
             self.plan = plan = _plan(self.state.profile, o)
             profile, seed = plan.profile, plan.seed
             self.share = mine = share(plan, self.index, self.count)
+            # before the probes: a worker whose schedule is not the master's sends nothing
+            check_plan(plan, self.master_plan)
             transport = TRANSPORTS[o.http_client](
                 self.host, o.max_in_flight + 16, o.request_timeout
             )
@@ -263,6 +280,10 @@ class _Run:
             self.dispatcher.run()
         except gevent.GreenletExit:
             raise
+        except PlanMismatch as e:
+            log.error("schedscope: worker %d: %s", self.index, e)
+            self.plan_mismatch = e.facts
+            self.error = str(e)
         except Exception as e:  # noqa: BLE001 - reported, and the run ends
             log.exception("schedscope: the run could not start")
             self.error = f"{type(e).__name__}: {e}"
@@ -303,6 +324,8 @@ class _Run:
             "error": self.error,
             "options": self.options.public(),
         }
+        if self.plan_mismatch is not None:
+            s["plan_mismatch"] = self.plan_mismatch
         if self.share is not None:  # known before the probe: a run that never sent has it
             s.update(
                 num_open_requests=self.share.num_open,
@@ -373,6 +396,7 @@ class _State:
         self.clients: dict[int, str] = {}  # the master's workers: index -> client id
         self.collector: Collector | None = None  # the master's: the workers' rows
         self.offsets: dict[int, dict] = {}  # the master's: worker -> clock.best()
+        self.plan: Plan | None = None  # the master's plan (the one its workers must build)
         self._pongs: dict[int, list] = {}
         self.lost: dict[int, dict] = {}
         self.local_records_dir: str | None = None  # a worker's own --records-dir
@@ -432,6 +456,13 @@ class _State:
             self.clients = {i: c.id for i, c in enumerate(clients)}
             self.options = options
             self.run_id = run_id
+            facts = None  # each worker checks its own plan against the master's facts
+            try:
+                self.plan = _plan(self.profile, options)
+                facts = plan_facts(self.plan)
+            except Exception:  # noqa: BLE001 - the workers fail alike, and say why
+                log.exception("schedscope: the master could not build the plan")
+                self.plan = None
             self.offsets = self._estimate_clocks(runner)
             self.collector = Collector(options.records_dir, self.offsets)
             start = time.time() + DISTRIBUTED_LEAD_S
@@ -446,6 +477,7 @@ class _State:
                         "run_id": run_id,
                         "options": options.to_dict(),
                         "host": environment.host or "",
+                        "plan": facts,
                     },
                     client_id=c.id,
                 )
@@ -468,13 +500,35 @@ class _State:
             options,
             d["host"] or environment.host or "",
             d["run_id"],
+            d.get("plan"),
         )
 
     def _on_done_message(self, environment, msg, **_kw) -> None:
         summary = msg.data
+        if summary.get("error"):
+            summary = self._worker_failed(summary)
         if self.collector is not None:
             summary = self.collector.add_summary(summary)
         self.done[summary["worker"]] = summary
+
+    def _worker_failed(self, summary: dict) -> dict:
+        """The master: a worker that did not run its share (its plan was not the
+        master's, or its run could not start) fails the run, at once and by name."""
+        i = int(summary["worker"])
+        failure = {**summary, "client_id": self.clients.get(i)}
+        if self.plan is not None:  # what of its share has no row
+            mine = share(self.plan, i, self.workers)
+            failure = worker_failure(
+                failure,
+                [s.request_id for s in mine.open_requests],
+                self.collector.received.get(i, set()) if self.collector else set(),
+                len(mine.closed_loops),
+            )
+        msg = f"schedscope: WORKER FAILED: {failure_message(failure)}"
+        log.error(msg)
+        print(msg, file=sys.stderr, flush=True)
+        self.environment.process_exit_code = 1
+        return failure
 
     def _on_rows_message(self, environment, msg, **_kw) -> None:
         if self.collector is not None:
@@ -580,11 +634,10 @@ class _State:
         """The master: every worker without a summary is lost; say how many of its
         scheduled requests have no record (forward.Collector.add_lost)."""
         missing = sorted(set(self.clients) - set(self.done) - set(self.lost))
-        if not missing or self.collector is None:
+        if not missing or self.collector is None or self.plan is None:
             return
-        plan = _plan(self.profile, self.options)
         for i in missing:
-            mine = share(plan, i, self.workers)
+            mine = share(self.plan, i, self.workers)
             lost = self.collector.add_lost(
                 self.run_id, i, [s.request_id for s in mine.open_requests], len(mine.closed_loops)
             )
@@ -626,6 +679,8 @@ class _State:
                 file=sys.stderr,
                 flush=True,
             )
+        if any(s.get("error") for s in self.done.values()):
+            self.environment.process_exit_code = 1  # a process did not run its share
         ok = sum(s.get("status_counts", {}).get("ok", 0) for s in self.done.values())
         scheduled = sum(
             s.get("num_open_requests", 0) + s.get("num_closed_loops", 0) for s in self.done.values()

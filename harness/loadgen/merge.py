@@ -13,7 +13,9 @@ pick one run out of a directory that holds several) and writes:
   waited for the in-flight cap), the requests the end of the run cut in flight
   (``cut_in_flight``) or left unsent (``not_sent``), the requests sent again on a fresh
   connection (``retried``), the prompts chosen (``prompts``), the workers' summaries,
-  the server's clock epoch.
+  the workers lost mid-run (``lost_workers``) and those that did not run their share
+  (``failed_workers``: a plan not the master's, a run that could not start;
+  ``harness.loadgen.plan_check``), the server's clock epoch.
 
 Command line: ``python -m harness.loadgen.merge RECORDS_DIR [--out DIR] [--run-id ID]``.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.loadgen.plan_check import failure_message
 from harness.loadgen.records import LAG_LIMIT_S, RECORD_COLUMNS
 
 SCHEMA: dict[str, pl.DataType] = {
@@ -115,6 +118,7 @@ def merge_records(
             workers.append(s)
     lost = [json.loads(path.read_text()) for path in sorted(records_dir.glob("lost-*.json"))]
     lost = [w for w in lost if not runs or w.get("run_id") == runs[0]]
+    failed = [{k: v for k, v in w.items() if k != "options"} for w in workers if w.get("error")]
     if lag_limit_s is None:
         lag_limit_s = next((w["lag_limit_s"] for w in workers if "lag_limit_s" in w), LAG_LIMIT_S)
     lags = frame.filter(pl.col("phase_kind") == "open")["send_lag_s"].drop_nulls()
@@ -151,7 +155,8 @@ def merge_records(
             if w.get("clock_offset_s") is not None
         },
         "lost_workers": lost,
-        "missing_open": sum(w["missing_open"] for w in lost),
+        "failed_workers": failed,
+        "missing_open": sum(w.get("missing_open", 0) for w in [*lost, *failed]),
         "cut_in_flight": sum(w.get("cut_in_flight", 0) for w in workers),
         "not_sent": sum(w.get("not_sent", 0) for w in workers),
         "worker_summaries": workers,
@@ -179,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             f"WARNING: worker {lost['worker']} was lost: {lost['missing_open']} of its "
             f"{lost['num_open_requests']} scheduled open-loop requests have no record"
         )
+    for failed in s["failed_workers"]:
+        print(f"WARNING: {failure_message(failed)}")
     if s["generator_limited"]:
         print("WARNING: generator-limited run: latencies include the generator's delay")
     return 0

@@ -6,7 +6,9 @@ exactly n open-loop requests. Light on purpose: numpy and the stdlib only, so Lo
 (gevent) can import it. Schema of the files: docs/profiles.md.
 
 Modules, each importing only those before it: errors, distributions and trace, model (pure
-data), schedule (sampling) and serialize (dicts), loader (files).
+data), schedule (sampling) and serialize (dicts), loader (files) and digest (a schedule's
+digest: what the gate and a distributed run's workers compare), bundle (a TOML profile and
+its files packed into text, for remote workers).
 """
 
 from harness.profiles.distributions import KIND_PARAMS, LengthDistribution

@@ -126,11 +126,16 @@ def _scan(path: Path) -> pl.LazyFrame | None:
     return pl.scan_parquet(path) if path.is_file() else None
 
 
+#: The cell failures of a load-generator worker (harness/run/cell.py): a ``LOAD`` line each.
+WORKER_FAILURES = ("worker_plan_mismatch", "worker_failed", "worker_lost")
+
+
 def _load_notes(cell_run: dict) -> list[str]:
     from harness.loadgen.clock import clock_warnings
 
-    lost = [f["message"] for f in cell_run.get("failures") or [] if f.get("kind") == "worker_lost"]
-    return lost + clock_warnings((cell_run.get("loadgen") or {}).get("clock") or {})
+    failures = cell_run.get("failures") or []
+    workers = [f["message"] for f in failures if f.get("kind") in WORKER_FAILURES]
+    return workers + clock_warnings((cell_run.get("loadgen") or {}).get("clock") or {})
 
 
 def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:

@@ -117,6 +117,9 @@ class CellSettings:
     #: ``--expect-workers``: seconds Locust's master may wait for its remote workers
     #: (added to the cell's Locust deadline).
     workers_wait_s: float = 0.0
+    #: ``--expect-workers``: a TOML profile's locustfile holds the profile and its files
+    #: (harness/profiles/bundle.py), for workers that lack them.
+    ship_profile: bool = False
     serve_args: list[str] = field(default_factory=list)
     start_timeout_s: float = 180.0
     #: the fingerprint of the machine (harness/machine.py), for run.json and summary.json
@@ -423,7 +426,7 @@ def _run_locust(stack: ExitStack, run: _LoadCell, url: str, metrics: _Metrics) -
     """
     cell, settings = run.cell, run.settings
     locust = LocustRun(
-        profile_file(settings.profile_name, run.cell_dir),
+        profile_file(settings.profile_name, run.cell_dir, ship=settings.ship_profile),
         url,
         run.records,
         run.cell_dir / "locust.log",
@@ -557,6 +560,7 @@ def _client_records(
     cannot be merged are a ``merge`` failure (the rows read as they are, if they can be,
     else None); a generator-limited load is a failure of its own."""
     from harness.loadgen.merge import MergeError, merge_records, read_records
+    from harness.loadgen.plan_check import failure_message
 
     try:
         loadgen = merge_records(records)
@@ -586,6 +590,11 @@ def _client_records(
             f"{lost['missing_open']} of its {lost['num_open_requests']} scheduled open-loop "
             f"requests have no record ({lost['num_closed_loops']} closed loop(s) ended early)",
         )
+    for failed in loadgen.get("failed_workers") or []:
+        # A worker that ran another schedule or none: the cell did not measure the load
+        # it asked for (harness/loadgen/plan_check.py).
+        kind = "worker_plan_mismatch" if failed.get("plan_mismatch") else "worker_failed"
+        result.fail(kind, failure_message(failed), infrastructure=True)
     result.warnings.extend(clock_warnings(loadgen.get("clock") or {}))
     return client, loadgen
 

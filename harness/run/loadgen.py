@@ -24,9 +24,24 @@ PROFILE = load_profile({path!r})
 expose(PROFILE, globals())
 '''
 
+#: The wrapper of a distributed run with remote workers: the profile and its files are
+#: in it (harness/profiles/bundle.py), so that a worker needs none of them.
+SHIPPED_WRAPPER = '''"""Written by schedscope run: the TOML profile {path} as a locustfile, with the
+profile and every file it names packed in, for workers that have none of them."""
+from harness.profiles.bundle import unpack_profile
+from harness.loadgen.expose import expose
 
-def profile_file(profile: str, cell_dir: Path) -> Path:
-    """The locustfile for ``profile`` (a shipped name or a file)."""
+PROFILE = unpack_profile(
+    """
+{packed}"""
+)
+expose(PROFILE, globals())
+'''
+
+
+def profile_path(profile: str) -> Path:
+    """The file of ``profile`` (a file, or a shipped name), resolved; a name that is
+    neither stays as given (loading it says why)."""
     candidate = Path(profile)
     if not candidate.is_file():
         name = ALIASES.get(profile, profile)
@@ -35,11 +50,25 @@ def profile_file(profile: str, cell_dir: Path) -> Path:
             if shipped.is_file():
                 candidate = shipped
                 break
-    candidate = candidate.resolve()
+    return candidate.resolve()
+
+
+def profile_file(profile: str, cell_dir: Path, ship: bool = False) -> Path:
+    """The locustfile for ``profile`` (a shipped name or a file): a ``.py`` itself, a
+    ``.toml`` through a wrapper written into ``cell_dir`` that names it or, with
+    ``ship`` (remote workers), that holds it and its files (bundle.pack_profile, which
+    raises a ProfileError above its size bound)."""
+    candidate = profile_path(profile)
     if candidate.suffix == ".py":
         return candidate
     wrapper = cell_dir / "locustfile.py"
-    wrapper.write_text(TOML_WRAPPER.format(path=str(candidate)))
+    if ship:
+        from harness.profiles.bundle import pack_profile
+
+        text = SHIPPED_WRAPPER.format(path=str(candidate), packed=pack_profile(candidate))
+    else:
+        text = TOML_WRAPPER.format(path=str(candidate))
+    wrapper.write_text(text)
     return wrapper
 
 

@@ -128,6 +128,20 @@ def distributed(url: str, tmp: Path, offsets: list[float], kill: int | None = No
     return code, (tmp / "master.log").read_text(), [p.pid for p in workers]
 
 
+def schedscope_worker(
+    port: int, tmp: Path, i: int, cwd: Path, env: dict[str, str]
+) -> subprocess.Popen:
+    """`schedscope worker --once` for the master on ``port``, run in ``cwd``: its
+    records in ``tmp/w<i>``, its output in ``tmp/w<i>.log``."""
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "harness.cli", "worker", "--master-host", "127.0.0.1",
+            "--master-port", str(port), "--once", "--records-dir", str(tmp / f"w{i}"),
+        ],
+        cwd=cwd, env=env, stdout=open(tmp / f"w{i}.log", "w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
 def test_clock_estimate_bounds_the_true_offset():
     # 30 ms out, 10 ms back, 1 ms on the worker, worker 0.25 s ahead
     p = Probe(t0=100.0, t1=100.03 + 0.25, t2=100.031 + 0.25, t3=100.041)
@@ -295,27 +309,7 @@ def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
     try:
         for i, offset in enumerate((0.3, -0.2)):
             wenv = {**env, TEST_OFFSET_ENV: str(offset)}
-            workers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "harness.cli",
-                        "worker",
-                        "--master-host",
-                        "127.0.0.1",
-                        "--master-port",
-                        str(port),
-                        "--once",
-                        "--records-dir",
-                        str(tmp_path / f"w{i}"),
-                    ],
-                    cwd=ROOT,
-                    env=wenv,
-                    stdout=open(tmp_path / f"w{i}.log", "w"),
-                    stderr=subprocess.STDOUT,
-                )
-            )
+            workers.append(schedscope_worker(port, tmp_path, i, ROOT, wenv))
         output, _ = run.communicate(timeout=400)
     finally:
         for p in [run, *workers]:
