@@ -119,12 +119,12 @@ def simulate(
         engine.observers.add(lambda record: decisions.extend(record.decisions))
     traced = _install_tracing(engine, tracing, truncate_trace_file)
 
-    # Decode runs need observers that take their steps without per-sequence entries:
-    # the records, steps and decisions above; spans need every step's sequences.
+    # Decode runs need observers that take their steps without per-sequence entries
+    # for the run's members: the records, steps and decisions above; spans need every
+    # step's sequences.
     runs = fast and traced is None and supports_decode_runs(engine)
-    _Driver(
-        engine, _Arrivals(open_specs, closed_phases), (recorder, step_log) if runs else None
-    ).run()
+    run_observers = (recorder, step_log, decisions if record_decisions else None)
+    _Driver(engine, _Arrivals(open_specs, closed_phases), run_observers if runs else None).run()
 
     tracing_stats = traced.shutdown() if traced is not None else None
     rows = recorder.rows
@@ -255,12 +255,12 @@ class _Driver:
         self,
         engine: LLMEngine,
         arrivals: _Arrivals,
-        run_observers: tuple[RequestRecorder, StepLog] | None = None,
+        run_observers: tuple[RequestRecorder, StepLog, list[Decision] | None] | None = None,
     ) -> None:
-        """``run_observers``: the engine's request recorder and step log, to take
-        decode runs (their steps go to these two directly; the engine's other
-        observers must need nothing of them: token times are applied by the run,
-        decisions are none); None steps one step at a time."""
+        """``run_observers``: the engine's request recorder, step log and decisions
+        (None: not kept), to take decode runs (their steps go to these directly; the
+        engine's other observers must need nothing of them: token times are applied
+        by the run); None steps one step at a time."""
         self.engine = engine
         self.run_observers = run_observers
         self.clock = engine.clock
@@ -303,21 +303,27 @@ class _Driver:
             self.empty_in_a_row = 0
 
     def _run_decodes(self) -> None:
-        """Plain decode steps until an arrival is due or a choice is to be made
-        (``engine.sim.decode_runs``); their ended requests let their closed-loop users
-        send again, as after any step."""
+        """Steps with their decodes taken as a run until a choice about the running
+        requests is to be made (``engine.sim.decode_runs``), arrivals admitted as they
+        fall due; their ended requests let their closed-loop users send again, as after
+        any step."""
         assert self.run_observers is not None
-        recorder, step_log = self.run_observers
+        recorder, step_log, decisions = self.run_observers
         clock, arrivals = self.clock, self.arrivals
 
         def on_step(record: StepRecord, num_seqs: int) -> None:
             if record.finished:
                 recorder(record)
             step_log.add_row(record, num_seqs)
+            if decisions is not None and record.decisions:
+                decisions.extend(record.decisions)
             for seq in record.finished:
                 arrivals.request_ended(seq, clock.now())
 
-        if run_decodes(self.engine, arrivals.next_time, on_step, self.idle):
+        steps = run_decodes(
+            self.engine, arrivals.next_time, on_step, self.idle, self._admit_arrived
+        )
+        if steps:
             self.idle = 0.0
             self.empty_in_a_row = 0
         else:

@@ -210,7 +210,7 @@ class CostModel:
             out.num_decode_context_tokens,
             out.prefill_attention_work,
             len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
-            len(out.seqs) - num_decode,
+            out.num_prefill_seqs,
             out.prefill_padded_attention_work,
         )
 

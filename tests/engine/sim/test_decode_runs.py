@@ -38,18 +38,20 @@ def test_predict_decode_step_is_predict_bit_for_bit(coefficients, num_seqs, cont
     data=st.data(),
 )
 def test_run_token_times_apply_is_add_token_at_each_step(last, gaps, before, data):
+    """A request that joins the run at any step and leaves at its latest step."""
     times, t = [], last
     for gap in gaps:
         t += gap
         times.append(t)
+    first = data.draw(st.integers(0, len(times) - 1))
     run = RunTokenTimes()
     for at in times:
         run.add_step(at)
-    num_steps = data.draw(st.integers(1, len(times)))
 
     def fresh() -> TokenTiming:
         timing = TokenTiming()
-        at = last - sum(before)
+        at = times[first - 1] if first else last
+        at -= sum(before)
         timing.add_token(at)
         for gap in before:
             at += gap
@@ -57,9 +59,9 @@ def test_run_token_times_apply_is_add_token_at_each_step(last, gaps, before, dat
         return timing
 
     stepped, applied = fresh(), fresh()
-    for at in times[:num_steps]:
+    for at in times[first:]:
         stepped.add_token(at)
-    run.apply(applied, num_steps)
+    run.apply(applied, first, len(times) - first)
     for name in TokenTiming.__slots__:
         assert getattr(applied, name) == getattr(stepped, name), name
 
@@ -173,9 +175,9 @@ def test_runs_end_requests_and_take_blocks_as_plain_steps_do(specs, block_size, 
 
 
 def test_runs_take_the_steps_of_an_unchanging_batch():
-    """Four requests decoding together with nothing else to do: all but the prefill
-    step are one run's."""
+    """Four requests admitted together, then decoding with nothing else to do: every
+    step is one run's, the admission and prefill step included."""
     specs = [(8, 30, 0, False, 20 + i, 0.0) for i in range(4)]
     rows, _, run_steps = _drive(_engine(4, 60), specs, runs=True)
     assert len(rows) == 23  # one prefill step, then 19-22 decode steps
-    assert run_steps == 22
+    assert run_steps == 23
