@@ -35,7 +35,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.factory import build_simulated_engine
 from engine.records.step_record import StepRecord
-from engine.sim.decode_runs import can_start, run_decodes, supports_decode_runs
+from engine.sim.decode_runs import DecodeSteps, can_start, run_decodes, supports_decode_runs
 from harness.decision_log import decisions_frame
 from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
 from harness.records import RequestRecorder, add_stalls, requests_frame, stall_threshold
@@ -305,23 +305,14 @@ class _Driver:
     def _run_decodes(self) -> None:
         """Steps with their decodes taken as a run until a choice about the running
         requests is to be made (``engine.sim.decode_runs``), arrivals admitted as they
-        fall due; their ended requests let their closed-loop users send again, as after
-        any step."""
+        fall due."""
         assert self.run_observers is not None
-        recorder, step_log, decisions = self.run_observers
-        clock, arrivals = self.clock, self.arrivals
-
-        def on_step(record: StepRecord, num_seqs: int) -> None:
-            if record.finished:
-                recorder(record)
-            step_log.add_row(record, num_seqs)
-            if decisions is not None and record.decisions:
-                decisions.extend(record.decisions)
-            for seq in record.finished:
-                arrivals.request_ended(seq, clock.now())
-
         steps = run_decodes(
-            self.engine, arrivals.next_time, on_step, self.idle, self._admit_arrived
+            self.engine,
+            self.arrivals.next_time,
+            _RunSink(self, *self.run_observers),
+            self.idle,
+            self._admit_arrived,
         )
         if steps:
             self.idle = 0.0
@@ -347,6 +338,38 @@ class _Driver:
         before = self.clock.now()
         self.clock.advance_to(t)
         self.idle += self.clock.now() - before
+
+
+class _RunSink:
+    """A decode run's steps into the simulator's records, as the engine's observers
+    take a step's record; ended requests let their closed-loop users send again, as
+    after any step."""
+
+    def __init__(
+        self,
+        driver: _Driver,
+        recorder: RequestRecorder,
+        step_log: StepLog,
+        decisions: list[Decision] | None,
+    ) -> None:
+        self.clock, self.arrivals = driver.clock, driver.arrivals
+        self.recorder, self.step_log, self.decisions = recorder, step_log, decisions
+
+    def step(self, record: StepRecord, num_seqs: int) -> None:
+        if record.finished:
+            self.ended(record.step, record.finished)
+        self.step_log.add_row(record, num_seqs)
+        if self.decisions is not None and record.decisions:
+            self.decisions.extend(record.decisions)
+
+    def decode_steps(self, steps: DecodeSteps) -> None:
+        self.step_log.add_decode_steps(steps)
+
+    def ended(self, step: int, seqs: list[Sequence]) -> None:
+        self.recorder.add(seqs)
+        now = self.clock.now()
+        for seq in seqs:
+            self.arrivals.request_ended(seq, now)
 
 
 def _add_client_latency(rows: list[dict], latency_s: float) -> None:

@@ -10,10 +10,14 @@ runs reads the same columns.
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from engine.records.step_record import StepRecord
+
+if TYPE_CHECKING:
+    from engine.sim.decode_runs import DecodeSteps
 
 #: steps.parquet columns, in order, with their Polars types.
 STEP_SCHEMA: dict[str, pl.DataType] = {
@@ -96,6 +100,37 @@ class StepLog:
         c["num_seqs"].append(num_seqs)
         c["num_decisions"].append(len(record.decisions))
         c["idle_before_s"].append(record_idle)
+
+    def add_decode_steps(self, steps: DecodeSteps) -> None:
+        """The rows of a decode run's members-only steps (``engine.sim.decode_runs``),
+        column by column: the rows their step records would give."""
+        k = len(steps.starts)
+        if not k:
+            return
+        c = self.columns
+        first_idle = steps.idle_before_s + self._idle_carry
+        self._idle_carry = 0.0
+        zeros = [0] * k
+        given = {
+            "step": range(steps.first_step, steps.first_step + k),
+            "schedule_start": steps.starts,
+            "execute_start": steps.starts,
+            "execute_end": steps.ends,
+            "num_seqs": steps.num_seqs,
+            "num_decode_seqs": steps.num_seqs,
+            "num_running": steps.num_seqs,
+            "num_free_device_blocks": steps.free_device_blocks,
+            "num_device_blocks": [steps.num_device_blocks] * k,
+            "num_free_host_blocks": [steps.num_free_host_blocks] * k,
+            "swap_out_s": [steps.swap_s] * k,
+            "swap_in_s": [steps.swap_s] * k,
+            "num_decode_context_tokens": steps.context_tokens,
+            "forward_s": [0.0] * k,
+            "sample_s": [0.0] * k,
+            "idle_before_s": [first_idle] + [0.0] * (k - 1),
+        }
+        for name, column in c.items():
+            column.extend(given.get(name, zeros))
 
     @property
     def num_steps(self) -> int:

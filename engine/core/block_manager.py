@@ -86,6 +86,16 @@ class BlockManager:
     def append_slots(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         self._grow(seq, seq.num_computed_tokens + num_new_tokens)
 
+    def append_blocks(self, seqs: list[Sequence]) -> None:
+        """One more device block for each of ``seqs``, in order (decodes crossing a
+        block boundary together: the simulator's decode runs). The caller has checked
+        that ``len(seqs)`` blocks are free."""
+        free = self._free_device
+        if len(seqs) > len(free):
+            raise RuntimeError(f"out of device blocks: need {len(seqs)}, free {len(free)}")
+        for seq in seqs:
+            seq.block_table.append(free.pop())
+
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         table = seq.block_table
         needed = self.blocks_for(num_tokens) - len(table)

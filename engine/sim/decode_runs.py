@@ -35,6 +35,8 @@ hands them (``harness.simulate``: no per-sequence entries for members in its rec
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol
 
 from engine.core.block_manager import BlockManager
@@ -80,10 +82,41 @@ class SimulatedEngine(Protocol):
     ) -> StepRecord: ...
 
 
-#: Called after each step of a run with its record (``scheduled`` holds only the
-#: requests that are not members: prefill chunks and admissions) and the number of
-#: requests that ran in it.
-StepSink = Callable[[StepRecord, int], None]
+@dataclass(slots=True)
+class DecodeSteps:
+    """Consecutive steps of a run with nothing in them but its members' decodes, as
+    columns: what their step records would hold. Every other field of those records is
+    its default (nothing prefilled, waiting, swapped, idle or decided, no executor
+    split, no idle wait after the run's first step)."""
+
+    first_step: int  # the number of the first of them
+    idle_before_s: float  # the first one's
+    starts: list[float] = field(default_factory=list)  # schedule_start = execute_start
+    ends: list[float] = field(default_factory=list)  # execute_end = token_time
+    #: Sequences decoded: each step's num_decode_seqs and num_running as well.
+    num_seqs: list[int] = field(default_factory=list)
+    context_tokens: list[int] = field(default_factory=list)  # num_decode_context_tokens
+    free_device_blocks: list[int] = field(default_factory=list)  # after scheduling
+    num_device_blocks: int = 0
+    num_free_host_blocks: int = 0
+    num_host_blocks: int = 0
+    swap_s: float = 0.0  # swap_out_s and swap_in_s: the executor's price of no blocks
+
+
+class RunSink(Protocol):
+    """Where a run hands its steps, in step order."""
+
+    def step(self, record: StepRecord, num_seqs: int) -> None:
+        """A step the scheduler scheduled (``num_seqs`` requests ran in it); its
+        record's ``scheduled`` holds only the requests that are not members (prefill
+        chunks, admissions), its ``finished`` every request that ended in it."""
+
+    def decode_steps(self, steps: DecodeSteps) -> None:
+        """Members-only steps, before the record of any later step."""
+
+    def ended(self, step: int, seqs: list[Sequence]) -> None:
+        """The requests that ended in members-only step number ``step`` (already ended
+        in the scheduler), right after it."""
 
 
 def supports_decode_runs(engine: SimulatedEngine) -> bool:
@@ -120,10 +153,11 @@ class _Member:
     """One request of a run: the step of its first decode in the run, its counts then,
     and the step it ends in."""
 
-    __slots__ = ("seq", "first", "start_tokens", "end_step", "end_status", "eos_step")
+    __slots__ = ("seq", "order", "first", "start_tokens", "end_step", "end_status", "eos_step")
 
     def __init__(self, seq: Sequence, first: int, max_model_len: int) -> None:
         self.seq = seq
+        self.order = policy_order(seq)  # fixed while it runs
         self.first = first
         start_tokens = self.start_tokens = seq.num_tokens
         prompt = seq.num_prompt_tokens
@@ -142,10 +176,9 @@ class _Member:
             1, min(params.max_tokens - start_tokens + prompt, max_model_len - start_tokens)
         )
         if stop <= length:
-            end, self.end_status = stop, SequenceStatus.FINISHED_STOPPED
+            self.end_step, self.end_status = first - 1 + stop, SequenceStatus.FINISHED_STOPPED
         else:
-            end, self.end_status = length, SequenceStatus.FINISHED_LENGTH
-        self.end_step = first - 1 + end if end < NEVER else NEVER
+            self.end_step, self.end_status = first - 1 + length, SequenceStatus.FINISHED_LENGTH
 
     def leave(self, last_step: int, times: RunTokenTimes, eos: int, filler: int) -> None:
         """Bring the sequence up to date after the run's steps up to ``last_step``."""
@@ -164,6 +197,9 @@ class _Member:
         times.apply(seq.timing, self.first - 1, num_steps)
 
 
+_ORDER = attrgetter("order")
+
+
 def can_start(engine: SimulatedEngine) -> bool:
     """Whether the next step of ``engine`` would be one a run takes (blocks aside: a
     run that finds a decode short of one takes no step)."""
@@ -180,13 +216,15 @@ def can_start(engine: SimulatedEngine) -> bool:
 
 class _Run:
     """The state of one run: its members (by the step they end in and the step they
-    next take a block in), the requests prefilling beside them, the run's token times."""
+    next take a block in), the requests prefilling beside them, the run's token times.
+    Also the decodes :meth:`Scheduler.schedule` is supplied with."""
 
-    def __init__(self, engine: SimulatedEngine) -> None:
+    def __init__(self, engine: SimulatedEngine, eos: int, filler: int) -> None:
         self.scheduler = engine.scheduler
         self.bm = engine.block_manager
         self.block_size = self.bm.block_size
         self.max_model_len = self.scheduler.config.max_model_len
+        self.eos, self.filler = eos, filler
         self.members: dict[int, _Member] = {}
         self.ends: dict[int, list[_Member]] = {}
         self.grows: dict[int, list[_Member]] = {}
@@ -195,7 +233,7 @@ class _Run:
         #: The running requests that are not members (prefilling), in running order.
         self.prefilling: list[Sequence] = []
         self.blocked = False  # a request decodes that cannot join: the run must stop
-        self.growing: list[_Member] = []  # the members that take a block in this step
+        self.step = 0  # the step being taken
         self.times = RunTokenTimes()
         for seq in self.scheduler.running:
             if not _is_decoding(seq):
@@ -216,48 +254,43 @@ class _Run:
         self.context += tokens
         self.num += 1
 
-    def blocks_suffice(self, step: int) -> bool:
+    def blocks_fit(self, step: int) -> bool:
         """Whether every member that crosses a block boundary in ``step`` finds a free
-        block (else a decode would preempt: ``schedule`` decides that step). Keeps them
-        for :meth:`take_blocks`."""
+        block (else a decode would preempt: ``schedule`` decides that step)."""
         growing = self.grows.get(step)
-        if growing:
-            growing = [m for m in growing if m.seq.status is RUNNING]
-            if len(growing) > self.bm.num_free_device_blocks:
-                return False
-        self.growing = growing or []
-        return True
+        if not growing:
+            return True
+        live = [m for m in growing if m.seq.status is RUNNING]
+        self.grows[step] = live
+        return len(live) <= self.bm.num_free_device_blocks
 
     def take_blocks(self, step: int) -> None:
-        """The members' blocks of ``step``, in running order, as the scheduler takes them."""
-        growing = self.growing
+        """The members' blocks of ``step`` (``blocks_fit`` checked), in running order,
+        as the scheduler takes them."""
+        growing = self.grows.pop(step, None)
         if not growing:
             return
-        del self.grows[step]
-        growing.sort(key=lambda m: policy_order(m.seq))
-        grows, bm, block_size = self.grows, self.bm, self.block_size
-        for m in growing:
-            seq = m.seq
-            seq.num_computed_tokens = m.start_tokens + step - m.first - 1
-            bm.append_slots(seq, 1)
-            grows.setdefault(step + block_size, []).append(m)
-        self.growing = []
+        growing.sort(key=_ORDER)
+        self.bm.append_blocks([m.seq for m in growing])
+        later = self.grows.setdefault(step + self.block_size, [])
+        later.extend(growing)
 
-    def finish(self, step: int, ended: float, record: StepRecord, eos: int, filler: int) -> None:
-        """After ``step``: every member gained a token; end those whose last step it was,
-        in running order, as ``update`` ends them."""
+    def finish(self, step: int, ended: float, finished: list[Sequence]) -> None:
+        """After ``step``: every member gained a token; end those whose last step it
+        was, in running order, as ``update`` ends them, appending them to ``finished``."""
         self.context += self.num
         finishing = self.ends.pop(step, None)
         if not finishing:
             return
-        finishing.sort(key=lambda m: policy_order(m.seq))
+        finishing.sort(key=_ORDER)
         finish_running = self.scheduler.finish_running
+        times, eos, filler = self.times, self.eos, self.filler
         for m in finishing:
             seq = m.seq
-            m.leave(step, self.times, eos, filler)
+            m.leave(step, times, eos, filler)
             del self.members[seq.seq_no]
             finish_running(seq, m.end_status, ended)
-            record.finished.append(seq)
+            finished.append(seq)
             self.context -= seq.num_tokens
         self.num -= len(finishing)
 
@@ -288,108 +321,124 @@ class _Run:
             budget -= n
         return True
 
-    # -- SuppliedDecodes ------------------------------------------------------------
     def decode(self) -> tuple[int, int]:
+        """``SuppliedDecodes.decode``: the members' decodes of the step being taken."""
         self.take_blocks(self.step)
         return self.num, self.context
 
-    step = 0  # the step being scheduled (set before each ``schedule``)
-
-    def leave_all(self, last_step: int, eos: int, filler: int) -> None:
+    def leave_all(self, last_step: int) -> None:
         """The run ends after ``last_step``: bring every member up to date."""
         for m in self.members.values():
-            m.leave(last_step, self.times, eos, filler)
+            m.leave(last_step, self.times, self.eos, self.filler)
 
 
 def run_decodes(
     engine: SimulatedEngine,
     next_arrival: Callable[[], float | None],
-    on_step: StepSink,
+    sink: RunSink,
     idle_before_s: float = 0.0,
     admit: Callable[[float], None] | None = None,
 ) -> int:
     """Take steps while the scheduler has no choice about the running requests
-    (``can_start`` must hold). ``next_arrival()`` is read before each step: once the
+    (``can_start`` must hold), handing them to ``sink``. ``next_arrival()`` is read
+    before the first step and after each that admitted or ended requests: once the
     clock has reached it, ``admit(now)`` adds the requests due (they wait, and are
-    admitted as ``schedule`` admits them), or without ``admit`` the run stops. Each
-    step's record goes to ``on_step`` (its ``finished`` the requests that ended in it,
-    already ended in the scheduler). ``idle_before_s``: the first step's. Returns the
-    number of steps taken."""
+    admitted as ``schedule`` admits them), or without ``admit`` the run stops.
+    ``idle_before_s``: the first step's. Returns the number of steps taken."""
     scheduler = engine.scheduler
     bm = engine.block_manager
     clock = engine.clock
     executor = engine.executor
     assert isinstance(executor, SimulatedExecutor)  # supports_decode_runs(engine)
     cost = executor.cost_model
-    eos, filler = executor.eos_token_id, SimulatedExecutor.FILLER_TOKEN_ID
+    predict = cost.predict_decode_step
     swap_s = cost.swap_block_s * 0
     budget = scheduler.token_budget
     chunked = scheduler.chunked
     waiting = scheduler.waiting
-    run = _Run(engine)
+    run = _Run(engine, executor.eos_token_id, SimulatedExecutor.FILLER_TOKEN_ID)
     times = run.times
+    add_time = times.add_step
+    ends = run.ends
     step = 0
+    steps: DecodeSteps | None = None  # the members-only steps not yet handed over
+    arrival = next_arrival()
     while True:
         now = clock.now()
-        arrival = next_arrival()
         if arrival is not None and arrival <= now:
             if admit is None:
                 break
             admit(now)
-        if run.blocked or not (run.num or run.prefilling or len(waiting)):
-            break
-        if not scheduler.leaves_running_alone(now) or run.num > budget:
+            arrival = next_arrival()
+            if scheduler.has_pending():
+                break  # a request rejected on arrival: its record is the next step's
+        if run.blocked or run.num > budget:
             break
         j = step + 1
         if run.prefilling or len(waiting):
             # The scheduler's step, with the members' decodes supplied.
-            if not run.prefills_fit(budget - run.num, chunked) or not run.blocks_suffice(j):
+            if (
+                not scheduler.leaves_running_alone(now)
+                or not run.prefills_fit(budget - run.num, chunked)
+                or not run.blocks_fit(j)
+            ):
                 break
+            if steps is not None:
+                sink.decode_steps(steps)
+                steps = None
             run.step = j
             out = scheduler.schedule(now, run)
             result = executor.execute(out)
             clock.advance(result.duration_s)
             ended = clock.now()
-            times.add_step(ended)
+            add_time(ended)
             record = engine.step_record(out, result, now, now, ended)
             num_seqs = run.num + len(out.seqs)
-            run.finish(j, ended, record, eos, filler)
+            run.finish(j, ended, record.finished)
             record.finished.extend(scheduler.update(out, result.sampled, ended))
             record_token_times(record)
             run.admit_prefilled(out.seqs, j)
-        else:
-            # Members only: the step the scheduler would make, without its output.
-            if not run.blocks_suffice(j):
-                break
-            run.take_blocks(j)
-            number = scheduler.count_plain_step()
-            num = num_seqs = run.num
-            context = run.context
-            duration = cost.predict_decode_step(num, context)
-            clock.advance(duration)
-            ended = clock.now()
-            times.add_step(ended)
-            record = StepRecord(
+            if j == 1:
+                record.idle_before_s = idle_before_s
+            step = j
+            sink.step(record, num_seqs)
+            if record.finished:
+                arrival = next_arrival()
+            continue
+        # Members only: the step the scheduler would make, without its output.
+        num = run.num
+        if not num or not run.blocks_fit(j):
+            break
+        run.take_blocks(j)
+        number = scheduler.count_plain_step()
+        context = run.context
+        clock.advance(predict(num, context))
+        ended = clock.now()
+        add_time(ended)
+        if steps is None:
+            steps = DecodeSteps(
                 number,
-                now,
-                now,
-                ended,
-                ended,
-                num_decode_seqs=num,
-                num_decode_context_tokens=context,
-                num_running=num,
-                swap_out_s=swap_s,
-                swap_in_s=swap_s,
+                idle_before_s if j == 1 else 0.0,
+                num_device_blocks=bm.num_device_blocks,
+                num_free_host_blocks=bm.num_free_host_blocks,
+                num_host_blocks=bm.num_host_blocks,
+                swap_s=swap_s,
             )
-            record.num_free_device_blocks = bm.num_free_device_blocks
-            record.num_device_blocks = bm.num_device_blocks
-            record.num_free_host_blocks = bm.num_free_host_blocks
-            record.num_host_blocks = bm.num_host_blocks
-            run.finish(j, ended, record, eos, filler)
-        if j == 1:
-            record.idle_before_s = idle_before_s
+        steps.starts.append(now)
+        steps.ends.append(ended)
+        steps.num_seqs.append(num)
+        steps.context_tokens.append(context)
+        steps.free_device_blocks.append(bm.num_free_device_blocks)
         step = j
-        on_step(record, num_seqs)
+        if j in ends:
+            finished: list[Sequence] = []
+            run.finish(j, ended, finished)
+            sink.ended(number, finished)
+            arrival = next_arrival()
+        else:
+            run.context += num
+    if steps is not None:
+        sink.decode_steps(steps)
     if step:
-        run.leave_all(step, eos, filler)
+        run.leave_all(step)
     return step

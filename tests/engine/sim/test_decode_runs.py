@@ -89,26 +89,15 @@ requests = st.lists(
 )
 
 
-def _drive(engine, specs, runs: bool):
-    """Add ``specs`` at their arrival times and step (with decode runs or without) until
-    done; returns the rows of every step and the final state of every request."""
-    pending = []
-    at = 0.0
-    for i, (prompt, max_tokens, min_tokens, ignore_eos, oracle, gap) in enumerate(specs):
-        at += gap
-        params = SamplingParams(
-            max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens), ignore_eos=ignore_eos
-        )
-        pending.append(
-            EngineRequest(
-                f"r{i}", [5] * prompt, params, arrival_time=at, oracle_output_tokens=oracle
-            )
-        )
-    rows, seqs = [], []
-    run_steps = 0
+class _Rows:
+    """A run's sink (and plain steps' records) as comparable rows, one per step."""
 
-    def row(record, num_seqs):
-        rows.append(
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+        self._ended: dict[int, tuple[str, ...]] = {}
+
+    def step(self, record, num_seqs: int) -> None:
+        self.rows.append(
             (
                 record.step,
                 record.schedule_start,
@@ -123,21 +112,68 @@ def _drive(engine, specs, runs: bool):
             )
         )
 
+    def ended(self, step: int, seqs) -> None:
+        self._ended[step] = tuple(s.request_id for s in seqs)
+
+    def decode_steps(self, steps) -> None:
+        for k, start in enumerate(steps.starts):
+            number = steps.first_step + k
+            num = steps.num_seqs[k]
+            self.rows.append(
+                (
+                    number,
+                    start,
+                    steps.ends[k],
+                    num,
+                    num,
+                    steps.context_tokens[k],
+                    steps.free_device_blocks[k],
+                    0,
+                    0,
+                    self._ended.pop(number, ()),
+                )
+            )
+
+
+def _drive(engine, specs, runs: bool, admit_in_runs: bool = False):
+    """Add ``specs`` at their arrival times and step (with decode runs or without) until
+    done; returns the rows of every step and the final state of every request.
+    ``admit_in_runs``: a run admits the arrivals itself rather than stopping."""
+    pending = []
+    at = 0.0
+    for i, (prompt, max_tokens, min_tokens, ignore_eos, oracle, gap) in enumerate(specs):
+        at += gap
+        params = SamplingParams(
+            max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens), ignore_eos=ignore_eos
+        )
+        pending.append(
+            EngineRequest(
+                f"r{i}", [5] * prompt, params, arrival_time=at, oracle_output_tokens=oracle
+            )
+        )
+    sink, seqs = _Rows(), []
+    run_steps = 0
+
     def next_arrival():
         return pending[0].arrival_time if pending else None
 
+    def admit(now):
+        while pending and pending[0].arrival_time <= now:
+            seqs.append(engine.add_request(pending.pop(0)))
+
     clock = engine.clock
     while pending or engine.has_work():
-        while pending and pending[0].arrival_time <= clock.now():
-            seqs.append(engine.add_request(pending.pop(0)))
+        admit(clock.now())
         if engine.has_work():
             if runs and can_start(engine):
-                taken = run_decodes(engine, next_arrival, row)
+                taken = run_decodes(
+                    engine, next_arrival, sink, admit=admit if admit_in_runs else None
+                )
                 run_steps += taken
                 if taken:
                     continue
             record = engine.step()
-            row(record, len(record.scheduled))
+            sink.step(record, len(record.scheduled))
         else:
             clock.advance_to(pending[0].arrival_time)
     final = [
@@ -156,7 +192,7 @@ def _drive(engine, specs, runs: bool):
         )
         for s in seqs
     ]
-    return rows, final, run_steps
+    return sink.rows, final, run_steps
 
 
 @settings(max_examples=30, deadline=None)
@@ -164,11 +200,14 @@ def _drive(engine, specs, runs: bool):
     specs=requests,
     block_size=st.sampled_from([1, 2, 16]),
     num_blocks=st.integers(10, 60),
+    admit_in_runs=st.booleans(),
 )
-def test_runs_end_requests_and_take_blocks_as_plain_steps_do(specs, block_size, num_blocks):
+def test_runs_end_requests_and_take_blocks_as_plain_steps_do(
+    specs, block_size, num_blocks, admit_in_runs
+):
     fast = _engine(block_size, num_blocks)
     assert supports_decode_runs(fast)
-    rows, final, _ = _drive(fast, specs, runs=True)
+    rows, final, _ = _drive(fast, specs, runs=True, admit_in_runs=admit_in_runs)
     plain_rows, plain_final, _ = _drive(_engine(block_size, num_blocks), specs, runs=False)
     assert rows == plain_rows
     assert final == plain_final
