@@ -46,6 +46,12 @@ class BlockManager:
         return len(self._free_device)
 
     @property
+    def free_device_blocks(self) -> list[int]:
+        """The free device block ids (read only: its length is the free count, for a
+        caller that reads it every step)."""
+        return self._free_device
+
+    @property
     def num_free_host_blocks(self) -> int:
         return len(self._free_host)
 
@@ -104,9 +110,11 @@ class BlockManager:
                 f"out of device blocks for {seq.request_id}: need {needed}, "
                 f"free {len(self._free_device)} (call can_allocate/can_append first)"
             )
-        free = self._free_device
-        for _ in range(needed):
-            table.append(free.pop())
+        if needed > 0:
+            # What ``needed`` pops would take, in the order they would take it.
+            free = self._free_device
+            table.extend(reversed(free[-needed:]))
+            del free[-needed:]
 
     # -- swap ----------------------------------------------------------------------
     def can_swap_out(self, seq: Sequence) -> bool:

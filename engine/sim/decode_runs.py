@@ -235,6 +235,11 @@ class _Run:
         self.blocked = False  # a request decodes that cannot join: the run must stop
         self.step = 0  # the step being taken
         self.times = RunTokenTimes()
+        self.clock = engine.clock
+        executor = engine.executor
+        assert isinstance(executor, SimulatedExecutor)  # supports_decode_runs(engine)
+        self.predict = executor.cost_model.decode_step_predictor()
+        self.arrival: float | None = None  # the next arrival, as members-only steps left it
         for seq in self.scheduler.running:
             if not _is_decoding(seq):
                 self.prefilling.append(seq)
@@ -275,10 +280,10 @@ class _Run:
         later = self.grows.setdefault(step + self.block_size, [])
         later.extend(growing)
 
-    def finish(self, step: int, ended: float, finished: list[Sequence]) -> None:
-        """After ``step``: every member gained a token; end those whose last step it
-        was, in running order, as ``update`` ends them, appending them to ``finished``."""
-        self.context += self.num
+    def end_members(self, step: int, ended: float, finished: list[Sequence]) -> None:
+        """After ``step`` (the members' context already counted a token up): end the
+        members whose last step it was, in running order, as ``update`` ends them,
+        appending them to ``finished``."""
         finishing = self.ends.pop(step, None)
         if not finishing:
             return
@@ -293,6 +298,61 @@ class _Run:
             finished.append(seq)
             self.context -= seq.num_tokens
         self.num -= len(finishing)
+
+    def decode_steps(
+        self,
+        step: int,
+        arrival: float | None,
+        steps: DecodeSteps,
+        sink: RunSink,
+        next_arrival: Callable[[], float | None],
+    ) -> int:
+        """Members-only steps after ``step``, into ``steps``, until ``arrival`` is due
+        (read again after a step that ended requests, and left in :attr:`arrival`),
+        no member is left, or one is short of a block. Returns the last step taken."""
+        clock = self.clock
+        now_of, advance = clock.now, clock.advance
+        predict = self.predict
+        count_step = self.scheduler.count_plain_step
+        add_time = self.times.add_step
+        grows, ends = self.grows, self.ends
+        free = self.bm.free_device_blocks
+        add_start, add_end = steps.starts.append, steps.ends.append
+        add_num, add_context = steps.num_seqs.append, steps.context_tokens.append
+        add_free = steps.free_device_blocks.append
+        num, context = self.num, self.context
+        while True:
+            now = now_of()
+            if arrival is not None and arrival <= now:
+                break
+            j = step + 1
+            if j in grows:
+                if not self.blocks_fit(j):
+                    break  # a decode would preempt: schedule() decides that step
+                self.take_blocks(j)
+            number = count_step()
+            advance(predict(num, context))
+            ended = now_of()
+            add_time(ended)
+            add_start(now)
+            add_end(ended)
+            add_num(num)
+            add_context(context)
+            add_free(len(free))
+            context += num
+            step = j
+            if j in ends:
+                self.context = context
+                finished: list[Sequence] = []
+                self.end_members(j, ended, finished)
+                num, context = self.num, self.context
+                sink.ended(number, finished)
+                arrival = next_arrival()
+                if not num:
+                    break
+        self.num, self.context = num, context
+        self.arrival = arrival
+        return step
 
     def admit_prefilled(self, scheduled: list[Sequence], step: int) -> None:
         """After a scheduled ``step``: its requests whose prefill is done join the run
@@ -351,18 +411,14 @@ def run_decodes(
     executor = engine.executor
     assert isinstance(executor, SimulatedExecutor)  # supports_decode_runs(engine)
     cost = executor.cost_model
-    predict = cost.predict_decode_step
-    swap_s = cost.swap_block_s * 0
     budget = scheduler.token_budget
     chunked = scheduler.chunked
     waiting = scheduler.waiting
     run = _Run(engine, executor.eos_token_id, SimulatedExecutor.FILLER_TOKEN_ID)
-    times = run.times
-    add_time = times.add_step
-    ends = run.ends
+    add_time = run.times.add_step
     step = 0
-    steps: DecodeSteps | None = None  # the members-only steps not yet handed over
     arrival = next_arrival()
+    queued = len(waiting)
     while True:
         now = clock.now()
         if arrival is not None and arrival <= now:
@@ -370,75 +426,59 @@ def run_decodes(
                 break
             admit(now)
             arrival = next_arrival()
+            queued = len(waiting)
             if scheduler.has_pending():
                 break  # a request rejected on arrival: its record is the next step's
         if run.blocked or run.num > budget:
             break
         j = step + 1
-        if run.prefilling or len(waiting):
-            # The scheduler's step, with the members' decodes supplied.
-            if (
-                not scheduler.leaves_running_alone(now)
-                or not run.prefills_fit(budget - run.num, chunked)
-                or not run.blocks_fit(j)
-            ):
+        if not (run.prefilling or queued):
+            # Members only: the steps the scheduler would make, without their output.
+            if not run.num:
                 break
-            if steps is not None:
-                sink.decode_steps(steps)
-                steps = None
-            run.step = j
-            out = scheduler.schedule(now, run)
-            result = executor.execute(out)
-            clock.advance(result.duration_s)
-            ended = clock.now()
-            add_time(ended)
-            record = engine.step_record(out, result, now, now, ended)
-            num_seqs = run.num + len(out.seqs)
-            run.finish(j, ended, record.finished)
-            record.finished.extend(scheduler.update(out, result.sampled, ended))
-            record_token_times(record)
-            run.admit_prefilled(out.seqs, j)
-            if j == 1:
-                record.idle_before_s = idle_before_s
-            step = j
-            sink.step(record, num_seqs)
-            if record.finished:
-                arrival = next_arrival()
-            continue
-        # Members only: the step the scheduler would make, without its output.
-        num = run.num
-        if not num or not run.blocks_fit(j):
-            break
-        run.take_blocks(j)
-        number = scheduler.count_plain_step()
-        context = run.context
-        clock.advance(predict(num, context))
-        ended = clock.now()
-        add_time(ended)
-        if steps is None:
             steps = DecodeSteps(
-                number,
+                scheduler.num_steps + 1,
                 idle_before_s if j == 1 else 0.0,
                 num_device_blocks=bm.num_device_blocks,
                 num_free_host_blocks=bm.num_free_host_blocks,
                 num_host_blocks=bm.num_host_blocks,
-                swap_s=swap_s,
+                swap_s=cost.swap_block_s * 0,
             )
-        steps.starts.append(now)
-        steps.ends.append(ended)
-        steps.num_seqs.append(num)
-        steps.context_tokens.append(context)
-        steps.free_device_blocks.append(bm.num_free_device_blocks)
+            last = run.decode_steps(step, arrival, steps, sink, next_arrival)
+            if steps.starts:
+                sink.decode_steps(steps)
+            if last == step:
+                break  # short of blocks, or nothing left
+            step = last
+            arrival = run.arrival
+            continue
+        # The scheduler's step, with the members' decodes supplied.
+        if (
+            not scheduler.leaves_running_alone(now)
+            or not run.prefills_fit(budget - run.num, chunked)
+            or not run.blocks_fit(j)
+        ):
+            break
+        run.step = j
+        out = scheduler.schedule(now, run)
+        result = executor.execute(out)
+        clock.advance(result.duration_s)
+        ended = clock.now()
+        add_time(ended)
+        record = engine.step_record(out, result, now, now, ended)
+        num_seqs = run.num + len(out.seqs)
+        run.context += run.num
+        run.end_members(j, ended, record.finished)
+        record.finished.extend(scheduler.update(out, result.sampled, ended))
+        record_token_times(record)
+        run.admit_prefilled(out.seqs, j)
+        if j == 1:
+            record.idle_before_s = idle_before_s
         step = j
-        if j in ends:
-            finished: list[Sequence] = []
-            run.finish(j, ended, finished)
-            sink.ended(number, finished)
+        queued = len(waiting)
+        sink.step(record, num_seqs)
+        if record.finished:
             arrival = next_arrival()
-        else:
-            run.context += num
-    if steps is not None:
-        sink.decode_steps(steps)
     if step:
         run.leave_all(step)
     return step

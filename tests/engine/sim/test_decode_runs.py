@@ -28,6 +28,7 @@ def test_predict_decode_step_is_predict_bit_for_bit(coefficients, num_seqs, cont
     model = CostModel.from_coefficients(coefficients)
     expected = model.predict(0, num_seqs, context)
     assert model.predict_decode_step(num_seqs, context) == expected
+    assert model.decode_step_predictor()(num_seqs, context) == expected
 
 
 @settings(deadline=None)
