@@ -132,6 +132,7 @@ def simulate(
     threshold = stall_threshold(_median_itl(rows))
     add_stalls(rows, threshold)
     frame = requests_frame(rows).sort("scheduled_at", "request_id")
+    steps = step_log.frame()
     return SimulationResult(
         policy=policy,
         profile=profile.name,
@@ -141,8 +142,8 @@ def simulate(
         num_steps=step_log.num_steps,
         stall_threshold_s=threshold,
         kv_plan_text=engine.kv_plan.describe(config.cache.block_size),
-        step_stats=step_log.summary(),
-        steps=step_log.frame(),
+        step_stats=step_log.summary(steps),
+        steps=steps,
         tracing=tracing_stats,
         faults=engine.faults.to_dict(),
     )

@@ -139,9 +139,10 @@ class StepLog:
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame(self.columns, schema=STEP_SCHEMA)
 
-    def summary(self) -> dict:
-        """Totals and means over the run's steps (the summary's ``step_stats``)."""
-        f = self.frame()
+    def summary(self, frame: pl.DataFrame | None = None) -> dict:
+        """Totals and means over the run's steps (the summary's ``step_stats``);
+        ``frame``: :meth:`frame`'s, when the caller has it already."""
+        f = self.frame() if frame is None else frame
         n = f.height
         if n == 0:
             return {"num_steps": 0}
