@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
@@ -184,7 +185,10 @@ class CostModel:
 
     def predict_features(self, features: list[float]) -> float:
         """The model itself — the one place its formula is evaluated."""
-        return sum(c * x for c, x in zip(self.coefficients, features, strict=True))
+        coefficients = self.coefficients
+        if len(features) != len(coefficients):
+            raise ValueError(f"expected {len(coefficients)} features, got {len(features)}")
+        return sum(map(operator.mul, coefficients, features))
 
     def predict_decode_step(self, num_decode_seqs: int, decode_context_tokens: int) -> float:
         """``predict(0, num_decode_seqs, decode_context_tokens)`` bit for bit (a step of

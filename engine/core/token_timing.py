@@ -10,6 +10,7 @@ that interval.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 
 #: No inter-token gap shorter than this is ever a stall: a run's stall threshold is the
 #: larger of this floor and 5x its median ITL (docs/metrics.md, "Stalls"). The one home of
@@ -54,27 +55,39 @@ class RunTokenTimes:
     previous step, so from there on the gaps are the run's, the same floats for all.
     The largest of them from a step to the latest is read off the run's suffix maxima
     (the gaps no later gap reaches), so leaving costs O(log steps), not O(tokens).
+    Gaps are read when a request leaves: a step only appends its time.
     """
 
-    __slots__ = ("times", "_peak_steps", "_peak_gaps", "_long_steps", "_long_gaps")
+    __slots__ = (
+        "times",
+        "add_step",
+        "_seen",
+        "_peak_steps",
+        "_peak_gaps",
+        "_long_steps",
+        "_long_gaps",
+    )
 
     def __init__(self) -> None:
         self.times: list[float] = []  # each step's token time, by step index
+        #: ``add_step(at)``: the next step's token time (the list's own append).
+        self.add_step: Callable[[float], None] = self.times.append
+        self._seen = 1  # steps whose gap (from the step before) has been read
         # Suffix maxima: gaps (by the index of the step they end in) larger than every
-        # later gap, in step order, so strictly decreasing.
+        # later gap read, in step order, so strictly decreasing.
         self._peak_steps: list[int] = []
         self._peak_gaps: list[float] = []
         # Every gap of at least STALL_FLOOR_S: its step index, and (start, gap).
         self._long_steps: list[int] = []
         self._long_gaps: list[tuple[float, float]] = []
 
-    def add_step(self, at: float) -> None:
+    def _read_gaps(self) -> None:
+        """Take the gaps of the steps added since the last call into the maxima."""
         times = self.times
-        if times:
-            last = times[-1]
-            gap = at - last
-            index = len(times)
-            steps, gaps = self._peak_steps, self._peak_gaps
+        steps, gaps = self._peak_steps, self._peak_gaps
+        for index in range(self._seen, len(times)):
+            last = times[index - 1]
+            gap = times[index] - last
             while gaps and gaps[-1] <= gap:
                 gaps.pop()
                 steps.pop()
@@ -83,7 +96,7 @@ class RunTokenTimes:
             if gap >= STALL_FLOOR_S:
                 self._long_steps.append(index)
                 self._long_gaps.append((last, gap))
-        times.append(at)
+        self._seen = max(self._seen, len(times))
 
     def apply(self, timing: TokenTiming, first: int, num_steps: int) -> None:
         """``timing`` after the run's tokens at step indexes ``first`` to ``first +
@@ -93,6 +106,7 @@ class RunTokenTimes:
         assert first + num_steps == len(times), "a request leaves at the run's latest step"
         timing.add_token(times[first])
         if num_steps > 1:
+            self._read_gaps()
             steps = self._peak_steps
             gap = self._peak_gaps[bisect_left(steps, first + 1)]
             if gap > timing.max_itl_s:

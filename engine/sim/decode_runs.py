@@ -307,13 +307,12 @@ class _Run:
         sink: RunSink,
         next_arrival: Callable[[], float | None],
     ) -> int:
-        """Members-only steps after ``step``, into ``steps``, until ``arrival`` is due
-        (read again after a step that ended requests, and left in :attr:`arrival`),
-        no member is left, or one is short of a block. Returns the last step taken."""
+        """Members-only steps after ``step``, into ``steps`` (numbered on from the
+        scheduler's last), until ``arrival`` is due (read again after a step that ended
+        requests, and left in :attr:`arrival`), no member is left, or one is short of a
+        block. Returns the last step taken."""
         clock = self.clock
-        now_of, advance = clock.now, clock.advance
         predict = self.predict
-        count_step = self.scheduler.count_plain_step
         add_time = self.times.add_step
         grows, ends = self.grows, self.ends
         free = self.bm.free_device_blocks
@@ -321,18 +320,18 @@ class _Run:
         add_num, add_context = steps.num_seqs.append, steps.context_tokens.append
         add_free = steps.free_device_blocks.append
         num, context = self.num, self.context
-        while True:
-            now = now_of()
-            if arrival is not None and arrival <= now:
-                break
+        first = step
+        now = clock.now()
+        while arrival is None or arrival > now:
             j = step + 1
             if j in grows:
                 if not self.blocks_fit(j):
                     break  # a decode would preempt: schedule() decides that step
                 self.take_blocks(j)
-            number = count_step()
-            advance(predict(num, context))
-            ended = now_of()
+            duration = predict(num, context)
+            # The clock's own addition (``advance`` adds to ``now``), done once here.
+            ended = now + duration
+            clock.advance(duration)
             add_time(ended)
             add_start(now)
             add_end(ended)
@@ -341,15 +340,17 @@ class _Run:
             add_free(len(free))
             context += num
             step = j
+            now = ended
             if j in ends:
                 self.context = context
                 finished: list[Sequence] = []
                 self.end_members(j, ended, finished)
                 num, context = self.num, self.context
-                sink.ended(number, finished)
+                sink.ended(steps.first_step + j - first - 1, finished)
                 arrival = next_arrival()
                 if not num:
                     break
+        self.scheduler.count_plain_steps(step - first)
         self.num, self.context = num, context
         self.arrival = arrival
         return step
@@ -415,7 +416,6 @@ def run_decodes(
     chunked = scheduler.chunked
     waiting = scheduler.waiting
     run = _Run(engine, executor.eos_token_id, SimulatedExecutor.FILLER_TOKEN_ID)
-    add_time = run.times.add_step
     step = 0
     arrival = next_arrival()
     queued = len(waiting)
@@ -464,7 +464,7 @@ def run_decodes(
         result = executor.execute(out)
         clock.advance(result.duration_s)
         ended = clock.now()
-        add_time(ended)
+        run.times.add_step(ended)
         record = engine.step_record(out, result, now, now, ended)
         num_seqs = run.num + len(out.seqs)
         run.context += run.num

@@ -440,10 +440,10 @@ class Scheduler:
             self.admission.acts_ahead_of_running(now)
         )
 
-    def count_plain_step(self) -> int:
-        """Number one more step (a plain decode step taken without ``schedule``)."""
-        self._step += 1
-        return self._step
+    def count_plain_steps(self, num_steps: int) -> None:
+        """Number ``num_steps`` more steps (plain decode steps taken without
+        ``schedule``)."""
+        self._step += num_steps
 
     def finish_running(self, seq: Sequence, status: SequenceStatus, now: float) -> None:
         """End a running request as ``update`` does (out of the running set, blocks
