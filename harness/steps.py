@@ -10,8 +10,10 @@ runs reads the same columns.
 from __future__ import annotations
 
 import operator
+from array import array
 from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 
 from engine.records.step_record import StepRecord
@@ -62,7 +64,12 @@ class StepLog:
         self._new_columns()
 
     def _new_columns(self) -> None:
-        self.columns: dict[str, list] = {name: [] for name in STEP_SCHEMA}
+        # Machine numbers, not Python objects: a million-step run keeps 8 bytes a
+        # value, and its frame is a copy of each buffer rather than a conversion of
+        # every value (0.4 s of 26 columns of 600,000 steps).
+        self.columns: dict[str, array] = {
+            name: array("d" if dtype == pl.Float64 else "q") for name, dtype in STEP_SCHEMA.items()
+        }
         # Columns that are a StepRecord attribute of the same name.
         names = [name for name in STEP_SCHEMA if name not in _DERIVED]
         self._same_named = [self.columns[name] for name in names]
@@ -110,25 +117,28 @@ class StepLog:
         c = self.columns
         first_idle = steps.idle_before_s + self._idle_carry
         self._idle_carry = 0.0
-        zeros = [0] * k
+        # Each column converted once, constants repeated as machine numbers.
+        starts, num_seqs = array("d", steps.starts), array("q", steps.num_seqs)
+        zero_seconds = array("d", [0.0]) * k
         given = {
-            "step": range(steps.first_step, steps.first_step + k),
-            "schedule_start": steps.starts,
-            "execute_start": steps.starts,
-            "execute_end": steps.ends,
-            "num_seqs": steps.num_seqs,
-            "num_decode_seqs": steps.num_seqs,
-            "num_running": steps.num_seqs,
-            "num_free_device_blocks": steps.free_device_blocks,
-            "num_device_blocks": [steps.num_device_blocks] * k,
-            "num_free_host_blocks": [steps.num_free_host_blocks] * k,
-            "swap_out_s": [steps.swap_s] * k,
-            "swap_in_s": [steps.swap_s] * k,
-            "num_decode_context_tokens": steps.context_tokens,
-            "forward_s": [0.0] * k,
-            "sample_s": [0.0] * k,
-            "idle_before_s": [first_idle] + [0.0] * (k - 1),
+            "step": array("q", range(steps.first_step, steps.first_step + k)),
+            "schedule_start": starts,
+            "execute_start": starts,
+            "execute_end": array("d", steps.ends),
+            "num_seqs": num_seqs,
+            "num_decode_seqs": num_seqs,
+            "num_running": num_seqs,
+            "num_free_device_blocks": array("q", steps.free_device_blocks),
+            "num_device_blocks": array("q", [steps.num_device_blocks]) * k,
+            "num_free_host_blocks": array("q", [steps.num_free_host_blocks]) * k,
+            "swap_out_s": array("d", [steps.swap_s]) * k,
+            "swap_in_s": array("d", [steps.swap_s]) * k,
+            "num_decode_context_tokens": array("q", steps.context_tokens),
+            "forward_s": zero_seconds,
+            "sample_s": zero_seconds,
+            "idle_before_s": array("d", [first_idle]) + zero_seconds[1:],
         }
+        zeros = array("q", [0]) * k
         for name, column in c.items():
             column.extend(given.get(name, zeros))
 
@@ -137,7 +147,9 @@ class StepLog:
         return len(self.columns["step"])
 
     def frame(self) -> pl.DataFrame:
-        return pl.DataFrame(self.columns, schema=STEP_SCHEMA)
+        return pl.DataFrame(
+            {name: np.array(column) for name, column in self.columns.items()}, schema=STEP_SCHEMA
+        )
 
     def summary(self, frame: pl.DataFrame | None = None) -> dict:
         """Totals and means over the run's steps (the summary's ``step_stats``);
