@@ -221,3 +221,19 @@ def test_runs_take_the_steps_of_an_unchanging_batch():
     rows, _, run_steps = _drive(_engine(4, 60), specs, runs=True)
     assert len(rows) == 23  # one prefill step, then 19-22 decode steps
     assert run_steps == 23
+
+
+def test_a_run_carries_a_queue_through_its_admissions():
+    """Twelve requests at once, four slots: a queue waits while the first four decode.
+    Every step is one run's — each admission the scheduler's own, the decodes supplied —
+    and the steps are those of plain stepping."""
+    specs = [(8 + i, 30, 0, False, 5 + i % 4, 0.0) for i in range(12)]
+    config = EngineConfig(
+        SchedulerConfig(max_num_seqs=4), CacheConfig(block_size=4, num_gpu_blocks_override=60)
+    )
+    cost = CostModel(step_overhead_s=0.001, decode_seq_s=0.0002, decode_context_token_s=1e-6)
+    rows, final, run_steps = _drive(build_simulated_engine(config, cost), specs, runs=True)
+    plain_rows, plain_final, _ = _drive(build_simulated_engine(config, cost), specs, runs=False)
+    assert rows == plain_rows and final == plain_final
+    assert run_steps == len(rows)
+    assert sum(row[8] for row in rows) >= 12  # the admissions' decisions are in its steps
