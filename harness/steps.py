@@ -52,8 +52,9 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-#: Columns computed here rather than read off the record.
-_DERIVED = frozenset({"num_seqs", "num_decisions", "idle_before_s"})
+#: Columns computed here rather than read off the record, in a row's order.
+_DERIVED_ORDER = ("num_seqs", "num_decisions", "idle_before_s")
+_DERIVED = frozenset(_DERIVED_ORDER)
 
 
 class StepLog:
@@ -70,11 +71,22 @@ class StepLog:
         self.columns: dict[str, array] = {
             name: array("d" if dtype == pl.Float64 else "q") for name, dtype in STEP_SCHEMA.items()
         }
-        # Columns that are a StepRecord attribute of the same name.
+        # Columns that are a StepRecord attribute of the same name, then the derived.
         names = [name for name in STEP_SCHEMA if name not in _DERIVED]
-        self._same_named = [self.columns[name] for name in names]
+        self._row_columns = [self.columns[name] for name in [*names, *_DERIVED_ORDER]]
         # One C call reads them all off a record (a getattr per column cost ~3 us a step).
         self._read_same_named = operator.attrgetter(*names)
+        #: Rows of records not yet moved into the columns (one tuple a step: a million
+        #: appends of a machine number each cost more than moving them all at once).
+        self._rows: list[tuple] = []
+
+    def _move_rows(self) -> None:
+        """The rows held as tuples into the columns, in order."""
+        rows = self._rows
+        if rows:
+            for column, values in zip(self._row_columns, zip(*rows), strict=True):
+                column.extend(values)
+            rows.clear()
 
     def take_frame(self) -> pl.DataFrame:
         """The steps recorded since the last call, forgotten here (a served run's
@@ -101,12 +113,9 @@ class StepLog:
         decode runs hand their steps' records here without per-sequence entries)."""
         record_idle = record.idle_before_s + self._idle_carry
         self._idle_carry = 0.0
-        for column, value in zip(self._same_named, self._read_same_named(record), strict=True):
-            column.append(value)
-        c = self.columns
-        c["num_seqs"].append(num_seqs)
-        c["num_decisions"].append(len(record.decisions))
-        c["idle_before_s"].append(record_idle)
+        self._rows.append(
+            (*self._read_same_named(record), num_seqs, len(record.decisions), record_idle)
+        )
 
     def add_decode_steps(self, steps: DecodeSteps) -> None:
         """The rows of a decode run's members-only steps (``engine.sim.decode_runs``),
@@ -114,6 +123,7 @@ class StepLog:
         k = len(steps.starts)
         if not k:
             return
+        self._move_rows()
         c = self.columns
         first_idle = steps.idle_before_s + self._idle_carry
         self._idle_carry = 0.0
@@ -144,9 +154,10 @@ class StepLog:
 
     @property
     def num_steps(self) -> int:
-        return len(self.columns["step"])
+        return len(self.columns["step"]) + len(self._rows)
 
     def frame(self) -> pl.DataFrame:
+        self._move_rows()
         return pl.DataFrame(
             {name: np.array(column) for name, column in self.columns.items()}, schema=STEP_SCHEMA
         )
