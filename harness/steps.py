@@ -84,7 +84,7 @@ class StepLog:
         """The rows held as tuples into the columns, in order."""
         rows = self._rows
         if rows:
-            for column, values in zip(self._row_columns, zip(*rows), strict=True):
+            for column, values in zip(self._row_columns, zip(*rows, strict=True), strict=True):
                 column.extend(values)
             rows.clear()
 

@@ -233,7 +233,7 @@ class _Run:
         #: The running requests that are not members (prefilling), in running order.
         self.prefilling: list[Sequence] = []
         self.blocked = False  # a request decodes that cannot join: the run must stop
-        self.step = 0  # the step being taken
+        self.step = 0  # the step ``schedule(now, self)`` is taking (for ``decode``)
         self.times = RunTokenTimes()
         self.clock = engine.clock
         executor = engine.executor
@@ -299,7 +299,7 @@ class _Run:
             self.context -= seq.num_tokens
         self.num -= len(finishing)
 
-    def decode_steps(
+    def take_decode_steps(
         self,
         step: int,
         arrival: float | None,
@@ -444,7 +444,7 @@ def run_decodes(
                 num_host_blocks=bm.num_host_blocks,
                 swap_s=cost.swap_block_s * 0,
             )
-            last = run.decode_steps(step, arrival, steps, sink, next_arrival)
+            last = run.take_decode_steps(step, arrival, steps, sink, next_arrival)
             if steps.starts:
                 sink.decode_steps(steps)
             if last == step:
