@@ -34,6 +34,7 @@ hands them (``harness.simulate``: no per-sequence entries for members in its rec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -122,13 +123,15 @@ class RunSink(Protocol):
 def supports_decode_runs(engine: SimulatedEngine) -> bool:
     """Whether ``engine`` is one decode runs reproduce exactly: the bare simulated
     executor (no planted delays) on a virtual clock, the executor's EOS the
-    scheduler's."""
+    scheduler's, a cost model of finite prices (an infinite one would make gaps of
+    ``inf - inf``, which the run's maxima do not order as ``add_token`` does)."""
     executor = engine.executor
     return (
         type(executor) is SimulatedExecutor
         and not executor.sleep
         and isinstance(engine.clock, VirtualClock)
         and executor.eos_token_id == engine.scheduler.eos_token_id
+        and all(math.isfinite(c) for c in executor.cost_model.coefficients)
     )
 
 

@@ -237,3 +237,12 @@ def test_a_run_carries_a_queue_through_its_admissions():
     assert rows == plain_rows and final == plain_final
     assert run_steps == len(rows)
     assert sum(row[8] for row in rows) >= 12  # the admissions' decisions are in its steps
+
+
+def test_an_infinite_price_turns_runs_off():
+    """A cost model with an infinite price makes the clock infinite and its gaps
+    ``inf - inf``: runs are not taken there (plain steps order such gaps as they come)."""
+    config = EngineConfig(SchedulerConfig(max_num_seqs=8))
+    assert supports_decode_runs(build_simulated_engine(config, CostModel()))
+    infinite = CostModel(decode_seq_s=float("inf"))
+    assert not supports_decode_runs(build_simulated_engine(config, infinite))
