@@ -71,23 +71,41 @@ def _steady_engine(num_running: int):
     return engine
 
 
-def step_cost_us(num_running: int, runs: bool) -> float:
-    """CPU microseconds per step of ``num_running`` decoding sequences."""
+class _CountingSink:
+    """A decode run's sink that only counts the steps."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def step(self, record, num_seqs) -> None:
+        self.taken += 1
+
+    def decode_steps(self, steps) -> None:
+        self.taken += len(steps.starts)
+
+    def ended(self, step, seqs) -> None:
+        pass
+
+
+def step_costs_us(num_running: int) -> tuple[float, float]:
+    """CPU microseconds per step of ``num_running`` decoding sequences: stepped one at a
+    time, and taken as a decode run (the same steps: the run stops at the virtual time
+    the stepped ones reached)."""
     engine = _steady_engine(num_running)
-    taken = 0
-
-    def count(record, num_seqs) -> None:
-        nonlocal taken
-        taken += 1
-
+    start = engine.clock.now()
     t0 = time.process_time()
-    if runs:
-        # An "arrival" due once the steps are taken ends the run there.
-        run_decodes(engine, lambda: 0.0 if taken >= STEPS_PER_SIZE else None, count)
-    else:
-        for _ in range(STEPS_PER_SIZE):
-            count(engine.step(), num_running)
-    return (time.process_time() - t0) / taken * 1e6
+    for _ in range(STEPS_PER_SIZE):
+        engine.step()
+    stepped_us = (time.process_time() - t0) / STEPS_PER_SIZE * 1e6
+    end = engine.clock.now()
+    engine = _steady_engine(num_running)
+    assert engine.clock.now() == start
+    sink = _CountingSink()
+    t0 = time.process_time()
+    run_decodes(engine, lambda: end, sink)  # an "arrival" due where the steps ended
+    run_us = (time.process_time() - t0) / max(sink.taken, 1) * 1e6
+    assert sink.taken == STEPS_PER_SIZE, sink.taken
+    return stepped_us, run_us
 
 
 def run(args) -> list[Figure]:
@@ -138,7 +156,7 @@ def run(args) -> list[Figure]:
             Figure("plain stepping per 100,000 requests", plain_s * 100_000 / args.requests, "s")
         )
     for num_running in RUNNING:
-        plain_us, run_us = step_cost_us(num_running, False), step_cost_us(num_running, True)
+        plain_us, run_us = step_costs_us(num_running)
         print(
             f"step at {num_running:>3} running: {plain_us:7.1f} us stepped, "
             f"{run_us:5.1f} us in a decode run"

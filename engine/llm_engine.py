@@ -153,7 +153,7 @@ class LLMEngine:
             ended = clock.now()
             for i in result.sample_errors:
                 result.sampled[i] = None  # a failed row emits no token, whatever it held
-            record = self._record(out, result, schedule_start, execute_start, ended)
+            record = self.step_record(out, result, schedule_start, execute_start, ended)
             if result.sample_errors:
                 self._fail_samples(out, result.sample_errors, record, ended)
             record.finished.extend(self.scheduler.update(out, result.sampled, ended))
@@ -201,7 +201,7 @@ class LLMEngine:
         failed += [
             seq for rid in moved if (seq := requests.get(rid)) is not None and seq not in failed
         ]
-        record = self._record(
+        record = self.step_record(
             out, StepResult([None] * len(out.seqs), 0.0), schedule_start, execute_start, ended
         )
         record.error = error
@@ -214,7 +214,7 @@ class LLMEngine:
     ) -> None:
         """Fail, each alone, the sequences whose token could not be sampled; the rest
         of the step stands. Before ``update``, which then skips them (no longer
-        running); after ``_record``, which reads their scheduled counts."""
+        running); after ``step_record``, which reads their scheduled counts."""
         for i, error in errors.items():
             seq = out.seqs[i]
             failed = self.scheduler.fail([seq], now, error, d.REASON_SAMPLING_ERROR)
@@ -222,7 +222,7 @@ class LLMEngine:
                 record.decisions.extend(failed)
                 record.finished.append(seq)
 
-    def _record(
+    def step_record(
         self,
         out: SchedulerOutput,
         result: StepResult,

@@ -117,8 +117,13 @@ class RequestRecorder:
         self.rows: list[dict] = []
 
     def __call__(self, record: StepRecord) -> None:
-        for seq in record.finished:
-            self.rows.append(sequence_record(seq, self.policy, self.profile))
+        self.add(record.finished)
+
+    def add(self, ended: list[Sequence]) -> None:
+        """The rows of requests that ended (each once)."""
+        policy, profile, append = self.policy, self.profile, self.rows.append
+        for seq in ended:
+            append(sequence_record(seq, policy, profile))
 
     def write(self, path: Path) -> None:
         """requests.parquet of everything recorded so far (stalls at the floor

@@ -18,8 +18,12 @@ and decisions.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import heapq
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +39,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.factory import build_simulated_engine
 from engine.records.step_record import StepRecord
-from engine.sim.decode_runs import can_start, run_decodes, supports_decode_runs
+from engine.sim.decode_runs import DecodeSteps, can_start, run_decodes, supports_decode_runs
 from harness.decision_log import decisions_frame
 from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
 from harness.records import RequestRecorder, add_stalls, requests_frame, stall_threshold
@@ -119,19 +123,21 @@ def simulate(
         engine.observers.add(lambda record: decisions.extend(record.decisions))
     traced = _install_tracing(engine, tracing, truncate_trace_file)
 
-    # Decode runs need observers that take their steps without per-sequence entries:
-    # the records, steps and decisions above; spans need every step's sequences.
+    # Decode runs need observers that take their steps without per-sequence entries
+    # for the run's members: the records, steps and decisions above; spans need every
+    # step's sequences.
     runs = fast and traced is None and supports_decode_runs(engine)
-    _Driver(
-        engine, _Arrivals(open_specs, closed_phases), (recorder, step_log) if runs else None
-    ).run()
+    run_observers = (recorder, step_log, decisions if record_decisions else None)
+    with _cyclic_gc_paused():
+        _Driver(engine, _Arrivals(open_specs, closed_phases), run_observers if runs else None).run()
 
-    tracing_stats = traced.shutdown() if traced is not None else None
-    rows = recorder.rows
-    _add_client_latency(rows, (cost_model or CostModel()).client_latency_s)
-    threshold = stall_threshold(_median_itl(rows))
-    add_stalls(rows, threshold)
-    frame = requests_frame(rows).sort("scheduled_at", "request_id")
+        tracing_stats = traced.shutdown() if traced is not None else None
+        rows = recorder.rows
+        _add_client_latency(rows, (cost_model or CostModel()).client_latency_s)
+        threshold = stall_threshold(_median_itl(rows))
+        add_stalls(rows, threshold)
+        frame = requests_frame(rows).sort("scheduled_at", "request_id")
+        steps = step_log.frame()
     return SimulationResult(
         policy=policy,
         profile=profile.name,
@@ -141,11 +147,29 @@ def simulate(
         num_steps=step_log.num_steps,
         stall_threshold_s=threshold,
         kv_plan_text=engine.kv_plan.describe(config.cache.block_size),
-        step_stats=step_log.summary(),
-        steps=step_log.frame(),
+        step_stats=step_log.summary(steps),
+        steps=steps,
         tracing=tracing_stats,
         faults=engine.faults.to_dict(),
     )
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (back as it was after).
+
+    A simulation allocates millions of objects that live to its end (requests, their
+    rows, step columns) and makes no cyclic garbage (``gc.collect()`` after a run of
+    100,000 requests of ``mixed`` finds none), so every full collection during it
+    walks them all for nothing: about a fifth of its CPU time (docs/simulator.md,
+    "Speed"). Memory is still freed by reference counting as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _install_tracing(
@@ -160,12 +184,18 @@ def _install_tracing(
     return install_tracing(engine, tracing, truncate_file=truncate_file)
 
 
+@functools.cache
+def _sampling_params(max_tokens: int) -> SamplingParams:
+    """A simulated request's sampling parameters: one (frozen) object per limit."""
+    return SamplingParams(max_tokens=max_tokens)
+
+
 def _engine_request(spec: RequestSpec, at: float) -> EngineRequest:
     """``spec`` as the engine's request, arriving at engine time ``at``."""
     return EngineRequest(
         spec.request_id,
         [PROMPT_TOKEN_ID] * spec.prompt_tokens,
-        SamplingParams(max_tokens=spec.max_tokens),
+        _sampling_params(spec.max_tokens),
         arrival_time=at,
         priority=spec.priority,
         request_class=spec.class_name,
@@ -255,12 +285,12 @@ class _Driver:
         self,
         engine: LLMEngine,
         arrivals: _Arrivals,
-        run_observers: tuple[RequestRecorder, StepLog] | None = None,
+        run_observers: tuple[RequestRecorder, StepLog, list[Decision] | None] | None = None,
     ) -> None:
-        """``run_observers``: the engine's request recorder and step log, to take
-        decode runs (their steps go to these two directly; the engine's other
-        observers must need nothing of them: token times are applied by the run,
-        decisions are none); None steps one step at a time."""
+        """``run_observers``: the engine's request recorder, step log and decisions
+        (None: not kept), to take decode runs (their steps go to these directly; the
+        engine's other observers must need nothing of them: token times are applied
+        by the run); None steps one step at a time."""
         self.engine = engine
         self.run_observers = run_observers
         self.clock = engine.clock
@@ -303,21 +333,18 @@ class _Driver:
             self.empty_in_a_row = 0
 
     def _run_decodes(self) -> None:
-        """Plain decode steps until an arrival is due or a choice is to be made
-        (``engine.sim.decode_runs``); their ended requests let their closed-loop users
-        send again, as after any step."""
+        """Steps with their decodes taken as a run until a choice about the running
+        requests is to be made (``engine.sim.decode_runs``), arrivals admitted as they
+        fall due."""
         assert self.run_observers is not None
-        recorder, step_log = self.run_observers
-        clock, arrivals = self.clock, self.arrivals
-
-        def on_step(record: StepRecord, num_seqs: int) -> None:
-            if record.finished:
-                recorder(record)
-            step_log.add_row(record, num_seqs)
-            for seq in record.finished:
-                arrivals.request_ended(seq, clock.now())
-
-        if run_decodes(self.engine, arrivals.next_time, on_step, self.idle):
+        steps = run_decodes(
+            self.engine,
+            self.arrivals.next_time,
+            _RunSink(self, *self.run_observers),
+            self.idle,
+            self._admit_arrived,
+        )
+        if steps:
             self.idle = 0.0
             self.empty_in_a_row = 0
         else:
@@ -341,6 +368,38 @@ class _Driver:
         before = self.clock.now()
         self.clock.advance_to(t)
         self.idle += self.clock.now() - before
+
+
+class _RunSink:
+    """A decode run's steps into the simulator's records, as the engine's observers
+    take a step's record; ended requests let their closed-loop users send again, as
+    after any step."""
+
+    def __init__(
+        self,
+        driver: _Driver,
+        recorder: RequestRecorder,
+        step_log: StepLog,
+        decisions: list[Decision] | None,
+    ) -> None:
+        self.clock, self.arrivals = driver.clock, driver.arrivals
+        self.recorder, self.step_log, self.decisions = recorder, step_log, decisions
+
+    def step(self, record: StepRecord, num_seqs: int) -> None:
+        if record.finished:
+            self.ended(record.step, record.finished)
+        self.step_log.add_row(record, num_seqs)
+        if self.decisions is not None and record.decisions:
+            self.decisions.extend(record.decisions)
+
+    def decode_steps(self, steps: DecodeSteps) -> None:
+        self.step_log.add_decode_steps(steps)
+
+    def ended(self, step: int, seqs: list[Sequence]) -> None:
+        self.recorder.add(seqs)
+        now = self.clock.now()
+        for seq in seqs:
+            self.arrivals.request_ended(seq, now)
 
 
 def _add_client_latency(rows: list[dict], latency_s: float) -> None:

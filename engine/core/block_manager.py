@@ -46,6 +46,12 @@ class BlockManager:
         return len(self._free_device)
 
     @property
+    def free_device_blocks(self) -> list[int]:
+        """The free device block ids (read only: its length is the free count, for a
+        caller that reads it every step)."""
+        return self._free_device
+
+    @property
     def num_free_host_blocks(self) -> int:
         return len(self._free_host)
 
@@ -86,6 +92,16 @@ class BlockManager:
     def append_slots(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         self._grow(seq, seq.num_computed_tokens + num_new_tokens)
 
+    def append_blocks(self, seqs: list[Sequence]) -> None:
+        """One more device block for each of ``seqs``, in order (decodes crossing a
+        block boundary together: the simulator's decode runs). The caller has checked
+        that ``len(seqs)`` blocks are free."""
+        free = self._free_device
+        if len(seqs) > len(free):
+            raise RuntimeError(f"out of device blocks: need {len(seqs)}, free {len(free)}")
+        for seq in seqs:
+            seq.block_table.append(free.pop())
+
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         table = seq.block_table
         needed = self.blocks_for(num_tokens) - len(table)
@@ -94,9 +110,11 @@ class BlockManager:
                 f"out of device blocks for {seq.request_id}: need {needed}, "
                 f"free {len(self._free_device)} (call can_allocate/can_append first)"
             )
-        free = self._free_device
-        for _ in range(needed):
-            table.append(free.pop())
+        if needed > 0:
+            # What ``needed`` pops would take, in the order they would take it.
+            free = self._free_device
+            table.extend(reversed(free[-needed:]))
+            del free[-needed:]
 
     # -- swap ----------------------------------------------------------------------
     def can_swap_out(self, seq: Sequence) -> bool:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import operator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -184,7 +185,10 @@ class CostModel:
 
     def predict_features(self, features: list[float]) -> float:
         """The model itself — the one place its formula is evaluated."""
-        return sum(c * x for c, x in zip(self.coefficients, features, strict=True))
+        coefficients = self.coefficients
+        if len(features) != len(coefficients):
+            raise ValueError(f"expected {len(coefficients)} features, got {len(features)}")
+        return sum(map(operator.mul, coefficients, features))
 
     def predict_decode_step(self, num_decode_seqs: int, decode_context_tokens: int) -> float:
         """``predict(0, num_decode_seqs, decode_context_tokens)`` bit for bit (a step of
@@ -195,6 +199,23 @@ class CostModel:
             return self.predict(0, num_decode_seqs, decode_context_tokens)
         c = self.coefficients
         return c[0] + c[2] * float(num_decode_seqs) + c[3] * float(decode_context_tokens)
+
+    def decode_step_predictor(self) -> Callable[[int, int], float]:
+        """:meth:`predict_decode_step` as a function of its two arguments, its
+        coefficients bound (what a decode run calls once per step). Python multiplies a
+        float by an int as by ``float(int)`` (the same conversion), so this is
+        ``predict_decode_step`` bit for bit."""
+        if not self._finite:
+            return self.predict_decode_step
+        c = self.coefficients
+        overhead, per_seq, per_context = c[0], c[2], c[3]
+
+        def predict(num_decode_seqs: int, decode_context_tokens: int) -> float:
+            if not num_decode_seqs:
+                return self.predict(0, 0, decode_context_tokens)
+            return overhead + per_seq * num_decode_seqs + per_context * decode_context_tokens
+
+        return predict
 
     @cached_property
     def _finite(self) -> bool:
@@ -210,7 +231,7 @@ class CostModel:
             out.num_decode_context_tokens,
             out.prefill_attention_work,
             len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out),
-            len(out.seqs) - num_decode,
+            out.num_prefill_seqs,
             out.prefill_padded_attention_work,
         )
 

@@ -59,6 +59,8 @@ def group_prefill_chunks(chunk_lens: Sequence[int], context_lens: Sequence[int])
 def padded_prefill_work(chunk_lens: Sequence[int], context_lens: Sequence[int]) -> int:
     """Query-key products the runner computes for these chunks: per group, its chunks
     times its longest chunk times its longest context."""
+    if len(chunk_lens) == 1 == len(context_lens):
+        return chunk_lens[0] * context_lens[0]  # one group of one (most steps)
     total = 0
     for group in group_prefill_chunks(chunk_lens, context_lens):
         total += (

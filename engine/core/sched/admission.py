@@ -106,10 +106,7 @@ class Admission:
             waiting.drop_stale_promotions()
         if self.policy.preempts_for_waiting and len(waiting) and budget:
             head = waiting.peek()
-            if head is not None and not (
-                len(self.running) < self.max_num_seqs
-                and self.block_manager.can_allocate(head, bool(self.running))
-            ):
+            if head is not None and self._lacks_room(head):
                 # Worse running requests make room, and the head is admitted in this
                 # very step (before the decodes could spend that room).
                 n = prefill_chunk(head, budget, self.chunked)
@@ -119,6 +116,25 @@ class Admission:
                     self.admit(head, out, now, d.REASON_PRIORITY, n)
                     budget -= n
         return budget
+
+    def _lacks_room(self, seq: Sequence) -> bool:
+        """Whether waiting ``seq`` finds no free slot or no blocks for its prefill."""
+        return not (
+            len(self.running) < self.max_num_seqs
+            and self.block_manager.can_allocate(seq, bool(self.running))
+        )
+
+    def acts_ahead_of_running(self, now: float) -> bool:
+        """Whether :meth:`ahead_of_running` may take a step at ``now`` for a waiting
+        request (a max-wait promotion, the best waiting request's claim on worse
+        running ones); False: it leaves the step to the running requests."""
+        waiting = self.waiting
+        if waiting.promoted or waiting.has_overdue(now):
+            return True
+        if self.policy.preempts_for_waiting and len(waiting):
+            head = waiting.peek()
+            return head is not None and self._lacks_room(head)
+        return False
 
     def waiting_requests(self, out: SchedulerOutput, now: float, budget: int) -> int:
         """New prefills in policy order while a slot, the budget and blocks allow."""

@@ -58,6 +58,10 @@ class BatchingRegime:
     #: Whether a swapped-out request yields its swap-in to a better waiting request
     #: (it may be the one that caused the swap).
     swap_ins_yield_to_waiting = False
+    #: Whether requests waiting change nothing of a step until its running requests are
+    #: scheduled: they are admitted only into what the running requests leave (unless
+    #: :meth:`engine.core.sched.admission.Admission.acts_ahead_of_running`).
+    admits_after_running_only = False
 
     def admit_before_running(
         self, sched: SchedulerState, out: SchedulerOutput, now: float, budget: int
@@ -73,6 +77,8 @@ class BatchingRegime:
 
 
 class ContinuousBatching(BatchingRegime):
+    admits_after_running_only = True
+
     def __init__(self, preempts_for_waiting: bool) -> None:
         self.swap_ins_yield_to_waiting = preempts_for_waiting
 

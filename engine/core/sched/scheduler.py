@@ -26,6 +26,7 @@ lazy deletion, so no per-step work grows with the number of waiting requests.
 from __future__ import annotations
 
 import bisect
+from typing import Protocol
 
 from engine.config import SchedulerConfig
 from engine.core import decisions as d
@@ -44,6 +45,27 @@ from engine.core.sequence import Sequence, SequenceStatus
 WAITING = SequenceStatus.WAITING
 RUNNING = SequenceStatus.RUNNING
 SWAPPED = SequenceStatus.SWAPPED
+
+
+class SuppliedDecodes(Protocol):
+    """A step's running decodes, taken by the caller instead of the scheduler (the
+    simulator's decode runs, ``engine.sim.decode_runs``): ``schedule(now, supplied)``
+    calls :meth:`decode` where it would schedule the running decodes, then schedules
+    :attr:`prefilling` and the admissions itself.
+
+    The caller vouches for what the scheduler would otherwise find out: every running
+    request is either one of the decodes (a plain decode, the budget room for all of
+    them, a block for each that needs one) or in :attr:`prefilling`."""
+
+    @property
+    def prefilling(self) -> list[Sequence]:
+        """The running requests that are not decoding, in running order."""
+        ...
+
+    def decode(self) -> tuple[int, int]:
+        """Schedule the decodes (blocks taken in running order, as the scheduler takes
+        them); returns their number and the sum of their context lengths."""
+        ...
 
 
 class Scheduler:
@@ -203,14 +225,20 @@ class Scheduler:
         return pending, ended
 
     # -- building a step -----------------------------------------------------------
-    def schedule(self, now: float) -> SchedulerOutput:
+    def schedule(self, now: float, supplied: SuppliedDecodes | None = None) -> SchedulerOutput:
+        """The next step. ``supplied``: its running decodes are taken by the caller
+        (:class:`SuppliedDecodes`; ``out.seqs`` then holds only the rest of the step,
+        its counts the whole step)."""
         self._step += 1
         out = SchedulerOutput(self._step, now)
         out.decisions, out.ended_between_steps = self.drain_pending()
         self.preemptor.decode_preempted = False
         budget = self.batching.admit_before_running(self, out, now, self.token_budget)
         if budget is not None:
-            budget = self._schedule_running(out, now, budget)
+            if supplied is None:
+                budget = self._schedule_running(out, now, budget)
+            else:
+                budget = self._schedule_supplied(out, now, budget, supplied)
             if self.swapped and budget > 0 and not self.preemptor.decode_preempted:
                 budget = self._schedule_swap_ins(out, now, budget)
             self.batching.admit_after_running(self, out, now, budget)
@@ -260,6 +288,27 @@ class Scheduler:
         out.is_decode.extend([True] * num_decodes)  # the loop appended only decodes
         out.num_decode_seqs += num_decodes
         out.num_decode_context_tokens += decode_context_tokens
+        budget = self._schedule_prefills(out, budget, prefills, idle)
+        self.record_idle(out, now, idle, d.REASON_TOKEN_BUDGET)
+        return budget
+
+    def _schedule_supplied(
+        self, out: SchedulerOutput, now: float, budget: int, supplied: SuppliedDecodes
+    ) -> int:
+        """``_schedule_running`` with the decodes taken by ``supplied``."""
+        num_decodes, decode_context_tokens = supplied.decode()
+        out.num_decode_seqs += num_decodes
+        out.num_decode_context_tokens += decode_context_tokens
+        idle: list[Sequence] = []
+        budget = self._schedule_prefills(out, budget - num_decodes, supplied.prefilling, idle)
+        self.record_idle(out, now, idle, d.REASON_TOKEN_BUDGET)
+        return budget
+
+    def _schedule_prefills(
+        self, out: SchedulerOutput, budget: int, prefills: list[Sequence], idle: list[Sequence]
+    ) -> int:
+        """Running prefill chunks, in running order, under ``budget``; those left out
+        go to ``idle``. Returns the budget left."""
         for seq in prefills:
             if seq.status is not RUNNING:
                 continue
@@ -269,7 +318,6 @@ class Scheduler:
                 continue
             out.add(seq, n)
             budget -= n
-        self.record_idle(out, now, idle, d.REASON_TOKEN_BUDGET)
         return budget
 
     @property
@@ -377,39 +425,25 @@ class Scheduler:
         seq.finished_time = now
 
     # -- steps with no choice in them (the simulator's decode runs) ------------------
-    def is_plain_decode_state(self) -> bool:
-        """Whether the next step is certain to be every running request decoding one
-        token, with no decision to take: nothing waiting, promoted, swapped or pending,
-        every running request a plain decode (no recompute left) and the token budget
-        room for all of them. Only blocks can still run out (the caller checks them:
-        :mod:`engine.sim.decode_runs`). Such steps are what ``schedule`` then
-        ``update`` would do with no choice made; checked in O(running)."""
-        running = self.running
-        if (
-            not running
-            or len(self.waiting)
-            or self.waiting.promoted
-            or self.swapped
-            or self._pending
-            or self._ended
-            or len(running) > self.token_budget
-        ):
+    def leaves_running_alone(self, now: float) -> bool:
+        """Whether a step at ``now`` takes no decision about the running requests
+        before it schedules them: nothing pending, swapped or promoted, and waiting
+        requests (if any) admitted only into what the running requests leave (the
+        regime's way, no max-wait promotion due, no claim on a running request's room).
+        The simulator's decode runs supply such steps' decodes (``schedule(now,
+        supplied)``). O(1)."""
+        if self._pending or self._ended or self.swapped or self.waiting.promoted:
             return False
-        for seq in running:
-            computed = seq.num_computed_tokens
-            if (
-                seq.num_tokens - computed != 1
-                or computed < seq.num_prompt_tokens
-                or seq.num_scheduled_tokens
-                or seq.num_pending_recompute_tokens
-            ):
-                return False
-        return True
+        if not len(self.waiting):
+            return True
+        return self.batching.admits_after_running_only and not (
+            self.admission.acts_ahead_of_running(now)
+        )
 
-    def count_plain_step(self) -> int:
-        """Number one more step (a plain decode step taken without ``schedule``)."""
-        self._step += 1
-        return self._step
+    def count_plain_steps(self, num_steps: int) -> None:
+        """Number ``num_steps`` more steps (plain decode steps taken without
+        ``schedule``)."""
+        self._step += num_steps
 
     def finish_running(self, seq: Sequence, status: SequenceStatus, now: float) -> None:
         """End a running request as ``update`` does (out of the running set, blocks

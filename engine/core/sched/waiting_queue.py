@@ -74,6 +74,14 @@ class WaitingQueue:
                 entry[3].promoted = True
                 self.promoted.append(entry[3])
 
+    def has_overdue(self, now: float) -> bool:
+        """Whether :meth:`promote_overdue` at ``now`` may promote a request (True may
+        be a request that has left the queue since)."""
+        if self.max_wait_s is None:
+            return False
+        heap = self._by_wait
+        return bool(heap) and heap[0][0] <= now - self.max_wait_s
+
     def drop_stale_promotions(self) -> None:
         """Forget promoted requests that were admitted, aborted or re-queued since."""
         self.promoted = [s for s in self.promoted if s.status is WAITING and s.promoted]
