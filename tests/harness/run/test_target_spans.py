@@ -114,3 +114,22 @@ def test_a_retried_request_keeps_the_span_that_ended_last():
     columns = span_columns(pl.concat([later, spans]))
     assert columns is not None and columns.height == 1
     assert columns["queue_s"][0] == later["attr.gen_ai.latency.time_in_queue"][0]
+
+
+def test_the_waterfall_draws_a_vllm_request_from_its_joined_instants():
+    """vLLM's spans have no child spans to draw: the waterfall falls back to the row's
+    instants, which the span filled (queued, prefill, decode)."""
+    from harness.report.figures import request_intervals
+
+    spans = read_spans(CAPTURED)
+    row = span_columns(spans).filter(pl.col("request_id") == "mixed-42-0000016")
+    requests = row.with_columns(
+        scheduled_at=pl.col("engine_arrival_at") - 0.001,
+        first_token_at=pl.col("engine_first_token_at") + 0.001,
+    )
+    intervals = request_intervals(spans.lazy(), requests)
+    assert intervals["kind"].to_list() == ["queued", "prefill", "decode"]
+    queued = intervals.row(0, named=True)
+    assert queued["end"] - queued["start"] == pytest.approx(
+        requests["first_scheduled_at"][0] - requests["scheduled_at"][0]
+    )
