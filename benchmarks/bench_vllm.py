@@ -76,6 +76,10 @@ class EngineRun:
     summary: dict
     metrics: pl.DataFrame | None = None
     steps: pl.DataFrame | None = None
+    #: The cell's status and the kinds of its failures (its run.json), e.g.
+    #: "degraded (generator_limited)": a generator-limited cell's latencies include the
+    #: load generator's delay.
+    status: str = ""
 
 
 def counter_increase(metrics: pl.DataFrame | None, name: str) -> float | None:
@@ -213,7 +217,15 @@ def read_engine_run(out: Path, cell: str, steps_file: Path | None = None) -> Eng
     metrics_file = out / cell / "metrics.parquet"
     metrics = pl.read_parquet(metrics_file) if metrics_file.is_file() else None
     steps = pl.read_parquet(steps_file) if steps_file is not None and steps_file.is_file() else None
-    return EngineRun(summary, metrics, steps)
+    cell_run = json.loads((out / cell / "run.json").read_text())
+    kinds = sorted({f.get("kind", "?") for f in cell_run.get("failures") or []})
+    status = cell_run.get("status", "?") + (f" ({', '.join(kinds)})" if kinds else "")
+    return EngineRun(summary, metrics, steps, status)
+
+
+def status_line(runs: dict[str, EngineRun]) -> str:
+    """The cells' statuses, one line (printed under the table)."""
+    return "cells: " + "; ".join(f"{TITLES.get(e, e)} {r.status}" for e, r in runs.items())
 
 
 # ---- the runs ----------------------------------------------------------------------------
@@ -377,7 +389,7 @@ def run(args) -> list[Figure]:
     runs = {"vllm": run_vllm(python, model_dir, out, args)}
     runs["bundled"] = run_bundled(model_dir, out, args)
     rows = side_by_side(runs)
-    table = render_table(rows)
+    table = render_table(rows) + "\n\n" + status_line(runs)
     (out / "side_by_side.md").write_text(table + "\n")
     print(table, flush=True)
     values = dict(rows)

@@ -55,6 +55,7 @@ def test_the_benchmark_serves_one_schedule_on_both_engines(vllm_python_path, tmp
     table = (out / "side_by_side.md").read_text()
     assert table.startswith("| figure | vLLM | bundled | bundled / vLLM |")
     assert "| errors | 0 | 0 |" in table
+    assert table.strip().splitlines()[-1].startswith("cells: vLLM ")
     figures = {f["name"]: f["value"] for f in json.loads(figures_file.read_text())["figures"]}
     assert figures["vLLM output tokens/s"] > 0 and figures["bundled output tokens/s"] > 0
     # each server's log kept beside the runs

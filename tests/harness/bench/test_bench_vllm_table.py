@@ -16,6 +16,7 @@ from benchmarks.bench_vllm import (
     read_engine_run,
     render_table,
     side_by_side,
+    status_line,
 )
 
 
@@ -158,10 +159,17 @@ def test_an_engine_run_is_read_from_schedscope_run_s_files(tmp_path):
     summary = {"policies": {"vllm": _summary(1.0)}}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     VLLM_METRICS.write_parquet(cell / "metrics.parquet")
+    failures = [{"kind": "generator_limited", "message": "..."}]
+    (cell / "run.json").write_text(json.dumps({"status": "degraded", "failures": failures}))
     run = read_engine_run(tmp_path, "vllm")
     assert run.summary == summary["policies"]["vllm"]
     assert run.metrics is not None and run.metrics.equals(VLLM_METRICS)
     assert run.steps is None
+    assert run.status == "degraded (generator_limited)"
+    ok = EngineRun({}, status="ok")
+    assert status_line({"vllm": run, "bundled": ok}) == (
+        "cells: vLLM degraded (generator_limited); bundled ok"
+    )
 
 
 def test_without_vllm_s_virtualenv_the_benchmark_stops_at_once_saying_how_to_make_it(tmp_path):
