@@ -80,6 +80,8 @@ class EngineRun:
     #: "degraded (generator_limited)": a generator-limited cell's latencies include the
     #: load generator's delay.
     status: str = ""
+    #: Its requests.parquet (the TTFT after send).
+    requests: pl.DataFrame | None = None
 
 
 def counter_increase(metrics: pl.DataFrame | None, name: str) -> float | None:
@@ -123,6 +125,11 @@ def engine_counts(run: EngineRun) -> dict[str, float | None]:
             counter_increase(m, "vllm:request_queue_time_seconds_sum"),
             counter_increase(m, "vllm:request_queue_time_seconds_count"),
         ),
+        # from the engine's own arrival stamp: neither the client's nor the network's delay
+        "engine TTFT mean (/metrics)": _ratio(
+            counter_increase(m, "vllm:time_to_first_token_seconds_sum"),
+            counter_increase(m, "vllm:time_to_first_token_seconds_count"),
+        ),
         "requests finished (/metrics)": counter_increase(m, "vllm:request_success_total"),
     }
     records = run.steps
@@ -132,6 +139,25 @@ def engine_counts(run: EngineRun) -> dict[str, float | None]:
         float(records["num_seqs"].mean()) if has_steps else None
     )
     return out
+
+
+def after_send(requests: pl.DataFrame | None) -> dict[str, float | None]:
+    """TTFT p50/p95 from the instant each request was sent (the client's TTFT less the
+    load generator's send lag, ``sent_at − scheduled_at``), over the ok requests: what is
+    left when a starved load generator's own delay is taken out; None without rows."""
+    names = ("TTFT after send p50 all", "TTFT after send p95 all")
+    if requests is None or requests.height == 0:
+        return dict.fromkeys(names)
+    ttft = requests.filter(pl.col("status") == "ok").select(
+        pl.col("ttft_s") - (pl.col("sent_at") - pl.col("scheduled_at"))
+    )
+    series = ttft.to_series().drop_nulls()
+    if series.len() == 0:
+        return dict.fromkeys(names)
+    return {
+        names[0]: float(series.quantile(0.5, "linear")),
+        names[1]: float(series.quantile(0.95, "linear")),
+    }
 
 
 def latency_figures(summary: dict) -> dict[str, float | None]:
@@ -160,7 +186,12 @@ def latency_figures(summary: dict) -> dict[str, float | None]:
 
 #: How each figure is printed: latencies in ms, rates with 2 decimals, counts whole.
 def _unit(figure: str) -> str:
-    if figure.startswith(("TTFT", "ITL", "E2E")) or "queue time" in figure or "lag" in figure:
+    if (
+        figure.startswith(("TTFT", "ITL", "E2E"))
+        or "TTFT" in figure
+        or "queue time" in figure
+        or "lag" in figure
+    ):
         return "ms"
     if figure.endswith("/s") or "per step" in figure:
         return "rate"
@@ -183,7 +214,7 @@ def side_by_side(runs: dict[str, EngineRun]) -> list[tuple[str, dict[str, float 
     the latency figures, then the counts (module docstring); None where an engine has
     no such figure."""
     per_engine = {
-        engine: {**latency_figures(run.summary), **engine_counts(run)}
+        engine: {**latency_figures(run.summary), **after_send(run.requests), **engine_counts(run)}
         for engine, run in runs.items()
     }
     names: list[str] = []
@@ -220,7 +251,8 @@ def read_engine_run(out: Path, cell: str, steps_file: Path | None = None) -> Eng
     cell_run = json.loads((out / cell / "run.json").read_text())
     kinds = sorted({f.get("kind", "?") for f in cell_run.get("failures") or []})
     status = cell_run.get("status", "?") + (f" ({', '.join(kinds)})" if kinds else "")
-    return EngineRun(summary, metrics, steps, status)
+    requests = pl.read_parquet(out / cell / "requests.parquet")
+    return EngineRun(summary, metrics, steps, status, requests)
 
 
 def status_line(runs: dict[str, EngineRun]) -> str:

@@ -92,9 +92,20 @@ BUNDLED_METRICS = _metrics(
 BUNDLED_STEPS = pl.DataFrame({"step": [0, 1, 2, 3], "num_seqs": [1, 2, 3, 6]})
 
 
+#: Sent 0, 1.0 and 0 s after their scheduled instants; the last failed.
+REQUESTS = pl.DataFrame(
+    {
+        "status": ["ok", "ok", "error"],
+        "scheduled_at": [10.0, 11.0, 12.0],
+        "sent_at": [10.0, 12.0, 12.0],
+        "ttft_s": [0.2, 1.4, None],
+    }
+)
+
+
 def _rows() -> dict[str, dict]:
     runs = {
-        "vllm": EngineRun(_summary(1.0), VLLM_METRICS),
+        "vllm": EngineRun(_summary(1.0), VLLM_METRICS, requests=REQUESTS),
         "bundled": EngineRun(_summary(2.0), BUNDLED_METRICS, BUNDLED_STEPS),
     }
     return dict(side_by_side(runs))
@@ -115,6 +126,9 @@ def test_the_counts_are_each_engine_s_own_and_absent_ones_are_none():
     assert rows["engine queue time mean (/metrics)"]["vllm"] == pytest.approx(0.05)
     assert rows["engine queue time mean (/metrics)"]["bundled"] is None
     assert rows["steps (step records)"] == {"vllm": None, "bundled": 4.0}
+    # the send lag taken out: 0.2 and 1.4 - 1.0 s; the failed request left out
+    assert rows["TTFT after send p50 all"] == {"vllm": pytest.approx(0.3), "bundled": None}
+    assert rows["TTFT after send p95 all"]["vllm"] == pytest.approx(0.39)
     assert rows["running seqs per step (step records)"] == {"vllm": None, "bundled": 3.0}
 
 
@@ -161,11 +175,13 @@ def test_an_engine_run_is_read_from_schedscope_run_s_files(tmp_path):
     VLLM_METRICS.write_parquet(cell / "metrics.parquet")
     failures = [{"kind": "generator_limited", "message": "..."}]
     (cell / "run.json").write_text(json.dumps({"status": "degraded", "failures": failures}))
+    REQUESTS.write_parquet(cell / "requests.parquet")
     run = read_engine_run(tmp_path, "vllm")
     assert run.summary == summary["policies"]["vllm"]
     assert run.metrics is not None and run.metrics.equals(VLLM_METRICS)
     assert run.steps is None
     assert run.status == "degraded (generator_limited)"
+    assert run.requests is not None and run.requests.equals(REQUESTS)
     ok = EngineRun({}, status="ok")
     assert status_line({"vllm": run, "bundled": ok}) == (
         "cells: vLLM degraded (generator_limited); bundled ok"
