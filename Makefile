@@ -68,7 +68,8 @@ $(VLLM_STAMP):
 # The tests marked vllm (tests/vllm/): a real vLLM serves a tiny random-weight Llama built
 # here (tests/support/vllm_checkpoint.py, cached in the vLLM virtualenv by a content key).
 # With CI=true a missing vLLM virtualenv fails them. Measured on 2 shared cores: 14 min from
-# a fresh virtualenv (install ~6 min under load), 7 min cached (docs/vllm.md).
+# a fresh virtualenv (install ~6 min under load), 7 min cached, plus ~1.5 min for the
+# benchmark's short run (tests/vllm/test_vllm_bench.py; docs/vllm.md).
 test-vllm: $(STAMP) $(VLLM_STAMP) system-deps
 	SCHEDSCOPE_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q -m vllm tests/vllm
 

@@ -1,7 +1,7 @@
 """Per-request statistics with one definition, shared by the simulator's summary
 (harness/summary.py) and the report (harness/report): JSON-clean numbers, whether a
-request met its class's SLOs, Jain's fairness index (docs/metrics.md), and the
-percentiles every latency is summarised by.
+request met its class's SLOs, Jain's fairness index (docs/metrics.md), the
+percentiles every latency is summarised by, and engine counts that may be unknown.
 """
 
 from __future__ import annotations
@@ -26,6 +26,16 @@ def clean(value, digits: int = 9):
             return None
         return float(f"{value:.{digits}g}")
     return value
+
+
+def known_sum(frame: pl.DataFrame, column: str, kind: type = int) -> int | float | None:
+    """The sum of ``column``, or None when no row has a value: an engine count (the
+    preemptions, recomputed tokens ...) that an external engine's rows do not carry is
+    unknown, not 0. An empty frame sums to 0."""
+    values = frame[column]
+    if frame.height and values.null_count() == frame.height:
+        return None
+    return kind(values.sum() or 0)
 
 
 def jain_index(values) -> float | None:

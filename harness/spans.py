@@ -3,7 +3,8 @@
 One row per span. Fixed columns: ``name``, ``trace_id``, ``span_id``,
 ``parent_span_id`` (hex; null for a root), ``kind`` (``internal``, ``server``, ...),
 ``start_ns``/``end_ns`` (Unix ns), ``start``/``end`` (Unix seconds, float),
-``duration_s``, ``request_id`` (the ``schedscope.request.id`` attribute), ``status``
+``duration_s``, ``request_id`` (schedscope's request id: the ``schedscope.request.id``
+attribute, else recovered from vLLM's ``gen_ai.request.id``, :func:`vllm_request_id`), ``status``
 (``unset``, ``ok``, ``error``), ``status_message``, ``scope``, ``events`` (a list of
 ``{name, time, attributes}`` with ``attributes`` as a JSON object string). Every span
 attribute becomes a column ``attr.<name>`` and every resource attribute a column
@@ -16,6 +17,7 @@ Ids are read with ``bytes.fromhex``-style hex, never protobuf's ``json_format``
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -25,6 +27,18 @@ STATUS_CODES = {0: "unset", 1: "ok", 2: "error"}
 
 ATTR_PREFIX = "attr."
 RESOURCE_PREFIX = "resource."
+
+#: The request id attribute of schedscope's own spans.
+SCHEDSCOPE_REQUEST_ID = "schedscope.request.id"
+#: The request id attribute of vLLM's ``llm_request`` span (vllm/tracing/utils.py).
+VLLM_REQUEST_ID = "gen_ai.request.id"
+#: How vLLM's OpenAI server (0.32: vllm/entrypoints/openai/completion/serving.py and
+#: chat_completion/serving.py) names the engine request it makes of a client's
+#: ``X-Request-Id``: ``cmpl-<id>-<i>`` for a completion (``i`` the prompt's index in the
+#: request, 0 for a single prompt), ``chatcmpl-<id>`` for a chat completion. The id
+#: itself may hold dashes (schedscope's do: ``mixed-42-0000012``): a completion's last
+#: ``-<digits>`` is vLLM's, the rest is the client's.
+_VLLM_ID = re.compile(r"^(?:cmpl-(?P<completion>.+)-\d+|chatcmpl-(?P<chat>.+))$")
 
 FIXED_SCHEMA: dict[str, pl.DataType] = {
     "name": pl.String,
@@ -68,6 +82,27 @@ def key_values(items: list[dict] | None) -> dict:
     return {item["key"]: any_value(item.get("value", {})) for item in items or ()}
 
 
+def vllm_request_id(engine_request_id: object) -> str | None:
+    """The client's ``X-Request-Id`` inside vLLM's engine request id (``_VLLM_ID``), or
+    None when ``engine_request_id`` is not of those forms. (A request sent without the
+    header gets a random uuid from vLLM in its place: recovered, it matches no client.)"""
+    if not isinstance(engine_request_id, str):
+        return None
+    match = _VLLM_ID.match(engine_request_id)
+    if match is None:
+        return None
+    return match["completion"] or match["chat"]
+
+
+def span_request_id(attributes: dict) -> str | None:
+    """The schedscope request a span belongs to: its ``schedscope.request.id``, else the
+    id recovered from vLLM's ``gen_ai.request.id``; None for neither."""
+    own = attributes.get(SCHEDSCOPE_REQUEST_ID)
+    if own is not None:
+        return own
+    return vllm_request_id(attributes.get(VLLM_REQUEST_ID))
+
+
 def _hex_id(value: str | None) -> str | None:
     if not value:
         return None
@@ -99,7 +134,7 @@ def span_rows(request: dict) -> list[dict]:
                     "start": start_ns / 1e9,
                     "end": end_ns / 1e9,
                     "duration_s": (end_ns - start_ns) / 1e9,
-                    "request_id": attributes.get("schedscope.request.id"),
+                    "request_id": span_request_id(attributes),
                     "status": STATUS_CODES.get(int(status.get("code", 0)), "unset"),
                     "status_message": status.get("message") or None,
                     "scope": scope,

@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles import Profile
-from harness.request_stats import PERCENTILES, clean, jain_index, slo_met_expr
+from harness.request_stats import PERCENTILES, clean, jain_index, known_sum, slo_met_expr
 
 SUMMARY_SCHEMA_VERSION = 1
 REPORT_SCHEMA_VERSION = 2
@@ -75,13 +75,14 @@ def group_summary(frame: pl.DataFrame, duration_s: float, slos: dict[str, dict])
         "goodput_rps": clean(good / duration),
         "slo_attainment": clean(good / frame.height) if frame.height else None,
         "metrics": {m: _distribution(ok[m]) for m in LATENCY_METRICS if m in ok.columns},
+        # None where the rows carry no value (an external engine's): unknown, not 0
         "preemptions": {
-            "swap": int(frame["preempt_swaps"].sum()),
-            "recompute": int(frame["preempt_recomputes"].sum()),
+            "swap": known_sum(frame, "preempt_swaps"),
+            "recompute": known_sum(frame, "preempt_recomputes"),
         },
-        "recomputed_tokens": int(frame["recomputed_tokens"].sum()),
-        "swapped_s": clean(float(frame["swapped_s"].sum())),
-        "idle_running_steps": int(frame["idle_running_steps"].sum()),
+        "recomputed_tokens": known_sum(frame, "recomputed_tokens"),
+        "swapped_s": clean(known_sum(frame, "swapped_s", float)),
+        "idle_running_steps": known_sum(frame, "idle_running_steps"),
         "stalls": int(frame["num_stalls"].sum()),
     }
     normalized = (ok["e2e_s"] / ok["output_tokens"].cast(pl.Float64)) if ok.height else ok["e2e_s"]

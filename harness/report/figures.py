@@ -368,7 +368,7 @@ def request_intervals(spans: pl.LazyFrame | None, requests: pl.DataFrame) -> pl.
                 .then(pl.lit("preempted"))
                 .otherwise(None)
             )
-            return (
+            intervals = (
                 s.join(origin, on="request_id")
                 .with_columns(kind=kind)
                 .filter(pl.col("kind").is_not_null())
@@ -380,6 +380,10 @@ def request_intervals(spans: pl.LazyFrame | None, requests: pl.DataFrame) -> pl.
                 )
                 .sort("request_id", "start")
             )
+            # Spans with no interval of their own (vLLM's: one llm_request per request,
+            # no child spans) leave the rows' instants to draw from.
+            if intervals.height:
+                return intervals
     rows = []
     for r in requests.iter_rows(named=True):
         arrival = r["scheduled_at"]

@@ -49,6 +49,10 @@ class PolicyData:
     #: ``stall_source``: harness/report/stall_causes.py); None: not recorded (the
     #: engine's or the simulator's records).
     stall_source: str | None = None
+    #: An external target's server columns taken from its own spans (the cell's run.json
+    #: ``server_columns_source``: {source, columns, requests_joined, requests},
+    #: harness/run/target_spans.py); None: not from spans.
+    server_source: dict | None = None
     #: Distributed load: workers lost mid-run, clock offsets beyond the join's tolerance
     #: (from the cell's run.json; harness/loadgen/clock.py).
     load_notes: list[str] = field(default_factory=list)
@@ -148,6 +152,7 @@ def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
         info=info,
         prompts=cell_run.get("prompts"),
         stall_source=cell_run.get("stall_source"),
+        server_source=cell_run.get("server_columns_source"),
         load_notes=_load_notes(cell_run),
     )
     for name in OPTIONAL_FILES:
@@ -169,11 +174,11 @@ def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
 NO_ENGINE_RECORDS = (
     "no engine-side records (an external engine without spans): these sections cannot "
     "be filled and are not evidence of absence: queue wait (queue p99, queue max), "
-    "preemptions (the preempt columns read 0), what the engine did over each stall "
+    "preemptions (the preempt columns read –), what the engine did over each stall "
     "(its cause: unknown, external engine) and the trap diagnosis; the client-side "
     "tables, pictures and stalls are complete, "
-    "and the engine's /metrics are in metrics.parquet when it was scraped. Spans fill "
-    "some: --target-otlp-port (docs/vllm.md)"
+    "and the engine's /metrics are in metrics.parquet when it was scraped. vLLM's spans "
+    "fill the queue wait: --target-otlp-port or --target-otlp-grpc-port (docs/vllm.md)"
 )
 
 

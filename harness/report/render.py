@@ -61,6 +61,11 @@ def _num(value, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _count(value) -> str:
+    """A count, or "–" where it cannot be known (an external engine's preemptions)."""
+    return "–" if value is None else str(value)
+
+
 def class_rows(report: Report) -> list[list[str]]:
     rows = []
     for rr in report.runs:
@@ -88,8 +93,8 @@ def class_rows(report: Report) -> list[list[str]]:
                         *[_ms(m["e2e_s"].get(k)) for k in ("p50", "p95", "p99")],
                         _ms(m["queue_s"].get("p99")),
                         _ms(m["queue_s"].get("max")),
-                        str(g["preemptions"]["swap"]),
-                        str(g["preemptions"]["recompute"]),
+                        _count(g["preemptions"]["swap"]),
+                        _count(g["preemptions"]["recompute"]),
                         str(g["stalls"]),
                         _num(g["stall_time_s"]),
                         "none" if lag is None else _ms(lag["p99"]),
@@ -326,7 +331,19 @@ def _notes(report: Report) -> list[str]:
                 + (f" ({p.threshold_note})" if p.threshold_note else "")
                 + (f"; stall evidence: {src}" if src else "")
             )
+            if p.data.server_source:
+                notes.append(f"{rr.run.label}/{name}: {server_source_note(p.data.server_source)}")
     return notes
+
+
+def server_source_note(source: dict) -> str:
+    """Where an external engine's server-side figures came from (its spans), and what
+    stays unknown."""
+    return (
+        f"queue wait (queue p99, queue max) from {source['source']}, "
+        f"{source['requests_joined']} of {source['requests']} requests joined; "
+        "preemptions are not in them (–)"
+    )
 
 
 def write_markdown(report: Report, path: Path) -> None:

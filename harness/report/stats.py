@@ -16,7 +16,13 @@ import numpy as np
 
 # One definition each, shared with the simulator's summary (harness/summary.py);
 # re-exported here for the report's modules.
-from harness.request_stats import PERCENTILES, clean, jain_index, slo_met_expr  # noqa: F401
+from harness.request_stats import (  # noqa: F401
+    PERCENTILES,
+    clean,
+    jain_index,
+    known_sum,
+    slo_met_expr,
+)
 
 
 def percentile(values, p: float) -> float | None:

@@ -34,6 +34,7 @@ def _policy(p: PolicyReport) -> dict:
         run_info=p.data.info,
         errors=p.errors,
         prompts=p.data.prompts,
+        server_columns_source=p.data.server_source,
     )
 
 

@@ -17,6 +17,7 @@ from harness.report.stats import (
     PERCENTILES,
     clean,
     jain_index,
+    known_sum,
     percentile,
     slo_met_expr,
     weighted_percentile,
@@ -61,16 +62,19 @@ REQUEST_COLUMNS = {
         "finished_at",
     )
 }
-ZERO_DEFAULTS = {
+#: Stall columns absent from the records read 0 (the records keep only stalls above
+#: their threshold: none recorded is none seen).
+ZERO_DEFAULTS = {"stall_s", "num_stalls"}
+#: The engine's own counts: absent (an external engine's rows) they are unknown, null,
+#: and the groups say None ("–" in the tables), never 0 (:func:`known_sum`).
+ENGINE_COUNTS = (
     "preemptions",
     "preempt_swaps",
     "preempt_recomputes",
     "swapped_s",
     "recomputed_tokens",
     "idle_running_steps",
-    "stall_s",
-    "num_stalls",
-}
+)
 SLO_COLUMNS = ("slo_ttft_s", "slo_tpot_s", "slo_e2e_s")
 
 
@@ -170,16 +174,6 @@ def group_stats(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | N
     duration = max(duration_s, 1e-9)
     counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
     good = int(frame["slo_met"].sum())
-    sums = frame.select(
-        pl.col(
-            "preempt_swaps",
-            "preempt_recomputes",
-            "recomputed_tokens",
-            "idle_running_steps",
-            "num_stalls",
-        ).sum(),
-        pl.col("swapped_s", "stall_s").sum(),
-    ).row(0, named=True)
     out = {
         "requests": frame.height,
         "counts": counts,
@@ -191,12 +185,12 @@ def group_stats(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | N
         "metrics": _distributions(ok),
         "itl_s": _itl(ok),
         "preemptions": {
-            "swap": int(sums["preempt_swaps"] or 0),
-            "recompute": int(sums["preempt_recomputes"] or 0),
+            "swap": known_sum(frame, "preempt_swaps"),
+            "recompute": known_sum(frame, "preempt_recomputes"),
         },
-        "recomputed_tokens": int(sums["recomputed_tokens"] or 0),
-        "swapped_s": clean(float(sums["swapped_s"] or 0.0)),
-        "idle_running_steps": int(sums["idle_running_steps"] or 0),
+        "recomputed_tokens": known_sum(frame, "recomputed_tokens"),
+        "swapped_s": clean(known_sum(frame, "swapped_s", float)),
+        "idle_running_steps": known_sum(frame, "idle_running_steps"),
         "stalls": 0,
         "stall_time_s": 0.0,
         "stalls_by_cause": {c: {"count": 0, "time_s": 0.0} for c in STALL_CAUSES},

@@ -40,6 +40,8 @@ from harness.run.loadgen import LOCUST_OK_CODES, LocustRun, profile_file
 from harness.run.matrix import Cell
 from harness.run.scrape import MetricsScraper, export_prometheus
 from harness.run.server import ServedEngine, ServerStartError
+from harness.run.target_spans import SOURCE as TARGET_SPANS_SOURCE
+from harness.run.target_spans import join_span_columns
 
 if TYPE_CHECKING:
     from harness.prometheus import PrometheusServer
@@ -536,10 +538,11 @@ def _collect(
         engine = _engine_requests(result, raw)
         if epoch is None:
             epoch = loadgen.get("server_clock_epoch_unix")
+    # spans first: a --target cell's requests take server columns from them
+    spans = _write_spans(result, settings, raw, info)
     if client is not None:
-        _write_requests(result, client, engine, epoch, info, settings.max_error_rate)
+        _write_requests(result, client, engine, epoch, info, settings.max_error_rate, spans)
     _write_engine_records(result, raw, epoch)
-    _write_spans(result, settings, raw, info)
     if client is not None:
         _write_cell_summary(result, settings, load_s, info.get("faults") or None)
     _note_files(result, LOAD_CELL_FILES)
@@ -547,10 +550,16 @@ def _collect(
         result.missing = [
             m for m in result.missing if m not in ("steps.parquet", "decisions.parquet")
         ]
-        result.missing.append(
-            "engine records (steps, queue_s, preemptions, stall causes): an external "
-            "target has none"
-        )
+        if info.get("server_columns_source"):  # queue_s and the engine_* from its spans
+            result.missing.append(
+                "engine records (steps, preemptions, stall causes): an external target "
+                "has none (queue_s from its spans)"
+            )
+        else:
+            result.missing.append(
+                "engine records (steps, queue_s, preemptions, stall causes): an external "
+                "target has none"
+            )
 
 
 def _client_records(
@@ -620,17 +629,21 @@ def _write_requests(
     epoch: float | None,
     info: dict,
     max_error_rate: float | None,
+    spans: pl.DataFrame | None = None,
 ) -> None:
     """requests.parquet: every client row, the engine's columns joined on one clock
-    (a --target cell: its stalls from the client's token times, ``stall_source``);
-    the status counts, why requests failed (an error rate over ``max_error_rate``
-    degrades the cell), and warnings for requests not ok or rows not scheduled."""
+    (a --target cell: its stalls from the client's token times, ``stall_source``, and
+    the server columns its spans give, ``server_columns_source``); the status counts,
+    why requests failed (an error rate over ``max_error_rate`` degrades the cell), and
+    warnings for requests not ok or rows not scheduled."""
     cell = result.cell
     frame = join_requests(client, engine, epoch, cell.policy, cell.name)
     if result.mode == "target":
         # No engine records: the stalls the client saw, cut by the served rule.
         frame = with_client_stalls(frame, SERVED_STALL_THRESHOLD_S)
         info["stall_source"] = CLIENT_TOKEN_TIMES
+        if spans is not None:
+            frame = _with_target_span_columns(frame, spans, info)
     elif engine is not None:
         info["stall_source"] = ENGINE_RECORDS
     frame.write_parquet(result.path / "requests.parquet")
@@ -651,6 +664,22 @@ def _write_requests(
     if engine is not None and epoch is not None:
         joined = frame["queue_s"].is_not_null().sum() if "queue_s" in frame.columns else 0
         info["engine_rows_joined"] = int(joined)
+
+
+def _with_target_span_columns(frame: pl.DataFrame, spans: pl.DataFrame, info: dict) -> pl.DataFrame:
+    """``frame`` with the server columns the target's spans give (vLLM's
+    ``llm_request``: harness/run/target_spans.py) and, when any request found its span,
+    ``server_columns_source`` in the cell's run.json: where they came from, which
+    columns, how many requests joined."""
+    joined, matched = join_span_columns(frame, spans)
+    if matched:
+        info["server_columns_source"] = {
+            "source": TARGET_SPANS_SOURCE,
+            "columns": [c for c in joined.columns if c not in frame.columns],
+            "requests_joined": matched,
+            "requests": frame.height,
+        }
+    return joined
 
 
 def _note_errors(result: CellResult, frame: pl.DataFrame, limit: float | None) -> None:
@@ -680,21 +709,27 @@ def _write_engine_records(result: CellResult, raw: Path, epoch: float | None) ->
         )
 
 
-def _write_spans(result: CellResult, settings: CellSettings, raw: Path, info: dict) -> None:
+def _write_spans(
+    result: CellResult, settings: CellSettings, raw: Path, info: dict
+) -> pl.DataFrame | None:
     """spans.parquet from the cell's trace file: the server's (served), the OTLP
-    receivers' or --target-trace-file's (--target). A trace file that cannot be read
-    degrades the cell; a missing one is a warning."""
+    receivers' or --target-trace-file's (--target); the spans written, or None. A trace
+    file that cannot be read degrades the cell; a missing one is a warning."""
     trace = raw / "spans.jsonl" if result.mode == "serve" else settings.target_trace_file
     receives = settings.target_otlp_port is not None or settings.target_otlp_grpc_port is not None
     if result.mode == "target" and receives:
         trace = _target_trace(raw)
     if trace is not None and Path(trace).is_file():
         try:
-            info["spans"] = write_spans(Path(trace), result.path / "spans.parquet")
+            frame = write_spans(Path(trace), result.path / "spans.parquet")
         except Exception as exc:  # noqa: BLE001 - keep the rest
             result.fail("spans", f"{trace}: {type(exc).__name__}: {exc}")
-    elif trace is not None:
+            return None
+        info["spans"] = frame.height
+        return frame
+    if trace is not None:
         result.warnings.append(f"no trace file at {trace}: no spans.parquet")
+    return None
 
 
 def _write_cell_summary(

@@ -104,12 +104,13 @@ def shift_steps(steps: pl.DataFrame, epoch: float) -> pl.DataFrame:
     )
 
 
-def write_spans(trace_file: Path, out: Path) -> int:
+def write_spans(trace_file: Path, out: Path) -> pl.DataFrame:
+    """spans.parquet from ``trace_file``; the spans written."""
     from harness.spans import read_spans, write_spans_parquet
 
     frame = read_spans(trace_file)
     write_spans_parquet(frame, out)
-    return frame.height
+    return frame
 
 
 def write_parquet(frame: pl.DataFrame, path: Path) -> None:

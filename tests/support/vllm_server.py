@@ -49,10 +49,16 @@ STOP_TIMEOUT_S = 30.0
 BUILD_TIMEOUT_S = 300.0
 
 
+def vllm_python_candidate() -> Path:
+    """Where the vLLM virtualenv's Python should be (``SCHEDSCOPE_VLLM_PYTHON``, else
+    ``.venv-vllm/bin/python`` in the repository), whether it is there or not."""
+    # not resolved: the virtualenv's python is a link to the base interpreter
+    return Path(os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON).absolute()
+
+
 def vllm_python() -> Path:
     """The vLLM virtualenv's Python, or a skip (a failure in CI) saying how to make it."""
-    # not resolved: the virtualenv's python is a link to the base interpreter
-    path = Path(os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON).absolute()
+    path = vllm_python_candidate()
     if not os.access(path, os.X_OK):
         missing(f"vLLM's virtualenv ({path})", "`make test-vllm` creates it")
     return path
@@ -112,6 +118,10 @@ class VllmServer:
     #: a run's ``--target-otlp-port`` listens there while it runs; between runs vLLM's
     #: exporter finds nobody and drops its batches.
     otlp_port: int = 0
+    #: The scheduler's knobs (the tests' defaults; benchmarks/bench_vllm.py sets its own).
+    scheduling_policy: str = "priority"
+    max_num_seqs: int = MAX_NUM_SEQS
+    max_model_len: int = MAX_MODEL_LEN
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     process: subprocess.Popen | None = None
@@ -149,15 +159,15 @@ class VllmServer:
                 "--port",
                 str(port),
                 "--max-model-len",
-                str(MAX_MODEL_LEN),
+                str(self.max_model_len),
                 "--dtype",
                 "float32",
                 "--seed",
                 "0",
                 "--scheduling-policy",
-                "priority",
+                self.scheduling_policy,
                 "--max-num-seqs",
-                str(MAX_NUM_SEQS),
+                str(self.max_num_seqs),
                 "--otlp-traces-endpoint",
                 f"http://127.0.0.1:{self.otlp_port}/v1/traces",
                 *self.extra_args,

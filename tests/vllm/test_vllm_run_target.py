@@ -1,9 +1,11 @@
 """``schedscope run --target URL`` against the real vLLM: exit 0, every request ok, a
 complete report (client-side tables and pictures, vLLM's own ``/metrics`` in
 ``metrics.parquet``) that says plainly which engine-side sections an external engine
-without spans cannot fill. With ``--target-otlp-port`` at the port vLLM exports its
-spans to (tests/support/vllm_server.py), vLLM's ``llm_request`` spans, one per request,
-land in ``spans.parquet``."""
+without spans cannot fill (its preemptions "–", never 0). With ``--target-otlp-port``
+at the port vLLM exports its spans to (tests/support/vllm_server.py), vLLM's
+``llm_request`` spans, one per request, land in ``spans.parquet`` with schedscope's
+request id, every request joins its span, and the queue wait the report shows is
+vLLM's (``gen_ai.latency.time_in_queue``), said to be so."""
 
 from __future__ import annotations
 
@@ -80,13 +82,34 @@ def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path, 
     assert "<svg" in report_html or "plotly" in report_html.lower()
     for frame_name in ("classes", "stalls"):
         assert (out / f"{frame_name}.parquet").is_file()
+    summary = json.loads((out / "summary.json").read_text())["policies"]["target"]
+    # vLLM's preemptions are in no per-request record: unknown, never 0
+    assert summary["overall"]["preemptions"] == {"swap": None, "recompute": None}
+    target_rows = [line for line in report_md.splitlines() if line.startswith("| run | target |")]
+    assert target_rows and all("| – | – |" in line for line in target_rows), target_rows
     if not spans:
         assert f"target: {NO_ENGINE_RECORDS}" in report_md
         assert not (cell / "spans.parquet").exists()
+        assert "queue_s" not in frame.columns
         return
     assert NO_ENGINE_RECORDS not in report_md
     received = pl.read_parquet(cell / "spans.parquet").filter(pl.col("name") == "llm_request")
-    # vLLM's request id is "cmpl-<the client's X-Request-Id>-0"
-    ids = {x.removeprefix("cmpl-").rsplit("-", 1)[0] for x in received["attr.gen_ai.request.id"]}
-    assert set(frame["request_id"]) <= ids
+    # vLLM's request id is "cmpl-<the client's X-Request-Id>-0": the join recovers it
+    assert all(
+        engine_id == f"cmpl-{request_id}-0"
+        for engine_id, request_id in received.select("attr.gen_ai.request.id", "request_id")
+        .drop_nulls()
+        .iter_rows()
+    )
+    assert set(frame["request_id"]) <= set(received["request_id"])
     assert cell_run["otlp_spans_received"] >= frame.height
+    # every request joined its span: vLLM's queue wait and token counts in its row
+    assert frame["queue_s"].null_count() == 0 and (frame["queue_s"] >= 0).all()
+    assert (frame["engine_output_tokens"] == frame["output_tokens"]).all()
+    assert (frame["engine_prompt_tokens"] == frame["prompt_tokens"]).all()
+    assert (frame["first_scheduled_at"] >= frame["engine_arrival_at"]).all()
+    source = cell_run["server_columns_source"]
+    assert source["requests_joined"] == source["requests"] == frame.height
+    assert summary["server_columns_source"] == source
+    assert summary["overall"]["metrics"]["queue_s"]["count"] == frame.height
+    assert f"run/target: queue wait (queue p99, queue max) from {source['source']}" in report_md
