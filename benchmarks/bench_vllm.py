@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 import polars as pl  # noqa: E402
 
 from harness.bench.figure import Figure  # noqa: E402
-from harness.bench.script import BenchParser, bench_main  # noqa: E402
+from harness.bench.script import BenchParser, bench_main, skip  # noqa: E402
 
 ENGINES = ("vllm", "bundled")
 TITLES = {"vllm": "vLLM", "bundled": "bundled"}
@@ -62,7 +62,6 @@ RUN_SLACK_S = 300.0
 #: `schedscope run`'s exit statuses that leave a complete run: 0, and 3 (an error rate
 #: over --max-error-rate: the errors are figures here).
 RUN_OK_CODES = (0, 3)
-MISSING_VLLM_EXIT = 2
 
 
 # ---- the table: from each engine's run files ---------------------------------------------
@@ -391,15 +390,15 @@ def run_bundled(model_dir: Path, out: Path, args) -> EngineRun:
 
 
 def require_vllm(python: Path, say: Callable[[str], None] = print) -> None:
-    """Stop with exit status ``MISSING_VLLM_EXIT`` and how to make the virtualenv, when
-    vLLM's Python is not there."""
+    """Stop as skipped (harness.bench.script.skip: the suite goes on) with how to make
+    the virtualenv, when vLLM's Python is not there."""
     if not os.access(python, os.X_OK):
-        say(
-            f"bench_vllm: vLLM's virtualenv is missing ({python} is not there): "
+        skip(
+            f"vLLM's virtualenv is missing ({python} is not there): "
             "`make .venv-vllm/.schedscope-vllm-installed` (or `make test-vllm`) creates it; "
-            "SCHEDSCOPE_VLLM_PYTHON names another"
+            "SCHEDSCOPE_VLLM_PYTHON names another",
+            say,
         )
-        raise SystemExit(MISSING_VLLM_EXIT)
 
 
 def run(args) -> list[Figure]:

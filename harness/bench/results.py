@@ -16,7 +16,7 @@ from pathlib import Path
 
 from harness.bench.collect import BENCHMARKS_DIR
 from harness.bench.figure import MET, MISSED, NO_TARGET, NOT_MEASURED
-from harness.bench.runner import BenchResult
+from harness.bench.runner import SKIPPED, BenchResult
 from harness.machine import Fingerprint, fingerprint
 from harness.run.versions import versions
 
@@ -61,7 +61,8 @@ def results_document(
         "summary": {
             **{k.replace(" ", "_"): v for k, v in counts.items()},
             "benchmarks": len(results),
-            "failed": [r.benchmark.name for r in results if not r.ok],
+            "failed": [r.benchmark.name for r in results if r.failed],
+            "skipped": [r.benchmark.name for r in results if r.status == SKIPPED],
         },
     }
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from harness.bench.collect import Benchmark
 from harness.bench.figure import Figure, FigureError
-from harness.bench.script import DEVICE_ENV, read_figures
+from harness.bench.script import DEVICE_ENV, SKIPPED_EXIT, read_figures
 from harness.run.server import repo_env
 
-OK, CRASHED, TIMED_OUT = "ok", "crashed", "timed out"
+OK, CRASHED, TIMED_OUT, SKIPPED = "ok", "crashed", "timed out", "skipped"
 #: Lines of a failed benchmark's output kept for the report.
 TAIL_LINES = 30
 
@@ -44,6 +44,12 @@ class BenchResult:
     @property
     def ok(self) -> bool:
         return self.status == OK
+
+    @property
+    def failed(self) -> bool:
+        """Crashed or timed out: a skipped benchmark (this machine lacks what it needs)
+        is not a failure."""
+        return self.status in (CRASHED, TIMED_OUT)
 
     def to_dict(self) -> dict:
         return {
@@ -107,6 +113,9 @@ def run_benchmark(
             return BenchResult(
                 benchmark, TIMED_OUT, wall, None, error=f"ran past {timeout_s:g} s\n{output}"
             )
+        if code == SKIPPED_EXIT:
+            reason = output.splitlines()[-1] if output else "no reason printed"
+            return BenchResult(benchmark, SKIPPED, wall, code, error=reason)
         if code != 0:
             return BenchResult(benchmark, CRASHED, wall, code, error=output)
         try:

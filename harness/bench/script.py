@@ -18,9 +18,15 @@ import argparse
 import json
 import os
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 from pathlib import Path
 
 from harness.bench.figure import Figure, FigureError
+
+#: The exit status of a benchmark that cannot run on this machine (a component it needs
+#: is absent): the suite reports it as skipped, with the reason it printed, and goes on.
+#: 77 is the status that automake's test harness and others read as "skipped".
+SKIPPED_EXIT = 77
 
 #: Set by ``python -m benchmarks --device``: the default of every ``--device`` option
 #: (:meth:`BenchParser.add_device`); benchmarks without one ignore it.
@@ -139,6 +145,13 @@ def read_figures(path: Path) -> list[Figure]:
         return [Figure.from_dict(f) for f in data["figures"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise FigureError(f"{path}: not a figures file ({exc})") from None
+
+
+def skip(reason: str, say: Callable[[str], None] = print) -> NoReturn:
+    """Stop the benchmark as skipped (:data:`SKIPPED_EXIT`): ``reason`` says what this
+    machine lacks and how to get it; its last line is what the suite shows."""
+    say(f"skipped: {reason}")
+    raise SystemExit(SKIPPED_EXIT)
 
 
 def bench_main(

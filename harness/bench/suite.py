@@ -4,8 +4,9 @@ table of every figure (:mod:`harness.bench.table`) and one results file
 (:mod:`harness.bench.results`), rewritten after each benchmark.
 
 Exit status: 0 when every benchmark ran, whatever its figures (a missed target is
-reported, not a failure), unless ``fail_on_miss``; 1 when a benchmark crashed or timed
-out (or, with ``fail_on_miss``, a target was missed).
+reported, not a failure; a benchmark skipped because this machine lacks what it needs
+is reported too), unless ``fail_on_miss``; 1 when a benchmark crashed or timed out (or,
+with ``fail_on_miss``, a target was missed).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class SuiteOutcome:
 
 
 def exit_code(results: list[BenchResult], fail_on_miss: bool) -> int:
-    if any(not r.ok for r in results):
+    if any(r.failed for r in results):
         return 1
     if fail_on_miss and any(f.verdict == MISSED for r in results for f in r.figures):
         return 1

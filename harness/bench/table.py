@@ -1,6 +1,6 @@
 """The one table a benchmark run ends with: benchmark, figure, value, target, aim,
-result (met, missed, no target, not measured; a benchmark that crashed or timed out
-is one row saying so)."""
+result (met, missed, no target, not measured; a benchmark that crashed, timed out or
+was skipped is one row saying so, a skipped one with its reason)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,12 @@ def table_rows(results: list[BenchResult]) -> list[tuple[str, ...]]:
     rows = []
     for result in results:
         if not result.ok:
-            code = "" if result.exit_code is None else f" (exit {result.exit_code})"
-            rows.append((result.benchmark.name, "-", "-", "", "", f"{result.status}{code}"))
+            if result.failed:
+                code = "" if result.exit_code is None else f" (exit {result.exit_code})"
+                status = f"{result.status}{code}"
+            else:
+                status = f"{result.status}: {result.error.removeprefix('skipped: ')}"
+            rows.append((result.benchmark.name, "-", "-", "", "", status))
             continue
         for figure in result.figures:
             rows.append(

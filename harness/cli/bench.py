@@ -104,7 +104,7 @@ def bench(
     print(flush=True)
     print(outcome.table, flush=True)
     total = sum(r.wall_s for r in outcome.results)
-    failed = [f"{r.benchmark.name} ({r.status})" for r in outcome.results if not r.ok]
+    failed = [f"{r.benchmark.name} ({r.status})" for r in outcome.results if r.failed]
     print(f"\n{len(outcome.results)} benchmarks in {total:.0f} s; results: {outcome.out}")
     if failed:
         print(f"failed: {', '.join(failed)}")

@@ -49,6 +49,23 @@ if __name__ == "__main__":
     bench_main(parser, run)
 '''
 
+SKIPS = '''
+"""A fake benchmark that needs something this machine lacks."""
+from harness.bench.script import BenchParser, bench_main, skip
+
+
+def parser():
+    return BenchParser()
+
+
+def run(args):
+    skip("the fake accelerator is not here: plug one in")
+
+
+if __name__ == "__main__":
+    bench_main(parser, run)
+'''
+
 HANGS = '''
 """A fake benchmark that never ends."""
 import time

@@ -12,10 +12,10 @@ import sys
 from typer.testing import CliRunner
 
 from harness.bench.collect import collect
-from harness.bench.runner import CRASHED, OK, TIMED_OUT, run_benchmark
+from harness.bench.runner import CRASHED, OK, SKIPPED, TIMED_OUT, run_benchmark
 from harness.cli import app
 from harness.run.server import repo_env
-from tests.support.fake_benchmarks import CRASHES, GOOD, HANGS, write
+from tests.support.fake_benchmarks import CRASHES, GOOD, HANGS, SKIPS, write
 from tests.support.paths import REPO
 
 
@@ -88,6 +88,24 @@ def test_a_crashing_benchmark_is_reported_and_the_rest_still_run(tmp_path):
     crashed = data["benchmarks"][0]
     assert crashed["status"] == CRASHED and "the fake benchmark fell over" in crashed["error"]
     assert data["summary"]["failed"] == ["crashes"]
+
+
+def test_a_benchmark_this_machine_cannot_run_is_skipped_with_its_reason_not_failed(tmp_path):
+    folder = write(tmp_path / "benchmarks", skips=SKIPS, good=GOOD)
+    out = tmp_path / "r.json"
+    result = bench("--dir", str(folder), "--out", str(out), "--quiet")
+    assert result.exit_code == 0, result.output  # skipped is not crashed
+    assert table_row(result.output, "skips", "-") == [
+        "skips",
+        "-",
+        "-",
+        "skipped: the fake accelerator is not here: plug one in",
+    ]
+    assert "latency" in result.output  # bench_good ran too
+    data = json.loads(out.read_text())
+    status = {b["name"]: b["status"] for b in data["benchmarks"]}
+    assert status == {"good": OK, "skips": SKIPPED}
+    assert data["summary"]["skipped"] == ["skips"] and data["summary"]["failed"] == []
 
 
 def test_a_benchmark_past_its_timeout_is_killed_and_reported(tmp_path):
