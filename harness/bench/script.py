@@ -18,8 +18,8 @@ import argparse
 import json
 import os
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 from pathlib import Path
+from typing import NoReturn
 
 from harness.bench.figure import Figure, FigureError
 
