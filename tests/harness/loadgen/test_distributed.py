@@ -121,11 +121,16 @@ def distributed(url: str, tmp: Path, offsets: list[float], kill: int | None = No
             os.kill(workers[kill].pid, signal.SIGKILL)
         code = master.wait(120)
     finally:
-        for p in [master, *workers]:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
+        stop_all([master, *workers])
     return code, (tmp / "master.log").read_text(), [p.pid for p in workers]
+
+
+def stop_all(processes: list[subprocess.Popen]) -> None:
+    """Kill those of ``processes`` (started by the test) still running, and reap all."""
+    for p in processes:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
 
 
 def schedscope_worker(
@@ -312,10 +317,7 @@ def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
             workers.append(schedscope_worker(port, tmp_path, i, ROOT, wenv))
         output, _ = run.communicate(timeout=400)
     finally:
-        for p in [run, *workers]:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
+        stop_all([run, *workers])
     assert run.returncode == 0, output
     assert "start each with: schedscope worker --master-host" in output
     info = json.loads((out / "fcfs" / "run.json").read_text())

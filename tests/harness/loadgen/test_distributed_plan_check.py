@@ -19,7 +19,7 @@ from harness.loadgen.split import share
 from harness.profiles import build_plan, load_profile, resolve_profile
 from harness.profiles.digest import plan_digest
 from harness.report.inputs import _load_notes
-from tests.harness.loadgen.test_distributed import free_port, schedscope_worker
+from tests.harness.loadgen.test_distributed import free_port, schedscope_worker, stop_all
 from tests.harness.loadgen.test_distributed_profile import _env, _wait_for_port
 from tests.support.paths import REPO
 
@@ -88,10 +88,7 @@ def _distributed_run(
             workers.append(schedscope_worker(port, tmp, i, REPO, env))
         output, _ = run.communicate(timeout=400)
     finally:
-        for p in [run, *workers]:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
+        stop_all([run, *workers])
     logs = [(tmp / f"w{i}.log").read_text() for i in range(len(workers))]
     return run.returncode, "\n".join([output, *logs]), out / "fcfs"
 

@@ -19,7 +19,7 @@ import polars as pl
 
 from harness.loadgen.clock import TEST_OFFSET_ENV
 from harness.profiles import build_plan, load_profile
-from tests.harness.loadgen.test_distributed import free_port, schedscope_worker
+from tests.harness.loadgen.test_distributed import free_port, schedscope_worker, stop_all
 from tests.harness.profiles.test_bundle import write_profile
 from tests.support.paths import REPO
 
@@ -88,10 +88,7 @@ def test_workers_without_the_toml_profile_run_its_exact_schedule(tmp_path):
             workers.append(schedscope_worker(port, tmp_path, i, elsewhere, _env()))
         output, _ = run.communicate(timeout=400)
     finally:
-        for p in [run, *workers]:
-            if p.poll() is None:
-                p.kill()
-            p.wait(10)
+        stop_all([run, *workers])
     logs = "\n".join((tmp_path / f"w{i}.log").read_text() for i in range(len(workers)))
     assert run.returncode == 0, output + logs
     frames = [
