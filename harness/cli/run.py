@@ -169,6 +169,12 @@ def run(
         "N workers started elsewhere with `schedscope worker --master-host THIS_HOST "
         "[--master-port P]`.",
     ),
+    remote_workers: bool = typer.Option(
+        False,
+        "--remote-workers",
+        help="The load generator's workers run elsewhere: the master only, waiting for "
+        "--expect-workers N of them (default 1). --expect-workers alone implies it.",
+    ),
     master_port: int = typer.Option(
         5557, "--master-port", help="With --expect-workers: the port the workers connect to."
     ),
@@ -259,6 +265,8 @@ def run(
         )
     except RunFileError as exc:
         raise typer.BadParameter(str(exc), param_hint="--run-file" if run_file else None) from None
+    if remote_workers and expect_workers is None:
+        expect_workers = 1
     if expect_workers:
         _check_shippable(plan.profile)
     try:

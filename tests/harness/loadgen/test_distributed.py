@@ -329,6 +329,35 @@ def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
     assert frame.height == info["loadgen"]["rows"]
 
 
+def test_remote_workers_alone_waits_for_one_worker_started_elsewhere(tmp_path):
+    """`schedscope run --remote-workers` (Locust's master mode, the count left out) waits
+    for one `schedscope worker`, which sends every row of the cell."""
+    port = free_port()
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env.pop(TEST_OFFSET_ENV, None)
+    run = subprocess.Popen(
+        [
+            sys.executable, "-m", "harness.cli", "run", "--executor", "sim", "--policy", "fcfs",
+            "--duration-scale", "0.03", "--grace", "10", "--no-report", "--out", str(out),
+            "--remote-workers", "--master-port", str(port),
+            "--master-bind-host", "127.0.0.1", "--workers-wait", "120",
+        ],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    workers = []
+    try:
+        workers.append(schedscope_worker(port, tmp_path, 0, ROOT, env))
+        output, _ = run.communicate(timeout=400)
+    finally:
+        stop_all([run, *workers])
+    assert run.returncode == 0, output
+    assert "each cell waits for 1 worker(s)" in output
+    info = json.loads((out / "fcfs" / "run.json").read_text())
+    frame = pl.read_parquet(out / "fcfs" / "requests.parquet")
+    assert set(frame["worker"]) == {0} and frame.height == info["loadgen"]["rows"] > 0
+
+
 def test_the_report_notes_uncertain_clocks():
     clock = {"0": {"offset_s": 0.01, "uncertainty_s": 0.05}}
     [note] = _load_notes({"loadgen": {"clock": clock}})
@@ -339,6 +368,7 @@ def test_the_report_notes_uncertain_clocks():
     ("flags", "says"),
     [
         (["--workers", "2", "--expect-workers", "2"], "exclude each other"),
+        (["--workers", "2", "--remote-workers"], "exclude each other"),
         (["--workers", "0"], "--workers 0: need at least 1"),
         (["--expect-workers", "0"], "--expect-workers 0: need at least 1"),
     ],
