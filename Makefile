@@ -44,7 +44,7 @@ system-deps:
 	  fi; \
 	done
 
-# The whole suite but the real-vLLM tests (about 15 minutes on 2 cores).
+# The whole suite but the real-vLLM tests (about 22 minutes on 2 cores, 1,331 tests, measured 2026-12-02).
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q -m "not vllm"
 
