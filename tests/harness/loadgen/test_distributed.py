@@ -293,10 +293,9 @@ def test_clock_warnings_name_the_uncertain_workers():
     assert line.startswith("worker 1: clock offset -1000.0 ms known only to ±20.0 ms")
 
 
-def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
-    """`schedscope run --expect-workers 2` waits for two `schedscope worker`s (each its
-    own records directory and clock): the cell's requests.parquet has both workers' rows,
-    run.json their offsets."""
+def run_with_remote_workers(tmp_path, mode: list[str], offsets: tuple[float, ...]):
+    """`schedscope run` (sim executor, served) as the master with ``mode``'s flags, and
+    one `schedscope worker` per clock offset; returns (exit code, output, run dir)."""
     port = free_port()
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
@@ -305,20 +304,28 @@ def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
         [
             sys.executable, "-m", "harness.cli", "run", "--executor", "sim", "--policy", "fcfs",
             "--duration-scale", "0.03", "--grace", "10", "--no-report", "--out", str(out),
-            "--expect-workers", "2", "--master-port", str(port),
+            *mode, "--master-port", str(port),
             "--master-bind-host", "127.0.0.1", "--workers-wait", "120",
         ],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     workers = []
     try:
-        for i, offset in enumerate((0.3, -0.2)):
+        for i, offset in enumerate(offsets):
             wenv = {**env, TEST_OFFSET_ENV: str(offset)}
             workers.append(schedscope_worker(port, tmp_path, i, ROOT, wenv))
         output, _ = run.communicate(timeout=400)
     finally:
         stop_all([run, *workers])
-    assert run.returncode == 0, output
+    return run.returncode, output, out
+
+
+def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
+    """`schedscope run --expect-workers 2` waits for two `schedscope worker`s (each its
+    own records directory and clock): the cell's requests.parquet has both workers' rows,
+    run.json their offsets."""
+    code, output, out = run_with_remote_workers(tmp_path, ["--expect-workers", "2"], (0.3, -0.2))
+    assert code == 0, output
     assert "start each with: schedscope worker --master-host" in output
     info = json.loads((out / "fcfs" / "run.json").read_text())
     clock = info["loadgen"]["clock"]
@@ -332,26 +339,8 @@ def test_schedscope_run_expect_workers_with_remote_workers(tmp_path):
 def test_remote_workers_alone_waits_for_one_worker_started_elsewhere(tmp_path):
     """`schedscope run --remote-workers` (Locust's master mode, the count left out) waits
     for one `schedscope worker`, which sends every row of the cell."""
-    port = free_port()
-    out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    env.pop(TEST_OFFSET_ENV, None)
-    run = subprocess.Popen(
-        [
-            sys.executable, "-m", "harness.cli", "run", "--executor", "sim", "--policy", "fcfs",
-            "--duration-scale", "0.03", "--grace", "10", "--no-report", "--out", str(out),
-            "--remote-workers", "--master-port", str(port),
-            "--master-bind-host", "127.0.0.1", "--workers-wait", "120",
-        ],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    workers = []
-    try:
-        workers.append(schedscope_worker(port, tmp_path, 0, ROOT, env))
-        output, _ = run.communicate(timeout=400)
-    finally:
-        stop_all([run, *workers])
-    assert run.returncode == 0, output
+    code, output, out = run_with_remote_workers(tmp_path, ["--remote-workers"], (0.0,))
+    assert code == 0, output
     assert "each cell waits for 1 worker(s)" in output
     info = json.loads((out / "fcfs" / "run.json").read_text())
     frame = pl.read_parquet(out / "fcfs" / "requests.parquet")
