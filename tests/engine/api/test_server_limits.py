@@ -108,10 +108,47 @@ def test_a_caller_that_leaves_while_waiting_or_just_granted_keeps_no_slot():
 
 
 # -- the heavy-work budget, served ---------------------------------------------------------
+class GatedTokenizer(HashTokenizer):
+    """The hash tokenizer, recording what it encodes in order (``"long"`` for a text of
+    more than ``long_chars`` characters, ``"short"`` otherwise) and holding its first long
+    text until ``release`` is set. On a large body encode runs inside the heavy-work
+    slot, one job at a time, so its order is the order in which the budget granted it."""
+
+    def __init__(self, long_chars: int) -> None:
+        super().__init__(TOKENIZER.vocab_size)
+        self.long_chars = long_chars
+        self.encoded: list[str] = []
+        self.release = threading.Event()
+        self.holding = threading.Event()  # set while the first long text is held
+
+    def encode(self, text: str) -> list[int]:
+        kind = "long" if len(text) > self.long_chars else "short"
+        first_long = kind == "long" and "long" not in self.encoded
+        self.encoded.append(kind)
+        if first_long:
+            self.holding.set()
+            self.release.wait(30)
+        return super().encode(text)
+
+
+def wait_for_heavy_work(live: BackgroundServer, num_waiting: int) -> None:
+    """Until ``num_waiting`` jobs wait for the server's heavy-work budget (bounded: 30 s)."""
+
+    async def count() -> int:
+        return live.server.state.heavy_work.num_waiting
+
+    deadline = time.monotonic() + 30
+    while live.call(count(), timeout=10) != num_waiting:
+        assert time.monotonic() < deadline, f"{num_waiting} jobs never waited together"
+        time.sleep(0.01)
+
+
 def test_a_chat_over_64_kib_is_served_while_a_flood_of_large_tokenize_bodies_still_waits():
     """Eight 400 KB /tokenize bodies at once, then a valid 100 KB chat from the same
-    client: the chat is answered while most of the flood still waits (it was answered
-    after all of it: 0.13 s alone, 14.1 s behind 24 bodies of 1 MB)."""
+    client: of the seven bodies that wait with it, the chat is served after at most two
+    (first come, first served answered it after all of them: 0.13 s alone, 14.1 s
+    behind 24 bodies of 1 MB). The first body is held while it is being tokenized, so
+    the seven provably wait with the chat however fast this machine parses."""
     settings = ServerSettings(
         host="127.0.0.1", port=0, max_tokenize_body_bytes=1 << 20, max_tokenize_tokens=1 << 20
     )
@@ -121,43 +158,39 @@ def test_a_chat_over_64_kib_is_served_while_a_flood_of_large_tokenize_bodies_sti
     ).encode()
     chat = chat[:-1] + b" " * 100_000 + b"}"  # whitespace: large, and cheap to parse
     assert len(chat) > OFFLOAD_PARSE_BYTES
-    finished: list[tuple[str, int]] = []
-    lock = threading.Lock()
+    tokenizer = GatedTokenizer(long_chars=10_000)
+    statuses: list[int] = []
 
-    def send(path: str, body: bytes, name: str, sent: threading.Event) -> None:
-        status = 0
+    def send(path: str, body: bytes) -> None:
         conn = http.client.HTTPConnection(*live.url[7:].split(":"), timeout=60)
         try:
             conn.request("POST", path, body, JSON)
-            sent.set()
             response = conn.getresponse()
             response.read()
-            status = response.status
+            statuses.append(response.status)
         finally:
             conn.close()
-            with lock:
-                finished.append((name, status))
 
-    with BackgroundServer(sim_engine(max_model_len=MAX_MODEL_LEN), TOKENIZER, settings) as live:
-        senders = []
-        for i in range(8):
-            sent = threading.Event()
-            thread = threading.Thread(target=send, args=("/tokenize", heavy, f"heavy{i}", sent))
-            thread.start()
-            assert sent.wait(30)
-            senders.append(thread)
-        time.sleep(0.1)  # every heavy body is read and waiting for its turn
-        sent = threading.Event()
-        thread = threading.Thread(target=send, args=("/v1/chat/completions", chat, "chat", sent))
-        thread.start()
-        senders.append(thread)
-        for thread in senders:
-            thread.join(120)
-    assert len(finished) == 9 and {status for _, status in finished} == {200}, finished
-    names = [name for name, _ in finished]
-    # Each heavy body takes ~0.25 s here; first come, first served, none was left after
-    # the chat. Now the chat goes after at most two of those that waited with it.
-    assert len(names) - 1 - names.index("chat") >= 4, names
+    with BackgroundServer(sim_engine(max_model_len=MAX_MODEL_LEN), tokenizer, settings) as live:
+        senders = [threading.Thread(target=send, args=("/tokenize", heavy)) for _ in range(8)]
+        senders.append(threading.Thread(target=send, args=("/v1/chat/completions", chat)))
+        try:
+            senders[0].start()
+            assert tokenizer.holding.wait(30)  # granted the slot at once, and held in it
+            for thread in senders[1:8]:
+                thread.start()
+            wait_for_heavy_work(live, 7)
+            senders[8].start()
+            wait_for_heavy_work(live, 8)  # the chat waits with seven large bodies
+        finally:
+            tokenizer.release.set()
+            for thread in senders:
+                if thread.ident is not None:  # started
+                    thread.join(120)
+    assert statuses == [200] * 9, statuses
+    assert tokenizer.encoded.count("long") == 8 and tokenizer.encoded[0] == "long"
+    # Served first come, first served, all seven went first; now at most two of them do.
+    assert tokenizer.encoded.index("short") - 1 <= 2, tokenizer.encoded
 
 
 # -- /tokenize's own limits -------------------------------------------------------------
