@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.cost_model import CostModel
-from harness import cost_store
+from harness import cost_evidence, cost_store
 from harness.machine import Fingerprint
 
 BUILTIN = "builtin"
@@ -75,7 +75,7 @@ def choose(
         if calibrate is None:
             raise TypeError("--cost-model auto needs a calibrate function")
         fitted = calibrate(fingerprint)
-        path = cost_store.save(fitted, fingerprint)
+        path = cost_store.save(fitted, fingerprint, evidence=cost_evidence.of_calibration(fitted))
         entry = cost_store.load(path)
         return Choice(
             entry.model or fitted,

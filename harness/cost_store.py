@@ -6,7 +6,9 @@ Where: the platform's user cache directory (platformdirs: ``~/.cache/schedscope/
 cost-models`` on Linux), or :data:`STORE_ENV` when set. One JSON file per fingerprint
 key, ``cost-model-<key>.json``: a cost model file like any other (``--cost-model
 FILE`` reads it), whose ``fingerprint`` field says what it was fitted on. A refit on
-the same machine replaces the file.
+the same machine replaces the file. Beside it, ``cost-model-<key>.steps.npz`` holds
+the step cycles it was fitted from, by source (:mod:`harness.cost_evidence`), when they
+were step cycles: a served run's cell refits from that pool plus its own steps.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.cost_model import CostModel, CostModelError
+from harness.cost_evidence import Evidence
 from harness.machine import Fingerprint, FingerprintError
 
 #: Overrides the store's directory (tests, a shared team directory, CI).
@@ -63,12 +66,36 @@ def path_for(fingerprint: Fingerprint, directory: Path | None = None) -> Path:
     return (directory or store_dir()) / f"cost-model-{fingerprint.key}.json"
 
 
-def save(model: CostModel, fingerprint: Fingerprint, directory: Path | None = None) -> Path:
-    """Store ``model`` as the fit for ``fingerprint`` (recorded in the file); its path."""
+def evidence_path_for(fingerprint: Fingerprint, directory: Path | None = None) -> Path:
+    """Where the step cycles behind ``fingerprint``'s fit are kept."""
+    return (directory or store_dir()) / f"cost-model-{fingerprint.key}.steps.npz"
+
+
+def save(
+    model: CostModel,
+    fingerprint: Fingerprint,
+    directory: Path | None = None,
+    evidence: Evidence | None = None,
+) -> Path:
+    """Store ``model`` as the fit for ``fingerprint`` (recorded in the file), and
+    ``evidence`` as the step cycles it was fitted from (None: it was not fitted from a
+    pool, and any pool kept for the previous fit goes with it); the model's path."""
     path = path_for(fingerprint, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
+    pool = evidence_path_for(fingerprint, directory)
+    if evidence is None:
+        pool.unlink(missing_ok=True)
+    else:
+        evidence.save(pool)
     with_fingerprint(model, fingerprint).save(path)
     return path
+
+
+def load_evidence(fingerprint: Fingerprint, directory: Path | None = None) -> Evidence:
+    """The pool behind ``fingerprint``'s fit; empty when there is none. A pool that
+    cannot be read raises EvidenceError (the caller says so and starts afresh)."""
+    pool = evidence_path_for(fingerprint, directory)
+    return Evidence.load(pool) if pool.is_file() else Evidence()
 
 
 def with_fingerprint(model: CostModel, fingerprint: Fingerprint) -> CostModel:

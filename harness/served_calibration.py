@@ -537,6 +537,7 @@ def calibrate_served(
         "swapped_blocks": swapped,
         "knobs": knobs,
         "torch_threads": torch_threads,
+        "records": str(records),
     }
     return dataclasses.replace(
         fitted, device=device, source="served", fit={**fitted.fit, "served": served}

@@ -100,6 +100,35 @@ def client_latency_from_requests(frames) -> tuple[float, int] | None:
     return max(0.0, float(np.median(gaps))), int(gaps.size)
 
 
+#: The steps.parquet columns a fit reads.
+FIT_COLUMNS = frozenset(
+    {
+        "step",
+        "schedule_start",
+        "idle_before_s",
+        "num_seqs",
+        "num_prefill_tokens",
+        "num_decode_seqs",
+        "num_decode_context_tokens",
+        "prefill_attention_work",
+        "num_blocks_swapped_out",
+        "num_blocks_swapped_in",
+    }
+)
+
+
+def usable_cycles(frame) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`step_cycles` of one run's steps, those of a positive cycle only (a clock
+    step backwards or a zero gap says nothing); CalibrationError when the records lack
+    a column the fit needs."""
+    missing = sorted(FIT_COLUMNS - set(frame.columns))
+    if missing:
+        raise CalibrationError(f"step records lack the columns {missing} (docs/records.md)")
+    x, y = step_cycles(frame)
+    keep = y > 0
+    return x[keep], y[keep]
+
+
 def fit_from_steps(
     frames, model: str = "", source: str = "", client_latency_s: float = 0.0
 ) -> CostModel:
@@ -108,30 +137,27 @@ def fit_from_steps(
     client records) is carried into the model as measured."""
     if not isinstance(frames, list | tuple):
         frames = [frames]
-    xs, ys = [], []
-    for frame in frames:
-        missing = sorted(
-            {
-                "step",
-                "schedule_start",
-                "idle_before_s",
-                "num_seqs",
-                "num_prefill_tokens",
-                "num_decode_seqs",
-                "num_decode_context_tokens",
-                "prefill_attention_work",
-                "num_blocks_swapped_out",
-                "num_blocks_swapped_in",
-            }
-            - set(frame.columns)
-        )
-        if missing:
-            raise CalibrationError(f"step records lack the columns {missing} (docs/records.md)")
-        x, y = step_cycles(frame)
-        keep = y > 0
-        xs.append(x[keep])
-        ys.append(y[keep])
-    x, y = np.concatenate(xs), np.concatenate(ys)
+    pairs = [usable_cycles(frame) for frame in frames]
+    return fit_cycles(
+        np.concatenate([x for x, _ in pairs]),
+        np.concatenate([y for _, y in pairs]),
+        model=model,
+        source=source,
+        client_latency_s=client_latency_s,
+    )
+
+
+def fit_cycles(
+    x: np.ndarray,
+    y: np.ndarray,
+    model: str = "",
+    source: str = "",
+    client_latency_s: float = 0.0,
+) -> CostModel:
+    """A cost model fitted to step cycles already turned into features (``x``, one row
+    per step, FEATURES order) and seconds (``y``, all > 0): every HOLDOUT_EVERY-th row
+    held out and scoring the fit, the rest fitted (what :func:`fit_from_steps` does with
+    a run's steps; ``harness.cost_evidence`` pools several runs' rows)."""
     if len(y) < 2 * len(FEATURES):
         raise CalibrationError(
             f"{len(y)} step cycles are too few to fit {len(FEATURES)} "

@@ -12,7 +12,7 @@ import typer
 
 from engine.config import EngineConfig
 from engine.core.cost_model import CostModel
-from harness import cost_store
+from harness import cost_evidence, cost_store
 from harness.calibrate import (
     CalibrateInputError,
     calibrate_by_profiling,
@@ -180,7 +180,9 @@ def calibrate(
         raise typer.Exit(1) from None
     machine = _fit_fingerprint(fitted, model, device, chosen, executor or "torch", torch_threads)
     if out is None:
-        out = cost_store.save(fitted, machine)
+        # The store keeps the steps the fit came from: served runs' cells refit from them.
+        pool = cost_evidence.of_calibration(fitted, from_steps if chosen == "steps" else None)
+        out = cost_store.save(fitted, machine, evidence=pool)
     else:
         save_cost_model(cost_store.with_fingerprint(fitted, machine), out)
     console.print(cost_model_table(fitted))

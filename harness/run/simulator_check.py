@@ -147,14 +147,19 @@ def fit_into_store(
     show: Callable[[str], None],
     faults: dict | None = None,
 ) -> dict:
-    """Fit a cost model from the cell's steps.parquet (and its client records) into the
-    store under the cell's fingerprint; the run.json ``cost_fit`` entry. Too few steps,
-    or none, is a skip with its reason, never a failure. So are steps of a server that
-    ran with planted ``faults`` (its /health ``faults``; engine/faults.py): slowed on
-    purpose, they are not this machine's, and stored they would be the next run's
-    model."""
+    """Refit the store's model for the cell's fingerprint with the cell's steps.parquet
+    (and its client records) added to the step cycles it was fitted from
+    (:mod:`harness.cost_evidence`: the last calibration's and the newest runs' cells,
+    each weighing about the same), and store the refit; the run.json ``cost_fit``
+    entry. The cell alone would describe one regime only, and one overloaded cell,
+    stored as the machine's model, mispredicted the machine's other loads by 2-3x.
+    Too few steps, or none, is a skip with its reason, never a failure. So are steps of
+    a server that ran with planted ``faults`` (its /health ``faults``; engine/faults.py):
+    slowed on purpose, they are not this machine's, and stored they would be the next
+    run's model."""
     from engine.sim.cost_fit import CalibrationError
     from harness.calibrate import CalibrateInputError, calibrate_from_steps
+    from harness.cost_evidence import RUN, Evidence, EvidenceError, from_steps_paths
 
     if faults:
         show(f"{cell.name}: no cost model fitted: the server ran with planted faults")
@@ -163,17 +168,34 @@ def fit_into_store(
     model = cell.config.model if cell.config is not None else "tiny"
     lines: list[str] = []
     try:
-        fitted = calibrate_from_steps([cell_dir], model, echo=lines.append)
+        alone = calibrate_from_steps([cell_dir], model, echo=lines.append)
+        mine = from_steps_paths([cell_dir], str(cell_dir), RUN, alone.client_latency_s)
     except (CalibrateInputError, CalibrationError) as exc:
         show(f"{cell.name}: no cost model fitted from this cell: {exc}")
         return {"stored": None, "skipped": str(exc)}
-    path = cost_store.save(fitted, check.fingerprint)
-    show(f"{cell.name}: fitted this cell's steps into {path}")
+    try:
+        pool = cost_store.load_evidence(check.fingerprint)
+    except EvidenceError as exc:
+        lines.append(f"the store's step cycles were unreadable, so the refit starts afresh: {exc}")
+        pool = Evidence()
+    pool = pool.plus(mine)
+    prior = cost_store.find(check.fingerprint).match
+    fitted = pool.refit(model, prior.model if prior else None)
+    path = cost_store.save(fitted, check.fingerprint, evidence=pool)
+    show(
+        f"{cell.name}: refitted {path} from {len(pool.sources)} source(s) of step cycles, "
+        "this cell's included"
+    )
     return {
         "stored": str(path),
         "fitted_at": fitted.fitted_at,
         "fingerprint_key": check.fingerprint.key,
         "holdout_median_rel_error": fitted.fit.get("holdout_median_rel_error"),
+        "sources": [
+            {k: s[k] for k in ("name", "kind", "steps", "holdout_median_rel_error")}
+            for s in fitted.fit["sources"]
+        ],
+        "cell_alone_holdout_median_rel_error": alone.fit.get("holdout_median_rel_error"),
         "notes": lines,
     }
 

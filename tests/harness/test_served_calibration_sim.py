@@ -33,6 +33,8 @@ TRUTH = CostModel(
     prefill_seq_s=4e-3,
     mixed_step_s=0.0,
     prefill_padded_attention_s=0.0,
+    # concave in the decode batch: the first DECODE_SMALL_BATCH sequences cost more
+    decode_small_batch_seq_s=1.2e-3,
     client_latency_s=0.0,
     source="synthetic",
 )

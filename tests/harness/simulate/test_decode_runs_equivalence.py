@@ -80,6 +80,7 @@ def cases(draw):
         decode_seq_s=draw(st.sampled_from([0.0, 1e-4, 0.0123])),
         decode_context_token_s=draw(st.sampled_from([0.0, 1e-7, 3.3e-6])),
         prefill_token_s=draw(st.sampled_from([0.0, 2e-5])),
+        decode_small_batch_seq_s=draw(st.sampled_from([0.0, 9e-5, 0.0071])),
     )
     return profile, EngineConfig(scheduler, cache), cost
 

@@ -1,0 +1,225 @@
+"""The step cycles behind a stored fit, so that each served run refines this machine's
+cost model instead of replacing it.
+
+A served ``schedscope run`` cell fits its own steps into the store (docs/run.md, "The
+simulator check"). Fitted alone, one cell's steps describe one regime: a cell of a tune
+confirm at 1.5x a profile's capacity (big batches, long queues) priced a decoding
+sequence at 264 µs where this machine's quick calibration, and a 1x run, say 93-128 µs;
+stored as the machine's model it made ``simulate`` of the default profile at 1x 100-180%
+pessimistic, where the built-in model was within 11% (measured 2026-12-02, docs/
+simulator.md "One run's fit is not the machine's"). So the store keeps, beside each
+fit, the step cycles it was fitted from — per *source* (a calibration or a run's cell),
+each thinned to at most :data:`MAX_STEPS_PER_SOURCE` rows — and a cell's refit is the
+fit of the pool: the last calibration's rows (kept until the next calibration) and the
+newest :data:`MAX_RUN_SOURCES` cells'. Each source weighs about the same, however long
+its run, so no single run moves the model far.
+
+The pool is a numpy ``.npz`` beside the model file (``cost-model-<key>.steps.npz``):
+``features`` (rows x FEATURES), ``cycles`` (seconds), ``source`` (each row's index into
+``sources``) and ``sources`` (JSON: name, kind, added_at, client_latency_s, steps,
+swapped_blocks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine.core.cost_model import FEATURES, CostModel
+
+#: Rows kept per source (every k-th step, in order): enough for the fit's nine
+#: parameters many times over, small enough that a pool stays under ~2 MB.
+MAX_STEPS_PER_SOURCE = 4000
+#: Run cells kept in a pool beside its calibration; the oldest goes first.
+MAX_RUN_SOURCES = 8
+CALIBRATION = "calibration"
+RUN = "run"
+#: The index of FEATURES' swap term: a pool with none of it keeps the prior price.
+_SWAP = FEATURES.index("swap_block_s")
+
+
+class EvidenceError(ValueError):
+    """A pool file that cannot be read back; the message says why."""
+
+
+@dataclass
+class Evidence:
+    """Step cycles by source (see the module's docstring)."""
+
+    features: np.ndarray = field(default_factory=lambda: np.zeros((0, len(FEATURES))))
+    cycles: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    source: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    sources: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def of_source(
+        cls,
+        features: np.ndarray,
+        cycles: np.ndarray,
+        name: str,
+        kind: str,
+        client_latency_s: float,
+    ) -> Evidence:
+        """One source's cycles (``features``/``cycles`` as ``engine.sim.cost_fit``'s
+        ``usable_cycles`` gives them), thinned to MAX_STEPS_PER_SOURCE rows."""
+        stride = max(1, -(-len(cycles) // MAX_STEPS_PER_SOURCE))
+        features, cycles = features[::stride], cycles[::stride]
+        return cls(
+            np.asarray(features, dtype=np.float64).reshape(-1, len(FEATURES)),
+            np.asarray(cycles, dtype=np.float64),
+            np.zeros(len(cycles), dtype=np.int32),
+            [
+                {
+                    "name": name,
+                    "kind": kind,
+                    "added_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                    "client_latency_s": float(client_latency_s),
+                    "steps": len(cycles),
+                    "swapped_blocks": float(features[:, _SWAP].sum()) if len(cycles) else 0.0,
+                }
+            ],
+        )
+
+    def __len__(self) -> int:
+        return len(self.cycles)
+
+    def plus(self, other: Evidence) -> Evidence:
+        """This pool with ``other``'s sources added; a calibration among them replaces
+        every source before it, and only the newest MAX_RUN_SOURCES runs stay."""
+        pool = Evidence(
+            np.concatenate([self.features, other.features]),
+            np.concatenate([self.cycles, other.cycles]),
+            np.concatenate([self.source, other.source + len(self.sources)]).astype(np.int32),
+            [*self.sources, *other.sources],
+        )
+        kinds = [s["kind"] for s in pool.sources]
+        last_calibration = max((i for i, k in enumerate(kinds) if k == CALIBRATION), default=-1)
+        runs = [i for i, k in enumerate(kinds) if k == RUN and i > last_calibration]
+        keep = sorted(
+            ([last_calibration] if last_calibration >= 0 else []) + runs[-MAX_RUN_SOURCES:]
+        )
+        return pool.only(keep)
+
+    def only(self, keep: list[int]) -> Evidence:
+        """The pool of sources ``keep`` (indices into ``sources``), renumbered."""
+        renumber = np.full(len(self.sources), -1, dtype=np.int32)
+        renumber[keep] = np.arange(len(keep), dtype=np.int32)
+        rows = np.isin(self.source, keep)
+        return Evidence(
+            self.features[rows],
+            self.cycles[rows],
+            renumber[self.source[rows]],
+            [self.sources[i] for i in keep],
+        )
+
+    def refit(self, model: str, prior: CostModel | None = None) -> CostModel:
+        """The cost model fitted to the whole pool (``engine.sim.cost_fit.fit_cycles``:
+        every 5th row held out), its ``fit`` naming the sources and each one's held-out
+        error. ``client_latency_s`` is the median of the sources'; with no swap in any
+        source the swap price is ``prior``'s (else the built-in's): a pool that never
+        swapped knows nothing of swapping, and 0 would tell ``--preemption-mode auto``
+        that swaps are free."""
+        from engine.sim.cost_fit import HOLDOUT_EVERY, fit_cycles
+
+        latency = statistics.median(s["client_latency_s"] for s in self.sources)
+        fitted = fit_cycles(
+            self.features,
+            self.cycles,
+            model=model,
+            source=", ".join(s["name"] for s in self.sources),
+            client_latency_s=latency,
+        )
+        if not self.features[:, _SWAP].any():
+            swap = (prior or CostModel()).swap_block_s
+            fitted = dataclasses.replace(fitted, swap_block_s=swap)
+        predicted = self.features @ np.array(fitted.coefficients)
+        errors = np.abs(predicted - self.cycles) / self.cycles
+        held = np.zeros(len(self), dtype=bool)
+        held[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY] = True
+        described = []
+        for i, source in enumerate(self.sources):
+            mine = held & (self.source == i)
+            described.append(
+                {
+                    **source,
+                    "holdout_median_rel_error": (
+                        float(np.median(errors[mine])) if mine.any() else None
+                    ),
+                }
+            )
+        return dataclasses.replace(fitted, fit={**fitted.fit, "sources": described})
+
+    # -- files ------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as file:  # np.savez would append ".npz" to a bare name
+            np.savez_compressed(
+                file,
+                features=self.features,
+                cycles=self.cycles,
+                source=self.source,
+                sources=np.array(json.dumps(self.sources)),
+            )
+
+    @classmethod
+    def load(cls, path: Path) -> Evidence:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                evidence = cls(
+                    np.asarray(data["features"], dtype=np.float64),
+                    np.asarray(data["cycles"], dtype=np.float64),
+                    np.asarray(data["source"], dtype=np.int32),
+                    json.loads(str(data["sources"])),
+                )
+        except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:
+            raise EvidenceError(f"{path}: not a pool of step cycles ({exc})") from None
+        rows = len(evidence.cycles)
+        shape_ok = evidence.features.shape == (rows, len(FEATURES))
+        if not shape_ok or len(evidence.source) != rows:
+            raise EvidenceError(
+                f"{path}: expected {len(FEATURES)} features a row (another schedscope "
+                f"version's pool?), got an array of shape {evidence.features.shape}"
+            )
+        named = len(evidence.sources)
+        if rows and not (0 <= evidence.source.min() and evidence.source.max() < named):
+            raise EvidenceError(f"{path}: rows name sources it does not list")
+        return evidence
+
+
+def from_steps_paths(paths: list[Path], name: str, kind: str, client_latency_s: float) -> Evidence:
+    """The cycles of the steps.parquet files (or directories holding one) at ``paths``
+    as one source. Raises ``engine.sim.cost_fit.CalibrationError`` for records a fit
+    cannot read."""
+    import polars as pl
+
+    from engine.sim.cost_fit import usable_cycles
+
+    pairs = [
+        usable_cycles(pl.read_parquet(p / "steps.parquet" if p.is_dir() else p)) for p in paths
+    ]
+    return Evidence.of_source(
+        np.concatenate([x for x, _ in pairs]),
+        np.concatenate([y for _, y in pairs]),
+        name,
+        kind,
+        client_latency_s,
+    )
+
+
+def of_calibration(fitted: CostModel, from_steps: list[Path] | None = None) -> Evidence | None:
+    """The pool a calibration starts: the steps it was fitted from (a served
+    calibration's records, or ``calibrate --from-steps`` paths) as its one source;
+    None for a fit with no step records (the profiling sweep times the runner alone, not
+    step cycles), which starts no pool."""
+    records = (fitted.fit.get("served") or {}).get("records")
+    paths = from_steps or ([Path(records)] if records else None)
+    if not paths:
+        return None
+    name = ", ".join(map(str, paths))
+    return from_steps_paths(paths, name, CALIBRATION, fitted.client_latency_s)
