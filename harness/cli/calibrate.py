@@ -254,6 +254,21 @@ def show_store(machine: Fingerprint) -> None:
         return
     for entry in stored:
         print_plain(f"{entry.path}: {_entry_state(entry, machine)}")
+        sources = (entry.model.fit.get("sources") if entry.model else None) or []
+        if sources:
+            print_plain(f"  fitted from the step cycles of {_sources_line(sources)}")
+
+
+def _sources_line(sources: list[dict]) -> str:
+    """A pooled fit's sources (harness.cost_evidence), oldest first, in one line."""
+    parts = []
+    for source in sources:
+        error = source.get("holdout_median_rel_error")
+        parts.append(
+            f"{source.get('kind', '?')} {source.get('name', '?')} ({source.get('steps', '?')} "
+            f"steps{'' if error is None else f', held-out {error:.1%}'})"
+        )
+    return "; ".join(parts)
 
 
 def _entry_state(entry: cost_store.StoredModel, machine: Fingerprint) -> str:

@@ -11,6 +11,7 @@ import polars as pl
 
 from engine.config import EngineConfig
 from engine.core.cost_model import CostModel
+from engine.sim.cost_fit import FIT_COLUMNS
 from harness import cost_store
 from harness.run.matrix import Cell
 from harness.run.simulator_check import (
@@ -94,19 +95,7 @@ def test_too_few_steps_or_none_skip_the_fit_with_the_reason(tmp_path, monkeypatc
     cell_dir.mkdir()
     nothing = fit_into_store(_cell(), check, cell_dir, lines.append)
     assert nothing["stored"] is None and "steps.parquet" in nothing["skipped"]
-    columns = (
-        "step",
-        "schedule_start",
-        "idle_before_s",
-        "num_seqs",
-        "num_prefill_tokens",
-        "num_decode_seqs",
-        "num_decode_context_tokens",
-        "prefill_attention_work",
-        "num_blocks_swapped_out",
-        "num_blocks_swapped_in",
-    )
-    steps = pl.DataFrame({c: [0.0, 1.0, 2.0] for c in columns}).with_columns(
+    steps = pl.DataFrame({c: [0.0, 1.0, 2.0] for c in sorted(FIT_COLUMNS)}).with_columns(
         pl.col("step").cast(pl.Int64), pl.col("schedule_start") * 0.01
     )
     steps.write_parquet(cell_dir / "steps.parquet")

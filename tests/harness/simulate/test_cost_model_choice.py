@@ -146,3 +146,23 @@ def test_calibrate_show_on_an_empty_store_names_the_fix(store):
     result = runner.invoke(app, ["calibrate", "--show"])
     assert result.exit_code == 0, result.output
     assert "no stored models: `schedscope calibrate`" in result.stdout
+
+
+def test_calibrate_show_names_the_sources_a_pooled_fit_came_from(store):
+    here = fingerprint("tiny")
+    sources = [
+        {"name": "/cal", "kind": "calibration", "steps": 3497, "holdout_median_rel_error": 0.04},
+        {"name": "/runs/a/fcfs", "kind": "run", "steps": 2519, "holdout_median_rel_error": None},
+    ]
+    pooled = dataclasses.replace(
+        fitted(), fit={"holdout_median_rel_error": 0.1, "sources": sources}
+    )
+    path = cost_store.save(pooled, here)
+    result = runner.invoke(app, ["calibrate", "--show"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(str(path)))
+    assert lines[at + 1] == (
+        "  fitted from the step cycles of calibration /cal (3497 steps, held-out 4.0%); "
+        "run /runs/a/fcfs (2519 steps)"
+    )
