@@ -255,3 +255,24 @@ def test_a_calibration_starts_the_pool_and_a_fit_without_steps_drops_it(tmp_path
     assert cost_evidence.of_calibration(MACHINE) is None  # the profiling sweep: no steps
     cost_store.save(MACHINE, machine)  # a fit that is not of these steps
     assert not cost_store.evidence_path_for(machine).exists()
+
+
+def test_calibrate_from_steps_into_the_store_starts_its_pool(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    from harness.machine import fingerprint
+
+    monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "store"))
+    records = _cell_dir(tmp_path, MACHINE, calibration_shapes())
+    result = CliRunner().invoke(
+        app,
+        ["calibrate", "--from-steps", str(records), "--executor", "sim", "--torch-threads", "1"],
+    )
+    assert result.exit_code == 0, result.output
+    machine = fingerprint("tiny", executor="sim", torch_threads=1)
+    pool = cost_store.load_evidence(machine)
+    assert [(s["kind"], s["name"]) for s in pool.sources] == [(CALIBRATION, str(records))]
+    assert len(pool) == len(calibration_shapes()) - 1  # every step another follows
+    stored = cost_store.find(machine).match.model
+    assert relative_error(stored, MACHINE, calibration_shapes(seed=9)) < 0.01
