@@ -57,8 +57,14 @@ class Confirmed:
     #: rate -> {"cell", "meets", "predicted_meets", "tails", "goodput_rps", "status"}
     measured: dict = field(default_factory=dict)
     measured_capacity: float | None = None
+    #: The lowest rate served above measured_capacity, which missed: the true capacity
+    #: lies in [measured_capacity, this) (None: no rate above it was served, or it met).
+    measured_capacity_below: float | None = None
     #: predicted capacity / measured capacity - 1 (None: not comparable)
     off_by: float | None = None
+    #: What the served rates can tell of that error: (lowest, highest) of predicted /
+    #: true capacity - 1 over the bracket; None for an end the rates leave unbounded.
+    off_by_range: tuple[float | None, float | None] | None = None
     #: rates the simulator said meet the SLOs and the served run missed
     missed: list[float] = field(default_factory=list)
     traps: list[dict] = field(default_factory=list)
@@ -69,7 +75,9 @@ class Confirmed:
             "predicted": self.predicted,
             "measured": {f"{r:g}": v for r, v in self.measured.items()},
             "measured_capacity": self.measured_capacity,
+            "measured_capacity_below": self.measured_capacity_below,
             "off_by": self.off_by,
+            "off_by_range": list(self.off_by_range) if self.off_by_range else None,
             "missed": self.missed,
             "flagged": bool(self.missed),
             "traps": self.traps,
@@ -227,10 +235,18 @@ def _compare(entry: Confirmed, objective: str) -> None:
         return
     meeting = [r for r in rates if entry.measured[r]["meets"]]
     entry.measured_capacity = max(meeting) if meeting else 0.0
+    above = [r for r in rates if r > entry.measured_capacity and not entry.measured[r]["meets"]]
+    entry.measured_capacity_below = min(above) if above else None
     capacity = entry.predicted["capacity"]
     entry.off_by = (
         capacity / entry.measured_capacity - 1 if entry.measured_capacity and capacity else None
     )
+    if capacity:
+        # true capacity in [measured, below): the error is largest at its low end
+        low = (
+            capacity / entry.measured_capacity_below - 1 if entry.measured_capacity_below else None
+        )
+        entry.off_by_range = (low, entry.off_by)
 
 
 def _findings(root: Path) -> list[dict]:

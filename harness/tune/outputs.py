@@ -202,6 +202,15 @@ def confirm_rows(outcome: Outcome) -> list[list[str]]:
     return rows
 
 
+def off_by_text(c: Confirmed) -> str:
+    """How far off the simulator was, as far as the served rates can tell: "+0% to +15%"
+    when the true capacity is bracketed by a rate that met and one that missed."""
+    low, high = c.off_by_range or (None, c.off_by)
+    if low is None or high is None or f"{low:+.0%}" == f"{high:+.0%}":
+        return f"{c.off_by:+.0%}" + ("" if low is not None else " or less")
+    return f"{low:+.0%} to {high:+.0%}"
+
+
 def confirm_lines(outcome: Outcome) -> list[str]:
     """One sentence per confirmed configuration: measured capacity, how far off the
     simulator was, and a flag for a missed SLO."""
@@ -216,7 +225,7 @@ def confirm_lines(outcome: Outcome) -> list[str]:
         else:
             line = f"{c.label}: predicted goodput {_num(c.predicted.get('value'))} req/s"
         if c.off_by is not None:
-            line += f"; the simulator was off by {c.off_by:+.0%}"
+            line += f"; the simulator was off by {off_by_text(c)}"
         if c.missed:
             line += (
                 f"; FLAGGED: the simulator said it meets the SLOs at "

@@ -26,6 +26,23 @@ def test_a_missed_slo_the_simulator_promised_is_flagged():
     assert abs(c.off_by - (2.0 / 1.7 - 1)) < 1e-9
 
 
+def test_the_served_rates_bracket_the_true_capacity_and_the_error():
+    """Met at 1.7, missed at 2.0: the true capacity is in [1.7, 2.0), so the simulator's
+    2.0 was 0% to 17.6% optimistic; the point figure (17.6%) is only its worst case."""
+    c = _confirmed(2.0, {1.7: True, 2.0: False, 2.3: False})
+    assert c.measured_capacity_below == 2.0
+    low, high = c.off_by_range
+    assert low == 0.0 and abs(high - (2.0 / 1.7 - 1)) < 1e-9
+    every_rate_met = _confirmed(2.0, {1.7: True, 2.0: True, 2.3: True})
+    assert every_rate_met.measured_capacity_below is None
+    assert every_rate_met.off_by_range[0] is None  # the capacity may be far above 2.3
+    none_met = _confirmed(2.0, {1.7: False, 2.0: False, 2.3: False})
+    assert none_met.measured_capacity_below == 1.7 and none_met.off_by is None
+    assert abs(none_met.off_by_range[0] - (2.0 / 1.7 - 1)) < 1e-9
+    assert none_met.off_by_range[1] is None
+    assert c.to_dict()["off_by_range"] == [low, high]
+
+
 def test_a_capacity_measured_as_predicted_is_not_flagged():
     c = _confirmed(2.0, {1.7: True, 2.0: True, 2.3: False})
     assert c.missed == [] and c.measured_capacity == 2.0 and c.off_by == 0.0
