@@ -44,7 +44,7 @@ system-deps:
 	  fi; \
 	done
 
-# The whole suite but the real-vLLM tests (about 22 minutes on 2 cores, 1,331 tests, measured 2026-12-02).
+# The whole suite but the real-vLLM tests (about 21 minutes on 2 cores, 1,348 tests, measured 2026-12-02).
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q -m "not vllm"
 
