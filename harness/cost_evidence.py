@@ -11,8 +11,8 @@ simulator.md "One run's fit is not the machine's"). So the store keeps, beside e
 fit, the step cycles it was fitted from — per *source* (a calibration or a run's cell),
 each thinned to at most :data:`MAX_STEPS_PER_SOURCE` rows — and a cell's refit is the
 fit of the pool: the last calibration's rows (kept until the next calibration) and the
-newest :data:`MAX_RUN_SOURCES` cells'. Each source weighs about the same, however long
-its run, so no single run moves the model far.
+newest :data:`MAX_RUN_SOURCES` cells'. No source counts more than MAX_STEPS_PER_SOURCE
+steps, however long its run, so no single run outweighs the rest.
 
 The pool is a numpy ``.npz`` beside the model file (``cost-model-<key>.steps.npz``):
 ``features`` (rows x FEATURES), ``cycles`` (seconds), ``source`` (each row's index into
@@ -42,6 +42,8 @@ CALIBRATION = "calibration"
 RUN = "run"
 #: The index of FEATURES' swap term: a pool with none of it keeps the prior price.
 _SWAP = FEATURES.index("swap_block_s")
+#: What a pool file says of each source (read by ``plus`` and ``refit``).
+_SOURCE_KEYS = frozenset({"name", "kind", "client_latency_s", "steps"})
 
 
 class EvidenceError(ValueError):
@@ -186,6 +188,11 @@ class Evidence:
                 f"{path}: expected {len(FEATURES)} features a row (another schedscope "
                 f"version's pool?), got an array of shape {evidence.features.shape}"
             )
+        if not isinstance(evidence.sources, list) or not all(
+            isinstance(source, dict) and _SOURCE_KEYS <= source.keys()
+            for source in evidence.sources
+        ):
+            raise EvidenceError(f"{path}: its sources must be objects with {sorted(_SOURCE_KEYS)}")
         named = len(evidence.sources)
         if rows and not (0 <= evidence.source.min() and evidence.source.max() < named):
             raise EvidenceError(f"{path}: rows name sources it does not list")

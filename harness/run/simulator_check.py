@@ -150,7 +150,7 @@ def fit_into_store(
     """Refit the store's model for the cell's fingerprint with the cell's steps.parquet
     (and its client records) added to the step cycles it was fitted from
     (:mod:`harness.cost_evidence`: the last calibration's and the newest runs' cells,
-    each weighing about the same), and store the refit; the run.json ``cost_fit``
+    none counting more than 4,000 steps), and store the refit; the run.json ``cost_fit``
     entry. The cell alone would describe one regime only, and one overloaded cell,
     stored as the machine's model, mispredicted the machine's other loads by 2-3x.
     Too few steps, or none, is a skip with its reason, never a failure. So are steps of

@@ -151,6 +151,10 @@ def test_an_unreadable_or_foreign_pool_is_refused_with_the_reason(tmp_path):
     narrow.save(tmp_path / "narrow.npz")
     with pytest.raises(EvidenceError, match=f"expected {len(FEATURES)} features"):
         Evidence.load(tmp_path / "narrow.npz")
+    unnamed = Evidence(np.zeros((3, len(FEATURES))), np.ones(3), np.zeros(3, np.int32), [{}])
+    unnamed.save(tmp_path / "unnamed.npz")
+    with pytest.raises(EvidenceError, match="its sources must be objects with"):
+        Evidence.load(tmp_path / "unnamed.npz")
 
 
 @settings(max_examples=25, deadline=None)
@@ -176,7 +180,7 @@ def test_a_cell_refits_the_calibrated_model_instead_of_replacing_it(tmp_path, mo
     """The bug it fixes: a served cell of one regime (seen: a tune confirm cell at 1.5x
     capacity, with Locust on the same 2 cores) was stored alone as the machine's model,
     and the next simulation of a light 1x load came out 2-3x slow (40% per step). Now
-    the refit pools it with the calibration: each source weighs about the same."""
+    the refit pools it with the calibration."""
     monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "store"))
     machine = cell_fingerprint(EngineConfig(), "sim", 1)
     calibration = source(MACHINE, calibration_shapes(), CALIBRATION, "calibration")
