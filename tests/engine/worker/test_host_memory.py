@@ -108,10 +108,14 @@ def _first_prefill_faults(warm_up: str) -> int:
 
 def test_the_start_up_warm_up_takes_the_first_large_steps_page_faults_out_of_the_run():
     """A fresh engine's first 1000-token prefill grows the heap (tens of thousands of
-    faults); after build_torch_engine's warm-up, that step reuses warm memory."""
+    faults); after build_torch_engine's warm-up, that step reuses warm memory.
+
+    The median of three runs must hold. With a warm-up of one round and glibc's
+    default arenas, about 1 fresh process in 16 (1 in 4 on a loaded machine) still grew
+    its heap in that step by 3-28 MiB, as the freed blocks lay (CI once gave at least 5,291
+    faults against 22,867 cold in both of two runs); with two rounds and one
+    arena, 1 in 34 loaded, with 846 faults."""
     cold = _first_prefill_faults("off")
-    # The better of two: once (in two full-suite runs) a loaded machine gave 5,500
-    # where an idle one gives ~150; cold runs give 22-24k either way.
-    warm = min(_first_prefill_faults("on"), _first_prefill_faults("on"))
+    warm = sorted(_first_prefill_faults("on") for _ in range(3))
     assert cold > 10_000, cold
-    assert warm < cold / 10, (warm, cold)
+    assert warm[1] < cold / 10, (warm, cold)
