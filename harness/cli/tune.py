@@ -84,6 +84,12 @@ def tune(
         "--confirm-margin",
         help="Serve each at its predicted capacity x (1 - m, 1, 1 + m); 0: at the capacity only.",
     ),
+    confirm_extend: int = typer.Option(
+        2,
+        "--confirm-extend",
+        help="Further rounds, one margin step beyond the rates served, for each "
+        "configuration whose rates all met (or all missed) the SLOs; 0: none.",
+    ),
     target: str | None = typer.Option(
         None,
         "--target",
@@ -126,6 +132,8 @@ def tune(
         raise typer.BadParameter("must be >= 1", param_hint="--batch")
     if confirm < 0:
         raise typer.BadParameter("must be >= 0", param_hint="--confirm")
+    if confirm_extend < 0:
+        raise typer.BadParameter("must be >= 0", param_hint="--confirm-extend")
     if not 0 <= confirm_margin < 1:
         raise typer.BadParameter("must be in [0, 1)", param_hint="--confirm-margin")
     if not 0 < precision < 1:
@@ -174,6 +182,7 @@ def tune(
             torch_threads=torch_threads,
             target=target,
             margin=confirm_margin,
+            extend=confirm_extend,
         ),
         cost_model_text=str(choice.path) if choice.path else "built-in",
         out=out,

@@ -140,6 +140,7 @@ def test_a_small_swap_space_is_rejected_with_the_swap_trap(tmp_path):
         (["--space", "/nonexistent/space.toml"], "--space"),
         (["--max-num-seqs", "0"], "max_num_seqs"),
         (["--confirm-margin", "1.5"], "--confirm-margin"),
+        (["--confirm-extend", "-1"], "--confirm-extend"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_problem(args, names, tmp_path):
