@@ -290,6 +290,49 @@ def step_noise(steps: pl.DataFrame) -> float | None:
     return float(np.median(np.abs(cycles[1:][pair] / cycles[:-1][pair] - 1)))
 
 
+#: Steps at least this far apart count as "seconds apart" for :func:`step_drift`.
+DRIFT_GAP_S = 2.0
+#: At most this many steps of one shape are compared pairwise (evenly spaced in time).
+DRIFT_STEPS_PER_SHAPE = 300
+
+
+def step_drift(steps: pl.DataFrame) -> float | None:
+    """The machine's drift over seconds: the median relative difference between
+    decode-only steps of one work, DRIFT_GAP_S or more apart (the same batch size and a
+    context per sequence within an eighth of an octave). On a quiet dedicated machine
+    it is near :func:`step_noise`; where the machine's speed wanders (a VM whose
+    neighbours come and go), it is what bounds a per-step fit: measured on a 2-core AMD
+    EPYC VM, 6% within 50 ms, 12% at 0.5-2 s, 22% at 2 s and more, with a held-out
+    error of 13-14% for every fit. None when no such pair exists."""
+    import numpy as np
+
+    steps = steps.sort("step")
+    start = steps["schedule_start"].to_numpy()
+    cycles = start[1:] - start[:-1] - steps["idle_before_s"].to_numpy()[1:]
+    head = steps.head(steps.height - 1)
+    seqs = head["num_seqs"].to_numpy()
+    decode_only = (head["num_prefill_tokens"].to_numpy() == 0) & (seqs > 0) & (cycles > 0)
+    if "num_decode_context_tokens" in head.columns:
+        context = head["num_decode_context_tokens"].to_numpy() / np.maximum(seqs, 1)
+    else:
+        context = np.zeros(len(seqs))
+    octave8 = np.floor(np.log2(np.maximum(context, 1.0)) * 8).astype(np.int64)
+    when = start[:-1]
+    diffs = []
+    shapes = sorted(
+        set(zip(seqs[decode_only].tolist(), octave8[decode_only].tolist(), strict=True))
+    )
+    for shape in shapes:
+        idx = np.flatnonzero(decode_only & (seqs == shape[0]) & (octave8 == shape[1]))
+        if len(idx) > DRIFT_STEPS_PER_SHAPE:
+            idx = idx[np.linspace(0, len(idx) - 1, DRIFT_STEPS_PER_SHAPE).astype(np.int64)]
+        far = np.abs(when[idx][:, None] - when[idx][None, :]) >= DRIFT_GAP_S
+        a, b = np.nonzero(np.triu(far, 1))
+        diffs.append(np.abs(cycles[idx][a] / cycles[idx][b] - 1))
+    pooled = np.concatenate(diffs) if diffs else np.array([])
+    return float(np.median(pooled)) if pooled.size else None
+
+
 #: The knobs that size the device KV pool: when none is given, the calibration server
 #: gets a fixed pool of KV_POOL_TOKENS instead (``_serve_args``).
 DEVICE_POOL_KNOBS = ("gpu_memory_utilization", "num_gpu_blocks_override", "device_memory")
@@ -489,6 +532,7 @@ def calibrate_served(
     latency = client_latency(client, records / "requests.parquet", epoch)
     coverage = shape_coverage(steps, max_model_len)
     noise = step_noise(steps)
+    drift = step_drift(steps)
     echo(
         f"served {len(rows)} requests in {served_s:.1f} s ({steps.height} steps; "
         + ", ".join(f"{k} {v}" for k, v in coverage.items())
@@ -498,6 +542,12 @@ def calibrate_served(
         echo(
             f"step-to-step noise of this machine: {noise:.1%} (consecutive decode steps "
             "of one batch size; a held-out error near it is as good as this machine allows)"
+        )
+    if drift is not None:
+        echo(
+            f"drift of this machine over seconds: {drift:.1%} (the same decode step "
+            f"{DRIFT_GAP_S:g} s or more apart; where it is far above the noise, this "
+            "machine's speed wanders and no per-step fit can hold out much better than it)"
         )
     if latency is None:
         echo("client latency: 0 (no client row joined the engine's records)")
@@ -534,6 +584,7 @@ def calibrate_served(
         "served_s": round(served_s, 2),
         "coverage": coverage,
         "step_noise": noise,
+        "step_drift": drift,
         "swapped_blocks": swapped,
         "knobs": knobs,
         "torch_threads": torch_threads,

@@ -16,6 +16,7 @@ from harness.served_calibration import (
     calibration_profile,
     calibration_schedule,
     shape_coverage,
+    step_drift,
     step_noise,
 )
 from harness.simulate import simulate
@@ -162,6 +163,34 @@ def test_step_noise_compares_consecutive_decode_steps_of_one_batch_size():
     # pairs: 0.11/0.10 -> 10%, 0.10/0.11 -> 9.1%, 0.10/0.10 -> 0: median 9.1%
     assert step_noise(steps) == pytest.approx(1 - 0.10 / 0.11, abs=1e-6)
     assert step_noise(steps.with_columns(num_seqs=pl.Series([1, 2, 3, 4, 5, 6]))) is None
+
+
+def test_step_drift_compares_one_decode_work_seconds_apart_not_consecutive_steps():
+    """Batch 4 at one context: 0.10 s cycles, then, three seconds later, 0.12 s ones (a
+    machine that slowed down). Consecutive steps agree but at the change (noise 0),
+    while the same work seconds apart differs by 1 - 0.10/0.12. A batch-8 step is
+    never compared with batch 4."""
+    import polars as pl
+
+    starts = [0.0, 0.1, 0.2, 3.0, 3.12, 3.24, 3.5]
+    steps = pl.DataFrame(
+        {
+            "step": list(range(1, 8)),
+            "schedule_start": starts,
+            # the gap before the fourth step is idle: step 3's cycle is 0.10 too
+            "idle_before_s": [0.0, 0.0, 0.0, 2.7, 0.0, 0.0, 0.0],
+            "num_seqs": [4, 4, 4, 4, 4, 8, 4],
+            "num_prefill_tokens": [0] * 7,
+            "num_decode_context_tokens": [400, 400, 400, 400, 400, 800, 400],
+        }
+    )
+    assert step_noise(steps) == pytest.approx(0.0, abs=1e-9)
+    assert step_drift(steps) == pytest.approx(1 - 0.10 / 0.12, abs=1e-6)
+    squeezed = steps.with_columns(
+        schedule_start=pl.Series([t / 100 for t in starts]),
+        idle_before_s=pl.Series([0.0, 0.0, 0.0, 0.027, 0.0, 0.0, 0.0]),
+    )
+    assert step_drift(squeezed) is None  # nothing 2 s apart
 
 
 def test_a_server_that_refuses_to_start_fails_the_calibration_with_its_words(tmp_path):
