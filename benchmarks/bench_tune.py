@@ -6,8 +6,9 @@ The command a user types, in a subprocess: `schedscope tune --profile default --
 SLOs, as p95 targets) with the default budget (240 s), search and confirm settings: the
 best 3 configurations and the shipped defaults (the current configuration: no knob
 given) served with the torch executor at each one's predicted capacity x 0.88, 1 and
-1.12 (`--confirm-margin 0.12`, not tune's default 0.15: see below), `--duration-scale
-0.25`. Read back from its tune.json:
+1.12 (`--confirm-margin 0.12`, not tune's default 0.15: see below), and one rate more
+beyond those, up to twice, where they all met or all missed (tune's `--confirm-extend
+2`), `--duration-scale 0.25`. Read back from its tune.json:
 
 - the best served capacity under SLO among the finalists over the shipped defaults'
   (each: the highest served rate at which every class met its targets): target >= 1x;
