@@ -271,6 +271,13 @@ def shape_coverage(steps: pl.DataFrame, max_model_len: int | None = None) -> dic
     return {k: int(counts[k][0]) for k in SHAPE_FAMILIES}
 
 
+def _cycles(steps: pl.DataFrame):
+    """Each step's cycle but the last's (the start of the next, less its idle wait), of
+    steps sorted by ``step``."""
+    start = steps["schedule_start"].to_numpy()
+    return start[1:] - start[:-1] - steps["idle_before_s"].to_numpy()[1:]
+
+
 def step_noise(steps: pl.DataFrame) -> float | None:
     """The machine's own step-to-step noise: the median relative difference between
     consecutive decode-only steps of the same batch size (the same work but for a
@@ -279,8 +286,7 @@ def step_noise(steps: pl.DataFrame) -> float | None:
     import numpy as np
 
     steps = steps.sort("step")
-    start = steps["schedule_start"].to_numpy()
-    cycles = start[1:] - start[:-1] - steps["idle_before_s"].to_numpy()[1:]
+    cycles = _cycles(steps)
     seqs = steps["num_seqs"].to_numpy()[:-1]
     decode_only = (steps["num_prefill_tokens"].to_numpy() == 0)[:-1] & (seqs > 0)
     pair = decode_only[1:] & decode_only[:-1] & (seqs[1:] == seqs[:-1])
@@ -307,8 +313,7 @@ def step_drift(steps: pl.DataFrame) -> float | None:
     import numpy as np
 
     steps = steps.sort("step")
-    start = steps["schedule_start"].to_numpy()
-    cycles = start[1:] - start[:-1] - steps["idle_before_s"].to_numpy()[1:]
+    cycles = _cycles(steps)
     head = steps.head(steps.height - 1)
     seqs = head["num_seqs"].to_numpy()
     decode_only = (head["num_prefill_tokens"].to_numpy() == 0) & (seqs > 0) & (cycles > 0)
@@ -317,7 +322,7 @@ def step_drift(steps: pl.DataFrame) -> float | None:
     else:
         context = np.zeros(len(seqs))
     octave8 = np.floor(np.log2(np.maximum(context, 1.0)) * 8).astype(np.int64)
-    when = start[:-1]
+    when = steps["schedule_start"].to_numpy()[:-1]
     diffs = []
     shapes = sorted(
         set(zip(seqs[decode_only].tolist(), octave8[decode_only].tolist(), strict=True))

@@ -11,7 +11,7 @@ the next rate served, which missed. A configuration whose rates all met (or all 
 leaves its capacity open on one side, so up to ``extend`` further rounds serve it one
 step of ``margin`` beyond its highest (lowest) rate, until a rate misses (meets):
 without them, a simulator that was pessimistic about a configuration by any amount
-read "off by -12% or less", and a comparison with that configuration proved nothing
+read "off by -11% or less", and a comparison with that configuration proved nothing
 (measured: the shipped defaults met at all three rates, 1-1.28x, on an AMD EPYC).
 Served cells of those rounds live in ``extend-<i>/`` under the confirm root. Goodput
 objective: the profile's own rate. A rate the simulator said meets the SLOs and the
