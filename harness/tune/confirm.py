@@ -110,7 +110,8 @@ def extension_rate(entry: Confirmed, margin: float) -> float | None:
     rates = sorted(entry.measured)
     met = [entry.measured[r]["meets"] for r in rates]
     if all(met):
-        return float(f"{rates[-1] * (1 + margin):.3g}")
+        higher = float(f"{rates[-1] * (1 + margin):.3g}")
+        return higher if higher > rates[-1] else None  # a margin lost to 3-digit rounding
     if not any(met):
         lower = float(f"{rates[0] * (1 - margin):.3g}")
         return lower if 0.01 <= lower < rates[0] else None

@@ -118,6 +118,8 @@ def test_an_open_capacity_is_extended_one_margin_step_beyond_the_rates_served():
     bracketed = _confirmed(2.0, {1.7: True, 2.0: False, 2.3: False})
     assert extension_rate(bracketed, 0.15) is None
     assert extension_rate(all_met, 0.0) is None  # one rate, no step to take
+    # a margin the rates' 3-digit rounding swallows would serve the same rate again
+    assert extension_rate(all_met, 0.001) is None
 
 
 def test_the_confirm_step_serves_further_rounds_until_each_capacity_is_bracketed(
