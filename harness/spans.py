@@ -189,6 +189,19 @@ def spans_frame(rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(columns)
 
 
+def shift_spans(frame: pl.DataFrame, shift_s: float) -> pl.DataFrame:
+    """``frame`` with every instant (start, end, event times) moved by ``shift_s``
+    seconds; durations unchanged."""
+    shift_ns = round(shift_s * 1e9)
+    return frame.with_columns(
+        pl.col("start_ns") + shift_ns,
+        pl.col("end_ns") + shift_ns,
+        pl.col("start") + shift_s,
+        pl.col("end") + shift_s,
+        pl.col("events").list.eval(pl.element().struct.with_fields(pl.field("time") + shift_s)),
+    )
+
+
 def write_spans_parquet(spans: pl.DataFrame | Path | str, out: Path | str) -> pl.DataFrame:
     """Write ``spans`` (a frame, or a span file to read) to ``out`` (spans.parquet)."""
     frame = spans if isinstance(spans, pl.DataFrame) else read_spans(spans)

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from harness.loadgen.clock import unix_now
 from harness.loadgen.prompt_choice import PromptChoice, choose
 from harness.loadgen.prompts import DEFAULT_ID_RANGE, TextSizer, chat_messages, token_ids
 
@@ -331,7 +331,7 @@ class OpenAIClient:
             "X-Request-Class": spec.class_name,
             "traceparent": traceparent(),
         }
-        now = time.time
+        now = unix_now
         row["sent_at"] = sent = now()
         row["send_lag_s"] = sent - row["scheduled_at"]
         try:

@@ -16,9 +16,16 @@ the true offset lies within ``offset ± uncertainty`` whatever the split of the 
 trip between the two directions; of several probes the one with the smallest
 uncertainty is kept (:func:`best`).
 
+Every instant a load-generator process stamps comes from :func:`unix_now`: the wall
+clock read once, when this module is imported, then carried forward by the monotonic
+clock, as the engine's clock is (engine/core/clock.py). A step of the machine's wall
+clock during a run (a time service correcting a VM's clock by a second or more) then
+moves neither the client's instants nor the engine's; one between the engine's start
+and the load generator's is caught when the cell joins them (harness/run/clock_check.py).
+
 ``SCHEDSCOPE_TEST_CLOCK_OFFSET_S`` (test-only): a worker started with it shifts its own
-``time.time()`` by that many seconds (:func:`install_test_offset`), as a machine whose
-clock is off would be.
+clock (:func:`unix_now` and ``time.time()``) by that many seconds
+(:func:`install_test_offset`), as a machine whose clock is off would be.
 """
 
 from __future__ import annotations
@@ -36,6 +43,23 @@ NUM_PROBES = 8
 #: A worker's clock offset known no better than this (seconds) makes the instants the
 #: run joins across machines (client rows vs engine records and spans) doubtful.
 CLOCK_TOLERANCE_S = 0.005
+
+
+def _read_epoch() -> float:
+    # time.time() between two monotonic reads, taken at their midpoint: exact to a few µs.
+    before = time.perf_counter()
+    unix = time.time()
+    after = time.perf_counter()
+    return unix - (before + after) / 2
+
+
+#: Unix time of ``time.perf_counter()``'s zero, read once (module docstring).
+_epoch = _read_epoch()
+
+
+def unix_now() -> float:
+    """Now, in Unix seconds, on this process's step-free clock (module docstring)."""
+    return _epoch + time.perf_counter()
 
 
 @dataclass(frozen=True)
@@ -65,8 +89,10 @@ def best(probes: list[Probe]) -> dict:
 
 
 def install_test_offset() -> float:
-    """Shift this process's ``time.time()`` by ``$SCHEDSCOPE_TEST_CLOCK_OFFSET_S`` (tests
-    only: a worker on a machine whose clock is off); returns the shift (0 when unset)."""
+    """Shift this process's clock (:func:`unix_now` and ``time.time()``) by
+    ``$SCHEDSCOPE_TEST_CLOCK_OFFSET_S`` (tests only: a worker on a machine whose clock
+    is off); returns the shift (0 when unset)."""
+    global _epoch
     raw = os.environ.get(TEST_OFFSET_ENV, "").strip()
     if not raw:
         return 0.0
@@ -82,6 +108,7 @@ def install_test_offset() -> float:
 
         shifted.schedscope_shift = shift  # type: ignore[attr-defined]
         time.time = shifted
+        _epoch += shift
     return shift
 
 

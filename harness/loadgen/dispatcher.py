@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from collections.abc import Callable
 
 import gevent
@@ -35,6 +34,7 @@ from gevent.lock import BoundedSemaphore
 from gevent.pool import Group
 
 from harness.loadgen.client import OpenAIClient
+from harness.loadgen.clock import unix_now
 from harness.loadgen.records import RecordWriter
 from harness.loadgen.split import ClosedLoop, Share
 from harness.profiles import Plan
@@ -93,7 +93,7 @@ class Dispatcher:
     def _open_loop(self) -> None:
         specs = self.share.open_requests
         start = self.run_start
-        sleep, now, spawn = gevent.sleep, time.time, self._group.spawn
+        sleep, now, spawn = gevent.sleep, unix_now, self._group.spawn
         while self._next_open < len(specs) and not self._stopping:
             spec = specs[self._next_open]
             at = start + spec.scheduled_at
@@ -116,16 +116,16 @@ class Dispatcher:
         phase._chunk = None
         begin, end = self.run_start + loop.start_s, self.run_start + loop.end_s
         wait = self._wake.wait  # a sleep that drain() ends
-        delay = begin - time.time()
+        delay = begin - unix_now()
         if delay > 0:
             wait(delay)
         m = 0
-        while not self._stopping and time.time() < end:
+        while not self._stopping and unix_now() < end:
             spec = phase.request_at(loop.spec_index(m))
             m += 1
-            row = self.client.new_row(spec, "closed", time.time(), False)
+            row = self.client.new_row(spec, "closed", unix_now(), False)
             retry_after = self._one(spec, row, False)
-            left = end - time.time()
+            left = end - unix_now()
             if left <= 0 or self._stopping:
                 break
             if retry_after:
@@ -176,7 +176,7 @@ class Dispatcher:
         if self._stopping or self.finished.is_set():
             return
         self._stopping = True
-        self.stopped_at = time.time()
+        self.stopped_at = unix_now()
         self._wake.set()
         if self._open is not None:
             # Between two requests it waits in a sleep or for a slot: safe to kill there.
@@ -188,7 +188,7 @@ class Dispatcher:
             return
         if not self._stopping:
             self._stopping = True
-            self.stopped_at = time.time()
+            self.stopped_at = unix_now()
         self._wake.set()
         gevent.sleep(0)  # requests spawned but not started write their "not sent" rows
         gevent.killall(self._workers, block=True, timeout=timeout_s)

@@ -142,13 +142,13 @@ def _fire_row(environment, row: dict, cut: bool = False) -> None:
         fire(
             request_type=CUT,
             name=f"cut {cls}",
-            response_time=max(0.0, time.time() - row["scheduled_at"]) * 1e3,
+            response_time=max(0.0, clock.unix_now() - row["scheduled_at"]) * 1e3,
             response_length=0,
             exception=None,
             context={"request_id": row["request_id"]},
         )
     else:
-        elapsed = max(0.0, time.time() - row["scheduled_at"]) * 1e3
+        elapsed = max(0.0, clock.unix_now() - row["scheduled_at"]) * 1e3
         http = f" {row['http_status']}" if row["http_status"] else ""
         fire(
             request_type="E2E",
@@ -247,12 +247,12 @@ class _Run:
                 )
             else:
                 self.writer = RecordWriter(o.records_dir, self.index)
-            start = self.start_at if self.start_at is not None else time.time() + 0.1
-            if time.time() > start:
+            start = self.start_at if self.start_at is not None else clock.unix_now() + 0.1
+            if clock.unix_now() > start:
                 log.warning(
                     "worker %d was ready %.3f s after the common start instant",
                     self.index,
-                    time.time() - start,
+                    clock.unix_now() - start,
                 )
             self.start_at = start
             self.dispatcher = Dispatcher(
@@ -338,7 +338,7 @@ class _Run:
                 seed=self.plan.seed,
                 duration_s=self.plan.duration_s,
                 run_start_unix=self.start_at,
-                run_end_unix=time.time(),
+                run_end_unix=clock.unix_now(),
                 rows=w.num_rows,
                 status_counts=w.status_counts,
                 records_file=w.path.name,
@@ -465,7 +465,7 @@ class _State:
                 self.plan = None
             self.offsets = self._estimate_clocks(runner)
             self.collector = Collector(options.records_dir, self.offsets)
-            start = time.time() + DISTRIBUTED_LEAD_S
+            start = clock.unix_now() + DISTRIBUTED_LEAD_S
             for i, c in enumerate(clients):
                 runner.send_message(
                     "schedscope_split",
@@ -486,7 +486,7 @@ class _State:
             self.workers = 1
             start = None
             self.run = _Run(self, environment, 0, 1, None, options, environment.host or "", run_id)
-        self.deadline = (start or time.time()) + duration + options.grace + 5.0
+        self.deadline = (start or clock.unix_now()) + duration + options.grace + 5.0
 
     def _on_split_message(self, environment, msg, **_kw) -> None:
         d = msg.data
@@ -537,13 +537,13 @@ class _State:
     # -- clock offsets (clock.py) ------------------------------------------------------
     def _on_ping_message(self, environment, msg, **_kw) -> None:
         """A worker: answer the master's clock probe at once (t1, t2 on this clock)."""
-        t1 = time.time()
+        t1 = clock.unix_now()
         environment.runner.send_message(
-            "schedscope_pong", {**msg.data, "t1": t1, "t2": time.time()}
+            "schedscope_pong", {**msg.data, "t1": t1, "t2": clock.unix_now()}
         )
 
     def _on_pong_message(self, environment, msg, **_kw) -> None:
-        t3 = time.time()
+        t3 = clock.unix_now()
         d = msg.data
         self._pongs.setdefault(d["worker"], []).append(clock.Probe(d["t0"], d["t1"], d["t2"], t3))
 
@@ -553,10 +553,12 @@ class _State:
         for n in range(clock.NUM_PROBES):
             for i, cid in self.clients.items():
                 runner.send_message(
-                    "schedscope_ping", {"worker": i, "seq": n, "t0": time.time()}, client_id=cid
+                    "schedscope_ping",
+                    {"worker": i, "seq": n, "t0": clock.unix_now()},
+                    client_id=cid,
                 )
-            deadline = time.time() + 1.0
-            while time.time() < deadline and any(
+            deadline = clock.unix_now() + 1.0
+            while clock.unix_now() < deadline and any(
                 len(self._pongs.get(i, ())) <= n for i in self.clients
             ):
                 gevent.sleep(0.002)
@@ -616,8 +618,8 @@ class _State:
     def _wait_for_workers(self, runner, timeout_s: float) -> None:
         """The master: wait for the summaries of the workers still connected (each has
         ``--stop-timeout`` to let its requests finish after the schedscope_stop message)."""
-        deadline = time.time() + timeout_s
-        while time.time() < deadline and self._waiting_for(runner):
+        deadline = clock.unix_now() + timeout_s
+        while clock.unix_now() < deadline and self._waiting_for(runner):
             gevent.sleep(0.1)
         self._report_lost()
 
@@ -712,7 +714,7 @@ class _State:
                 return None
             if isinstance(runner, MasterRunner) and self.done and not self._waiting_for(runner):
                 return None  # the others are lost: reported at the end
-            if time.time() > self.deadline:
+            if clock.unix_now() > self.deadline:
                 log.warning("schedscope: the schedule and --grace are over; stopping")
                 self.grace_over = True
                 if self.run is not None:

@@ -34,6 +34,7 @@ from harness.profiles import Profile, build_plan
 from harness.report.errors import describe, error_summary, headline
 from harness.report.stall_causes import CLIENT_TOKEN_TIMES, ENGINE_RECORDS
 from harness.run.client_stalls import with_client_stalls
+from harness.run.clock_check import check_clocks
 from harness.run.join import join_requests, shift_steps, write_spans
 from harness.run.live import RecordsTail, figures_line
 from harness.run.loadgen import LOCUST_OK_CODES, LocustRun, profile_file
@@ -534,12 +535,16 @@ def _collect(
     ``epoch``: the server's clock epoch (Unix s), if known."""
     client, loadgen = _client_records(result, records, info)
     engine = None
+    shift_s = 0.0
     if result.mode == "serve":
         engine = _engine_requests(result, raw)
         if epoch is None:
             epoch = loadgen.get("server_clock_epoch_unix")
+        if client is not None and engine is not None and epoch is not None:
+            shift_s = _check_clocks(result, client, engine, epoch, info)
+            epoch += shift_s
     # spans first: a --target cell's requests take server columns from them
-    spans = _write_spans(result, settings, raw, info)
+    spans = _write_spans(result, settings, raw, info, shift_s)
     if client is not None:
         _write_requests(result, client, engine, epoch, info, settings.max_error_rate, spans)
     _write_engine_records(result, raw, epoch)
@@ -606,6 +611,20 @@ def _client_records(
         result.fail(kind, failure_message(failed), infrastructure=True)
     result.warnings.extend(clock_warnings(loadgen.get("clock") or {}))
     return client, loadgen
+
+
+def _check_clocks(
+    result: CellResult, client: pl.DataFrame, engine: pl.DataFrame, epoch: float, info: dict
+) -> float:
+    """The seconds to add to the engine's instants so they agree with the client's
+    (harness/run/clock_check.py); the check goes into run.json (``engine_clock``), a
+    disagreement into the cell's warnings."""
+    checked = check_clocks(client, engine, epoch)
+    info["engine_clock"] = {"clock_epoch_unix": epoch, **checked.as_dict()}
+    warning = checked.warning()
+    if warning:
+        result.warnings.append(warning)
+    return checked.shift_s
 
 
 def _engine_requests(result: CellResult, raw: Path) -> pl.DataFrame | None:
@@ -710,18 +729,19 @@ def _write_engine_records(result: CellResult, raw: Path, epoch: float | None) ->
 
 
 def _write_spans(
-    result: CellResult, settings: CellSettings, raw: Path, info: dict
+    result: CellResult, settings: CellSettings, raw: Path, info: dict, shift_s: float = 0.0
 ) -> pl.DataFrame | None:
     """spans.parquet from the cell's trace file: the server's (served), the OTLP
     receivers' or --target-trace-file's (--target); the spans written, or None. A trace
-    file that cannot be read degrades the cell; a missing one is a warning."""
+    file that cannot be read degrades the cell; a missing one is a warning. ``shift_s``:
+    seconds added to every instant (a served engine's clock correction)."""
     trace = raw / "spans.jsonl" if result.mode == "serve" else settings.target_trace_file
     receives = settings.target_otlp_port is not None or settings.target_otlp_grpc_port is not None
     if result.mode == "target" and receives:
         trace = _target_trace(raw)
     if trace is not None and Path(trace).is_file():
         try:
-            frame = write_spans(Path(trace), result.path / "spans.parquet")
+            frame = write_spans(Path(trace), result.path / "spans.parquet", shift_s)
         except Exception as exc:  # noqa: BLE001 - keep the rest
             result.fail("spans", f"{trace}: {type(exc).__name__}: {exc}")
             return None

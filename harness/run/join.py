@@ -104,11 +104,14 @@ def shift_steps(steps: pl.DataFrame, epoch: float) -> pl.DataFrame:
     )
 
 
-def write_spans(trace_file: Path, out: Path) -> pl.DataFrame:
-    """spans.parquet from ``trace_file``; the spans written."""
-    from harness.spans import read_spans, write_spans_parquet
+def write_spans(trace_file: Path, out: Path, shift_s: float = 0.0) -> pl.DataFrame:
+    """spans.parquet from ``trace_file``, every instant moved by ``shift_s`` seconds (a
+    served engine's clock correction, harness/run/clock_check.py); the spans written."""
+    from harness.spans import read_spans, shift_spans, write_spans_parquet
 
     frame = read_spans(trace_file)
+    if shift_s:
+        frame = shift_spans(frame, shift_s)
     write_spans_parquet(frame, out)
     return frame
 
