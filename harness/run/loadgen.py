@@ -1,9 +1,11 @@
 """One Locust run, headless, as a subprocess: the profile's locustfile (a shipped
-``loadprofiles/<name>.py``, a given ``.py``, or a wrapper written for a ``.toml``), its
-records into the cell directory, output into ``locust.log``."""
+``loadprofiles/<name>.py``, a given ``.py`` that exposes itself, or a wrapper written for
+a ``.toml`` or a ``.py`` that only defines ``PROFILE``), its records into the cell
+directory, output into ``locust.log``."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from harness.run.server import repo_env
 #: neither is a crash. Anything else (2: bad arguments or locustfile) is.
 LOCUST_OK_CODES = (0, 1)
 
-TOML_WRAPPER = '''"""Written by schedscope run: the TOML profile {path} as a locustfile."""
+WRAPPER = '''"""Written by schedscope run: the profile {path} as a locustfile."""
 from harness.profiles import load_profile
 from harness.loadgen.expose import expose
 
@@ -53,13 +55,33 @@ def profile_path(profile: str) -> Path:
     return candidate.resolve()
 
 
+def calls_expose(path: Path) -> bool:
+    """Whether the Python profile at ``path`` calls ``expose(...)`` (so Locust can run
+    it as it is). One that only defines ``PROFILE`` would give Locust no user class and
+    none of schedscope's arguments (it exits 2 on "unrecognized arguments"); it is run
+    through the wrapper instead. A file that does not parse is left to Locust, whose
+    error names the line."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name == "expose":
+                return True
+    return False
+
+
 def profile_file(profile: str, cell_dir: Path, ship: bool = False) -> Path:
-    """The locustfile for ``profile`` (a shipped name or a file): a ``.py`` itself, a
-    ``.toml`` through a wrapper written into ``cell_dir`` that names it or, with
-    ``ship`` (remote workers), that holds it and its files (bundle.pack_profile, which
-    raises a ProfileError above its size bound)."""
+    """The locustfile for ``profile`` (a shipped name or a file): a ``.py`` that calls
+    ``expose`` itself; else a wrapper written into ``cell_dir`` that loads it (a
+    ``.toml``, or a ``.py`` that only defines ``PROFILE``) or, with ``ship`` (remote
+    workers), that holds it and its files (bundle.pack_profile, which raises a
+    ProfileError above its size bound)."""
     candidate = profile_path(profile)
-    if candidate.suffix == ".py":
+    if candidate.suffix == ".py" and calls_expose(candidate):
         return candidate
     wrapper = cell_dir / "locustfile.py"
     if ship:
@@ -67,7 +89,7 @@ def profile_file(profile: str, cell_dir: Path, ship: bool = False) -> Path:
 
         text = SHIPPED_WRAPPER.format(path=str(candidate), packed=pack_profile(candidate))
     else:
-        text = TOML_WRAPPER.format(path=str(candidate))
+        text = WRAPPER.format(path=str(candidate))
     wrapper.write_text(text)
     return wrapper
 
