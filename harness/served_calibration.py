@@ -307,9 +307,10 @@ def step_drift(steps: pl.DataFrame) -> float | None:
     decode-only steps of one work, DRIFT_GAP_S or more apart (the same batch size and a
     context per sequence within an eighth of an octave). On a quiet dedicated machine
     it is near :func:`step_noise`; where the machine's speed wanders (a VM whose
-    neighbours come and go), it is what bounds a per-step fit: measured on a 2-core AMD
-    EPYC VM, 6% within 50 ms, 12% at 0.5-2 s, 22% at 2 s and more, with a held-out
-    error of 13-14% for every fit. None when no such pair exists."""
+    neighbours come and go), a fit's held-out error moves from one calibration to the
+    next: measured on a 2-core AMD EPYC VM, 6% within 50 ms, 12% at 0.5-2 s, 22% at
+    2 s and more, with held-out errors of 13-14% one hour and 8.5-9.2% (drift 21.6%)
+    another. None when no such pair exists."""
     import numpy as np
 
     steps = steps.sort("step")
@@ -552,7 +553,8 @@ def calibrate_served(
         echo(
             f"drift of this machine over seconds: {drift:.1%} (the same decode step "
             f"{DRIFT_GAP_S:g} s or more apart; where it is far above the noise, this "
-            "machine's speed wanders and no per-step fit can hold out much better than it)"
+            "machine's speed wanders and the held-out error moves from one calibration "
+            "to the next)"
         )
     if latency is None:
         echo("client latency: 0 (no client row joined the engine's records)")
