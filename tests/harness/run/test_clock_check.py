@@ -10,18 +10,14 @@ process reads the wall clock once, at start, and the VM's clock was stepped in b
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import cost_store
 from harness.loadgen import clock
 from harness.run.clock_check import check_clocks
-from tests.support.paths import REPO
+from tests.support.run_cli import schedscope_run
 
 EPOCH = 1_800_000_000.0
 
@@ -125,20 +121,11 @@ def test_served_cell_with_its_engine_clock_behind_is_joined_on_one_clock(tmp_pat
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     out = tmp_path / "run"
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{site}{os.pathsep}{REPO}",
-        "COLUMNS": "200",
-        cost_store.STORE_ENV: str(tmp_path / "store"),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "--executor", "sim", "--policy", "fcfs"]
-        + ["--duration-scale", "0.03", "--grace", "20", "--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = schedscope_run(
+        ["--executor", "sim", "--policy", "fcfs", "--duration-scale", "0.03", "--grace", "20"]
+        + ["--out", str(out)],
+        tmp_path / "store",
+        extra_path=site,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     info = json.loads((out / "fcfs" / "run.json").read_text())

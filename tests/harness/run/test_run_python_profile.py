@@ -8,15 +8,12 @@ schedscope's arguments, and the cell failed with Locust's "unrecognized argument
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import polars as pl
 
-from harness import cost_store
 from harness.run.loadgen import calls_expose, profile_file
 from tests.support.paths import REPO
+from tests.support.run_cli import schedscope_run
 
 PROFILE_ONLY = """
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass
@@ -61,21 +58,10 @@ def test_run_with_a_python_profile_that_only_defines_profile(tmp_path):
     profile = tmp_path / "only.py"
     profile.write_text(PROFILE_ONLY)
     out = tmp_path / "run"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "COLUMNS": "200",
-        cost_store.STORE_ENV: str(tmp_path / "store"),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", "--executor", "sim", "--policy", "fcfs"]
-        + ["--profile", str(profile), "--duration-scale", "1", "--grace", "20"]
-        + ["--out", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = schedscope_run(
+        ["--executor", "sim", "--policy", "fcfs", "--profile", str(profile)]
+        + ["--duration-scale", "1", "--grace", "20", "--out", str(out)],
+        tmp_path / "store",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     info = json.loads((out / "fcfs" / "run.json").read_text())
