@@ -7,8 +7,13 @@ seconds), every request with ``max_tokens`` = its true output length and
 - offline: ``LLMEngine`` with the torch executor, driven in this process at the
   scheduled instants (no HTTP, tokens "received" when their step ends);
 - served: ``schedscope serve --executor torch`` in a subprocess, the same schedule
-  replayed open-loop by an asyncio client in this process (streaming, prompt token ids,
-  latency from the scheduled instant);
+  sent open loop, request for request (streaming, prompt token ids, latency from the
+  scheduled instant) by ``--client``: ``locust`` (the default), the load generator of
+  ``schedscope run`` in its own process, the schedule written as a trace profile, so
+  the engine shares the machine with what a run shares it with, the regime the
+  simulator predicts; or ``replay``, a light asyncio client in this process (on 2 cores
+  the engine's steps are 14-22% faster beside it: docs/simulator.md), the fairer bar
+  for served vs offline;
 - simulated: ``harness.simulate`` with the given cost model (default: the built-in and,
   when ``schedscope calibrate`` stored one, this machine's fit), and, when the served
   run's step records are there, a cost model fitted from them (in sample).
@@ -28,7 +33,7 @@ are disjoint (with N >= 3), or when no request of either ever waited after a ste
 policy was never consulted).
 
 Run: .venv/bin/python benchmarks/bench_serving.py [--rate-scale 0.3] [--duration-s 40]
-     [--repeats 3] [--rank-policies fcfs,sjf,priority] [--device cpu|cuda]
+     [--repeats 3] [--client locust|replay] [--rank-policies fcfs,sjf,priority] [--device cpu|cuda]
      [--quick: the first 15 s of the schedule] [--json FILE]
 """
 
@@ -57,6 +62,7 @@ from harness.bench.script import BenchParser, bench_main
 from harness.local_server import CliServer
 from harness.open_loop_client import prompt_ids, replay
 from harness.profiles import RequestSpec, build_plan, resolve_profile
+from harness.profiles.schedule_file import write_schedule_profile, written_schedule
 from harness.simulate import simulate
 
 TARGET_SERVED_VS_OFFLINE = 0.15
@@ -143,7 +149,9 @@ def run_offline(
 
 # -- served -----------------------------------------------------------------------------
 def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.DataFrame, float]:
-    """Client rows; the server's step and request records land beside ``steps_file``."""
+    """Client rows (request_id, class, output_tokens, ttft_s, e2e_s, sent_unix,
+    first_unix) and the client's p99 send lag; the server's step and request records
+    land beside ``steps_file``."""
     from harness.local_server import HttpClient
 
     vocab = ModelConfig.preset("tiny").vocab_size
@@ -161,10 +169,47 @@ def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.Dat
     # the server takes CUDA when it sees it: hide it for a CPU run
     env = {"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else None
     with CliServer(server_args, env=env, start_timeout_s=120) as server:
-        rows, lag_p99 = asyncio.run(replay(server.url, specs, vocab))
+        if args.client == "locust":
+            rows, lag_p99 = drive_locust(server.url, specs, args.schedule_file, steps_file.parent)
+        else:
+            rows, lag_p99 = asyncio.run(replay(server.url, specs, vocab))
+            rows = pl.DataFrame(rows)
         epoch = json.loads(HttpClient(server.url).request("GET", "/health")[2])["clock_epoch_unix"]
     steps_file.with_name("epoch.json").write_text(json.dumps({"clock_epoch_unix": epoch}))
-    return pl.DataFrame(rows), lag_p99
+    return rows, lag_p99
+
+
+def drive_locust(
+    url: str, specs: list[RequestSpec], schedule_file: Path, run_dir: Path
+) -> tuple[pl.DataFrame, float]:
+    """The schedule sent by Locust (``schedscope run``'s load generator); its records in
+    ``run_dir/locust``. Every request must come back ok."""
+    from harness.run.loadgen import drive_to_end
+
+    load = drive_to_end(
+        schedule_file,
+        url,
+        run_dir / "locust",
+        limit_s=specs[-1].scheduled_at + 660.0,
+        grace_s=600.0,  # every request ends: a cut one would bias the latencies
+    )
+    client = load.client
+    failed = client.filter(pl.col("status") != "ok")
+    if failed.height:
+        raise SystemExit(
+            f"{failed.height} of {client.height} requests not ok: "
+            f"{failed.group_by('status').len().rows()}; first error: {failed['error'][0]}"
+        )
+    rows = client.select(
+        "request_id",
+        "class",
+        "output_tokens",
+        "ttft_s",
+        "e2e_s",
+        pl.col("sent_at").alias("sent_unix"),
+        pl.col("first_token_at").alias("first_unix"),
+    )
+    return rows, float(load.summary.get("send_lag_p99_s") or 0.0)
 
 
 def client_latency(served: pl.DataFrame, steps_file: Path) -> dict | None:
@@ -480,6 +525,13 @@ def parser() -> BenchParser:
     parser.add_argument("--cost-model", type=Path, default=None)
     parser.add_argument("--skip-offline", action="store_true")
     parser.add_argument(
+        "--client",
+        choices=("locust", "replay"),
+        default="locust",
+        help="what sends the served runs' requests: locust (schedscope run's load "
+        "generator, the default) or replay (a light asyncio client in this process)",
+    )
+    parser.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -507,15 +559,23 @@ def run(args) -> list[Figure]:
         raise SystemExit("--repeats must be at least 1")
     specs = schedule(args.rate_scale, args.duration_s, args.seed)
     config = engine_config(args)
+    tmp = Path(tempfile.mkdtemp(prefix="schedscope-bench-serving-"))
+    if args.client == "locust":
+        # Locust runs files: the schedule as a trace profile, and every side (offline,
+        # simulated) runs what a driver of that file sends (the same requests, their
+        # ids, moved to start at the first arrival)
+        args.schedule_file = write_schedule_profile(
+            specs, resolve_profile("default").classes, tmp, "bench_schedule"
+        )
+        specs = written_schedule(args.schedule_file)
     print(
         f"schedule: {len(specs)} requests over {args.duration_s:.0f} s at "
         f"{args.rate_scale}x the default profile's rate, policy {args.policy}, "
-        f"{args.repeats} run(s) each, on {args.device}"
+        f"{args.repeats} run(s) each, on {args.device}, served runs sent by {args.client}"
     )
     if args.rank_policies:
         return rank_policies(args, specs)
     figures: list[Figure] = []
-    tmp = Path(tempfile.mkdtemp(prefix="schedscope-bench-serving-"))
     served_runs: list[pl.DataFrame] = []
     offline_runs: list[pl.DataFrame] = []
     steps_files: list[Path] = []

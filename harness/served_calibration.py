@@ -6,10 +6,17 @@ included; ``engine.sim.cost_fit``), and those differ from machine to machine by 
 than any fixed default can absorb. So calibration serves the engine here
 (``schedscope serve --executor torch --record-steps --record-requests`` with the engine
 knobs and torch threads given, a subprocess: :func:`serve_args`),
-replays the *calibration schedule* against it with the open-loop client
-(:mod:`harness.open_loop_client`), and fits :func:`~engine.sim.cost_fit.fit_from_steps`
-to the recorded steps, with ``client_latency_s`` from the client's records joined with
-the engine's.
+drives the *calibration schedule* against it request for request with the load
+generator of ``schedscope run`` (Locust, :func:`harness.run.loadgen.drive_to_end`, the
+schedule written as a trace profile), and fits
+:func:`~engine.sim.cost_fit.fit_from_steps` to the recorded steps, with
+``client_latency_s`` from the client's records joined with the engine's.
+
+Why Locust and not a lighter client: the simulator predicts ``schedscope run``, whose
+load generator shares the machine with the engine. On 2 cores the engine's steps took
+14-22% longer beside Locust than beside a light asyncio client for the same work
+(docs/simulator.md), so a fit made under the light client was that optimistic for
+every run.
 
 The calibration schedule is a load profile built here (not a user-facing profile): one
 phase per family of batch shapes the profiles produce, so the fit sees each of them —
@@ -31,7 +38,6 @@ batches): about 2.5 times the requests, under two minutes.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
@@ -346,6 +352,16 @@ DEVICE_POOL_KNOBS = ("gpu_memory_utilization", "num_gpu_blocks_override", "devic
 HOST_POOL_KNOBS = ("swap_space", "num_cpu_blocks_override")
 #: The host pool the calibration server gets when no HOST_POOL_KNOBS is given, in blocks.
 HOST_POOL_BLOCKS = 512
+#: The calibration schedule, written into the records directory as a trace and a TOML
+#: profile over it (harness/profiles/schedule_file.py): what Locust runs, and what a
+#: user can serve again with ``schedscope run --profile DIR/calibration_schedule.toml``.
+SCHEDULE_NAME = "calibration_schedule"
+#: Locust's own records and log, under the records directory.
+LOCUST_DIR = "locust"
+#: How long the load generator waits, after the schedule's last arrival, for the
+#: requests still in flight (Locust's --grace): long enough for the slowest machine to
+#: drain the full schedule; a request cut by it fails the calibration.
+DRAIN_LIMIT_S = 600.0
 #: The file beside a served calibration's records that says how they were made (its
 #: executor, torch threads, model and serve command; ``calibrate --from-steps DIR``
 #: reads it, as it reads a ``schedscope run`` cell's).
@@ -443,34 +459,44 @@ def calibrate_served(
     console=None,
     torch_threads: int | None = None,
 ) -> CostModel:
-    """Serve the engine, replay the calibration schedule against it, fit its steps.
+    """Serve the engine, drive the calibration schedule against it with Locust, fit its
+    steps.
 
     ``config``: the served engine's knobs (default: the engine's defaults; its model,
     its ``max_model_len`` bounding the schedule's long contexts); ``torch_threads``:
     serve's ``--torch-threads`` (None: serve's default). ``executor``: ``torch`` (the
     model computes) or ``sim`` (each step sleeps what ``cost_model`` predicts, the
     built-in without one: a known truth, for tests). The run's records (steps, engine
-    and client requests, the server's log, ``run.json`` saying how they were made) stay
+    and client requests, the server's log, the schedule as a profile, Locust's records
+    and log under ``locust/``, ``run.json`` saying how they were made) stay
     in ``records_dir`` (default: a new temporary directory), so ``calibrate
     --from-steps DIR`` can refit them. Shows a progress bar on ``console`` (a rich
     Console; default: rich's). The fitted model's ``fit`` holds the held-out error and,
     under ``served``, the run's figures and the knobs it was served with.
     """
-    import aiohttp
     import polars as pl
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from engine.sim.cost_fit import CalibrationError, fit_from_steps
-    from harness.open_loop_client import ReplayError, client_latency, replay
+    from engine.sim.cost_fit import CalibrationError, client_latency_from_requests, fit_from_steps
+    from harness.profiles.schedule_file import write_schedule_profile
+    from harness.run.join import join_requests
+    from harness.run.loadgen import LoadDriveError, drive_to_end
     from harness.run.server import ServedEngine, ServerStartError, get_json
 
     config = config or EngineConfig()
     model = config.model
     max_model_len = config.scheduler.max_model_len
-    vocab = check_served_inputs(executor, config, cost_model, torch_threads, quick)
+    check_served_inputs(executor, config, cost_model, torch_threads, quick)
     specs = calibration_schedule(quick, max_model_len, seed=seed)
     records = Path(records_dir) if records_dir else Path(tempfile.mkdtemp(prefix="schedscope-cal-"))
     records.mkdir(parents=True, exist_ok=True)
+    schedule_file = write_schedule_profile(
+        specs,
+        calibration_profile(quick, max_model_len).classes,
+        records,
+        SCHEDULE_NAME,
+        description="schedscope calibrate's served schedule, request for request",
+    )
     server = ServedEngine(
         serve_args(executor, config, cost_model, records, torch_threads), records / "serve.log"
     )
@@ -484,6 +510,7 @@ def calibrate_served(
                 "model": model,
                 "knobs": knobs,
                 "serve_command": server.command[1:],
+                "load_generator": f"locust -f {schedule_file.name} (schedscope run's)",
             },
             indent=2,
             default=str,
@@ -506,17 +533,22 @@ def calibrate_served(
                 raise ServedCalibrationError(f"{exc}; its log ends:\n{exc.log_tail}") from None
             progress.update(boot, completed=1)
             task = progress.add_task(
-                f"{'quick ' if quick else ''}calibration schedule", total=len(specs)
+                f"{'quick ' if quick else ''}calibration schedule (Locust)", total=len(specs)
             )
             try:
-                rows, lag_p99 = asyncio.run(
-                    replay(url, specs, vocab, model, on_finished=lambda _: progress.advance(task))
+                load = drive_to_end(
+                    schedule_file,
+                    url,
+                    records / LOCUST_DIR,
+                    limit_s=max(s.scheduled_at for s in specs) + DRAIN_LIMIT_S + 60.0,
+                    on_progress=lambda done: progress.update(task, completed=done),
+                    grace_s=DRAIN_LIMIT_S,
                 )
                 epoch = get_json(url + "/health")["clock_epoch_unix"]
-            except (ReplayError, OSError, aiohttp.ClientError) as exc:
+            except (LoadDriveError, OSError) as exc:
                 server.stop()
                 raise ServedCalibrationError(
-                    f"the served run failed: {exc}; the server's log ends:\n{server.log_tail()}"
+                    f"the served run failed: {exc}\nthe server's log ends:\n{server.log_tail()}"
                 ) from None
             stopping = progress.add_task("stopping the server (writing its records)", total=1)
             code = server.stop()
@@ -528,19 +560,25 @@ def calibrate_served(
         raise ServedCalibrationError(
             f"schedscope serve exited with {code}; its log ends:\n{server.log_tail()}"
         )
+    client = load.client
+    client.write_parquet(records / "client.parquet")
+    _check_all_served(client, server)
     steps_file = records / "steps.parquet"
     try:
         steps = pl.read_parquet(steps_file)
+        engine_requests = pl.read_parquet(records / "requests.parquet")
     except (OSError, pl.exceptions.PolarsError) as exc:
-        raise ServedCalibrationError(f"{steps_file}: no step records ({exc})") from None
-    client = pl.DataFrame(rows)
-    client.write_parquet(records / "client.parquet")
-    latency = client_latency(client, records / "requests.parquet", epoch)
+        raise ServedCalibrationError(f"{records}: no engine records ({exc})") from None
+    lag_p99 = load.summary.get("send_lag_p99_s") or 0.0
+    # the client's and the engine's times of each request, as a run cell's records
+    # give them (the same definition as a refit of a cell: calibrate --from-steps)
+    joined = join_requests(client, engine_requests, epoch, config.scheduler.scheduling_policy, "")
+    latency = client_latency_from_requests([joined])
     coverage = shape_coverage(steps, max_model_len)
     noise = step_noise(steps)
     drift = step_drift(steps)
     echo(
-        f"served {len(rows)} requests in {served_s:.1f} s ({steps.height} steps; "
+        f"served {client.height} requests in {served_s:.1f} s ({steps.height} steps; "
         + ", ".join(f"{k} {v}" for k, v in coverage.items())
         + f"; client send lag p99 {lag_p99 * 1e3:.1f} ms); records in {records}"
     )
@@ -556,20 +594,24 @@ def calibrate_served(
             "machine's speed wanders and the held-out error moves from one calibration "
             "to the next)"
         )
+    if load.summary.get("generator_limited"):
+        echo(
+            "warning: the load generator fell behind the schedule (send lag p99 "
+            f"{lag_p99 * 1e3:.0f} ms): steps were fitted under a lighter load than planned"
+        )
     if latency is None:
         echo("client latency: 0 (no client row joined the engine's records)")
     else:
         echo(
-            f"client latency: {latency['client_latency_s'] * 1e3:.2f} ms (median over "
-            f"{latency['joined']} requests: intake {latency['intake_s'] * 1e3:.2f} ms, "
-            f"delivery {latency['delivery_s'] * 1e3:.2f} ms)"
+            f"client latency: {latency[0] * 1e3:.2f} ms (median over {latency[1]} requests: "
+            "the client's send to its first token, less the engine's arrival to first token)"
         )
     try:
         fitted = fit_from_steps(
             [steps],
             model=model,
             source=str(records),
-            client_latency_s=latency["client_latency_s"] if latency else 0.0,
+            client_latency_s=latency[0] if latency else 0.0,
         )
     except CalibrationError as exc:
         raise ServedCalibrationError(f"{steps_file}: {exc}") from None
@@ -586,7 +628,8 @@ def calibrate_served(
     served = {
         "executor": executor,
         "quick": quick,
-        "requests": len(rows),
+        "requests": client.height,
+        "load_generator": "locust",
         "steps": steps.height,
         "served_s": round(served_s, 2),
         "coverage": coverage,
@@ -600,6 +643,25 @@ def calibrate_served(
     return dataclasses.replace(
         fitted, device=device, source="served", fit={**fitted.fit, "served": served}
     )
+
+
+def _check_all_served(client: pl.DataFrame, server) -> None:
+    """Every request of the schedule answered in full, or the calibration fails naming
+    how many were not and the first one's error: the steps would not be the schedule's."""
+    import polars as pl
+
+    failed = client.filter(pl.col("status") != "ok")
+    if failed.height:
+        counts = ", ".join(
+            f"{k} {v}" for k, v in sorted(failed.group_by("status").len().iter_rows())
+        )
+        first = failed.row(0, named=True)
+        raise ServedCalibrationError(
+            f"{failed.height} of {client.height} requests of the calibration schedule were not "
+            f"served ({counts}); the first, {first['request_id']} ({first['prompt_tokens']} "
+            f"prompt tokens, max_tokens {first['max_tokens']}): {first.get('error')}; the "
+            f"server's log ends:\n{server.log_tail()}"
+        )
 
 
 def calibrate_quickly(fingerprint: Fingerprint) -> CostModel:

@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.core.cost_model import CostModel
 from harness import cost_evidence, cost_store
 from harness.calibrate import (
+    HOLDOUT_TARGETS,
     CalibrateInputError,
     calibrate_by_profiling,
     calibrate_from_steps,
@@ -186,7 +187,10 @@ def calibrate(
     else:
         save_cost_model(cost_store.with_fingerprint(fitted, machine), out)
     console.print(cost_model_table(fitted))
-    console.print(fit_summary(fitted, from_steps=chosen != "profile"))
+    way = f"served{' quick' if quick else ''}" if chosen == "served" else chosen
+    console.print(
+        fit_summary(fitted, from_steps=chosen != "profile", target=HOLDOUT_TARGETS.get(way))
+    )
     console.print(f"written: {out}", soft_wrap=True, highlight=False, markup=False)
 
 

@@ -1,7 +1,9 @@
 """One Locust run, headless, as a subprocess: the profile's locustfile (a shipped
 ``loadprofiles/<name>.py``, a given ``.py`` that exposes itself, or a wrapper written for
 a ``.toml`` or a ``.py`` that only defines ``PROFILE``), its records into the cell
-directory, output into ``locust.log``."""
+directory, output into ``locust.log``. :func:`drive_to_end` runs one to its end and
+merges its records: the load generator of ``schedscope run`` for a caller outside a
+cell (``schedscope calibrate``, benchmarks), so they load the engine as a run does."""
 
 from __future__ import annotations
 
@@ -9,10 +11,16 @@ import ast
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.profiles.loader import ALIASES, SUFFIXES, shipped_profiles_dir
 from harness.run.server import repo_env
+
+if TYPE_CHECKING:
+    import polars as pl
 
 #: Exit codes: 0 no failure, 1 some request failed (Locust's --exit-code-on-error):
 #: neither is a crash. Anything else (2: bad arguments or locustfile) is.
@@ -248,3 +256,77 @@ def worker_line(master_host: str, master_port: int = MASTER_PORT) -> str:
     """The one-line command a user runs on each worker machine."""
     port = "" if master_port == MASTER_PORT else f" --master-port {master_port}"
     return f"schedscope worker --master-host {master_host}{port}"
+
+
+class LoadDriveError(RuntimeError):
+    """Locust crashed, hung or left records that do not merge; the message says which,
+    with the end of its log."""
+
+
+@dataclass(frozen=True)
+class DrivenLoad:
+    """What :func:`drive_to_end` leaves: the client rows (``merge_records``'
+    requests.parquet: one per scheduled request) and the run's summary (send lag,
+    ``generator_limited``, counts by status ...)."""
+
+    client: pl.DataFrame
+    summary: dict
+
+
+def drive_to_end(
+    profile: Path,
+    url: str,
+    records_dir: Path,
+    limit_s: float,
+    seed: int | None = None,
+    on_progress: Callable[[int], object] | None = None,
+    grace_s: float = 30.0,
+) -> DrivenLoad:
+    """Run ``profile`` (a file) with Locust against ``url`` until it ends, at most
+    ``limit_s`` seconds (then it is stopped and this raises), its records and
+    ``locust.log`` into ``records_dir``; ``on_progress`` gets the number of requests
+    ended so far, about twice a second. Raises :class:`LoadDriveError`."""
+    import polars as pl
+
+    from harness.loadgen.merge import MergeError, merge_records
+    from harness.run.live import RecordsTail
+
+    records_dir.mkdir(parents=True, exist_ok=True)
+    locust = LocustRun(
+        profile_file(str(profile), records_dir),
+        url,
+        records_dir,
+        records_dir / "locust.log",
+        rate_scale=1.0,
+        duration_scale=1.0,
+        seed=seed,
+        grace_s=grace_s,
+    )
+    tail = RecordsTail(records_dir)
+    locust.start()
+    try:
+        deadline = time.monotonic() + limit_s
+        while locust.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            if on_progress is not None:
+                tail.poll()
+                on_progress(tail.done)
+        code = locust.wait(deadline)
+    finally:
+        locust.stop()  # a no-op once it ended; else (^C, an error) Locust ends too
+    if locust.timed_out:
+        raise LoadDriveError(
+            f"Locust still running {limit_s:.0f} s after its start: stopped; its log ends:\n"
+            + locust.log_tail()
+        )
+    if code not in LOCUST_OK_CODES:
+        raise LoadDriveError(f"Locust exited with {code}; its log ends:\n{locust.log_tail()}")
+    try:
+        summary = merge_records(records_dir)
+        client = pl.read_parquet(records_dir / "requests.parquet")
+    except (MergeError, OSError, ValueError, pl.exceptions.PolarsError) as exc:
+        raise LoadDriveError(f"Locust's records in {records_dir}: {exc}") from None
+    if on_progress is not None:
+        tail.poll()
+        on_progress(tail.done)
+    return DrivenLoad(client, summary)

@@ -3,16 +3,20 @@ the served run itself is tests/harness/test_served_calibration_sim.py)."""
 
 from __future__ import annotations
 
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.cost_model import CostModel
+from harness import served_calibration
+from harness.calibrate import HOLDOUT_TARGETS, fit_summary
 from harness.cli import app
 from harness.served_calibration import (
     DECODE_HEAVY_SEQS,
     PREFILL_BURST_TOKENS,
     SHAPE_FAMILIES,
+    ServedCalibrationError,
     calibration_profile,
     calibration_schedule,
     shape_coverage,
@@ -211,3 +215,37 @@ def test_a_server_that_refuses_to_start_fails_the_calibration_with_its_words(tmp
     assert "calibration failed" in text and "exited with 2" in text, text
     assert "recover-records" in text, text
     assert not out.exists()
+
+
+def test_the_held_out_error_is_judged_against_the_target_of_the_way_it_was_fitted():
+    fitted = CostModel(
+        fit={"holdout_median_rel_error": 0.069, "holdout_p90_rel_error": 0.2, "holdout_points": 9}
+    )
+    full = fit_summary(fitted, True, HOLDOUT_TARGETS["served"])
+    quick = fit_summary(fitted, True, HOLDOUT_TARGETS["served quick"])
+    assert "6.9%" in full and "target <= 5%" in full and full.endswith("NOT met"), full
+    assert "target <= 10%" in quick and quick.endswith(": met"), quick
+    assert "target" not in fit_summary(fitted, True, None)
+
+
+def test_a_request_of_the_schedule_not_served_fails_the_calibration_naming_it():
+    class Server:
+        def log_tail(self):
+            return "the server's last words"
+
+    client = pl.DataFrame(
+        {
+            "request_id": ["r0", "r1", "r2"],
+            "status": ["ok", "http_error", "http_error"],
+            "prompt_tokens": [10, 2000, 30],
+            "max_tokens": [5, 8, 9],
+            "error": [None, "400: prompt too long", "400: no"],
+        }
+    )
+    with pytest.raises(ServedCalibrationError) as caught:
+        served_calibration._check_all_served(client, Server())
+    text = str(caught.value)
+    assert "2 of 3 requests" in text and "http_error 2" in text, text
+    assert "r1 (2000 prompt tokens" in text and "prompt too long" in text, text
+    assert "the server's last words" in text
+    served_calibration._check_all_served(client.head(1), Server())  # all ok: nothing

@@ -67,9 +67,14 @@ def test_the_knobs_given_reach_the_served_engine_and_the_fit(tmp_path, shortened
     assert command[command.index("--max-num-seqs") + 1] == "8"
     assert command[command.index("--torch-threads") + 1] == "3"
     assert command.count("--num-gpu-blocks-override") == 1
-    # the schedule fits --max-model-len: no request was rejected as too long
-    engine = pl.read_parquet(records / "requests.parquet")
-    assert engine.height == len(short_schedule(max_model_len=1024))
+    # the schedule fits --max-model-len: no request was rejected as too long (the
+    # engine's rows beyond the schedule's are the load generator's one-token probes)
+    client = pl.read_parquet(records / "client.parquet")
+    assert client.height == len(short_schedule(max_model_len=1024))
+    engine = pl.read_parquet(records / "requests.parquet").join(
+        client.select("request_id"), on="request_id"
+    )
+    assert engine.height == client.height
     assert (engine["status"] == "ok").all(), engine["status"].value_counts()
 
     fitted = CostModel.load(out)

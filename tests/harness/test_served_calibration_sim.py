@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from engine.core.cost_model import FEATURES, CostModel
 from engine.sim.cost_fit import step_cycles
 from harness.cli import app
-from harness.served_calibration import SHAPE_FAMILIES
+from harness.profiles.schedule_file import written_schedule
+from harness.served_calibration import SCHEDULE_NAME, SHAPE_FAMILIES, calibration_schedule
 
 #: Every step at least 40 ms; the terms each shape family exercises non-trivial.
 TRUTH = CostModel(
@@ -90,3 +91,18 @@ def test_calibrate_recovers_a_known_cost_model_from_a_served_sim_run(tmp_path):
     # the client's records were joined with the engine's: a measured latency
     assert 0 < fitted.client_latency_s < 0.5
     assert (records / "client.parquet").exists() and (records / "serve.log").exists()
+
+    # schedscope run's load generator sent the schedule, request for request: Locust,
+    # in its own process, the schedule as a trace profile in the records
+    assert "locust" in json.loads((records / "run.json").read_text())["load_generator"]
+    assert (records / "locust" / "locust.log").is_file()
+    assert fitted.fit["served"]["load_generator"] == "locust"
+    sent = written_schedule(records / f"{SCHEDULE_NAME}.toml")
+    client = pl.read_parquet(records / "client.parquet").sort("scheduled_at")
+    assert client["request_id"].to_list() == [s.request_id for s in sent]
+    assert client["prompt_tokens"].to_list() == [s.prompt_tokens for s in sent]
+    assert (client["output_tokens"] == client["max_tokens"]).all()
+    planned = calibration_schedule(quick=True)
+    assert [(s.class_name, s.output_tokens) for s in sent] == [
+        (s.class_name, s.output_tokens) for s in planned
+    ]
