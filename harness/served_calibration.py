@@ -188,7 +188,8 @@ def calibration_profile(quick: bool = False, max_model_len: int | None = None) -
     only = {name: 0.0 for name in SHAPE_FAMILIES}
 
     def round_of(label: str, rate: float, seconds: float) -> tuple[Phase, ...]:
-        """The four families once, at ``rate`` times their busy rates."""
+        """The four families once (decode-heavy twice: at once, then ramped), at
+        ``rate`` times their busy rates."""
         return (
             # first, while nothing else runs: on a slow machine the other families'
             # requests are still decoding long after their phase, and short contexts
@@ -219,6 +220,19 @@ def calibration_profile(quick: bool = False, max_model_len: int | None = None) -
                 duration_s=6 * seconds,
                 rate=8.0 * rate,
                 classes={**only, "mixed": 3.0, "decode_heavy": 1.0, "prefill_burst": 0.5},
+            ),
+            # last (the phases before keep their draws): arrivals rising from a few a
+            # second to many, so decode batches of every size from a handful to ~40
+            # sequences, each for a while: the sizes a profile's runs spend most steps
+            # at. Without it the quick fit saw sizes 4-47 in 8% of its steps (between
+            # the long contexts' few and decode_heavy's ~100) and priced them 5-19%
+            # high on 1x runs of the default profile.
+            Phase(
+                name=f"decode_ramp{label}",
+                duration_s=8 * seconds,
+                rate=2.0 * rate,
+                rate_end=20.0 * rate,
+                classes={**only, "decode_heavy": 1.0},
             ),
         )
 

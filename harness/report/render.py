@@ -202,6 +202,15 @@ def simulator_lines(report: Report) -> list[str]:
                     None: "",
                 }[predates]
             )
+            priced = model.get("steps_priced")
+            if priced and priced.get("ratio"):
+                lines.append(
+                    f"{rr.run.label}/{name}: its {priced['steps']:,} served steps took "
+                    f"{priced['served_s']:.1f} s; the model prices the same steps at "
+                    f"{priced['model_s']:.1f} s (served/model {priced['ratio']:.2f}: the step "
+                    "costs' share of the errors below; what it leaves is the simulated "
+                    "schedule's)"
+                )
         for group, classes in check["rankings"].items():
             prefix = f"{rr.run.label}" + (f" [{group.lstrip('-')}]" if group else "")
             for cls, by in classes.items():

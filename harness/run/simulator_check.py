@@ -133,7 +133,43 @@ def simulate_counterpart(
         write_decisions=False,
         machine=check.fingerprint.to_dict(),
     )
-    return {**entry, "records": f"{SIMULATED_DIR}/requests.parquet"}
+    entry = {**entry, "records": f"{SIMULATED_DIR}/requests.parquet"}
+    priced = price_served_steps(check.model, cell_dir / "steps.parquet")
+    if priced is not None:
+        entry[STEPS_PRICED_KEY] = priced
+    return entry
+
+
+#: The run.json ``simulator_check`` entry of the cell's own steps priced by the model.
+STEPS_PRICED_KEY = "steps_priced"
+
+
+def price_served_steps(model, steps_file: Path) -> dict | None:
+    """The served cell's own steps, each priced by ``model`` (the check's: fitted before
+    the run), beside what they took: ``{steps, served_s, model_s, ratio}`` (ratio =
+    served / model). It tells the two sources of a latency error apart: the step costs
+    (a ratio away from 1: the machine ran slower or faster than the model says, as a
+    machine whose speed wanders does between runs) and the simulated schedule (a ratio
+    near 1 with latencies far apart). None when the cell has no usable steps."""
+    import numpy as np
+    import polars as pl
+
+    from engine.sim.cost_fit import CalibrationError, usable_cycles
+
+    try:
+        features, cycles = usable_cycles(pl.read_parquet(steps_file))
+    except (OSError, pl.exceptions.PolarsError, CalibrationError):
+        return None
+    if not len(cycles):
+        return None
+    served_s = float(cycles.sum())
+    model_s = float((features @ np.array(model.coefficients)).sum())
+    return {
+        "steps": len(cycles),
+        "served_s": round(served_s, 4),
+        "model_s": round(model_s, 4),
+        "ratio": round(served_s / model_s, 4) if model_s > 0 else None,
+    }
 
 
 #: ``cost_fit.skipped`` of a cell whose server ran with planted faults.
@@ -203,9 +239,11 @@ def fit_into_store(
 __all__ = [
     "FAULTED_FIT_SKIPPED",
     "RUN_JSON_KEY",
+    "STEPS_PRICED_KEY",
     "CheckModel",
     "cell_fingerprint",
     "check_models",
     "fit_into_store",
+    "price_served_steps",
     "simulate_counterpart",
 ]

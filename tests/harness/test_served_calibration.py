@@ -56,6 +56,15 @@ def test_the_schedule_covers_every_shape_family(quick):
     assert max(s.prompt_tokens + s.max_tokens for s in specs) >= 0.85 * limit
     # small batches too (the tail of each phase): a fit must not extrapolate down
     assert steps.filter(steps["num_seqs"] <= 4).height >= 20
+    # and the mid-size decode batches a profile's runs spend most steps at (4-47
+    # sequences): a fifth of the steps at least (the quick schedule gave 7.5% before
+    # its ramp, and its fit priced a 1x run's steps 5-19% high)
+    mid = steps.filter(
+        (steps["num_prefill_tokens"] == 0)
+        & (steps["num_decode_seqs"] >= 4)
+        & (steps["num_decode_seqs"] < 48)
+    )
+    assert mid.height >= 0.2 * steps.height, (mid.height, steps.height)
 
 
 def test_every_request_fits_max_model_len_and_asks_for_its_true_length():
@@ -77,11 +86,12 @@ def test_the_schedule_is_one_exact_schedule_per_seed():
     assert key(calibration_schedule(True)) == key(calibration_schedule(True))
     assert key(calibration_schedule(False, seed=3)) == key(calibration_schedule(False, seed=3))
     assert key(calibration_schedule(False, seed=3)) != key(calibration_schedule(False, seed=4))
-    # quick is the shorter schedule; full has a light round of the four families
+    # quick is the shorter schedule; full has a light round of the same phases
     assert len(calibration_schedule(True)) * 2 < len(calibration_schedule(False))
     quick, full = calibration_profile(True).phases, calibration_profile(False).phases
-    assert [p.name for p in quick][1:] == [p.name for p in full][:4]
-    assert quick[0].name == "small_batches" and len(full) == 8
+    assert [p.name for p in quick][1:] == [p.name for p in full][:5]
+    assert [p.name for p in full][5:] == [f"{p.name}_light" for p in full][:5]
+    assert quick[0].name == "small_batches" and len(full) == 10
 
 
 def test_shape_coverage_counts_each_family():

@@ -16,10 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
 from engine.core.cost_model import CostModel
+from engine.sim.cost_fit import usable_cycles
 from harness import cost_store
 from harness.local_server import CliServer
 from harness.machine import fingerprint
@@ -176,6 +178,15 @@ def test_served_cells_check_the_simulator_out_of_sample_then_refit_it(tmp_path, 
         assert check["fitted_at"] < check["run_started_at"]
         simulated = pl.read_parquet(out / policy / "simulated" / "requests.parquet")
         assert simulated.height == info["scheduled_requests"]
+        # the cell's own steps priced by the check's model (the seeded one, not the
+        # refit that follows), beside what they took
+        features, cycles = usable_cycles(pl.read_parquet(out / policy / "steps.parquet"))
+        priced = check["steps_priced"]
+        assert priced["steps"] == len(cycles) > 0
+        assert priced["served_s"] == pytest.approx(cycles.sum(), abs=1e-3)
+        model_s = float((features @ np.array(seeded.coefficients)).sum())
+        assert priced["model_s"] == pytest.approx(model_s, abs=1e-3)
+        assert priced["ratio"] == pytest.approx(cycles.sum() / model_s, rel=1e-3)
         fit = info["cost_fit"]
         assert fit["stored"] == str(path) and fit["fingerprint_key"] == machine.key, fit
         fits[policy] = fit
@@ -184,6 +195,7 @@ def test_served_cells_check_the_simulator_out_of_sample_then_refit_it(tmp_path, 
     assert stored.model.source == "steps" and stored.model.fitted_at == fits["sjf"]["fitted_at"]
     md = (out / "report.md").read_text()
     assert "## Simulator vs this run" in md
+    assert "served steps took" in md and "the model prices the same steps at" in md
     for policy in ("fcfs", "sjf"):
         for cls in ("all", "short_chat", "long_generation"):
             assert f"| run | {policy} | {cls} | " in md
