@@ -348,6 +348,18 @@ def step_cycle(steps_file: Path, name: str = "served") -> None:
     )
 
 
+def steps_priced(model: CostModel, steps_files: list[Path]) -> None:
+    """Each served run's own steps priced by ``model`` beside what they took: the step
+    costs' share of the latency errors below (a machine whose speed wanders moves this
+    from run to run; the rest of an error is the simulated schedule's)."""
+    from harness.run.simulator_check import price_served_steps
+
+    ratios = [price_served_steps(model, f) for f in steps_files if f.exists()]
+    text = ", ".join(f"{r['ratio']:.3f}" for r in ratios if r and r["ratio"])
+    if text:
+        print(f"  the served runs' own steps took x the model's price for them: {text}")
+
+
 def ttft_parts(served: pl.DataFrame, steps_file: Path, sim: pl.DataFrame) -> None:
     """Each class's median TTFT cut at the engine's stamps, served beside simulated:
     intake (client send -> engine arrival), queue (arrival -> first scheduled),
@@ -694,6 +706,7 @@ def run(args) -> list[Figure]:
     for name, model in models.items():
         sim = simulate_schedule(specs, config, model)
         print(f"simulated ({name}) vs served{' (median of the runs)' if args.repeats > 1 else ''}:")
+        steps_priced(model, steps_files)
         figures += compare(
             "sim/served",
             percentiles(sim.select("request_id", "class", "output_tokens", "ttft_s", "e2e_s")),

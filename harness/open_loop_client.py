@@ -1,6 +1,7 @@
 """Replaying an exact schedule against a served engine, open loop, and what the client
-measured: the asyncio client of ``benchmarks/bench_serving.py`` and of
-``schedscope calibrate`` (the served method).
+measured: the light asyncio client of ``benchmarks/bench_serving.py --client replay``
+(``schedscope calibrate`` and bench_serving's default drive with Locust instead, the
+load generator of ``schedscope run``: harness/run/loadgen.py ``drive_to_end``).
 
 Every request is sent at its scheduled instant whatever the server is doing (open
 loop), streams, carries its prompt as token ids (so the engine sees exactly the
