@@ -106,7 +106,17 @@ def cell_lines(lines: dict[str, str]) -> list[str]:
 def _fit_facts(entry: cost_store.StoredModel) -> str:
     error = entry.holdout_error
     fitted_at = entry.model.fitted_at if entry.model else ""
-    return (
+    facts = (
         f"fitted on this machine{' ' + fitted_at if fitted_at else ''}, held-out median "
         f"error {'unknown' if error is None else f'{error:.1%}'}"
     )
+    # A machine whose speed wanders between runs (a VM's neighbours) moves every served
+    # latency by more than a fit's error: say how far its sources' steps ranged.
+    speeds = cost_evidence.speed_range(entry.model.fit) if entry.model else None
+    if speeds is not None:
+        lowest, highest, sources = speeds
+        facts += (
+            f"; its {sources} sources' steps took {lowest:.2f}-{highest:.2f}x its price, "
+            "so this machine's runs vary at least that much"
+        )
+    return facts

@@ -147,12 +147,17 @@ class Evidence:
         described = []
         for i, source in enumerate(self.sources):
             mine = held & (self.source == i)
+            rows = self.source == i
+            priced = float(predicted[rows].sum())
             described.append(
                 {
                     **source,
                     "holdout_median_rel_error": (
                         float(np.median(errors[mine])) if mine.any() else None
                     ),
+                    # what the source's steps took against the pooled fit's price for
+                    # them: how fast the machine ran then (speed_range below)
+                    "time_ratio": float(self.cycles[rows].sum() / priced) if priced > 0 else None,
                 }
             )
         return dataclasses.replace(fitted, fit={**fitted.fit, "sources": described})
@@ -230,3 +235,18 @@ def of_calibration(fitted: CostModel, from_steps: list[Path] | None = None) -> E
         return None
     name = ", ".join(map(str, paths))
     return from_steps_paths(paths, name, CALIBRATION, fitted.client_latency_s)
+
+
+def speed_range(fit: dict) -> tuple[float, float, int] | None:
+    """(slowest, fastest ``time_ratio``, sources) of a pooled fit's sources: the range
+    of speeds this machine ran its steps at across the calibration and runs the fit
+    came from, against the fit's price. None with fewer than two sources that say it
+    (one source has no range to show)."""
+    ratios = [
+        s["time_ratio"]
+        for s in fit.get("sources") or []
+        if isinstance(s, dict) and isinstance(s.get("time_ratio"), int | float)
+    ]
+    if len(ratios) < 2:
+        return None
+    return min(ratios), max(ratios), len(ratios)

@@ -268,9 +268,11 @@ def _sources_line(sources: list[dict]) -> str:
     parts = []
     for source in sources:
         error = source.get("holdout_median_rel_error")
+        ratio = source.get("time_ratio")
         parts.append(
             f"{source.get('kind', '?')} {source.get('name', '?')} ({source.get('steps', '?')} "
-            f"steps{'' if error is None else f', held-out {error:.1%}'})"
+            f"steps{'' if error is None else f', held-out {error:.1%}'}"
+            f"{'' if ratio is None else f', took {ratio:.2f}x the price'})"
         )
     return "; ".join(parts)
 

@@ -280,3 +280,33 @@ def test_calibrate_from_steps_into_the_store_starts_its_pool(tmp_path, monkeypat
     assert len(pool) == len(calibration_shapes()) - 1  # every step another follows
     stored = cost_store.find(machine).match.model
     assert relative_error(stored, MACHINE, calibration_shapes(seed=9)) < 0.01
+
+
+def test_a_pooled_fit_says_how_far_its_sources_speeds_ranged(tmp_path, monkeypatch):
+    """The same kinds of steps from two runs, the second on a machine 1.25x slower
+    throughout (a VM whose speed wandered between them): each source's ``time_ratio``
+    against the pooled fit brackets it, their range is the 1.25x, and the line
+    `simulate` prints names it; a fit of one source has no range."""
+    slow = CostModel.from_coefficients(1.25 * c for c in MACHINE.coefficients)
+    pool = source(MACHINE, calibration_shapes(seed=1), CALIBRATION, "calibration").plus(
+        source(slow, calibration_shapes(seed=3), RUN, "slow run")
+    )
+    fitted = pool.refit("tiny")
+    fast_ratio, slow_ratio = (s["time_ratio"] for s in fitted.fit["sources"])
+    assert fast_ratio < 1 < slow_ratio
+    assert slow_ratio / fast_ratio == pytest.approx(1.25, rel=0.02)
+    lowest, highest, count = cost_evidence.speed_range(fitted.fit)
+    assert (lowest, highest, count) == (fast_ratio, slow_ratio, 2)
+    alone = source(MACHINE, calibration_shapes(), CALIBRATION, "calibration").refit("tiny")
+    assert cost_evidence.speed_range(alone.fit) is None
+
+    from harness.cost_choice import choose
+    from harness.machine import fingerprint
+
+    monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "store"))
+    machine = fingerprint("tiny")
+    cost_store.save(fitted, machine, evidence=pool)
+    line = choose(None, machine).line
+    assert f"its 2 sources' steps took {fast_ratio:.2f}-{slow_ratio:.2f}x its price" in line
+    cost_store.save(alone, machine)
+    assert "sources' steps took" not in choose(None, machine).line

@@ -166,3 +166,22 @@ def test_calibrate_show_names_the_sources_a_pooled_fit_came_from(store):
         "  fitted from the step cycles of calibration /cal (3497 steps, held-out 4.0%); "
         "run /runs/a/fcfs (2519 steps)"
     )
+
+
+def test_calibrate_show_says_what_each_source_took_against_the_price(store):
+    sources = [
+        {"name": "/cal", "kind": "calibration", "steps": 3497, "time_ratio": 0.93},
+        {"name": "/runs/a/fcfs", "kind": "run", "steps": 2519, "time_ratio": 1.07},
+    ]
+    pooled = dataclasses.replace(
+        fitted(), fit={"holdout_median_rel_error": 0.1, "sources": sources}
+    )
+    path = cost_store.save(pooled, fingerprint("tiny"))
+    result = runner.invoke(app, ["calibrate", "--show"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(str(path)))
+    assert lines[at + 1] == (
+        "  fitted from the step cycles of calibration /cal (3497 steps, took 0.93x the "
+        "price); run /runs/a/fcfs (2519 steps, took 1.07x the price)"
+    )
