@@ -148,30 +148,31 @@ def test_calibrate_show_on_an_empty_store_names_the_fix(store):
     assert "no stored models: `schedscope calibrate`" in result.stdout
 
 
-def test_calibrate_show_names_the_sources_a_pooled_fit_came_from(store):
-    here = fingerprint("tiny")
+@pytest.mark.parametrize(
+    ("cal_extra", "run_extra", "cal_said", "run_said"),
+    [
+        # the held-out error of each source, where the pool knows it
+        (
+            {"holdout_median_rel_error": 0.04},
+            {"holdout_median_rel_error": None},
+            ", held-out 4.0%",
+            "",
+        ),
+        # what each source's steps took against the pooled fit's price for them
+        (
+            {"time_ratio": 0.93},
+            {"time_ratio": 1.07},
+            ", took 0.93x the price",
+            ", took 1.07x the price",
+        ),
+    ],
+)
+def test_calibrate_show_names_the_sources_a_pooled_fit_came_from(
+    store, cal_extra, run_extra, cal_said, run_said
+):
     sources = [
-        {"name": "/cal", "kind": "calibration", "steps": 3497, "holdout_median_rel_error": 0.04},
-        {"name": "/runs/a/fcfs", "kind": "run", "steps": 2519, "holdout_median_rel_error": None},
-    ]
-    pooled = dataclasses.replace(
-        fitted(), fit={"holdout_median_rel_error": 0.1, "sources": sources}
-    )
-    path = cost_store.save(pooled, here)
-    result = runner.invoke(app, ["calibrate", "--show"])
-    assert result.exit_code == 0, result.output
-    lines = result.stdout.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith(str(path)))
-    assert lines[at + 1] == (
-        "  fitted from the step cycles of calibration /cal (3497 steps, held-out 4.0%); "
-        "run /runs/a/fcfs (2519 steps)"
-    )
-
-
-def test_calibrate_show_says_what_each_source_took_against_the_price(store):
-    sources = [
-        {"name": "/cal", "kind": "calibration", "steps": 3497, "time_ratio": 0.93},
-        {"name": "/runs/a/fcfs", "kind": "run", "steps": 2519, "time_ratio": 1.07},
+        {"name": "/cal", "kind": "calibration", "steps": 3497, **cal_extra},
+        {"name": "/runs/a/fcfs", "kind": "run", "steps": 2519, **run_extra},
     ]
     pooled = dataclasses.replace(
         fitted(), fit={"holdout_median_rel_error": 0.1, "sources": sources}
@@ -182,6 +183,6 @@ def test_calibrate_show_says_what_each_source_took_against_the_price(store):
     lines = result.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith(str(path)))
     assert lines[at + 1] == (
-        "  fitted from the step cycles of calibration /cal (3497 steps, took 0.93x the "
-        "price); run /runs/a/fcfs (2519 steps, took 1.07x the price)"
+        f"  fitted from the step cycles of calibration /cal (3497 steps{cal_said}); "
+        f"run /runs/a/fcfs (2519 steps{run_said})"
     )
