@@ -433,9 +433,9 @@ def check_served_inputs(
     cost_model: Path | None,
     torch_threads: int | None = None,
     quick: bool = False,
-) -> int:
-    """Refuse what cannot be served before starting anything; returns the model's vocab
-    size (for the prompts' token ids)."""
+) -> None:
+    """Refuse what cannot be served before starting anything, naming the flag (the
+    model is resolved here so a bad --model fails before the server starts)."""
     from engine.worker.loading import resolve_model_config
 
     if executor not in EXECUTORS:
@@ -452,14 +452,13 @@ def check_served_inputs(
         except (OSError, ValueError, CostModelError) as exc:
             raise CalibrateInputError(f"{cost_model}: {exc}", "--cost-model") from None
     try:
-        model_config, _ = resolve_model_config(config.model)
+        resolve_model_config(config.model)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise CalibrateInputError(str(exc), "--model") from None
     try:
         calibration_profile(quick, config.scheduler.max_model_len)
     except ValueError as exc:
         raise CalibrateInputError(str(exc), "--max-model-len") from None
-    return model_config.vocab_size
 
 
 def calibrate_served(
