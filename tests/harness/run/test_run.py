@@ -26,6 +26,7 @@ from harness import cost_store
 from harness.local_server import CliServer
 from harness.machine import fingerprint
 from tests.support.paths import DATA, REPO
+from tests.support.run_cli import schedscope_run
 
 ROOT = REPO
 DATA = DATA
@@ -41,17 +42,11 @@ def own_store(tmp_path, monkeypatch):
 
 
 def run_cli(
-    args: list[str], timeout: float = 400, env: dict | None = None
+    args: list[str], timeout: float = 400, store: Path | None = None
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "harness.cli", "run", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``schedscope run ARGS`` as a subprocess, with ``store`` (default: the test's own,
+    ``own_store``) as its store of cost models."""
+    return schedscope_run(args, store or Path(os.environ[cost_store.STORE_ENV]), timeout=timeout)
 
 
 def last_line(proc: subprocess.CompletedProcess) -> str:
@@ -358,7 +353,7 @@ def test_simulate_uses_this_machines_stored_fit(tmp_path):
         ["--simulate", "--policy", "fcfs", "--duration-scale", "0.05", "--no-report"]
         + ["--out", str(out)],
         timeout=120,
-        env={cost_store.STORE_ENV: str(store)},
+        store=store,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [line] = [x for x in proc.stderr.splitlines() if x.startswith("cost model:")]
