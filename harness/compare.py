@@ -10,6 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from harness.speed_band import band_table
+
 COLUMNS = (
     "policy",
     "class",
@@ -62,9 +64,20 @@ def comparison_table(summary: dict) -> Table:
 def print_comparison(summary: dict, console: Console) -> None:
     """Print :func:`comparison_table` on ``console``, at least 160 columns wide when
     it is not a terminal."""
-    # Piped output (make, CI logs) has no terminal width; do not squeeze the table to 80.
-    out = console if console.is_terminal else Console(width=max(console.width, 160))
-    out.print(comparison_table(summary))
+    _wide(console).print(comparison_table(summary))
+
+
+def print_speed_band(summary: dict, console: Console) -> None:
+    """Print the summary's speed band (:func:`harness.speed_band.band_table`), if it
+    has one, like the comparison table."""
+    table = band_table(summary)
+    if table is not None:
+        _wide(console).print(table)
+
+
+def _wide(console: Console) -> Console:
+    # Piped output (make, CI logs) has no terminal width; do not squeeze a table to 80.
+    return console if console.is_terminal else Console(width=max(console.width, 160))
 
 
 def print_span_counts(summary: dict, trace_file: Path, console: Console) -> None:

@@ -438,6 +438,7 @@ def run_simulations(
     write_decisions: bool = True,
     trace_file=None,
     machine: dict | None = None,
+    speed_band: bool = False,
 ) -> dict:
     """Simulate each policy's config, write its records, return the combined summary.
 
@@ -447,7 +448,10 @@ def run_simulations(
     ``trace_file``: every policy's spans go to this OTLP-JSON lines file (resource
     attribute ``schedscope.policy`` tells them apart) and each policy's own into
     its ``spans.parquet``. ``machine``: the fingerprint of the machine simulated
-    (:mod:`harness.machine`), the summary's ``machine``.
+    (:mod:`harness.machine`), the summary's ``machine``. ``speed_band``: also simulate
+    every policy at the slowest and fastest speed the model's sources ran at, into the
+    summary's ``speed_band`` (:mod:`harness.speed_band`; nothing when the model has no
+    observed range).
     """
     from harness.summary import policy_run_info, policy_summary, run_summary, write_summary
 
@@ -489,6 +493,26 @@ def run_simulations(
         combined["policies"][name] = summary
         if len(configs) > 1:
             write_summary(target / "summary.json", {**combined, "policies": {name: summary}})
+    if speed_band:
+        from harness import speed_band as band
+
+        def summaries_at(model: CostModel) -> dict[str, dict]:
+            out = {}
+            for name, config in configs.items():
+                result = simulate(
+                    profile,
+                    config,
+                    model,
+                    seed=used_seed,
+                    requests=requests,
+                    record_decisions=False,
+                )
+                out[name] = policy_summary(result.requests, result.duration_s, profile)
+            return out
+
+        entry = band.band(cost_model, summaries_at)
+        if entry is not None:
+            combined[band.SUMMARY_KEY] = entry
     write_summary(out_dir / "summary.json", combined)
     return combined
 

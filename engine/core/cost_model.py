@@ -24,6 +24,7 @@ the fingerprint of the machine (when the harness recorded one).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import operator
@@ -168,6 +169,18 @@ class CostModel:
             (step_s if name == "step_overhead_s" else 0.0 for name in FEATURES),
             client_latency_s=0.0,
             source="constant",
+        )
+
+    def at_speed(self, time_ratio: float) -> CostModel:
+        """This model on a machine whose steps take ``time_ratio`` times its price (1.2:
+        a fifth slower): every step cost scaled, the client latency (outside the
+        engine's steps) kept. What a machine whose speed wanders does to a simulation."""
+        if not (math.isfinite(time_ratio) and time_ratio > 0):
+            raise CostModelError(f"time_ratio must be a finite number > 0, got {time_ratio!r}")
+        return dataclasses.replace(
+            self,
+            **{name: getattr(self, name) * time_ratio for name in FEATURES},
+            source=f"{self.source} at {time_ratio:.3g}x its step costs",
         )
 
     @cached_property

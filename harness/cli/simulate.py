@@ -11,7 +11,7 @@ import typer
 from engine.config import ConfigError, EngineConfig
 from harness.cli.app import console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
-from harness.compare import print_comparison, print_span_counts
+from harness.compare import print_comparison, print_span_counts, print_speed_band
 from harness.knobs import build_engine_config, with_engine_knobs
 from harness.machine import fingerprint
 from harness.profiles import Profile, ProfileError, resolve_profile
@@ -57,6 +57,13 @@ def simulate(
     write_decisions: bool = typer.Option(
         True, "--decisions/--no-decisions", help="Also write decisions.parquet."
     ),
+    speed_band: bool = typer.Option(
+        True,
+        "--speed-band/--no-speed-band",
+        help="When this machine's fit has seen its steps run at different speeds (two or "
+        "more sources), also simulate at the slowest and fastest of them and print TTFT "
+        "and E2E p50/p95 as a range (docs/simulator.md, 'The speed band').",
+    ),
     trace_file: Path | None = typer.Option(
         None,
         "--trace-file",
@@ -96,8 +103,10 @@ def simulate(
         write_decisions=write_decisions,
         trace_file=trace_file,
         machine=machine.to_dict(),
+        speed_band=speed_band,
     )
     print_comparison(summary, console)
+    print_speed_band(summary, console)
     console.print(f"records: {out}")
     if trace_file is not None:
         print_span_counts(summary, trace_file, console)

@@ -211,6 +211,9 @@ def simulator_lines(report: Report) -> list[str]:
                     "costs' share of the errors below; what it leaves is the simulated "
                     "schedule's)"
                 )
+            band = cell.get("speed_band")
+            if band:
+                lines.append(f"{rr.run.label}/{name}: " + speed_band_text(band, cell["classes"]))
         for group, classes in check["rankings"].items():
             prefix = f"{rr.run.label}" + (f" [{group.lstrip('-')}]" if group else "")
             for cls, by in classes.items():
@@ -230,6 +233,27 @@ def simulator_lines(report: Report) -> list[str]:
                         f"simulated {r['simulated']}: ranking {verdict}"
                     )
     return lines
+
+
+def speed_band_text(band: dict, classes: dict) -> str:
+    """How many of a cell's figures lie inside the simulated speed band, and which do not."""
+    ratios = band.get("time_ratios") or {}
+    inside, outside = 0, []
+    for cls, row in classes.items():
+        for key in ("ttft_s_p50", "ttft_s_p95", "e2e_s_p50", "e2e_s_p95"):
+            v = row.get(key) or {}
+            if v.get("in_band") is True:
+                inside += 1
+            elif v.get("in_band") is False:
+                metric = key.replace("ttft_s_", "TTFT ").replace("e2e_s_", "E2E ")
+                lo, hi = v["band"]["fastest"], v["band"]["slowest"]
+                outside.append(f"'{cls}' {metric} {_ms(v['served'])} (band {_ms(lo)}-{_ms(hi)})")
+    text = (
+        f"at the speeds this machine's steps ran at across the model's {band.get('sources')} "
+        f"sources ({ratios.get('fastest', 0):.2f}-{ratios.get('slowest', 0):.2f}x its price), "
+        f"the simulated band holds {inside} of {inside + len(outside)} served figures"
+    )
+    return text + ("; outside it: " + ", ".join(outside) if outside else "")
 
 
 SIMULATOR_RULE = (

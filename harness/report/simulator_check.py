@@ -12,6 +12,11 @@ their load (:mod:`harness.report.cells`): it matches when no pair of policies is
 ordered one way served and the other way simulated. A pair whose two values lie within
 :data:`TIE_TOLERANCE` of each other (relative to the larger) is a tie on that side and
 agrees with any order: a difference that small is within a run's noise.
+
+Speed band: when the check's model has seen this machine's steps run at different speeds
+(:mod:`harness.speed_band`), the counterpart's summary.json carries the same schedule
+simulated at the slowest and fastest of them; each figure then also says whether the
+served value lies inside that band (``band``, ``in_band``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import polars as pl
 
 from harness.report.cells import cell_groups
 from harness.report.stats import percentile
+from harness.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
 
 #: A served cell's simulated counterpart: ``<cell>/simulated/requests.parquet``.
 SIMULATED_DIR = "simulated"
@@ -57,9 +63,14 @@ def _figures(frame: pl.DataFrame) -> dict[str, float | None]:
     }
 
 
-def class_rows(served: pl.DataFrame, simulated: pl.DataFrame) -> dict[str, dict]:
+def class_rows(
+    served: pl.DataFrame, simulated: pl.DataFrame, band: dict | None = None
+) -> dict[str, dict]:
     """Class (and ``all``) -> ``{requests, simulated_requests, <metric>_<stat>: {served,
-    simulated, rel_error}}``, over the classes either side has."""
+    simulated, rel_error}}``, over the classes either side has. With ``band`` (the
+    counterpart's speed band for this cell: class -> metric -> stat -> ``{fastest,
+    slowest}``), each figure the band has also gets it as ``band`` and ``in_band``:
+    whether the served value lies between its ends (None when either is unknown)."""
     classes = sorted(set(served["class"].drop_nulls()) | set(simulated["class"].drop_nulls()))
     out: dict[str, dict] = {}
     for cls in ["all", *classes]:
@@ -76,8 +87,19 @@ def class_rows(served: pl.DataFrame, simulated: pl.DataFrame) -> dict[str, dict]
                 "simulated": fb[key],
                 "rel_error": relative_error(fa[key], fb[key]),
             }
+            metric, stat = key.rsplit("_", 1)
+            ends = ((band or {}).get(cls) or {}).get(metric, {}).get(stat)
+            if ends:
+                row[key].update(band=ends, in_band=_inside(fa[key], ends))
         out[cls] = row
     return out
+
+
+def _inside(value: float | None, ends: dict) -> bool | None:
+    low, high = ends.get("fastest"), ends.get("slowest")
+    if value is None or low is None or high is None:
+        return None
+    return min(low, high) <= value <= max(low, high)
 
 
 def _order(a: float | None, b: float | None) -> int | None:
@@ -122,17 +144,32 @@ def order_text(order: list[str], values: dict[str, float]) -> str:
 
 
 def compare(
-    served: dict[str, pl.DataFrame], simulated: dict[str, pl.DataFrame], models: dict[str, dict]
+    served: dict[str, pl.DataFrame],
+    simulated: dict[str, pl.DataFrame],
+    models: dict[str, dict],
+    bands: dict[str, dict] | None = None,
 ) -> dict:
     """The section's content from each cell's served and simulated request frames
-    (columns ``class``, ``status``, ``ttft_s``, ``e2e_s``) and the model each check
-    used (its run.json entry): ``cells`` (cell -> model and class rows) and
-    ``rankings`` (group -> class -> metric -> :func:`ranking`)."""
-    cells = {
-        name: {"model": models.get(name), "classes": class_rows(served[name], simulated[name])}
-        for name in served
-        if name in simulated
-    }
+    (columns ``class``, ``status``, ``ttft_s``, ``e2e_s``), the model each check used
+    (its run.json entry) and, where the counterpart has one, its speed band (summary.json
+    ``speed_band``): ``cells`` (cell -> model, class rows and the band's
+    ``speed_band`` ratios and sources) and ``rankings`` (group -> class -> metric ->
+    :func:`ranking`)."""
+    bands = bands or {}
+    cells = {}
+    for name in served:
+        if name not in simulated:
+            continue
+        band = bands.get(name)
+        cells[name] = {
+            "model": models.get(name),
+            "classes": class_rows(served[name], simulated[name], _policy_band(band)),
+        }
+        if band:
+            cells[name]["speed_band"] = {
+                "time_ratios": band.get("time_ratios"),
+                "sources": band.get("sources"),
+            }
     rankings: dict[str, dict] = {}
     for group, names in cell_groups(list(cells)).items():
         classes = sorted({c for n in names for c in cells[n]["classes"]})
@@ -155,6 +192,22 @@ def compare(
     return {"tie_tolerance": TIE_TOLERANCE, "cells": cells, "rankings": rankings}
 
 
+def _policy_band(band: dict | None) -> dict | None:
+    """The one policy's figures of a counterpart's speed band (it simulates one cell)."""
+    policies = (band or {}).get("policies") or {}
+    return next(iter(policies.values())) if len(policies) == 1 else None
+
+
+def read_speed_band(cell_dir: Path) -> dict | None:
+    """The speed band of ``cell_dir``'s simulated counterpart; None when it has none."""
+    try:
+        summary = json.loads((cell_dir / SIMULATED_DIR / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    band = summary.get(SPEED_BAND_KEY) if isinstance(summary, dict) else None
+    return band if isinstance(band, dict) else None
+
+
 def read_model_entry(cell_dir: Path) -> dict | None:
     """The model the check of ``cell_dir`` used, from its run.json; None when unknown."""
     try:
@@ -169,7 +222,7 @@ def for_cells(served: dict[str, tuple[Path, pl.DataFrame]]) -> dict | None:
     """:func:`compare` over the cells (name -> (directory, served frame)) that have a
     simulated counterpart; None when none has (a run made before the check, a
     --simulate or --target run)."""
-    simulated, frames, models = {}, {}, {}
+    simulated, frames, models, bands = {}, {}, {}, {}
     for name, (cell_dir, frame) in served.items():
         path = simulated_requests(cell_dir)
         if not path.is_file():
@@ -180,6 +233,9 @@ def for_cells(served: dict[str, tuple[Path, pl.DataFrame]]) -> dict | None:
             continue
         frames[name] = frame
         models[name] = read_model_entry(cell_dir) or {}
+        band = read_speed_band(cell_dir)
+        if band is not None:
+            bands[name] = band
     if not simulated:
         return None
-    return compare(frames, simulated, models)
+    return compare(frames, simulated, models, bands)

@@ -116,8 +116,10 @@ def simulate_counterpart(
     show: Callable[[str], None],
 ) -> dict:
     """The cell's schedule (``profile``, ``seed``: the served one's) simulated with the
-    check's model into ``cell_dir/simulated/`` (requests, steps, summary.json); the
-    run.json entry, with ``skipped`` and why when the cell has nothing to compare."""
+    check's model into ``cell_dir/simulated/`` (requests, steps, summary.json, with the
+    speed band when the model has seen this machine run at different speeds:
+    :mod:`harness.speed_band`); the run.json entry, with ``skipped`` and why when the
+    cell has nothing to compare."""
     from harness.simulate import run_simulations
 
     entry = check.entry()
@@ -132,6 +134,7 @@ def simulate_counterpart(
         seed=seed,
         write_decisions=False,
         machine=check.fingerprint.to_dict(),
+        speed_band=True,
     )
     entry = {**entry, "records": f"{SIMULATED_DIR}/requests.parquet"}
     priced = price_served_steps(check.model, cell_dir / "steps.parquet")

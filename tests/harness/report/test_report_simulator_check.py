@@ -174,3 +174,46 @@ def test_a_cell_reported_alone_keeps_its_simulated_records_out_of_the_policies(t
     summary = json.loads(paths["summary"].read_text())
     assert set(summary["policies"]) == {"fcfs"}
     assert set(summary["simulator_check"]["cells"]) == {"fcfs"}
+
+
+def _band(ttft_ends: dict[str, tuple[float, float]]) -> dict:
+    """A counterpart's speed band whose TTFT p50 per class has the given (fastest,
+    slowest) ends; the other figures' ends are left out."""
+    return {
+        "time_ratios": {"fastest": 0.9, "slowest": 1.2},
+        "sources": 3,
+        "policies": {
+            "cell": {
+                cls: {"ttft_s": {"p50": {"fastest": lo, "slowest": hi}}}
+                for cls, (lo, hi) in ttft_ends.items()
+            }
+        },
+    }
+
+
+def test_each_figure_says_whether_the_served_value_lies_in_the_speed_band():
+    served = _frame([0.1, 0.2, 0.3, 0.5], classes=["a", "a", "b", "b"])
+    band = _band({"a": (0.1, 0.2), "b": (0.2, 0.3)})  # served p50: a 0.15, b 0.4
+    cell = compare({"x": served}, {"x": served.clone()}, {}, {"x": band})["cells"]["x"]
+    assert cell["speed_band"] == {"time_ratios": {"fastest": 0.9, "slowest": 1.2}, "sources": 3}
+    assert cell["classes"]["a"]["ttft_s_p50"]["in_band"] is True
+    assert cell["classes"]["b"]["ttft_s_p50"]["in_band"] is False
+    assert cell["classes"]["b"]["ttft_s_p50"]["band"] == {"fastest": 0.2, "slowest": 0.3}
+    # a figure the band does not cover says nothing about it
+    assert "in_band" not in cell["classes"]["a"]["e2e_s_p95"]
+    assert "in_band" not in cell["classes"]["all"]["ttft_s_p50"]
+
+
+def test_the_report_counts_the_served_figures_inside_the_speed_band(tmp_path):
+    root = _run_dir(tmp_path, True)
+    # fcfs served TTFT p50: short 0.15, long 0.6; the band holds the first only
+    summary = {"speed_band": _band({"short": (0.1, 0.2), "long": (0.3, 0.5)})}
+    (root / "fcfs" / SIMULATED_DIR / "summary.json").write_text(json.dumps(summary))
+    paths = generate_report([root], tmp_path / "out", ReportOptions(figures=False, resamples=20))
+    md = paths["markdown"].read_text()
+    assert (
+        "run/fcfs: at the speeds this machine's steps ran at across the model's 3 sources "
+        "(0.90-1.20x its price), the simulated band holds 1 of 2 served figures; outside "
+        "it: 'long' TTFT p50 600 ms (band 300 ms-500 ms)"
+    ) in md
+    assert "run/sjf: at the speeds" not in md  # no band for that cell

@@ -206,6 +206,11 @@ def test_served_cells_check_the_simulator_out_of_sample_then_refit_it(tmp_path, 
     check = json.loads((again / "fcfs" / "run.json").read_text())["simulator_check"]
     assert check["model"] == str(path) and check["fitted_at"] == fits["sjf"]["fitted_at"]
     assert check["predates_run"] is True
+    # That fit pools the first run's two cells, each with its speed against the pooled
+    # price: the check also simulates at the slowest and fastest of them.
+    simulated = json.loads((again / "fcfs" / "simulated" / "summary.json").read_text())
+    assert simulated["speed_band"]["sources"] == 2
+    assert "the simulated band holds" in (again / "report.md").read_text()
 
 
 def test_served_knob_sets_of_other_fingerprints_are_each_checked_with_their_own_fit(
