@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,10 +243,15 @@ def speed_range(fit: dict) -> tuple[float, float, int] | None:
     of speeds this machine ran its steps at across the calibration and runs the fit
     came from, against the fit's price. None with fewer than two sources that say it
     (one source has no range to show)."""
+    # A ratio that is not a speed (0, negative, NaN: a hand-edited file) is left out,
+    # not scaled by (CostModel.at_speed refuses it).
     ratios = [
         s["time_ratio"]
         for s in fit.get("sources") or []
-        if isinstance(s, dict) and isinstance(s.get("time_ratio"), int | float)
+        if isinstance(s, dict)
+        and isinstance(s.get("time_ratio"), int | float)
+        and math.isfinite(s["time_ratio"])
+        and s["time_ratio"] > 0
     ]
     if len(ratios) < 2:
         return None

@@ -139,3 +139,11 @@ def test_simulate_without_the_band(store, tmp_path):
     stdout, summary = _simulate_cli(tmp_path, "--no-speed-band")
     assert "speed band" not in stdout
     assert SUMMARY_KEY not in summary
+
+
+def test_a_ratio_that_is_not_a_speed_is_left_out_not_a_crash(store, tmp_path):
+    # a hand-edited store file: 0 and a negative ratio are no speeds; two good ones remain
+    cost_store.save(pooled(0.0, 0.9, -1.0, 1.1), fingerprint("tiny"))
+    _, summary = _simulate_cli(tmp_path)
+    assert summary[SUMMARY_KEY]["time_ratios"] == {"fastest": 0.9, "slowest": 1.1}
+    assert summary[SUMMARY_KEY]["sources"] == 2
