@@ -256,6 +256,57 @@ def speed_band_text(band: dict, classes: dict) -> str:
     return text + ("; outside it: " + ", ".join(outside) if outside else "")
 
 
+SPEED_BAND_HEADERS = ["run", "policy", "class", "TTFT p50", "TTFT p95", "E2E p50", "E2E p95"]
+
+
+def speed_band_rows(report: Report) -> list[list[str]]:
+    """The "Speed band" table of simulated policies: per policy x class, each figure's
+    range at the fastest and the slowest speed the model's sources ran at."""
+    rows = []
+    for rr in report.runs:
+        for name, policy in rr.policies.items():
+            band = policy.data.speed_band
+            if not band:
+                continue
+            for group, metrics in band["groups"].items():
+                cells = []
+                for metric in ("ttft_s", "e2e_s"):
+                    for stat in ("p50", "p95"):
+                        ends = (metrics.get(metric) or {}).get(stat) or {}
+                        cells.append(f"{_ms(ends.get('fastest'))} – {_ms(ends.get('slowest'))}")
+                rows.append([rr.run.label, name, group, *cells])
+    return rows
+
+
+def speed_band_lines(report: Report) -> list[str]:
+    """Where each simulated policy's band came from."""
+    lines = []
+    for rr in report.runs:
+        for name, policy in rr.policies.items():
+            band = policy.data.speed_band
+            if not band:
+                continue
+            ratios = band.get("time_ratios") or {}
+            lines.append(
+                f"{rr.run.label}/{name}: step costs at {ratios.get('fastest', 0):.2f}x and "
+                f"{ratios.get('slowest', 0):.2f}x the cost model's price, the fastest and "
+                f"slowest this machine ran its steps at across the fit's "
+                f"{band.get('sources')} sources"
+            )
+    return lines
+
+
+SPEED_BAND_TEXT = (
+    "The same schedule simulated again at the fastest and the slowest speed this "
+    "machine's fit saw its steps run at: a served run here lands in the range when the "
+    'machine runs within the speeds it was seen at (docs/simulator.md, "The speed band").'
+)
+
+
+def _has_speed_band(report: Report) -> bool:
+    return any(p.data.speed_band for rr in report.runs for p in rr.policies.values())
+
+
 SIMULATOR_RULE = (
     "Ranking: lowest first, ≈ a tie; it matches when no pair of policies is ordered one way served "
     "and the other way simulated; two values within {tol:.0%} of each other are a tie and "
@@ -446,6 +497,17 @@ def write_markdown(report: Report, path: Path) -> None:
             SIMULATOR_RULE.format(tol=_tolerance(report)),
             "",
         ]
+    if _has_speed_band(report):
+        parts += [
+            "## Speed band",
+            "",
+            SPEED_BAND_TEXT,
+            "",
+            _md_table(SPEED_BAND_HEADERS, speed_band_rows(report)),
+            "",
+            *[f"- {line}" for line in speed_band_lines(report)],
+            "",
+        ]
     parts += [
         "## Notes",
         "",
@@ -544,6 +606,14 @@ def write_html(report: Report, path: Path) -> int:
             + "</div><ul>"
             + "".join(f"<li>{e(line)}</li>" for line in simulator_lines(report))
             + f"</ul><p>{e(SIMULATOR_RULE.format(tol=_tolerance(report)))}</p>"
+        )
+    if _has_speed_band(report):
+        body.append(
+            f'<h2 id="speed-band">Speed band</h2><p>{e(SPEED_BAND_TEXT)}</p><div class="wrap">'
+            + _html_table(SPEED_BAND_HEADERS, speed_band_rows(report), "speed-band")
+            + "</div><ul>"
+            + "".join(f"<li>{e(line)}</li>" for line in speed_band_lines(report))
+            + "</ul>"
         )
     sections = {
         "cdf": "Latency CDFs by class",

@@ -810,6 +810,7 @@ def run_simulated_cell(
         seed=settings.seed,
         trace_file=raw / "spans.jsonl",
         machine=settings.machine,
+        speed_band=True,
     )
     frame = pl.read_parquet(cell_dir / "requests.parquet").with_columns(
         pl.lit(cell.name).alias("cell")

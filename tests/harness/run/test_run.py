@@ -349,14 +349,20 @@ def test_simulate(tmp_path):
 
 def test_simulate_uses_this_machines_stored_fit(tmp_path):
     store = tmp_path / "store"
+    # a fit pooled from two sources whose steps ran at 0.9x and 1.2x its price
+    sources = [
+        {"name": f"/r{i}", "kind": "run", "steps": 900, "time_ratio": r}
+        for i, r in enumerate((0.9, 1.2))
+    ]
     model = dataclasses.replace(
-        CostModel(), step_overhead_s=8e-3, fit={"holdout_median_rel_error": 0.02}
+        CostModel(),
+        step_overhead_s=8e-3,
+        fit={"holdout_median_rel_error": 0.02, "sources": sources},
     )
     path = cost_store.save(model, fingerprint("tiny"), store)
     out = tmp_path / "sim"
     proc = run_cli(
-        ["--simulate", "--policy", "fcfs", "--duration-scale", "0.05", "--no-report"]
-        + ["--out", str(out)],
+        ["--simulate", "--policy", "fcfs", "--duration-scale", "0.05"] + ["--out", str(out)],
         timeout=120,
         store=store,
     )
@@ -369,6 +375,15 @@ def test_simulate_uses_this_machines_stored_fit(tmp_path):
     summary = json.loads((out / "fcfs" / "summary.json").read_text())
     assert summary["cost_model"]["step_overhead_s"] == 8e-3
     assert summary["machine"] == fingerprint("tiny").to_dict()
+    # the cell's speed band, and the report's section of it
+    band = summary["speed_band"]
+    assert band["time_ratios"] == {"fastest": 0.9, "slowest": 1.2} and band["sources"] == 2
+    e2e = band["policies"]["fcfs"]["all"]["e2e_s"]["p50"]
+    assert e2e["fastest"] < summary["policies"]["fcfs"]["overall"]["metrics"]["e2e_s"]["p50"]
+    assert e2e["slowest"] > summary["policies"]["fcfs"]["overall"]["metrics"]["e2e_s"]["p50"]
+    md = (out / "report.md").read_text()
+    assert "## Speed band" in md and "| sim | fcfs | all | " in md
+    assert "fcfs: step costs at 0.90x and 1.20x the cost model's price" in md
 
 
 def test_server_that_fails_to_start_keeps_the_rest(tmp_path):

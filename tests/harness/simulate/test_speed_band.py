@@ -147,3 +147,39 @@ def test_a_ratio_that_is_not_a_speed_is_left_out_not_a_crash(store, tmp_path):
     _, summary = _simulate_cli(tmp_path)
     assert summary[SUMMARY_KEY]["time_ratios"] == {"fastest": 0.9, "slowest": 1.1}
     assert summary[SUMMARY_KEY]["sources"] == 2
+
+
+@pytest.mark.parametrize("policies", [["fcfs"], ["fcfs", "sjf"]])
+def test_the_report_of_a_simulation_shows_its_band(tmp_path, policies):
+    from harness.report import ReportOptions, generate_report
+
+    configs = {p: EngineConfig(scheduler=SchedulerConfig(scheduling_policy=p)) for p in policies}
+    out = tmp_path / "sim"
+    summary = run_simulations(
+        resolve_profile("default"),
+        configs,
+        pooled(0.8, 1.25),
+        out,
+        num_requests=40,
+        write_decisions=False,
+        speed_band=True,
+    )
+    paths = generate_report([out], tmp_path / "report", ReportOptions(figures=False, resamples=20))
+    md = paths["markdown"].read_text()
+    assert "## Speed band" in md
+    for policy in policies:
+        ends = summary[SUMMARY_KEY]["policies"][policy]["all"]["e2e_s"]["p95"]
+        low, high = ends["fastest"], ends["slowest"]
+        text = lambda v: f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"  # noqa: E731
+        assert f"| sim | {policy} | all | " in md
+        assert f"{text(low)} – {text(high)} |" in md
+    assert 'id="speed-band"' in paths["html"].read_text()
+
+
+def test_no_band_section_without_a_band(tmp_path):
+    from harness.report import ReportOptions, generate_report
+
+    out = tmp_path / "sim"
+    _run(pooled(1.1), out)
+    paths = generate_report([out], tmp_path / "report", ReportOptions(figures=False, resamples=20))
+    assert "Speed band" not in paths["markdown"].read_text()
