@@ -239,7 +239,8 @@ def of_calibration(fitted: CostModel, from_steps: list[Path] | None = None) -> E
 
 
 def speed_range(fit: dict) -> tuple[float, float, int] | None:
-    """(slowest, fastest ``time_ratio``, sources) of a pooled fit's sources: the range
+    """(fastest, slowest ``time_ratio``, sources) of a pooled fit's sources (the smallest
+    and the largest ratio): the range
     of speeds this machine ran its steps at across the calibration and runs the fit
     came from, against the fit's price. None with fewer than two sources that say it
     (one source has no range to show)."""

@@ -46,13 +46,10 @@ class Speeds:
     sources: int
 
     def ratio(self, end: str) -> float:
+        """The ratio at ``end``, one of :data:`ENDS`."""
+        if end not in ENDS:
+            raise ValueError(f"unknown end of the speed band {end!r}; expected one of {ENDS}")
         return self.fastest if end == "fastest" else self.slowest
-
-    def describe(self) -> str:
-        return (
-            f"this machine's steps took {self.fastest:.2f}-{self.slowest:.2f}x the cost "
-            f"model's price across its {self.sources} sources"
-        )
 
 
 def observed_speeds(model: CostModel) -> Speeds | None:

@@ -212,8 +212,9 @@ def simulator_lines(report: Report) -> list[str]:
                     "schedule's)"
                 )
             band = cell.get("speed_band")
-            if band:
-                lines.append(f"{rr.run.label}/{name}: " + speed_band_text(band, cell["classes"]))
+            text = speed_band_text(band, cell["classes"]) if band else None
+            if text:
+                lines.append(f"{rr.run.label}/{name}: {text}")
         for group, classes in check["rankings"].items():
             prefix = f"{rr.run.label}" + (f" [{group.lstrip('-')}]" if group else "")
             for cls, by in classes.items():
@@ -235,8 +236,9 @@ def simulator_lines(report: Report) -> list[str]:
     return lines
 
 
-def speed_band_text(band: dict, classes: dict) -> str:
-    """How many of a cell's figures lie inside the simulated speed band, and which do not."""
+def speed_band_text(band: dict, classes: dict) -> str | None:
+    """How many of a cell's figures lie inside the simulated speed band, and which do
+    not; None when the band covers none of them (nothing to say, and no "0 of 0")."""
     ratios = band.get("time_ratios") or {}
     inside, outside = 0, []
     for cls, row in classes.items():
@@ -248,6 +250,8 @@ def speed_band_text(band: dict, classes: dict) -> str:
                 metric = key.replace("ttft_s_", "TTFT ").replace("e2e_s_", "E2E ")
                 lo, hi = v["band"]["fastest"], v["band"]["slowest"]
                 outside.append(f"'{cls}' {metric} {_ms(v['served'])} (band {_ms(lo)}-{_ms(hi)})")
+    if not inside and not outside:
+        return None
     text = (
         f"at the speeds this machine's steps ran at across the model's {band.get('sources')} "
         f"sources ({ratios.get('fastest', 0):.2f}-{ratios.get('slowest', 0):.2f}x its price), "

@@ -217,3 +217,12 @@ def test_the_report_counts_the_served_figures_inside_the_speed_band(tmp_path):
         "it: 'long' TTFT p50 600 ms (band 300 ms-500 ms)"
     ) in md
     assert "run/sjf: at the speeds" not in md  # no band for that cell
+
+
+def test_a_band_that_covers_no_served_figure_says_nothing():
+    from harness.report.render import speed_band_text
+
+    served = _frame([0.1, 0.2], classes=["a", "a"])
+    band = _band({"zz": (0.1, 0.2)})  # a class the run does not have
+    cell = compare({"x": served}, {"x": served.clone()}, {}, {"x": band})["cells"]["x"]
+    assert speed_band_text(cell["speed_band"], cell["classes"]) is None

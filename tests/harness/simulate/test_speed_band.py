@@ -44,8 +44,11 @@ def pooled(*ratios: float) -> CostModel:
     st.floats(0.05, 20),
 )
 def test_at_speed_scales_every_step_cost_and_keeps_the_client_latency(features, ratio):
-    model = CostModel()
+    # every coefficient non-zero, so a term left unscaled shows
+    model = CostModel.from_coefficients([1e-4 * (i + 1) for i in range(len(FEATURES))])
     scaled = model.at_speed(ratio)
+    for i, name in enumerate(FEATURES):
+        assert getattr(scaled, name) == pytest.approx(ratio * 1e-4 * (i + 1), rel=1e-12)
     assert scaled.predict_features(features) == pytest.approx(
         ratio * model.predict_features(features), rel=1e-9, abs=1e-15
     )
