@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -263,40 +264,40 @@ def speed_band_text(band: dict, classes: dict) -> str | None:
 SPEED_BAND_HEADERS = ["run", "policy", "class", "TTFT p50", "TTFT p95", "E2E p50", "E2E p95"]
 
 
+def _speed_bands(report: Report) -> Iterator[tuple[str, str, dict]]:
+    """(run label, policy, its speed band) of every simulated policy that has one."""
+    for rr in report.runs:
+        for name, policy in rr.policies.items():
+            if policy.data.speed_band:
+                yield rr.run.label, name, policy.data.speed_band
+
+
 def speed_band_rows(report: Report) -> list[list[str]]:
     """The "Speed band" table of simulated policies: per policy x class, each figure's
     range at the fastest and the slowest speed the model's sources ran at."""
     rows = []
-    for rr in report.runs:
-        for name, policy in rr.policies.items():
-            band = policy.data.speed_band
-            if not band:
-                continue
-            for group, metrics in band["groups"].items():
-                cells = []
-                for metric in ("ttft_s", "e2e_s"):
-                    for stat in ("p50", "p95"):
-                        ends = (metrics.get(metric) or {}).get(stat) or {}
-                        cells.append(f"{_ms(ends.get('fastest'))} – {_ms(ends.get('slowest'))}")
-                rows.append([rr.run.label, name, group, *cells])
+    for label, name, band in _speed_bands(report):
+        for group, metrics in band["groups"].items():
+            cells = []
+            for metric in ("ttft_s", "e2e_s"):
+                for stat in ("p50", "p95"):
+                    ends = (metrics.get(metric) or {}).get(stat) or {}
+                    cells.append(f"{_ms(ends.get('fastest'))} – {_ms(ends.get('slowest'))}")
+            rows.append([label, name, group, *cells])
     return rows
 
 
 def speed_band_lines(report: Report) -> list[str]:
     """Where each simulated policy's band came from."""
     lines = []
-    for rr in report.runs:
-        for name, policy in rr.policies.items():
-            band = policy.data.speed_band
-            if not band:
-                continue
-            ratios = band.get("time_ratios") or {}
-            lines.append(
-                f"{rr.run.label}/{name}: step costs at {ratios.get('fastest', 0):.2f}x and "
-                f"{ratios.get('slowest', 0):.2f}x the cost model's price, the fastest and "
-                f"slowest this machine ran its steps at across the fit's "
-                f"{band.get('sources')} sources"
-            )
+    for label, name, band in _speed_bands(report):
+        ratios = band.get("time_ratios") or {}
+        lines.append(
+            f"{label}/{name}: step costs at {ratios.get('fastest', 0):.2f}x and "
+            f"{ratios.get('slowest', 0):.2f}x the cost model's price, the fastest and "
+            f"slowest this machine ran its steps at across the fit's "
+            f"{band.get('sources')} sources"
+        )
     return lines
 
 
@@ -308,7 +309,7 @@ SPEED_BAND_TEXT = (
 
 
 def _has_speed_band(report: Report) -> bool:
-    return any(p.data.speed_band for rr in report.runs for p in rr.policies.values())
+    return next(_speed_bands(report), None) is not None
 
 
 SIMULATOR_RULE = (
