@@ -259,8 +259,9 @@ HOLDOUT_TARGETS = {"served": 0.05, "served quick": 0.10, "profile": 0.10}
 
 
 def fit_summary(fitted: CostModel, from_steps: bool, target: float | None = None) -> str:
-    """The held-out error of the fit, in one line, with ``target`` (a share) and whether
-    it was met, when there is one."""
+    """The held-out error of the fit, in one line: the median and p90 per step, how far
+    the held-out steps' total time is priced off (when the fit says), then ``target`` (a
+    share, for the median) and whether it was met, when there is one."""
     fit = fitted.fit
     error = fit["holdout_median_rel_error"]
     line = (
@@ -268,6 +269,11 @@ def fit_summary(fitted: CostModel, from_steps: bool, target: float | None = None
         f"(p90 {fit['holdout_p90_rel_error']:.1%}) over {fit['holdout_points']} "
         f"{'held-out steps' if from_steps else 'mixed batches'}"
     )
+    # Queueing is made of total time: on a machine whose small steps wander, a median
+    # over mostly small steps says less about the latencies than this does.
+    total = fit.get("holdout_total_time_ratio")
+    if isinstance(total, int | float) and total > 0:
+        line += f", their total time priced {abs(total - 1):.1%} {'low' if total < 1 else 'high'}"
     if target is None:
         return line
     return (

@@ -229,11 +229,17 @@ def test_a_server_that_refuses_to_start_fails_the_calibration_with_its_words(tmp
 
 def test_the_held_out_error_is_judged_against_the_target_of_the_way_it_was_fitted():
     fitted = CostModel(
-        fit={"holdout_median_rel_error": 0.069, "holdout_p90_rel_error": 0.2, "holdout_points": 9}
+        fit={
+            "holdout_median_rel_error": 0.069,
+            "holdout_p90_rel_error": 0.2,
+            "holdout_points": 9,
+            "holdout_total_time_ratio": 0.992,
+        }
     )
     full = fit_summary(fitted, True, HOLDOUT_TARGETS["served"])
     quick = fit_summary(fitted, True, HOLDOUT_TARGETS["served quick"])
     assert "6.9%" in full and "target <= 5%" in full and full.endswith("NOT met"), full
+    assert "their total time priced 0.8% low;" in full, full
     assert "target <= 10%" in quick and quick.endswith(": met"), quick
     assert "target" not in fit_summary(fitted, True, None)
 
