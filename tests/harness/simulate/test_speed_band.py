@@ -186,3 +186,12 @@ def test_no_band_section_without_a_band(tmp_path):
     _run(pooled(1.1), out)
     paths = generate_report([out], tmp_path / "report", ReportOptions(figures=False, resamples=20))
     assert "Speed band" not in paths["markdown"].read_text()
+
+
+def test_a_banded_simulation_is_the_same_bytes_every_time(tmp_path):
+    model = pooled(0.8, 1.25)
+    _run(model, tmp_path / "a")
+    _run(model, tmp_path / "b")
+    first = (tmp_path / "a" / "summary.json").read_bytes()
+    assert SUMMARY_KEY.encode() in first
+    assert first == (tmp_path / "b" / "summary.json").read_bytes()
