@@ -32,6 +32,9 @@ from harness.cost_evidence import speed_range
 SUMMARY_KEY = "speed_band"
 #: The two ends of the band, in the order they are shown.
 ENDS = ("fastest", "slowest")
+#: The figures the simulator is judged by, per class: here, and in the report's check of
+#: a served run against its simulation (harness/report/simulator_check.py), which must
+#: compare the same ones the band carries.
 METRICS = ("ttft_s", "e2e_s")
 STATS = ("p50", "p95")
 
@@ -95,6 +98,29 @@ def band(model: CostModel, simulate_at: Callable[[CostModel], dict[str, dict]]) 
         "time_ratios": {end: speeds.ratio(end) for end in ENDS},
         "sources": speeds.sources,
         "policies": policies,
+    }
+
+
+def policy_part(band: object, policy: str | None = None) -> dict | None:
+    """``{time_ratios, sources, groups}`` of ``policy`` in a summary's band (``groups``:
+    class or ``all`` -> metric -> stat -> ``{fastest, slowest}``); with ``policy`` None,
+    the band's only policy (a served cell's counterpart simulates one). None when the
+    band (as read from a file) has no such part."""
+    if not isinstance(band, dict):
+        return None
+    policies = band.get("policies")
+    if not isinstance(policies, dict):
+        return None
+    if policy is None:
+        groups = next(iter(policies.values())) if len(policies) == 1 else None
+    else:
+        groups = policies.get(policy)
+    if not isinstance(groups, dict):
+        return None
+    return {
+        "time_ratios": band.get("time_ratios"),
+        "sources": band.get("sources"),
+        "groups": groups,
     }
 
 

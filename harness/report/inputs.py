@@ -20,6 +20,7 @@ import polars as pl
 
 from harness.report.simulator_check import SIMULATED_DIR
 from harness.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
+from harness.speed_band import policy_part
 
 RECORD_FILES = ("requests", "spans", "steps", "decisions", "metrics")
 OPTIONAL_FILES = ("spans", "steps", "decisions", "metrics")
@@ -187,21 +188,6 @@ NO_ENGINE_RECORDS = (
 )
 
 
-def policy_speed_band(summary: dict | None, policy: str) -> dict | None:
-    """``policy``'s part of a simulate summary's ``speed_band``, or None."""
-    band = (summary or {}).get(SPEED_BAND_KEY)
-    if not isinstance(band, dict):
-        return None
-    groups = (band.get("policies") or {}).get(policy)
-    if not isinstance(groups, dict):
-        return None
-    return {
-        "time_ratios": band.get("time_ratios"),
-        "sources": band.get("sources"),
-        "groups": groups,
-    }
-
-
 def open_run(root: Path | str, label: str | None = None) -> RunData:
     """Open ``root`` (one run directory) for the report."""
     root = Path(root)
@@ -209,7 +195,8 @@ def open_run(root: Path | str, label: str | None = None) -> RunData:
         raise ReportInputError(f"{root}: not a directory")
     label = label or root.resolve().name
     info, per_policy = _run_info(root, label)
-    root_summary = _read_json(root / "summary.json")
+    # a simulation's band: the run info keeps every key of its summary.json but policies
+    run_band = info.get(SPEED_BAND_KEY)
     policies: dict[str, PolicyData] = {}
     if (root / "requests.parquet").is_file():
         names = (
@@ -221,7 +208,7 @@ def open_run(root: Path | str, label: str | None = None) -> RunData:
         )
         policy = names[0] if len(names) == 1 else (next(iter(per_policy), None) or "run")
         policies[policy] = open_policy(label, policy, root, per_policy.get(policy, {}))
-        policies[policy].speed_band = policy_speed_band(root_summary, policy)
+        policies[policy].speed_band = policy_part(run_band, policy)
     for child in sorted(p for p in root.iterdir() if p.is_dir()):
         # A served cell's simulated counterpart is part of the simulator check, not a policy.
         if child.name == SIMULATED_DIR:
@@ -235,9 +222,9 @@ def open_run(root: Path | str, label: str | None = None) -> RunData:
                     k: value[k] for k in ("config", "duration_s", "stall_threshold_s") if k in value
                 }
             policies[child.name] = open_policy(label, child.name, child, own_info)
-            policies[child.name].speed_band = policy_speed_band(
-                own, child.name
-            ) or policy_speed_band(root_summary, child.name)
+            policies[child.name].speed_band = policy_part(
+                own.get(SPEED_BAND_KEY), child.name
+            ) or policy_part(run_band, child.name)
     if not policies:
         raise ReportInputError(
             f"{root}: no requests.parquet (expected RUN/<policy>/requests.parquet or "

@@ -16,6 +16,8 @@ from harness.report.build import Report
 from harness.report.stall_causes import CAUSE_LABELS, EXTERNAL_UNKNOWN, STALL_CAUSES
 from harness.report.stalls import is_external
 from harness.report.summary import flat_rows, summary_json
+from harness.speed_band import METRICS as BAND_METRICS
+from harness.speed_band import STATS as BAND_STATS
 
 CLASS_HEADERS = [
     "run",
@@ -243,7 +245,7 @@ def speed_band_text(band: dict, classes: dict) -> str | None:
     ratios = band.get("time_ratios") or {}
     inside, outside = 0, []
     for cls, row in classes.items():
-        for key in ("ttft_s_p50", "ttft_s_p95", "e2e_s_p50", "e2e_s_p95"):
+        for key in (f"{m}_{s}" for m in BAND_METRICS for s in BAND_STATS):
             v = row.get(key) or {}
             if v.get("in_band") is True:
                 inside += 1
@@ -279,8 +281,8 @@ def speed_band_rows(report: Report) -> list[list[str]]:
     for label, name, band in _speed_bands(report):
         for group, metrics in band["groups"].items():
             cells = []
-            for metric in ("ttft_s", "e2e_s"):
-                for stat in ("p50", "p95"):
+            for metric in BAND_METRICS:
+                for stat in BAND_STATS:
                     ends = (metrics.get(metric) or {}).get(stat) or {}
                     cells.append(f"{_ms(ends.get('fastest'))} – {_ms(ends.get('slowest'))}")
             rows.append([label, name, group, *cells])

@@ -29,6 +29,7 @@ import polars as pl
 
 from harness.report.cells import cell_groups
 from harness.report.stats import percentile
+from harness.speed_band import METRICS, STATS, policy_part
 from harness.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
 
 #: A served cell's simulated counterpart: ``<cell>/simulated/requests.parquet``.
@@ -37,8 +38,6 @@ SIMULATED_DIR = "simulated"
 RUN_JSON_KEY = "simulator_check"
 #: Two values within 10% of the larger are a tie (the module docstring's rule).
 TIE_TOLERANCE = 0.10
-METRICS = ("ttft_s", "e2e_s")
-STATS = ("p50", "p95")
 #: What the ranking is by.
 RANKED_BY = ("ttft_s_p95", "e2e_s_p95")
 
@@ -160,15 +159,15 @@ def compare(
     for name in served:
         if name not in simulated:
             continue
-        band = bands.get(name)
+        part = policy_part(bands.get(name))
         cells[name] = {
             "model": models.get(name),
-            "classes": class_rows(served[name], simulated[name], _policy_band(band)),
+            "classes": class_rows(served[name], simulated[name], part and part["groups"]),
         }
-        if band:
+        if part:
             cells[name]["speed_band"] = {
-                "time_ratios": band.get("time_ratios"),
-                "sources": band.get("sources"),
+                "time_ratios": part["time_ratios"],
+                "sources": part["sources"],
             }
     rankings: dict[str, dict] = {}
     for group, names in cell_groups(list(cells)).items():
@@ -190,12 +189,6 @@ def compare(
             for cls in classes
         }
     return {"tie_tolerance": TIE_TOLERANCE, "cells": cells, "rankings": rankings}
-
-
-def _policy_band(band: dict | None) -> dict | None:
-    """The one policy's figures of a counterpart's speed band (it simulates one cell)."""
-    policies = (band or {}).get("policies") or {}
-    return next(iter(policies.values())) if len(policies) == 1 else None
 
 
 def read_speed_band(cell_dir: Path) -> dict | None:
