@@ -46,9 +46,14 @@ def wait_for(url: str, running: int, waiting: int, errors: list, timeout_s: floa
             return
         assert not errors, errors
         time.sleep(0.05)
-    raise AssertionError(
+    raise QueueNeverFormed(
         f"the queue never formed: running/waiting {seen}, wanted {(running, waiting)}"
     )
+
+
+class QueueNeverFormed(AssertionError):
+    """The scenario could not be set up (the blockers ended first on a slow machine):
+    it proves nothing either way, so it is run again (:func:`admission_order_retried`)."""
 
 
 class Streams:
@@ -146,6 +151,19 @@ def admission_order(url: str) -> list[str]:
     return [name for name in streams.order if not name.startswith("blocker")]
 
 
+def admission_order_retried(url: str, attempts: int = 3) -> list[str]:
+    """:func:`admission_order`, run again (after the engine has drained) when its queue
+    never formed; seen on this 2-core machine with nothing else running."""
+    for attempt in range(attempts):
+        try:
+            return admission_order(url)
+        except QueueNeverFormed:
+            if attempt == attempts - 1:
+                raise
+            wait_for(url, running=0, waiting=0, errors=[], timeout_s=120)
+    raise AssertionError("unreachable")
+
+
 def check(order: list[str]) -> None:
     assert sorted(order) == sorted(["late", *(f"queued{i}" for i in range(NUM_QUEUED))])
     # (among equals the order is not checked: requests admitted in one step stream their
@@ -158,11 +176,11 @@ def test_vllm_admits_the_lower_priority_value_first(vllm_server):
     priority-1 request last, after every priority-10 one (not understood; docs/vllm.md).
     So vLLM gets a second scenario: priority must take effect in one of two. A vLLM that
     ignores ``priority`` fails both (each is ordering only, no timings)."""
-    first = admission_order(vllm_server.url)
+    first = admission_order_retried(vllm_server.url)
     try:
         check(first)
     except AssertionError:
-        second = admission_order(vllm_server.url)
+        second = admission_order_retried(vllm_server.url)
         assert second and second[0] == "late", (first, second)
 
 
