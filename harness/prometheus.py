@@ -143,6 +143,22 @@ class PrometheusServer:
         data = self.api("/api/v1/query", **params)
         return data["result"] if isinstance(data, dict) else data
 
+    def wait_for_scrape(self, after: float, timeout_s: float = 5.0) -> bool:
+        """Wait until every target has been scraped at or after ``after`` (Unix s), so
+        that a counter's last sample holds what happened before then; False if that
+        did not happen within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                scraped = [float(row["value"][1]) for row in self.query("timestamp(up)")]
+            except (OSError, PrometheusError):
+                scraped = []
+            if scraped and min(scraped) >= after:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
     def query_exemplars(self, expr: str, start: float, end: float) -> list[dict]:
         return self.api(
             "/api/v1/query_exemplars", query=expr, start=f"{start:.3f}", end=f"{end:.3f}"

@@ -470,10 +470,16 @@ def _run_locust(stack: ExitStack, run: _LoadCell, url: str, metrics: _Metrics) -
 
 def _stop_metrics(metrics: _Metrics, run: _LoadCell, load_start: float) -> None:
     """metrics.parquet of the load: Prometheus' series from ``load_start`` on (exported
-    while it still runs; a failed export degrades the cell), else the scraper's rows
-    once it has stopped, with its scrape count and failures."""
+    while it still runs, once it has scraped after the load; a failed export degrades
+    the cell), else the scraper's rows once it has stopped (its last scrape after the
+    load), with its scrape count and failures."""
     path = run.cell_dir / "metrics.parquet"
     if metrics.prom is not None:
+        if not metrics.prom.wait_for_scrape(time.time()):
+            run.result.warnings.append(
+                "Prometheus did not scrape the target after the load within 5 s: "
+                "metrics.parquet may miss the load's last second"
+            )
         try:
             frame = export_prometheus(metrics.prom, load_start - 1, time.time() + 1)
             frame.write_parquet(path)

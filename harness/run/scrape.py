@@ -8,8 +8,8 @@ Columns: ``timestamp`` (Unix s of the scrape, float), ``name`` (the sample name,
 parser, so vLLM's and schedscope's names alike; nothing assumes ``schedscope_`` names.
 
 :class:`MetricsScraper` scrapes every second on a thread (and keeps the latest queue
-depths for the live view); :func:`export_prometheus` reads a real Prometheus' series
-back for ``--prometheus`` runs.
+depths for the live view), and once more when stopped, after the load;
+:func:`export_prometheus` reads a real Prometheus' series back for ``--prometheus`` runs.
 """
 
 from __future__ import annotations
@@ -100,8 +100,15 @@ class MetricsScraper:
         return self
 
     def stop(self) -> None:
+        """Stop the thread, then scrape once more: the periodic scrapes end up to one
+        interval before the load does, and a counter's last value must hold all of it
+        (a run's generated tokens are the counter's rise over the load)."""
+        if self._stop.is_set():
+            return  # stopped already: the cell's exit stack stops it again
         self._stop.set()
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._thread.join(10)
+        self.scrape_once()
 
     def write(self, path: Path) -> int:
         with self._lock:
