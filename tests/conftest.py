@@ -106,6 +106,10 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_prometheus_scrapes_the_cell_and_its_series_become_metrics_parquet",
     ): ("prometheus",),
     (
+        "harness/run/test_metrics_at_load_end.py",
+        "test_prometheus_waits_for_a_scrape_after_the_load",
+    ): ("prometheus",),
+    (
         "engine/api/test_server_cli.py",
         "test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor",
     ): ("torch_model",),
