@@ -21,12 +21,12 @@ and a heap's freed blocks serve only its own arena's threads). With this and
 ``ModelRunner.warm_up``'s two rounds, 1 of 34 fresh processes on a loaded machine grew
 its heap in the first real prefill (846 faults), 1 in 12 on a quiet one, and in one CI
 run two of three did (by ~28 MiB, a quarter of a cold process's growth); with one round
-and the default arenas, 1 in 16 idle and about 1 in 4 loaded did (up to 7,800 faults). Freed blocks are
-then reused once the heap has grown to the steps' working set: the first few steps of
-a new shape still fault, later ones do not. The cost is that the process keeps its peak
-step memory resident, which is what a caching allocator does
-(and what PyTorch's CUDA allocator does on the device). Only glibc has these knobs; on
-any other C library this is a no-op that says so once.
+and the default arenas, 1 in 16 idle and about 1 in 4 loaded did (up to 7,800
+faults). Freed blocks are then reused once the heap has grown to the steps' working
+set: the first few steps of a new shape still fault, later ones do not. The cost is
+that the process keeps its peak step memory resident, which is what a caching
+allocator does (and what PyTorch's CUDA allocator does on the device). Only glibc has
+these knobs; on any other C library this is a no-op that says so once.
 """
 
 from __future__ import annotations
