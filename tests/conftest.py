@@ -110,6 +110,10 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_prometheus_waits_for_a_scrape_after_the_load",
     ): ("prometheus",),
     (
+        "harness/bench/test_bench_steadiness.py",
+        "test_the_steps_are_the_shapes_run_in_turn_on_the_runner",
+    ): ("torch_model",),
+    (
         "engine/api/test_server_cli.py",
         "test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor",
     ): ("torch_model",),

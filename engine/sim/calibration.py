@@ -175,6 +175,30 @@ def measure(
     return [statistics.median(x) for x in samples]
 
 
+def step_times(
+    runner: ModelRunner, shapes: list[StepShape], duration_s: float, gap_s: float = 0.001
+) -> list[tuple[float, int, float]]:
+    """``(wall time, shape index, seconds of runner.execute)`` for the shapes run in
+    turn, again and again, for ``duration_s``, ``gap_s`` apart (a served engine's pause
+    between steps, roughly): how steadily this machine runs the very same steps, which
+    no cost model of a step's content can do better than."""
+    needed = max(shape.num_blocks(runner.block_size) for shape in shapes)
+    builder = _ShapeBuilder(runner, needed, runner.block_size)
+    times = []
+    end = time.monotonic() + duration_s
+    while time.monotonic() < end:
+        for i, shape in enumerate(shapes):
+            out, seqs = builder.build(shape)
+            start = time.perf_counter()
+            runner.execute(out)
+            if runner.is_cuda:
+                torch.cuda.synchronize(runner.device)
+            times.append((time.time(), i, time.perf_counter() - start))
+            builder.release(seqs)
+            time.sleep(gap_s)
+    return times
+
+
 def relative_errors(model: CostModel, shapes: list[StepShape], seconds: list[float]) -> list[float]:
     return [
         abs(model.predict_features(shape.features()) - measured) / measured
