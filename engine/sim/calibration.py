@@ -146,6 +146,17 @@ class _ShapeBuilder:
         for seq in seqs:
             self.blocks.free(seq)
 
+    def time_one(self, shape: StepShape) -> float:
+        """Seconds of one ``runner.execute`` of ``shape`` (to its end on a GPU)."""
+        out, seqs = self.build(shape)
+        start = time.perf_counter()
+        self.runner.execute(out)
+        if self.runner.is_cuda:
+            torch.cuda.synchronize(self.runner.device)
+        seconds = time.perf_counter() - start
+        self.release(seqs)
+        return seconds
+
 
 def measure(
     runner: ModelRunner,
@@ -164,14 +175,9 @@ def measure(
     samples: list[list[float]] = [[] for _ in shapes]
     for round_no in range(warmup + repeats):
         for i, shape in enumerate(shapes):
-            out, seqs = builder.build(shape)
-            start = time.perf_counter()
-            runner.execute(out)
-            if runner.is_cuda:
-                torch.cuda.synchronize(runner.device)
+            seconds = builder.time_one(shape)
             if round_no >= warmup:
-                samples[i].append(time.perf_counter() - start)
-            builder.release(seqs)
+                samples[i].append(seconds)
     return [statistics.median(x) for x in samples]
 
 
@@ -188,13 +194,7 @@ def step_times(
     end = time.monotonic() + duration_s
     while time.monotonic() < end:
         for i, shape in enumerate(shapes):
-            out, seqs = builder.build(shape)
-            start = time.perf_counter()
-            runner.execute(out)
-            if runner.is_cuda:
-                torch.cuda.synchronize(runner.device)
-            times.append((time.time(), i, time.perf_counter() - start))
-            builder.release(seqs)
+            times.append((time.time(), i, builder.time_one(shape)))
             time.sleep(gap_s)
     return times
 
