@@ -22,6 +22,8 @@ Run: .venv/bin/python benchmarks/bench_steadiness.py [--seconds 120] [--model ti
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import torch
 
@@ -38,13 +40,14 @@ SHAPES = {
 FLOOR_TARGET = 0.05  # the full calibration's held-out median error target
 WINDOW_S = 5.0
 WARM_UP_STEPS = 20
+MIN_STEPS = 20  # fewer say nothing about a median
 
 
 def lowest_median_error(seconds: np.ndarray) -> float:
-    """min over prices c of median(|c - t| / t): the best any one price does."""
+    """min over prices c of median(|c - t| / t): the best any one price does (prices:
+    the times' 1st to 99th percentiles, a thousandth apart; memory stays one row)."""
     prices = np.quantile(seconds, np.linspace(0.01, 0.99, 981))
-    errors = np.abs(prices[:, None] - seconds[None, :]) / seconds[None, :]
-    return float(np.median(errors, axis=1).min())
+    return float(min(np.median(np.abs(price - seconds) / seconds) for price in prices))
 
 
 def window_speeds(at: np.ndarray, seconds: np.ndarray) -> list[float]:
@@ -58,11 +61,29 @@ def window_speeds(at: np.ndarray, seconds: np.ndarray) -> list[float]:
     ]
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def _threads(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: as served), got {text}")
+    return value
+
+
 def parser() -> BenchParser:
     parser = BenchParser(description=__doc__)
-    parser.sized("--seconds", full=120.0, quick=20.0, type=float, help="how long to run")
+    parser.sized(
+        "--seconds", full=120.0, quick=20.0, type=_positive_seconds, help="how long to run"
+    )
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: as served)")
+    parser.add_argument(
+        "--threads", type=_threads, default=0, help="torch threads (default: as served)"
+    )
     parser.add_device()
     return parser
 
@@ -71,12 +92,20 @@ def run(args) -> list[Figure]:
     threads = args.threads or serving_torch_threads()
     torch.set_num_threads(threads)
     shapes = list(SHAPES.values())
-    runner, model_name = calibration_runner(args.model, 16, shapes, args.device)
-    times = np.array(step_times(runner, shapes, args.seconds))
+    try:
+        runner, model_name = calibration_runner(args.model, 16, shapes, args.device)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"--model {args.model}: {exc}") from None
+    times = np.array(step_times(runner, shapes, args.seconds)).reshape(-1, 3)
     figures = []
     context = f"{model_name}, {threads} torch thread(s) on {args.device}, {args.seconds:g} s"
     for index, name in enumerate(SHAPES):
         rows = times[times[:, 1] == index][WARM_UP_STEPS:]
+        if len(rows) < MIN_STEPS:
+            raise SystemExit(
+                f"--seconds {args.seconds:g}: only {len(rows)} {name} steps after the "
+                f"first {WARM_UP_STEPS}; at least {MIN_STEPS} are needed (give it longer)"
+            )
         at, seconds = rows[:, 0], rows[:, 2]
         floor = lowest_median_error(seconds)
         change = float(np.median(np.abs(np.diff(seconds)) / seconds[1:]))

@@ -113,6 +113,9 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
         "harness/bench/test_bench_steadiness.py",
         "test_the_steps_are_the_shapes_run_in_turn_on_the_runner",
     ): ("torch_model",),
+    ("harness/bench/test_bench_steadiness.py", "test_a_run_too_short_for_a_median_says_so"): (
+        "torch_model",
+    ),
     (
         "engine/api/test_server_cli.py",
         "test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor",

@@ -57,6 +57,9 @@ LOCUST_SLACK_S = 120.0
 #: After a --target cell's load, how long the OTLP receiver waits for the target's
 #: batch exporter to send what it still holds (OTel's default schedule delay is 5 s).
 OTLP_FLUSH_WAIT_S = 6.0
+#: With --prometheus, how long the cell waits for a scrape after the load (it scrapes
+#: every second) before exporting, so the counters' last samples hold the whole load.
+LAST_SCRAPE_WAIT_S = 5.0
 #: The files a load cell may leave, in the order run.json lists them.
 LOAD_CELL_FILES = (
     "requests.parquet",
@@ -475,10 +478,10 @@ def _stop_metrics(metrics: _Metrics, run: _LoadCell, load_start: float) -> None:
     load), with its scrape count and failures."""
     path = run.cell_dir / "metrics.parquet"
     if metrics.prom is not None:
-        if not metrics.prom.wait_for_scrape(time.time()):
+        if not metrics.prom.wait_for_scrape(time.time(), LAST_SCRAPE_WAIT_S):
             run.result.warnings.append(
-                "Prometheus did not scrape the target after the load within 5 s: "
-                "metrics.parquet may miss the load's last second"
+                "Prometheus did not scrape the target after the load within "
+                f"{LAST_SCRAPE_WAIT_S:g} s: metrics.parquet may miss the load's last second"
             )
         try:
             frame = export_prometheus(metrics.prom, load_start - 1, time.time() + 1)

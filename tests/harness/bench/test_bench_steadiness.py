@@ -52,3 +52,34 @@ def test_the_steps_are_the_shapes_run_in_turn_on_the_runner():
     assert [index for _, index, _ in times] == [0, 1] * (len(times) // 2)
     assert all(seconds > 0 for _, _, seconds in times)
     assert [at for at, _, _ in times] == sorted(at for at, _, _ in times)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--seconds", "0"], "--seconds: must be a number of seconds > 0, got 0"),
+        (["--seconds", "-5"], "--seconds: must be a number of seconds > 0, got -5"),
+        (["--threads", "-1"], "--threads: must be >= 0 (0: as served), got -1"),
+    ],
+)
+def test_bad_sizes_are_refused_naming_the_flag(argv, named, capsys):
+    from benchmarks.bench_steadiness import parser
+
+    with pytest.raises(SystemExit) as caught:
+        parser().parse_args(argv)
+    assert caught.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_a_run_too_short_for_a_median_says_so():
+    from benchmarks.bench_steadiness import parser, run
+
+    with pytest.raises(SystemExit, match=r"--seconds 0.01: only 0 1-sequence decode steps"):
+        run(parser().parse_args(["--seconds", "0.01", "--device", "cpu"]))
+
+
+def test_an_unknown_model_is_named():
+    from benchmarks.bench_steadiness import parser, run
+
+    with pytest.raises(SystemExit, match=r"--model no-such-model: "):
+        run(parser().parse_args(["--model", "no-such-model", "--device", "cpu"]))
