@@ -97,7 +97,5 @@ def test_prometheus_waits_for_a_scrape_after_the_load():
         # the value at load end is in what Prometheus holds now
         [sample] = prom.query("tokens_total")
         assert float(sample["value"][1]) == 45.0
-        # a scrape that cannot have happened yet is not waited for past the timeout
-        started = time.monotonic()
+        # a scrape that cannot have happened yet is given up on: False, not a hang
         assert not prom.wait_for_scrape(time.time() + 3600, timeout_s=0.5)
-        assert time.monotonic() - started < 5
