@@ -31,6 +31,7 @@ from engine.core.token_timing import STALL_FLOOR_S
 from harness.knobs import knob_flags
 from harness.loadgen.clock import clock_warnings
 from harness.profiles import Profile, build_plan
+from harness.redact import redact_argv, redact_url
 from harness.report.errors import describe, error_summary, headline
 from harness.report.stall_causes import CLIENT_TOKEN_TIMES, ENGINE_RECORDS
 from harness.run.client_stalls import with_client_stalls
@@ -39,6 +40,8 @@ from harness.run.join import join_requests, shift_steps, write_spans
 from harness.run.live import RecordsTail, figures_line
 from harness.run.loadgen import LOCUST_OK_CODES, LocustRun, profile_file
 from harness.run.matrix import Cell
+from harness.run.outcome import judge_load
+from harness.run.outcome import status as cell_status
 from harness.run.scrape import MetricsScraper, export_prometheus
 from harness.run.server import ServedEngine, ServerStartError
 from harness.run.target_spans import SOURCE as TARGET_SPANS_SOURCE
@@ -215,7 +218,7 @@ def run_load_cell(
                 return _finish(run.result, settings, run.info)
             url = server.url
         else:
-            run.info["url"] = url
+            run.info["url"] = redact_url(url)
         load_s = _run_load(run, url)
         if server is not None:
             _stop_server(server, run)
@@ -442,7 +445,7 @@ def _run_locust(stack: ExitStack, run: _LoadCell, url: str, metrics: _Metrics) -
         extra=(["--api-key", settings.api_key] if settings.api_key else []) + settings.locust_args,
         grace_s=settings.grace_s,
     )
-    run.info["locust_command"] = ["locust", *locust.args]
+    run.info["locust_command"] = redact_argv(["locust", *locust.args])
     locust.start()
     stack.callback(locust.stop)
     tail = RecordsTail(run.records)
@@ -554,8 +557,12 @@ def _collect(
             epoch += shift_s
     # spans first: a --target cell's requests take server columns from them
     spans = _write_spans(result, settings, raw, info, shift_s)
+    open_rows = None
     if client is not None:
-        _write_requests(result, client, engine, epoch, info, settings.max_error_rate, spans)
+        open_rows = _write_requests(
+            result, client, engine, epoch, info, settings.max_error_rate, spans
+        )
+    judge_load(result, loadgen, open_rows)
     _write_engine_records(result, raw, epoch)
     if client is not None:
         _write_cell_summary(result, settings, load_s, info.get("faults") or None)
@@ -658,12 +665,13 @@ def _write_requests(
     info: dict,
     max_error_rate: float | None,
     spans: pl.DataFrame | None = None,
-) -> None:
+) -> int:
     """requests.parquet: every client row, the engine's columns joined on one clock
     (a --target cell: its stalls from the client's token times, ``stall_source``, and
     the server columns its spans give, ``server_columns_source``); the status counts,
     why requests failed (an error rate over ``max_error_rate`` degrades the cell), and
-    warnings for requests not ok or rows not scheduled."""
+    a warning for requests not ok. Returns the number of open-loop rows (rows short of
+    the schedule are judged by ``harness.run.outcome.judge_load``)."""
     cell = result.cell
     frame = join_requests(client, engine, epoch, cell.policy, cell.name)
     if result.mode == "target":
@@ -682,16 +690,15 @@ def _write_requests(
         result.warnings.append(
             "requests not ok: " + ", ".join(f"{k} {v}" for k, v in failed.items())
         )
-    if (
-        result.scheduled is not None
-        and frame.filter(pl.col("phase_kind") == "open").height != result.scheduled
-    ):
+    open_rows = frame.filter(pl.col("phase_kind") == "open").height
+    if result.scheduled is not None and open_rows > result.scheduled:
         result.warnings.append(
-            f"{frame.height} rows for {result.scheduled} scheduled open-loop requests"
+            f"{open_rows} open-loop rows for {result.scheduled} scheduled open-loop requests"
         )
     if engine is not None and epoch is not None:
         joined = frame["queue_s"].is_not_null().sum() if "queue_s" in frame.columns else 0
         info["engine_rows_joined"] = int(joined)
+    return open_rows
 
 
 def _with_target_span_columns(frame: pl.DataFrame, spans: pl.DataFrame, info: dict) -> pl.DataFrame:
@@ -831,6 +838,7 @@ def run_simulated_cell(
     (cell_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     result.counts = dict(sorted(frame.group_by("status").len().iter_rows())) if frame.height else {}
     _note_errors(result, frame, settings.max_error_rate)
+    judge_load(result, {}, None)
     result.generator_limited = False
     _note_files(result, ("requests.parquet", "steps.parquet", "spans.parquet", "decisions.parquet"))
     result.wall_s = time.monotonic() - started
@@ -857,7 +865,7 @@ def _finish(result: CellResult, settings: CellSettings, info: dict) -> CellResul
         "duration_scale": settings.duration_scale,
         "profile": settings.profile_name,
         "seed": settings.seed,
-        "target": settings.target,
+        "target": redact_url(settings.target) if settings.target else None,
         "executor": settings.executor if result.mode == "serve" else None,
         "torch_threads": settings.torch_threads if result.mode == "serve" else None,
         "settings": cell.settings,
@@ -867,9 +875,7 @@ def _finish(result: CellResult, settings: CellSettings, info: dict) -> CellResul
         "config": dataclasses.asdict(cell.config) if cell.config is not None else None,
         "versions": versions(),
         "machine": settings.machine,
-        "status": "failed"
-        if result.infrastructure_failure
-        else ("degraded" if result.failures else "ok"),
+        "status": cell_status(result),
         "failures": result.failures,
         "warnings": result.warnings,
         "missing": result.missing,

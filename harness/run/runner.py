@@ -21,10 +21,13 @@ from rich.text import Text
 from harness.cost_choice import cell_lines
 from harness.loadgen.prompt_choice import PromptChoice
 from harness.profiles import resolve_profile
+from harness.redact import redact_argv, redact_url
 from harness.report import errors as error_lines
 from harness.report.errors import HIGH_ERROR_RATE
 from harness.run.cell import CellResult, CellSettings, remove_raw, run_load_cell, run_simulated_cell
 from harness.run.matrix import RunPlan
+from harness.run.outcome import ERROR_RATE_EXIT, exit_code, run_status
+from harness.run.outcome import status as cell_status
 from harness.run.versions import versions
 
 
@@ -47,11 +50,6 @@ class RunOptions:
     #: a cell whose error rate (harness/report/errors.py) exceeds this makes the run exit
     #: ERROR_RATE_EXIT (None: no limit)
     max_error_rate: float | None = HIGH_ERROR_RATE
-
-
-#: Exit codes of `schedscope run` (docs/run.md, "Exit codes").
-INFRASTRUCTURE_EXIT = 1
-ERROR_RATE_EXIT = 3
 
 
 def default_root(base: Path = Path("runs")) -> Path:
@@ -178,7 +176,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
     run_info = {
         "kind": "schedscope-run",
         "mode": mode,
-        "command": options.argv,
+        "command": redact_argv(options.argv),
         "profile": plan.profile,
         "seed": plan.seed,
         "duration_scale": plan.duration_scale,
@@ -200,7 +198,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
         ],
         "run_file": plan.run_file,
         "settings": {
-            k: (str(v) if isinstance(v, Path) else v)
+            k: redact_url(str(v) if isinstance(v, Path) else v)
             for k, v in options.settings.items()
             if k != "api_key"
         },
@@ -263,14 +261,10 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
     run_info.update(
         {
             "wall_s": round(time.monotonic() - started, 3),
-            "status": "failed"
-            if any(r.infrastructure_failure for r in results)
-            else ("degraded" if any(r.failures for r in results) else "ok"),
+            "status": run_status(results),
             "results": {
                 r.cell.name: {
-                    "status": "failed"
-                    if r.infrastructure_failure
-                    else ("degraded" if r.failures else "ok"),
+                    "status": cell_status(r),
                     "failures": [
                         {k: v for k, v in f.items() if k != "log_tail"} for f in r.failures
                     ],
@@ -304,11 +298,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
     )
     out.print(summary_table(root, results, summary))
     _print_errors(console, results, over, options.max_error_rate)
-    if any(r.infrastructure_failure for r in results):
-        code = INFRASTRUCTURE_EXIT
-    else:
-        code = ERROR_RATE_EXIT if over else 0
-    return code, report_path, root
+    return exit_code(results, over), report_path, root
 
 
 def over_error_rate(results: list[CellResult], limit: float | None) -> list[CellResult]:

@@ -1,0 +1,83 @@
+"""What a cell's result means: one rule for a cell's status and the run's exit code.
+
+A cell is ``failed`` when something kept it from measuring the load it asked for (an
+infrastructure failure: a server that did not come up, Locust crashed or hung, a worker
+that ran another schedule, fewer load-generator workers than expected, or **no request
+completed**), ``degraded`` when it measured the load with failures that are not
+infrastructure (failed requests, generator lag, a lost worker), else ``ok``. The run
+exits 1 when any cell failed, else 3 when a cell's error rate exceeds
+``--max-error-rate``, else 0 (docs/run.md, "Exit codes").
+
+:func:`judge_load` adds the failures that only the cell's rows and the load
+generator's summary can show; every cell (served, ``--target``, simulated) goes
+through it, so "no request completed" means the same everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.run.cell import CellResult
+
+#: The run's exit codes (docs/run.md, "Exit codes").
+OK_EXIT = 0
+INFRASTRUCTURE_EXIT = 1
+ERROR_RATE_EXIT = 3
+
+#: The failure of a cell in which no scheduled request ended ``ok``.
+NO_COMPLETED = "no_completed_requests"
+#: The failure of a distributed cell that started with fewer workers than expected.
+WORKER_SHORTFALL = "worker_shortfall"
+#: The failure of a cell whose rows are fewer than its scheduled open-loop requests,
+#: with no lost worker to account for them.
+ROWS_MISSING = "rows_missing"
+
+
+def judge_load(result: CellResult, loadgen: dict, open_rows: int | None) -> None:
+    """Add to ``result`` the failures its counts and the load generator's summary show
+    (``loadgen``: ``merge_records``' summary, {} when it could not be read;
+    ``open_rows``: the cell's rows of open-loop requests, None when it has no rows)."""
+    expected, started = loadgen.get("workers_expected"), loadgen.get("workers_started")
+    if isinstance(expected, int) and isinstance(started, int) and started < expected:
+        result.fail(
+            WORKER_SHORTFALL,
+            f"{started} of the {expected} expected load-generator workers started: the "
+            "load sent was not the load asked for",
+            infrastructure=True,
+        )
+    scheduled = result.scheduled or 0
+    if not result.counts.get("ok"):
+        counts = ", ".join(f"{k} {v}" for k, v in result.counts.items()) or "no rows"
+        result.fail(
+            NO_COMPLETED,
+            f"no request completed ({counts}; {scheduled} scheduled): the cell measured nothing",
+            infrastructure=True,
+        )
+    lost = any(f["kind"] == "worker_lost" for f in result.failures)
+    if open_rows is not None and open_rows < scheduled and not lost:
+        result.fail(
+            ROWS_MISSING,
+            f"{open_rows} rows for {scheduled} scheduled open-loop requests: "
+            f"{scheduled - open_rows} have no record",
+        )
+
+
+def status(result: CellResult) -> str:
+    """``failed``, ``degraded`` or ``ok`` (module docstring)."""
+    if result.infrastructure_failure:
+        return "failed"
+    return "degraded" if result.failures else "ok"
+
+
+def run_status(results: list[CellResult]) -> str:
+    """The run's status: its worst cell's."""
+    states = {status(r) for r in results}
+    return next((s for s in ("failed", "degraded") if s in states), "ok")
+
+
+def exit_code(results: list[CellResult], over_error_rate: list[CellResult]) -> int:
+    """The run's exit code (module docstring)."""
+    if any(r.infrastructure_failure for r in results):
+        return INFRASTRUCTURE_EXIT
+    return ERROR_RATE_EXIT if over_error_rate else OK_EXIT
