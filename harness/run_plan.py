@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.run.matrix import Cell, RunPlan, build_cells, load_run_file, repeated
+from harness.run.matrix import (
+    LABEL_RE,
+    Cell,
+    RunFileError,
+    RunPlan,
+    build_cells,
+    load_run_file,
+    repeated,
+)
 
 
 def plan_run(
@@ -21,7 +29,9 @@ def plan_run(
     target_label: str | None = None,
     repeats: int = 1,
 ) -> RunPlan:
-    """The run's plan; RunFileError for a bad run file or knob."""
+    """The run's plan; RunFileError for a bad run file, knob or ``target_label``."""
+    if target_label is not None:
+        check_label(target_label)
     if run_file is not None:
         plan = load_run_file(
             run_file,
@@ -59,3 +69,14 @@ def plan_run(
             rounds,
         )
     return plan
+
+
+def check_label(label: str) -> None:
+    """A ``--label`` names the target's cells, hence their directories under ``--out``:
+    a name as a run file's knob set is (letters, digits, ``_ . -``, no path, at most 64
+    characters), so no label writes outside ``--out`` or carries markup or markup-like text."""
+    if not LABEL_RE.match(label):
+        raise RunFileError(
+            f"--label {label!r}: a name of letters, digits, '_', '.' and '-', starting with a "
+            "letter or digit, at most 64 characters (it names the cells' directories)"
+        )

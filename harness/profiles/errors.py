@@ -11,19 +11,23 @@ import re
 from typing import Any
 
 # Names end up in request ids, file names and metric labels: keep them plain.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
 class ProfileError(ValueError):
     """An invalid load profile; the message names the key path and the bad value."""
 
 
-def check_int(key: str, value: Any, *, minimum: int | None = None) -> int:
+def check_int(
+    key: str, value: Any, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     # bool is an int subclass; `max_tokens = true` is a typo, not 1.
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProfileError(f"{key}: expected an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise ProfileError(f"{key}: must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ProfileError(f"{key}: must be <= {maximum:,}, got {value!r}")
     return value
 
 

@@ -34,7 +34,9 @@ from engine.config import ConfigError, EngineConfig
 from engine.core.sched.policy import POLICY_NAMES
 from harness.knobs import build_engine_config, knob_types
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*\Z")
+#: A --target run's label (harness/run_plan.py): a knob set's name, '-' allowed too.
+LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 RUN_FILE_KEYS = {
     "profile",
     "policies",

@@ -1,0 +1,60 @@
+"""Secrets kept out of what schedscope writes and prints.
+
+A run records its command line, its target's URL and Locust's command line (run.json,
+summary.json, the report), and errors name URLs. None of these may carry a secret: the
+value of a flag that takes one (:data:`SECRET_FLAGS`), or the password of a URL
+(``http://user:password@host``). Each is replaced by :data:`MASK`; the rest is kept,
+so a recorded command still says that a key was given.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+#: What stands for a secret in anything written or printed.
+MASK = "***"
+#: Flags whose value is a secret (``schedscope run``'s, Locust's, ``dashboards push``').
+SECRET_FLAGS = ("--api-key", "--worker-token", "--grafana-token", "--token")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without the password of its user part (``http://ann:***@host/``); a string
+    that is not a URL with credentials comes back as it is."""
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK  # not parseable: it may still hold a secret
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    user = f"{parts.username}:{MASK}" if parts.password is not None else MASK
+    return urlunsplit(
+        (parts.scheme, f"{user}@{host}{port}", parts.path, parts.query, parts.fragment)
+    )
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """A command line with every secret flag's value masked (``--api-key K`` and
+    ``--api-key=K``) and every URL's password removed."""
+    out: list[str] = []
+    masked_next = False
+    for arg in argv:
+        if masked_next:
+            out.append(MASK)
+            masked_next = False
+            continue
+        flag, eq, _ = arg.partition("=")
+        if flag in SECRET_FLAGS:
+            if eq:
+                out.append(f"{flag}={MASK}")
+            else:
+                out.append(arg)
+                masked_next = True
+            continue
+        out.append(f"{flag}={redact_url(arg[len(flag) + 1 :])}" if eq else redact_url(arg))
+    return out
