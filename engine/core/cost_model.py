@@ -93,6 +93,12 @@ class CostModelError(ValueError):
     pass
 
 
+#: The largest value of any parameter (seconds per unit of its feature): a minute per
+#: token, sequence or step is beyond any engine, and a bound keeps every step's price
+#: finite (1e300 overflowed the simulator's arithmetic).
+MAX_PARAMETER_S = 60.0
+
+
 @dataclass(frozen=True)
 class CostModel:
     # Defaults: `schedscope calibrate --from-steps` of six served runs of the default
@@ -137,17 +143,20 @@ class CostModel:
     fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in FEATURES:
+        for name in (*FEATURES, "client_latency_s"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or value < 0:
+            # NaN and inf pass "< 0"; a NaN step cost hung the simulator's clock and an
+            # infinite one made every latency null; a bool is not a price.
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or not 0 <= value <= MAX_PARAMETER_S
+            ):
                 raise CostModelError(
-                    f"cost model parameter {name} must be a number >= 0, got {value!r}"
+                    f"cost model parameter {name} must be a finite number of seconds in "
+                    f"[0, {MAX_PARAMETER_S:g}], got {value!r}"
                 )
-        if not isinstance(self.client_latency_s, int | float) or self.client_latency_s < 0:
-            raise CostModelError(
-                f"cost model parameter client_latency_s must be a number >= 0, got "
-                f"{self.client_latency_s!r}"
-            )
         if not isinstance(self.fingerprint, dict):
             raise CostModelError(
                 f"cost model fingerprint must be an object, got {self.fingerprint!r}"

@@ -32,3 +32,27 @@ def test_an_empty_fingerprint_is_left_out_and_an_old_file_loads(tmp_path):
 def test_a_fingerprint_that_is_not_an_object_is_refused():
     with pytest.raises(CostModelError, match="fingerprint must be an object"):
         CostModel.from_dict({"fingerprint": "laptop"})
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("step_overhead_s", float("nan")),  # hung `schedscope simulate`
+        ("step_overhead_s", float("inf")),  # every latency null, exit 0
+        ("client_latency_s", float("nan")),
+        ("decode_seq_s", True),  # a boolean read as 1.0
+        ("prefill_token_s", 1e300),  # OverflowError in the simulator
+        ("swap_block_s", -1e-6),
+        ("mixed_step_s", "0.001"),
+    ],
+)
+def test_every_parameter_must_be_a_finite_bounded_number(name, value):
+    with pytest.raises(CostModelError, match=name):
+        CostModel.from_dict({name: value})
+
+
+def test_a_file_with_nan_is_refused_when_loaded(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text('{"step_overhead_s": NaN}')  # Python's json reads NaN and Infinity
+    with pytest.raises(CostModelError, match="step_overhead_s"):
+        CostModel.load(path)

@@ -186,3 +186,13 @@ def test_calibrate_show_names_the_sources_a_pooled_fit_came_from(
         f"  fitted from the step cycles of calibration /cal (3497 steps{cal_said}); "
         f"run /runs/a/fcfs (2519 steps{run_said})"
     )
+
+
+@pytest.mark.parametrize("text", ['{"step_overhead_s": NaN}', '{"client_latency_s": Infinity}'])
+def test_simulate_and_tune_refuse_a_cost_model_with_a_non_finite_parameter(tmp_path, text):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    runner = CliRunner()
+    result = runner.invoke(app, ["simulate", "--cost-model", str(path), "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "finite" in result.output
