@@ -270,7 +270,9 @@ def run(
     if expect_workers:
         _check_shippable(plan.profile)
     try:
-        resolve_profile(plan.profile).with_duration_scale(plan.duration_scale)
+        scaled = resolve_profile(plan.profile).with_duration_scale(plan.duration_scale)
+        for rate in {c.rate_scale for c in plan.cells}:
+            scaled.with_rate_scale(rate)  # a rate scale may ask for too many requests
     except ProfileError as exc:
         raise typer.BadParameter(str(exc), param_hint="--profile") from None
     from harness.run.loadgen import distribution_args, worker_line

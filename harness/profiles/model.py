@@ -19,6 +19,12 @@ from harness.profiles.distributions import LengthDistribution
 from harness.profiles.errors import ProfileError, check_int, check_name, check_number
 from harness.profiles.trace import ReplayTrace
 
+#: The most requests one run may expect to schedule (the plan holds one spec each: a
+#: million is a few hundred MB; a rate of 1e12 asked for 72 TiB).
+MAX_EXPECTED_REQUESTS = 1_000_000
+#: The most users of a closed-loop phase (each is a loop of the load generator).
+MAX_CONCURRENCY = 10_000
+
 
 @dataclass(frozen=True, kw_only=True)
 class Slo:
@@ -140,7 +146,7 @@ class Phase:
                 f"burstiness: applies to open-loop (`rate`) phases only, got {self.burstiness!r}"
             )
         if self.concurrency is not None:
-            check_int("concurrency", self.concurrency, minimum=1)
+            check_int("concurrency", self.concurrency, minimum=1, maximum=MAX_CONCURRENCY)
         if self.trace is not None:
             if not isinstance(self.trace, ReplayTrace):
                 raise ProfileError(f"trace: expected a ReplayTrace, got {self.trace!r}")
@@ -225,6 +231,13 @@ class Profile:
                 if not isinstance(item, kind):
                     raise ProfileError(f"{key}[{i}]: expected a {kind.__name__}, got {item!r}")
             object.__setattr__(self, key, items)
+        expected = sum(p.expected_requests or 0.0 for p in self.phases)
+        if expected > MAX_EXPECTED_REQUESTS:
+            raise ProfileError(
+                f"phases: about {expected:,.0f} requests expected (rate x duration over the "
+                f"phases), more than the {MAX_EXPECTED_REQUESTS:,} one run schedules: lower "
+                "the rate, the rate scale or the duration"
+            )
         seen: set[str] = set()
         for i, c in enumerate(self.classes):
             if c.name in seen:

@@ -612,6 +612,28 @@ def test_toml_errors_name_the_key(tmp_path, old, new, message):
     assert str(e.value).startswith(f"{path}: ")
 
 
+@pytest.mark.parametrize(
+    "new, message",
+    [
+        # each was accepted and ended in a MemoryError (72.8 TiB for 1e12)
+        ("rate = 1e12", r"phases: about 10,000,000,000,000 requests expected .* 1,000,000"),
+        ("duration_s = 3600\nrate = 1e6", r"phases: about 3,600,000,000 requests expected"),
+        ("concurrency = 1000000000", r"phases\[0\]\.concurrency: must be <= 10,000"),
+    ],
+)
+def test_absurd_loads_are_refused_naming_the_key(tmp_path, new, message):
+    text = VALID_TOML.replace("duration_s = 10\nrate = 1", "duration_s = 10\n" + new, 1)
+    text = text.replace("duration_s = 10\nduration_s = 3600", "duration_s = 3600")
+    with pytest.raises(ProfileError, match=message):
+        load_profile(write(tmp_path, text))
+
+
+def test_a_rate_scale_that_asks_for_too_many_requests_is_refused(tmp_path):
+    profile = load_profile(write(tmp_path, VALID_TOML))
+    with pytest.raises(ProfileError, match="requests expected"):
+        profile.with_rate_scale(1e9)
+
+
 def test_dict_structure_errors():
     base = {"name": "x", "seed": 0, "phases": [{"name": "p", "duration_s": 1, "rate": 1}]}
     with pytest.raises(
