@@ -10,6 +10,7 @@ text that could echo it back is redacted.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from grafana_client.client import (
     GrafanaTimeoutError,
     GrafanaUnauthorizedError,
 )
+
+from harness.redact import MASK, redact_url
 
 TOKEN_ENV = "GRAFANA_TOKEN"
 
@@ -53,13 +56,21 @@ def push_dashboards(
     ``token`` is a Grafana service-account token or API key (sent as ``Authorization:
     Bearer``); ``None`` pushes without credentials (a Grafana with anonymous editors).
     """
-    parsed = urlparse(grafana_url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+    shown = redact_url(grafana_url)  # the URL as messages name it: no password
+    try:
+        parsed = urlparse(grafana_url)
+        scheme, hostname, password = parsed.scheme, parsed.hostname, parsed.password
+    except ValueError:  # a bad port or IPv6 literal
+        scheme = hostname = password = None
+    if scheme not in ("http", "https") or not hostname:
         raise PushError(
-            f"--grafana-url {grafana_url!r} is not an http(s) URL (e.g. http://localhost:3000)"
+            f"--grafana-url {shown!r} is not an http(s) URL (e.g. http://localhost:3000)"
         )
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise PushError(f"--timeout-s {timeout_s!r}: must be a number of seconds > 0")
     api = GrafanaApi.from_url(grafana_url, credential=token or None, timeout=timeout_s)
-    redact = _redactor(token)
+    redact = _redactor(token, password)
+    grafana_url = shown
 
     try:
         info = api.health.check()
@@ -150,8 +161,13 @@ def _short(exc: Exception) -> str:
     return text if len(text) < 300 else text[:300] + "..."
 
 
-def _redactor(token: str | None):
+def _redactor(*secrets: str | None):
+    """Masks each secret wherever a library's message may have put it."""
+
     def redact(text: str) -> str:
-        return text.replace(token, "***") if token else text
+        for secret in secrets:
+            if secret:
+                text = text.replace(secret, MASK)
+        return text
 
     return redact

@@ -52,11 +52,14 @@ def dashboards_push(
     timeout_s: float = typer.Option(10.0, "--timeout-s", help="Seconds per HTTP request."),
 ) -> None:
     """Upload the dashboards to Grafana, overwriting by uid (token from GRAFANA_TOKEN)."""
+    import math
     import os
 
     from harness.dashboards import DASHBOARDS, dashboard_dict
     from harness.grafana_push import TOKEN_ENV, PushError, push_dashboards
 
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise typer.BadParameter(f"{timeout_s!r}: must be > 0", param_hint="--timeout-s")
     token = os.environ.get(TOKEN_ENV) or None
     if token is None:
         err_console.print(f"{TOKEN_ENV} is not set: pushing without credentials")

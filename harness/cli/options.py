@@ -72,3 +72,21 @@ def choose_cost_model(value: str | None, machine: Fingerprint, say: bool = True)
     if say:
         err_console.print(choice.line, soft_wrap=True, highlight=False, markup=False)
     return choice
+
+
+def writable_dir(path: Path, flag: str = "--out") -> Path:
+    """``path`` made (with its parents) and writable, before any work whose results go
+    there: a directory that cannot be written is a usage error naming ``flag`` (exit 2),
+    not a traceback after a long search."""
+    import os
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise typer.BadParameter(
+            f"cannot make directory {path}: {reason}", param_hint=flag
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise typer.BadParameter(f"cannot write into {path}", param_hint=flag)
+    return path

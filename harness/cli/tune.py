@@ -13,7 +13,7 @@ import typer
 
 from engine.config import ConfigError
 from harness.cli.app import console, err_console
-from harness.cli.options import check_faults, choose_cost_model
+from harness.cli.options import check_faults, choose_cost_model, writable_dir
 from harness.knobs import build_engine_config, config_error, with_engine_knobs
 from harness.machine import fingerprint
 from harness.profiles import ProfileError, resolve_profile
@@ -161,9 +161,9 @@ def tune(
     _check_kv_plan(config)
     current = dict(knob_values)
     chosen_space = chosen_space.for_current(current)
+    out = writable_dir(out or _default_out())  # before the search, not after it
     choice = choose_cost_model(cost_model, fingerprint(config.model))
     ctx = Context(prof, seed, tuple(targets), choice.model, objective, precision)
-    out = out or _default_out()
     summary = _run(
         ctx,
         chosen_space,

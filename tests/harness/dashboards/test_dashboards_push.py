@@ -232,3 +232,23 @@ def test_a_url_that_is_not_http_is_refused_before_any_request():
     result = push("localhost:3000")
     assert result.exit_code == 1
     assert "is not an http(s) URL" in result.output
+
+
+def test_a_password_in_the_url_is_never_printed(caplog):
+    caplog.set_level(logging.DEBUG)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = push(f"http://admin:hunter2@127.0.0.1:{port}")
+    assert result.exit_code == 1
+    assert f"cannot connect to Grafana at http://admin:***@127.0.0.1:{port}" in result.output
+    assert "hunter2" not in result.output and "hunter2" not in caplog.text
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan"])
+def test_a_timeout_that_is_not_positive_is_a_usage_error(timeout):
+    result = CliRunner().invoke(
+        app, ["dashboards", "push", "--grafana-url", "http://127.0.0.1:9", "--timeout-s", timeout]
+    )
+    assert result.exit_code == 2, result.output
+    assert "--timeout-s" in result.output and "look like Grafana" not in result.output

@@ -147,3 +147,17 @@ def test_usage_errors_exit_2_naming_the_problem(args, names, tmp_path):
     result = runner.invoke(app, ["tune", *args, "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert names in " ".join(result.output.split())
+
+
+def test_an_out_that_cannot_be_a_directory_is_refused_before_the_search(tmp_path):
+    # `--out /etc/passwd` tracebacked after the whole search.
+    file = tmp_path / "a-file"
+    file.write_text("keep me\n")
+    result = runner.invoke(
+        app, ["tune", "--slo", "short_chat:ttft_p95<=1s", "--out", str(file / "sub")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "--out" in result.output and "cannot make directory" in " ".join(result.output.split())
+    result = runner.invoke(app, ["tune", "--slo", "short_chat:ttft_p95<=1s", "--out", str(file)])
+    assert result.exit_code == 2, result.output
+    assert file.read_text() == "keep me\n"
