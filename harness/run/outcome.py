@@ -30,8 +30,10 @@ NO_COMPLETED = "no_completed_requests"
 #: The failure of a distributed cell that started with fewer workers than expected.
 WORKER_SHORTFALL = "worker_shortfall"
 #: The failure of a cell whose rows are fewer than its scheduled open-loop requests,
-#: with no lost worker to account for them.
+#: with no worker failure to account for them.
 ROWS_MISSING = "rows_missing"
+#: Failures that already count the rows their worker did not send.
+_WORKER_FAILURES = ("worker_lost", "worker_failed", "worker_plan_mismatch", WORKER_SHORTFALL)
 
 
 def judge_load(result: CellResult, loadgen: dict, open_rows: int | None) -> None:
@@ -54,8 +56,8 @@ def judge_load(result: CellResult, loadgen: dict, open_rows: int | None) -> None
             f"no request completed ({counts}; {scheduled} scheduled): the cell measured nothing",
             infrastructure=True,
         )
-    lost = any(f["kind"] == "worker_lost" for f in result.failures)
-    if open_rows is not None and open_rows < scheduled and not lost:
+    explained = any(f["kind"] in _WORKER_FAILURES for f in result.failures)
+    if open_rows is not None and open_rows < scheduled and not explained:
         result.fail(
             ROWS_MISSING,
             f"{open_rows} rows for {scheduled} scheduled open-loop requests: "
