@@ -16,14 +16,22 @@ every row up to the last flush: ``schedscope recover-records FILE`` (or
 ``polars.read_parquet("FILE.parts/")`` reads them as they are. A part that cannot be
 written (a full disk) is kept in memory and tried again at the next flush; only what
 still cannot be written at shutdown is lost, and reported.
+
+A merge never destroys what it cannot replace: it is written to a temporary file beside
+``FILE`` and renamed over it only when whole, so a failure (a part that does not read,
+parts of other columns, a full disk) leaves ``FILE`` and every part as they were. Only
+the server's own files are removed afterwards — the parts merged, and the temporaries
+of a write the crash cut short (:data:`PART_NAME`, :data:`PART_TEMPORARY`) — and the
+folder only once it is empty: a file of anyone else's in ``FILE.parts/`` stays.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
+import re
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -38,7 +46,15 @@ log = logging.getLogger("schedscope.records")
 #: of records, and what bounds the memory rows take (one interval's worth).
 FLUSH_INTERVAL_S = 2.0
 
-PART_PATTERN = "part-*.parquet"
+#: A part as the writer names it (``part-000001.parquet``; more digits past 999,999), and
+#: the temporary it is written under before the rename: nothing else in ``FILE.parts/``
+#: is the server's, so nothing else is merged or removed.
+PART_NAME = re.compile(r"^part-(?P<number>\d{6,})\.parquet$")
+PART_TEMPORARY = re.compile(r"^\.part-\d{6,}\.parquet\.tmp$")
+
+
+class RecordMergeError(RuntimeError):
+    """The parts of a record file cannot be merged; nothing was changed."""
 
 
 class RowCollector(Protocol):
@@ -56,35 +72,132 @@ def parts_dir(path: Path) -> Path:
     return path.with_name(path.name + ".parts")
 
 
+def part_name(number: int) -> str:
+    """The name of the ``number``-th part (1-based)."""
+    return f"part-{number:06d}.parquet"
+
+
 def part_paths(path: Path) -> list[Path]:
-    """The parts of ``path`` written so far, in the order they were written."""
+    """The parts of ``path`` written so far, in the order they were written (by number:
+    ``part-1000000`` follows ``part-999999``)."""
     folder = parts_dir(path)
-    return sorted(folder.glob(PART_PATTERN)) if folder.is_dir() else []
+    if not folder.is_dir():
+        return []
+    found = [
+        (int(match["number"]), p)
+        for p in folder.iterdir()
+        if (match := PART_NAME.match(p.name)) and p.is_file()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def _check_parts(parts: list[Path]) -> None:
+    """Every part readable, all of one schema, before anything is written: the error
+    names the part (a merge would fail on it half-way, or mix columns)."""
+    first = None
+    for part in parts:
+        try:
+            schema = pl.scan_parquet(part, glob=False).collect_schema()
+        except Exception as exc:  # polars raises several kinds for a file that is not Parquet
+            text = str(exc).strip().splitlines()
+            raise RecordMergeError(
+                f"{part} is not a readable Parquet file ({text[0] if text else type(exc).__name__})"
+            ) from None
+        if first is None:
+            first = (part, schema)
+        elif schema != first[1]:
+            raise RecordMergeError(
+                f"{part} has other columns than {first[0].name} "
+                f"({', '.join(schema.names())} against {', '.join(first[1].names())})"
+            )
+
+
+def _remove_server_files(path: Path, merged: list[Path]) -> list[Path]:
+    """Remove the parts merged and the server's temporaries; remove ``FILE.parts/`` when
+    that empties it. Returns the files left there (none of them the server's)."""
+    folder = parts_dir(path)
+    for part in merged:
+        part.unlink(missing_ok=True)
+    kept = []
+    for other in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if PART_TEMPORARY.match(other.name) and other.is_file():
+            # A write cut by the crash: never renamed, so never a whole part.
+            other.unlink(missing_ok=True)
+        else:
+            kept.append(other)
+    if not kept:
+        try:
+            folder.rmdir()
+        except OSError:  # something appeared, or no permission: the folder stays
+            kept = sorted(folder.iterdir()) if folder.is_dir() else []
+    return kept
+
+
+@dataclass
+class Merged:
+    """What a merge did: rows written to the record file, from how many parts, whether
+    it replaced a file that was there, and what it left in ``FILE.parts/``."""
+
+    num_rows: int
+    num_parts: int
+    replaced: bool = False
+    kept: list[Path] = field(default_factory=list)
+
+
+def merge(path: Path, schema: dict[str, pl.DataType] | None = None) -> Merged:
+    """Merge the parts of ``path`` into ``path`` (in order; an empty file of ``schema``
+    when there are none) through a temporary file renamed over ``path``, then remove the
+    server's files (module docstring). Raises :class:`RecordMergeError` (a part that
+    cannot be merged) or ``OSError`` (``path`` cannot be written) and changes nothing."""
+    parts = part_paths(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _check_parts(parts)
+    target = path.resolve()  # through a link: the link stays, its file is replaced
+    replaced = target.is_file()
+    if target.exists() and not replaced:
+        # Not a regular file (a device, a pipe): nothing to rename over; written in place.
+        num_rows = _write_merged(parts, schema, target)
+    else:
+        # In the same directory, so the rename is atomic: the file is the old one or the
+        # whole new one, never half of either.
+        temporary = target.with_name(f".{target.name}.merging")
+        try:
+            num_rows = _write_merged(parts, schema, temporary)
+            os.replace(temporary, target)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    return Merged(num_rows, len(parts), replaced, _remove_server_files(path, parts))
+
+
+def _write_merged(parts: list[Path], schema: dict | None, out: Path) -> int:
+    """``parts`` concatenated into ``out`` (streamed: one part in memory at a time), or
+    an empty file of ``schema`` when there are none; the number of rows."""
+    if not parts:
+        write_parquet(pl.DataFrame(schema=schema or {}), out)
+        return 0
+    pl.scan_parquet(parts, glob=False).sink_parquet(out, compression="zstd", statistics=False)
+    return sum(pl.scan_parquet(p, glob=False).select(pl.len()).collect().item() for p in parts)
 
 
 def merge_parts(path: Path, schema: dict[str, pl.DataType] | None = None) -> int:
-    """Merge the parts of ``path`` into ``path`` (in order; an empty file of ``schema``
-    when there are none), then remove the parts. Returns the number of rows. Raises
-    (and keeps the parts) when ``path`` cannot be written."""
-    parts = part_paths(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if parts:
-        scan = pl.scan_parquet(parts)
-        scan.sink_parquet(path, compression="zstd", statistics=False)
-        num_rows = pl.scan_parquet(path).select(pl.len()).collect().item()
-    else:
-        write_parquet(pl.DataFrame(schema=schema or {}), path)
-        num_rows = 0
-    shutil.rmtree(parts_dir(path), ignore_errors=True)
-    return num_rows
+    """:func:`merge`, returning the number of rows."""
+    return merge(path, schema).num_rows
+
+
+def recover(path: Path) -> Merged | None:
+    """After a crash: merge the parts a run left of ``path`` into ``path`` (:func:`merge`).
+    None when there is nothing to recover (no ``FILE.parts/``, or no part in it): then
+    nothing is written, so a failed recovery never leaves a 0-row ``path``."""
+    if not part_paths(path):
+        return None
+    return merge(path)
 
 
 def recover_record_file(path: Path) -> int | None:
-    """After a crash: merge the parts a run left of ``path`` into ``path``. Returns the
-    number of rows recovered, or None when ``path`` has no parts."""
-    if not parts_dir(path).is_dir():
-        return None
-    return merge_parts(path)
+    """:func:`recover`, returning the number of rows recovered (None: nothing to recover)."""
+    merged = recover(path)
+    return None if merged is None else merged.num_rows
 
 
 class IncrementalRecordWriter:
@@ -135,8 +248,8 @@ class IncrementalRecordWriter:
         frame = pl.concat(self._pending) if len(self._pending) > 1 else self._pending[0]
         folder = parts_dir(self.path)
         folder.mkdir(parents=True, exist_ok=True)
-        part = folder / f"part-{self._num_parts + 1:06d}.parquet"
-        temporary = part.with_name("." + part.name + ".tmp")
+        part = folder / part_name(self._num_parts + 1)
+        temporary = part.with_name("." + part.name + ".tmp")  # PART_TEMPORARY
         try:
             write_parquet(frame, temporary)
             os.replace(temporary, part)

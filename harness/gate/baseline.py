@@ -25,6 +25,7 @@ mismatch is allowed by name (``--allow-mismatch``).
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -131,7 +132,33 @@ def _dumps(value, indent: str = "") -> str:
     return json.dumps(value)
 
 
+def _duration(path: Path, name: str, value) -> float:
+    """A cell's ``duration_s``: a finite number of seconds >= 0 (absent: 0, unknown)."""
+    if value is None:
+        return 0.0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise GateInputError(
+            f"{path}: cell {name}: duration_s {value!r} is not a duration in seconds (>= 0)"
+        )
+    return float(value)
+
+
+def _repeats(path: Path, name: str, value) -> int:
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GateInputError(f"{path}: cell {name}: repeats {value!r} is not a count >= 1")
+    return value
+
+
 def side_from_baseline(path: Path, body: dict, label: str) -> Side:
+    """The side a baseline file describes; :class:`GateInputError` naming the file, the
+    cell and the field for anything that is not as :func:`baseline_document` writes it."""
     version = body.get("baseline_version")
     if version != BASELINE_VERSION:
         raise GateInputError(
@@ -146,6 +173,10 @@ def side_from_baseline(path: Path, body: dict, label: str) -> Side:
         if not isinstance(cell, dict):
             raise GateInputError(f"{path}: cell {name}: expected an object")
         columns = cell.get("columns") or []
+        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+            raise GateInputError(f"{path}: cell {name}: columns: expected a list of names")
+        if not isinstance(cell.get("rows") or [], list):
+            raise GateInputError(f"{path}: cell {name}: rows: expected a list of rows")
         missing = [c for c in GATE_COLUMNS if c not in columns]
         if missing:
             raise GateInputError(f"{path}: cell {name} lacks the column {missing[0]}")
@@ -168,18 +199,22 @@ def side_from_baseline(path: Path, body: dict, label: str) -> Side:
                 f"{path}: cell {name}: its rows are not the schedule it records (edited by "
                 "hand?); write it again with `schedscope baseline update`"
             )
+        lag = cell.get("send_lag_p99_s")
         cells[name] = CellData(
             name=name,
             frame=frame,
-            duration_s=float(cell.get("duration_s") or 0.0),
+            duration_s=_duration(path, name, cell.get("duration_s")),
             generator_limited=cell.get("generator_limited"),
-            send_lag_p99_s=cell.get("send_lag_p99_s"),
+            send_lag_p99_s=lag if isinstance(lag, (int, float)) else None,
             schedule=schedule,
-            repeats=int(cell.get("repeats") or 1),
+            repeats=_repeats(path, name, cell.get("repeats")),
         )
     if not cells:
         raise GateInputError(f"{path}: a baseline with no cells")
-    return Side(label, path, "requests", body.get("mode"), dict(body.get("identity") or {}), cells)
+    identity = body.get("identity") or {}
+    if not isinstance(identity, dict):
+        raise GateInputError(f"{path}: identity: expected an object")
+    return Side(label, path, "requests", body.get("mode"), dict(identity), cells)
 
 
 def mismatches(baseline: Side, current: Side) -> dict[str, str]:

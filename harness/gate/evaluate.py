@@ -85,8 +85,8 @@ def _series(rule: Rule, cell: CellData, klass: str, estimate_itl: bool = False):
     if rule.metric == "goodput":
         # Each request counts 1 / its own run's duration, so that one statistic (the sum)
         # is each side's goodput whatever their durations or numbers of repeats.
-        duration = max(cell.duration_s, 1e-9)
-        values = rows["slo_met"].cast(pl.Float64).to_numpy() / duration
+        duration = cell.duration_s  # > 0: check_rows
+        values = rows["slo_met"].cast(pl.Float64).fill_null(0.0).to_numpy() / duration
         return values, rows["offset_s"].to_numpy(), lambda v: float(v.sum()), _runs(rows)
     if rule.metric == "error_rate":
         values = (rows["status"] != "ok").cast(pl.Float64).to_numpy()
@@ -268,8 +268,16 @@ def _regression(
     else:
         interval = _interval(rule, a, b, klass, config, estimate)
         method = "bootstrap"
-    if value_a is None or value_b is None:
-        passed, message = False, "no value on one side (no finished request of this class)"
+    if value_b is None:
+        # Nothing to compare with: the baseline's fault, not the change's (exit 2).
+        raise GateInputError(
+            f"rule {rule.name}: the baseline ({baseline.path}) has no value of {rule.label} "
+            f"in cell {name}, class {klass} (no finished request): nothing to compare with; "
+            "record the baseline again from a run whose requests finish"
+        )
+    if value_a is None:
+        # The current run has rows but none finished: what the change did (exit 1).
+        passed, message = False, "no finished request of this class in the current run"
     elif change is None:
         passed = False
         message = f"baseline is 0 and current {value_a:.6g}: a relative change is undefined"
@@ -427,6 +435,27 @@ def check_usable(side: Side, what: str) -> None:
             )
 
 
+def check_rows(config: GateConfig, side: Side, what: str) -> None:
+    """A cell with no request at all cannot be gated, on either side (exit 2): it says
+    nothing about the engine, and every line of it would be "no value". Nor can goodput
+    be without the cell's duration (a rate over an unknown span)."""
+    goodput = any(rule.metric == "goodput" for rule in config.rules)
+    for name, cell in side.cells.items():
+        if cell.frame is not None:
+            requests = cell.frame.height
+        else:
+            requests = ((cell.summary or {}).get("overall") or {}).get("requests")
+        if requests == 0:
+            raise GateInputError(
+                f"the {what} ({side.path}) cell {name} has no request rows: nothing to gate"
+            )
+        if goodput and cell.frame is not None and not cell.duration_s > 0:
+            raise GateInputError(
+                f"the {what} ({side.path}) cell {name} has no known duration (0 s): its "
+                "goodput (requests/s) cannot be computed"
+            )
+
+
 def evaluate(config: GateConfig, baseline: Side, current: Side) -> list[Check]:
     """Every line of the gate, in rule order (then cell, then class)."""
     if baseline.simulated != current.simulated:
@@ -436,6 +465,8 @@ def evaluate(config: GateConfig, baseline: Side, current: Side) -> list[Check]:
         )
     check_usable(baseline, "baseline")
     check_usable(current, "current")
+    check_rows(config, baseline, "baseline")
+    check_rows(config, current, "current")
     checks: list[Check] = []
     for rule in config.rules:
         for name in _cells(rule, baseline, current):

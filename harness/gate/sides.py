@@ -51,8 +51,8 @@ REPEAT_RE = re.compile(r"^(?P<cell>.+)-r(?P<repeat>\d+)$")
 #: The version of the gate's per-request rows (GATE_COLUMNS and their meaning): a side's
 #: ``schema_version`` identity for run directories and baseline files alike.
 ROWS_SCHEMA_VERSION = 1
-#: Latency columns that may not hold NaN on a finished request.
-NUMERIC_COLUMNS = ("ttft_s", "tpot_s", "e2e_s", "queue_s", "stall_s")
+#: The statuses a request row may have (docs/records.md).
+STATUSES = ("ok", "error", "rejected", "aborted")
 
 
 class GateInputError(ValueError):
@@ -142,15 +142,29 @@ def _identity_machine(mode: str | None, summary: dict, machine) -> str | None:
 
 
 def check_numbers(frame: pl.DataFrame, where: str) -> None:
-    """A finished request with a NaN latency cannot be gated: name it (exit 2)."""
-    ok = frame.filter(pl.col("status") == "ok")
-    for column in NUMERIC_COLUMNS:
-        bad = ok.filter(pl.col(column).is_nan())
-        if bad.height:
-            raise GateInputError(
-                f"{where}: request {bad['request_id'][0]} has {column} NaN "
-                f"({bad.height} such requests)"
-            )
+    """Rows no request can have cannot be gated (exit 2), named with the first such
+    request: a latency, count or gap that is negative, NaN or infinite (the report's
+    check, :func:`harness.report.validate.bad_values`), an arrival offset that is not a
+    finite number, a status that is not one of :data:`STATUSES`. An infinite latency
+    would turn every percentile and interval into NaN, a negative one would pass any
+    ceiling."""
+    from harness.report.validate import bad_values
+
+    problems = bad_values(frame)
+    offsets = frame.filter(~pl.col("offset_s").cast(pl.Float64).is_finite().fill_null(False))
+    if offsets.height:
+        problems.append(
+            f"request {offsets['request_id'][0]} has offset_s {offsets['offset_s'][0]} "
+            f"({offsets.height} such rows): the schedule offset must be a finite number"
+        )
+    statuses = frame.filter(~pl.col("status").is_in(STATUSES).fill_null(False))
+    if statuses.height:
+        problems.append(
+            f"request {statuses['request_id'][0]} has status {statuses['status'][0]!r} "
+            f"({statuses.height} such rows; a status is one of {', '.join(STATUSES)})"
+        )
+    if problems:
+        raise GateInputError(f"{where}: " + "; ".join(problems))
 
 
 def normalise(frame: pl.DataFrame) -> pl.DataFrame:
@@ -227,6 +241,8 @@ def open_directory(path: Path, label: str) -> Side:
         run = open_run(path, label)
     except ReportInputError as exc:
         raise GateInputError(str(exc)) from None
+    if run.broken:  # the report leaves such a cell out; the gate cannot compare without it
+        raise GateInputError(" | ".join(f"cell {b.policy}: {b.text}" for b in run.broken))
     run_json = _optional_json(path / "run.json")
     summary = _optional_json(path / "summary.json")
     mode = run_json.get("mode") or summary.get("mode")
@@ -234,6 +250,11 @@ def open_directory(path: Path, label: str) -> Side:
     cells: dict[str, CellData] = {}
     machine = run_json.get("machine") or summary.get("machine")
     for name, data in run.policies.items():
+        if "duration_s" in data.refused_info:
+            raise GateInputError(
+                f"{path / 'summary.json'}: cell {name}: duration_s "
+                f"{data.refused_info['duration_s']!r} is not a duration in seconds (>= 0)"
+            )
         frame = load_requests(data.requests, slos)
         cell_json = _optional_json(data.path / "run.json")
         mode = mode or cell_json.get("mode")

@@ -14,7 +14,7 @@ import polars as pl
 from engine.core.token_timing import STALL_FLOOR_S
 from harness.report import diagnosis, errors, figures, simulator_check, stalls, tables, verdict
 from harness.report.cells import baseline, cell_groups
-from harness.report.inputs import PolicyData, RunData, open_runs
+from harness.report.inputs import BrokenCell, PolicyData, ReportInputError, RunData, open_runs
 
 
 @dataclass
@@ -64,6 +64,8 @@ class Report:
     options: ReportOptions
     figures: list[tuple[str, str, object]] = field(default_factory=list)  # (section, title, fig)
     missing: list[str] = field(default_factory=list)
+    #: Cells left out because their records cannot be used (harness/report/validate.py).
+    broken: list[BrokenCell] = field(default_factory=list)
 
 
 def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
@@ -74,13 +76,13 @@ def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
     candidates = []
     if options is not None and options.profile:
         candidates.append((options.profile, "--profile"))
-    if run.info.get("profile"):
+    if isinstance(run.info.get("profile"), str):
         candidates.append((run.info["profile"], "summary.json profile"))
     rc = run.info.get("run_config") or {}
-    if isinstance(rc.get("profile"), str):
+    if isinstance(rc, dict) and isinstance(rc.get("profile"), str):
         candidates.append((rc["profile"], f"{run.info.get('run_config_file')} profile"))
     for data in run.policies.values():
-        if "profile" in data.columns("requests"):
+        if data.requests.collect_schema().get("profile") == pl.String:
             names = (
                 data.requests.select(pl.col("profile").unique())
                 .collect()["profile"]
@@ -105,51 +107,76 @@ def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
 
 
 def build_report(run_dirs: list[Path | str], options: ReportOptions | None = None) -> Report:
+    """The report of ``run_dirs``. Cells that cannot be used are left out and listed in
+    ``broken``; :class:`ReportInputError` when no cell of any run can be used."""
     options = options or ReportOptions()
     runs = open_runs(run_dirs)
     report = Report(runs=[], options=options)
     for run in runs:
         report.runs.append(_build_run(run, options))
+        report.broken += run.broken
         for data in run.policies.values():
             for m in data.missing:
                 report.missing.append(f"{data.key}: {m}")
         report.missing += [f"{run.label}: {n}" for n in run.notes]
+    if not any(rr.policies for rr in report.runs):
+        raise ReportInputError(
+            "no cell can be used: " + " | ".join(b.line() for b in report.broken)
+        )
     # fcfs comparison needs every policy's groups first
     if options.figures:
         report.figures = _figures(report)
     return report
 
 
+def _policy_report(data: PolicyData, slos: dict, options: ReportOptions) -> PolicyReport:
+    """Everything of one cell that needs no other cell: its rows, groups, stalls and the
+    engine facts the diagnosis reads."""
+    frame = tables.load_requests(data.requests, slos)
+    duration = tables.run_duration(frame, data.info)
+    chosen = options.stall_threshold_s
+    if chosen is None:
+        chosen = stalls.stall_threshold(stalls.median_itl(frame))
+    recorded = data.info.get("stall_threshold_s")
+    note = None
+    if recorded is None:
+        recorded = STALL_FLOOR_S  # records never keep a gap below the engine's floor
+    if chosen < recorded - 1e-12:
+        note = (
+            f"asked for {chosen:.3f} s but the records keep only gaps above "
+            f"{recorded:.3f} s: using {recorded:.3f} s"
+        )
+        chosen = recorded
+    attributed, sources = stalls.attribute(data, frame.select("request_id", "class"), chosen)
+    groups = tables.policy_groups(frame, duration, attributed)
+    starv = tables.starvation(groups, frame)
+    facts = diagnosis.engine_facts(data, frame)
+    policy = PolicyReport(
+        data, frame, duration, chosen, note, attributed, sources, groups, starv, facts
+    )
+    policy.errors = _errors(data)
+    return policy
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
 def _build_run(run: RunData, options: ReportOptions) -> RunReport:
-    first = {}
-    for name, data in run.policies.items():
-        first[name] = data
     slos, slo_source = run_slos(options, run)
     policies: dict[str, PolicyReport] = {}
-    for name, data in run.policies.items():
-        frame = tables.load_requests(data.requests, slos)
-        duration = tables.run_duration(frame, data.info)
-        chosen = options.stall_threshold_s
-        if chosen is None:
-            chosen = stalls.stall_threshold(stalls.median_itl(frame))
-        recorded = data.info.get("stall_threshold_s")
-        note = None
-        if recorded is None:
-            recorded = STALL_FLOOR_S  # records never keep a gap below the engine's floor
-        if chosen < recorded - 1e-12:
-            note = (
-                f"asked for {chosen:.3f} s but the records keep only gaps above "
-                f"{recorded:.3f} s: using {recorded:.3f} s"
+    for name, data in list(run.policies.items()):
+        try:
+            policies[name] = _policy_report(data, slos, options)
+        except Exception as exc:
+            # Files that passed their checks and still cannot be computed with (a page
+            # that does not decode, a value of a shape no check foresaw): the cell's data
+            # is at fault, so the cell is named and left out, as a broken one.
+            run.broken.append(
+                BrokenCell(run.label, name, data.path, [f"cannot be read: {_first_line(exc)}"])
             )
-            chosen = recorded
-        attributed, sources = stalls.attribute(data, frame.select("request_id", "class"), chosen)
-        groups = tables.policy_groups(frame, duration, attributed)
-        starv = tables.starvation(groups, frame)
-        facts = diagnosis.engine_facts(data, frame)
-        policies[name] = PolicyReport(
-            data, frame, duration, chosen, note, attributed, sources, groups, starv, facts
-        )
-        policies[name].errors = _errors(data)
+            del run.policies[name]
     any_frame = next(iter(policies.values())).frame if policies else None
     order = tables.class_sizes(any_frame) if any_frame is not None and any_frame.height else []
     short_class = order[0] if order else None
@@ -165,15 +192,18 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
             fcfs_long = policies[base].starvation.get("long_p99_queue_s")
         for name in names:
             p = policies[name]
-            p.findings = diagnosis.diagnose(
-                p.data,
-                p.frame,
-                p.stalls,
-                p.groups,
-                p.starvation,
-                p.facts,
-                None if name == base else fcfs_long,
-            )
+            try:
+                p.findings = diagnosis.diagnose(
+                    p.data,
+                    p.frame,
+                    p.stalls,
+                    p.groups,
+                    p.starvation,
+                    p.facts,
+                    None if name == base else fcfs_long,
+                )
+            except Exception as exc:  # the engine's records, not the report, are at fault
+                p.data.missing.append(f"trap diagnosis not possible: {_first_line(exc)}")
         inputs = {
             n: {
                 "frame": policies[n].frame,
@@ -241,8 +271,8 @@ def _figures(report: Report) -> list[tuple[str, str, object]]:
         out.append(("stalls", "Stalls over time by cause", fig))
     for key, p in keyed.items():
         worst = (
-            p.frame.filter(pl.col("status") == "ok")
-            .sort("e2e_s", descending=True, nulls_last=True)
+            p.frame.filter((pl.col("status") == "ok") & pl.col("e2e_s").is_not_null())
+            .sort("e2e_s", descending=True)
             .head(figures.WORST_REQUESTS)
         )
         intervals = figures.request_intervals(p.data.spans, worst)

@@ -329,9 +329,19 @@ def _has_simulator_check(report: Report) -> bool:
     return any(rr.simulator_check for rr in report.runs)
 
 
+def md(text: object) -> str:
+    """``text`` as inert Markdown: what a target or a file wrote (error messages, request
+    ids, class and cell names, paths) reaches report.md through here, so a GitHub-rendered
+    report never carries live HTML. ``&``, ``<`` and ``>`` become entities (Markdown
+    renders them as the characters), ``|`` is escaped so it cannot split a table cell, and
+    line breaks become spaces so a value cannot start a block of its own."""
+    escaped = html.escape(str(text), quote=False).replace("|", "\\|")
+    return " ".join(escaped.splitlines())
+
+
 def _md_table(headers: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out = ["| " + " | ".join(md(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(md(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
 
 
@@ -437,31 +447,40 @@ def server_source_note(source: dict) -> str:
     )
 
 
+def _broken_lines(report: Report) -> list[str]:
+    """One line per cell left out because its records cannot be used."""
+    return [b.line() for b in report.broken]
+
+
 def write_markdown(report: Report, path: Path) -> None:
+    """report.md; every string from the data goes through :func:`md`."""
     parts = [
         "# schedscope report",
         "",
-        "Runs: " + ", ".join(f"`{rr.run.label}` ({rr.run.path})" for rr in report.runs),
+        "Runs: " + ", ".join(f"**{md(rr.run.label)}** ({md(rr.run.path)})" for rr in report.runs),
         "",
     ]
     prompts = _prompt_lines(report)
     if prompts:
-        parts += [*[f"- {line}" for line in prompts], ""]
+        parts += [*[f"- {md(line)}" for line in prompts], ""]
     load = _load_lines(report)
     if load:
-        parts += [*[f"- **{line}**" for line in load], ""]
+        parts += [*[f"- **{md(line)}**" for line in load], ""]
+    broken = _broken_lines(report)
+    if broken:
+        parts += ["## Broken cells", "", *[f"- **{md(line)}**" for line in broken], ""]
     if report.missing:
-        parts += ["## Missing data", "", *[f"- {m}" for m in report.missing], ""]
+        parts += ["## Missing data", "", *[f"- {md(m)}" for m in report.missing], ""]
     parts += ["## Verdicts", ""]
     high = _high_error_lines(report)
     if high:  # before any verdict: the verdicts stand on the requests that succeeded
-        parts += [*[f"- **{line}**" for line in high], ""]
+        parts += [*[f"- **{md(line)}**" for line in high], ""]
     for label, lines in _verdict_lines(report):
-        parts += [f"**{label}**", "", *[f"- {line}" for line in lines], ""]
+        parts += [f"**{md(label)}**", "", *[f"- {md(line)}" for line in lines], ""]
     parts += ["## Diagnosis", ""]
     for cell, e in _error_cells(report, high_only=False):
-        parts += [f"### {errors.headline(cell, e)}", ""]
-        parts += [f"- {errors.describe(g)}" for g in e["top"]]
+        parts += [f"### {md(errors.headline(cell, e))}", ""]
+        parts += [f"- {md(errors.describe(g))}" for g in e["top"]]
         if e.get("other_groups"):
             parts.append(f"- ... and {e['other_groups']} other kind(s) of error")
         parts.append("")
@@ -470,14 +489,16 @@ def write_markdown(report: Report, path: Path) -> None:
         parts += ["No known trap flagged (rules: docs/report.md).", ""]
     for f in found:
         parts += [
-            f"### {f['run']}/{f['policy']}: {f['title']} (`{f['trap']}`)",
+            f"### {md(f['run'])}/{md(f['policy'])}: {md(f['title'])} (`{f['trap']}`)",
             "",
-            f["message"],
+            md(f["message"]),
             "",
-            f"- knob: {f['knob']}",
-            "- evidence: " + ", ".join(f"{k}={v}" for k, v in f["evidence"].items()),
+            f"- knob: {md(f['knob'])}",
+            "- evidence: " + md(", ".join(f"{k}={v}" for k, v in f["evidence"].items())),
             "- worst requests: "
-            + "; ".join(", ".join(f"{k}={v}" for k, v in w.items()) for w in f["worst_requests"]),
+            + md(
+                "; ".join(", ".join(f"{k}={v}" for k, v in w.items()) for w in f["worst_requests"])
+            ),
             "",
         ]
     parts += [
@@ -499,26 +520,26 @@ def write_markdown(report: Report, path: Path) -> None:
             "",
             _md_table(SIMULATOR_HEADERS, simulator_rows(report)),
             "",
-            *[f"- {line}" for line in simulator_lines(report)],
+            *[f"- {md(line)}" for line in simulator_lines(report)],
             "",
-            SIMULATOR_RULE.format(tol=_tolerance(report)),
+            md(SIMULATOR_RULE.format(tol=_tolerance(report))),
             "",
         ]
     if _has_speed_band(report):
         parts += [
             "## Speed band",
             "",
-            SPEED_BAND_TEXT,
+            md(SPEED_BAND_TEXT),
             "",
             _md_table(SPEED_BAND_HEADERS, speed_band_rows(report)),
             "",
-            *[f"- {line}" for line in speed_band_lines(report)],
+            *[f"- {md(line)}" for line in speed_band_lines(report)],
             "",
         ]
     parts += [
         "## Notes",
         "",
-        *[f"- {n}" for n in _notes(report)],
+        *[f"- {md(n)}" for n in _notes(report)],
         "",
         "Pictures (latency CDFs, queue depth and KV usage, stalls over time, waterfalls of "
         "the slowest requests) are in report.html. Definitions: docs/report.md.",
@@ -557,6 +578,14 @@ def write_html(report: Report, path: Path) -> int:
         body.append(f'<p class="prompts">{e(line)}</p>')
     for line in _load_lines(report):
         body.append(f'<div class="finding" data-load="distributed"><b>{e(line)}</b></div>')
+    broken = _broken_lines(report)
+    if broken:
+        body.append(
+            '<div class="finding" data-broken="cells"><b>Broken cells</b> (left out of the '
+            "tables, comparisons and verdicts):<ul>"
+            + "".join(f"<li>{e(line)}</li>" for line in broken)
+            + "</ul></div>"
+        )
     if report.missing:
         body.append(
             '<div class="missing"><b>Missing data</b> (rendered what the rest allows):<ul>'

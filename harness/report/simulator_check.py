@@ -221,7 +221,9 @@ def for_cells(served: dict[str, tuple[Path, pl.DataFrame]]) -> dict | None:
         if not path.is_file():
             continue
         try:
-            simulated[name] = pl.read_parquet(path, columns=["class", "status", *METRICS])
+            simulated[name] = pl.read_parquet(
+                path, columns=["class", "status", *METRICS], glob=False
+            )
         except (OSError, pl.exceptions.PolarsError):
             continue
         frames[name] = frame

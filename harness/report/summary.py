@@ -70,6 +70,8 @@ def summary_json(report: Report) -> dict:
             for f in p.findings
         ],
         missing=report.missing,
+        # cells left out because their records cannot be used: [{run, policy, path, problems}]
+        broken=[b.to_dict() for b in report.broken],
         **check,
         options={
             "stall_threshold_s": report.options.stall_threshold_s,

@@ -169,17 +169,22 @@ def _itl(ok: pl.DataFrame) -> dict:
     return out
 
 
+def _rate(count: float, duration_s: float) -> float | None:
+    """``count`` per second of the run; None when the run's duration is not known (0: no
+    recorded duration and no request with an end), never a rate over a near-zero span."""
+    return clean(count / duration_s) if duration_s > 0 else None
+
+
 def group_stats(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | None) -> dict:
     ok = frame.filter(pl.col("status") == "ok")
-    duration = max(duration_s, 1e-9)
     counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
     good = int(frame["slo_met"].sum())
     out = {
         "requests": frame.height,
         "counts": counts,
-        "throughput_rps": clean(counts["ok"] / duration),
-        "output_tokens_per_s": clean(float(ok["output_tokens"].sum()) / duration),
-        "goodput_rps": clean(good / duration),
+        "throughput_rps": _rate(counts["ok"], duration_s),
+        "output_tokens_per_s": _rate(float(ok["output_tokens"].sum()), duration_s),
+        "goodput_rps": _rate(good, duration_s),
         "slo_attainment": clean(good / frame.height) if frame.height else None,
         "slo_met": good,
         "metrics": _distributions(ok),

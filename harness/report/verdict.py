@@ -66,11 +66,11 @@ def _series(frame: pl.DataFrame, objective: str, short_class: str | None, durati
             lambda v: float(np.percentile(v, 99)) if v.size else None,
         )
     if objective == "goodput":
-        d = max(duration, 1e-9)
+        # An unknown duration (0) has no rate: no verdict stands on it.
         return (
             frame["slo_met"].cast(pl.Float64).to_numpy(),
             arrival_offsets(frame),
-            lambda v: float(v.sum()) / d,
+            lambda v: float(v.sum()) / duration if duration > 0 else None,
         )
     rows = ok.filter(pl.col("output_tokens") > 0).drop_nulls("e2e_s")
     values = (rows["e2e_s"] / rows["output_tokens"].cast(pl.Float64)).to_numpy()

@@ -437,5 +437,7 @@ def test_a_run_without_engine_records_says_which_sections_it_cannot_fill(tmp_pat
     pl.DataFrame({**client_only, "queue_s": [0.0]}).write_parquet(tmp_path / "requests.parquet")
     assert NO_ENGINE_RECORDS not in open_policy("run", "target", tmp_path, {}).missing
     pl.DataFrame(client_only).write_parquet(tmp_path / "requests.parquet")
-    pl.DataFrame({"name": ["llm_request"]}).write_parquet(tmp_path / "spans.parquet")
+    # a spans.parquet with the columns the report reads (one without them is left out)
+    spans = {"name": ["llm_request"], "request_id": ["r0"], "start": [0.0], "end": [0.2]}
+    pl.DataFrame(spans).write_parquet(tmp_path / "spans.parquet")
     assert NO_ENGINE_RECORDS not in open_policy("run", "target", tmp_path, {}).missing
