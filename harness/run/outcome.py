@@ -15,10 +15,21 @@ through it, so "no request completed" means the same everywhere.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from harness.run.cell import CellResult
+
+class CellResult(Protocol):
+    """What the rule reads of a cell's result (``harness.run.cell.CellResult``; named
+    here by its shape, so the rule imports nothing of the cell that uses it)."""
+
+    scheduled: int | None
+    counts: dict
+    failures: list[dict]
+    infrastructure_failure: bool
+
+    def fail(
+        self, kind: str, message: str, log_tail: str | None = None, infrastructure: bool = False
+    ) -> None: ...
 
 #: The run's exit codes (docs/run.md, "Exit codes").
 OK_EXIT = 0
