@@ -7,10 +7,13 @@ merge records without importing gevent or Locust:
 - ``split``       a plan cut into one worker's share (request i -> worker i mod W)
 - ``prompts``     request bodies with exact prompt lengths (token ids, /tokenize sizing)
 - ``client``      the streaming OpenAI client and its per-request measurement (gevent)
+- ``target_values`` what a target may send: each value the client reads, checked and bounded
+- ``body_lines``  a streamed body's lines, each within a length bound
 - ``records``     the per-process JSON-lines writer and the per-process summary
 - ``dispatcher``  open-loop dispatch at the scheduled instants, closed-loop loops (gevent)
 - ``expose``      ``expose(PROFILE, globals())``: the line a profile file ends with
                   (no Locust import)
 - ``locust_user`` ``define(profile, namespace)``: the Locust user, shape and listeners
 - ``merge``       a records directory -> ``requests.parquet`` + ``summary.json`` (polars)
+- ``row_types``   the merge's check of each row's types (a bad value: null, the row an error)
 """

@@ -17,6 +17,12 @@ default) and ``requests`` (what Locust's ``HttpUser`` uses), kept so that
 connection the server had closed before any byte of a response is sent once more on a
 fresh connection (harness/loadgen/keepalive.py; the row's ``retried``).
 
+What a target sends is checked before it is recorded
+(harness/loadgen/target_values.py): a usage count that is not a count, a count beyond
+what was asked, a chunk that is not JSON make that request's row an ``error`` naming the
+field; lines and bodies are read within bounds (harness/loadgen/body_lines.py), so
+neither a record nor the generator's memory grows with what a target claims.
+
 ``probe`` runs once per process before the start; it chooses the prompts
 (harness/loadgen/prompt_choice.py).
 """
@@ -24,16 +30,21 @@ fresh connection (harness/loadgen/keepalive.py; the row's ``retried``).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from harness.loadgen import target_values as tv
+from harness.loadgen.body_lines import bounded_lines
 from harness.loadgen.clock import unix_now
 from harness.loadgen.prompt_choice import PromptChoice, choose
 from harness.loadgen.prompts import DEFAULT_ID_RANGE, TextSizer, chat_messages, token_ids
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+#: A model id from /v1/models longer than this is not taken (it is sent in every body).
+MAX_MODEL_NAME_CHARS = 1000
 
 
 class TransportError(Exception):
@@ -46,23 +57,59 @@ class TransportError(Exception):
         self.stale = stale
 
 
+#: What is read of a stream after its ``[DONE]`` before the connection is pooled again.
+TAIL_BYTES = 64 << 10
+
+
+def _read_at_most(response, limit: int) -> bytes:
+    """The body, or its first ``limit`` bytes; a longer body's connection is closed (it
+    cannot be pooled with the rest unread)."""
+    data = bytearray()
+    for piece in response.pieces():
+        data += piece
+        if len(data) > limit:
+            response.discard()
+            return bytes(data[:limit])
+    return bytes(data)
+
+
 class _FastResponse:
-    def __init__(self, response) -> None:
+    def __init__(self, response, closed_error=ConnectionError) -> None:
         self._r = response
+        self._closed_error = closed_error
         self.status = response.status_code
         self.headers = {k.lower(): v for k, v in response.items()}
 
-    def lines(self):
-        """Body lines (without the line end) as they arrive."""
-        readline = self._r.readline
+    def pieces(self):
+        """The body as it arrives, in the pieces the socket gives (geventhttpclient's
+        ``readline`` loop, without its unbounded search for a line end)."""
+        r = self._r
         while True:
-            line = readline(b"\n")
-            if not line:
+            buffer = r._body_buffer
+            if buffer:
+                piece = bytes(buffer)
+                del buffer[:]
+                yield piece
+                continue
+            if r.message_complete:
                 return
-            yield line.rstrip(b"\r\n")
+            sock = r._sock
+            if sock is None:
+                raise self._closed_error("connection closed.")
+            try:
+                r.feed(sock.recv(r.block_size))
+            except BaseException:
+                r.release()
+                raise
 
-    def read(self) -> bytes:
-        return self._r.read()
+    def lines(self, max_bytes: int = tv.MAX_LINE_BYTES):
+        """Body lines (without the line end) as they arrive; LineTooLong past
+        ``max_bytes``."""
+        return bounded_lines(self.pieces(), max_bytes)
+
+    def read(self, limit: int) -> bytes:
+        """The body, or its first ``limit`` bytes (the connection then is not reused)."""
+        return _read_at_most(self, limit)
 
     def discard(self) -> None:
         """Close the connection (a stream we stop reading cannot be reused)."""
@@ -77,9 +124,15 @@ class _FastResponse:
         """Give the connection back to the pool. The stream is read to its end first:
         after ``[DONE]`` the chunked body's last chunk may not have been parsed yet, and
         geventhttpclient closes, rather than pools, a connection whose message it has not
-        seen end (so keep-alive reuse depended on how the final bytes were split)."""
+        seen end (so keep-alive reuse depended on how the final bytes were split). A tail
+        longer than TAIL_BYTES is not read: the connection is closed instead."""
         try:
-            self._r.read()
+            tail = 0
+            for piece in self.pieces():
+                tail += len(piece)
+                if tail > TAIL_BYTES:
+                    self.discard()
+                    return
         except Exception:  # noqa: BLE001 - a broken tail: the connection cannot be reused
             self.discard()
             return
@@ -117,7 +170,8 @@ class FastTransport:
         try:
             with self._reuse.fresh(fresh):
                 return _FastResponse(
-                    self._client.request(method, self.prefix + path, body, headers)
+                    self._client.request(method, self.prefix + path, body, headers),
+                    self._closed_error,
                 )
         except Exception as e:  # noqa: BLE001 - every transport failure is a row, not a crash
             # geventhttpclient raises HTTPConnectionClosed only when no byte came back
@@ -134,11 +188,21 @@ class _RequestsResponse:
         self.status = response.status_code
         self.headers = {k.lower(): v for k, v in response.headers.items()}
 
-    def lines(self):
-        yield from self._r.iter_lines(chunk_size=None)
+    def pieces(self):
+        """The body as it arrives (urllib3's ``read1``: what is there, up to 64 KiB;
+        ``iter_lines`` would buffer a line, or a chunk, however long)."""
+        read1 = self._r.raw.read1
+        while True:
+            piece = read1(64 << 10, decode_content=True)
+            if not piece:
+                return
+            yield piece
 
-    def read(self) -> bytes:
-        return self._r.content
+    def lines(self, max_bytes: int = tv.MAX_LINE_BYTES):
+        return bounded_lines(self.pieces(), max_bytes)
+
+    def read(self, limit: int) -> bytes:
+        return _read_at_most(self, limit)
 
     def discard(self) -> None:
         self._r.close()
@@ -193,15 +257,18 @@ def traceparent() -> str:
     return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
 
 
-def error_message(body: bytes) -> str:
+#: An error body's message (kept under this name for its callers).
+error_message = tv.error_message
+
+
+def retry_after_s(value: str | None) -> float:
+    """A 429's Retry-After in seconds: 1 s when absent, an HTTP date, negative or not a
+    finite number (a NaN would reach a sleep)."""
     try:
-        obj = json.loads(body)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])[:500]
-    except (ValueError, UnicodeDecodeError):
-        pass
-    return body[:500].decode("utf-8", "replace")
+        seconds = float(value if value is not None else "1")
+    except ValueError:
+        return 1.0
+    return seconds if math.isfinite(seconds) and seconds >= 0 else 1.0
 
 
 @dataclass
@@ -338,7 +405,7 @@ class OpenAIClient:
             response = self.transport.request("POST", self.path, payload, headers)
         except TransportError as e:
             if not e.stale:
-                row.update(status="error", error=str(e))
+                row.update(status="error", error=tv.clean_text(str(e)))
                 return None
             # The server had closed the pooled connection: it never took the request.
             row["retried"] = True
@@ -347,29 +414,33 @@ class OpenAIClient:
             except TransportError as again:
                 row.update(
                     status="error",
-                    error=f"{again} (sent again on a fresh connection after: {e})"[:500],
+                    error=tv.clean_text(f"{again} (sent again on a fresh connection after: {e})"),
                 )
                 return None
         row["http_status"] = response.status
         if response.status != 200:
             try:
-                message = error_message(response.read())
+                message = tv.error_message(response.read(tv.ERROR_BODY_BYTES))
             except Exception as e:  # noqa: BLE001
-                message = f"{type(e).__name__}: {e}"
+                message = tv.clean_text(f"{type(e).__name__}: {e}")
                 response.discard()
             row["error"] = message
             if response.status == 429:
                 row["status"] = "rejected"
-                try:
-                    return float(response.headers.get("retry-after", "1"))
-                except ValueError:
-                    return 1.0
+                return retry_after_s(response.headers.get("retry-after"))
             row["status"] = "error"
             return None
-        self._read_stream(row, response, now)
+        self._read_stream(row, response, now, spec.output_tokens, spec.prompt_tokens)
         return None
 
-    def _read_stream(self, row: dict, response, now) -> None:
+    def _read_stream(
+        self, row: dict, response, now, max_tokens: int, prompt_tokens: int = 0
+    ) -> None:
+        """Read the stream into ``row``. Whatever the target claims, at most
+        ``max_tokens`` tokens are counted (so ``itl_s`` holds at most ``max_tokens - 1``
+        gaps): a count beyond it, a value that is no count, a chunk that is not JSON, a
+        line or body beyond its bound end the request as an ``error`` naming it
+        (harness/loadgen/target_values.py)."""
         itl = row["itl_s"]
         counted = 0
         last = None
@@ -377,8 +448,16 @@ class OpenAIClient:
         done = False
         continuous = self.continuous_usage
         chat = self.endpoint == "chat"
+        body_limit = tv.body_limit(max_tokens)
+        prompt_limit = tv.prompt_limit(prompt_tokens)
+        received = 0
         try:
-            for line in response.lines():
+            for line in response.lines(tv.MAX_LINE_BYTES):
+                received += len(line) + 1
+                if received > body_limit:
+                    raise tv.BadTargetValue(
+                        f"target sent more than {body_limit} bytes for {max_tokens} tokens"
+                    )
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
@@ -386,35 +465,43 @@ class OpenAIClient:
                     done = True
                     break
                 t = now()
-                obj = json.loads(data)
-                if "error" in obj:
+                chunk = tv.parse_chunk(data, chat)
+                if chunk.error is not None:
                     row["status"] = "error"
-                    row["error"] = str(obj["error"].get("message", obj["error"]))[:500]
+                    row["error"] = chunk.error
                     continue
-                choices = obj.get("choices") or ()
-                usage = obj.get("usage")
+                ct = chunk.completion_tokens
+                if ct is not None and ct > max_tokens:
+                    raise tv.BadTargetValue(
+                        f"target sent usage.completion_tokens {tv.shown(ct)}: more than the "
+                        f"{max_tokens} max_tokens asked"
+                    )
+                pt = chunk.prompt_tokens
+                if pt is not None and pt > prompt_limit:
+                    raise tv.BadTargetValue(
+                        f"target sent usage.prompt_tokens {tv.shown(pt)}: more than "
+                        f"{prompt_limit} for a prompt of {prompt_tokens} tokens"
+                    )
                 k = 0
-                if choices:
-                    choice = choices[0]
-                    if choice.get("finish_reason"):
-                        row["finish_reason"] = choice["finish_reason"]
-                    if continuous and usage:
-                        ct = usage.get("completion_tokens", 0)
-                        k, usage_seen = ct - usage_seen, ct
+                if chunk.choice:
+                    if chunk.finish_reason:
+                        row["finish_reason"] = chunk.finish_reason
+                    if continuous and chunk.usage:
+                        if ct is not None:
+                            k, usage_seen = ct - usage_seen, ct
                     else:
-                        text = (
-                            (choice.get("delta") or {}).get("content")
-                            if chat
-                            else choice.get("text")
-                        )
-                        k = 1 if text else 0
-                elif usage:  # the final usage chunk: the count of record
-                    row["output_tokens"] = usage.get("completion_tokens")
-                    row["server_prompt_tokens"] = usage.get("prompt_tokens")
-                    if continuous and usage.get("completion_tokens", 0) > usage_seen:
-                        k = usage["completion_tokens"] - usage_seen
-                        usage_seen = usage["completion_tokens"]
+                        k = 1 if chunk.text else 0
+                elif chunk.usage:  # the final usage chunk: the count of record
+                    row["output_tokens"] = ct
+                    row["server_prompt_tokens"] = pt
+                    if continuous and ct is not None and ct > usage_seen:
+                        k, usage_seen = ct - usage_seen, ct
                 if k > 0:
+                    if counted + k > max_tokens:  # text chunks beyond what was asked
+                        raise tv.BadTargetValue(
+                            f"target sent {counted + k} tokens: more than the {max_tokens} "
+                            "max_tokens asked"
+                        )
                     if last is None:
                         row["first_token_at"] = t
                     else:
@@ -423,10 +510,16 @@ class OpenAIClient:
                         itl.extend([0.0] * (k - 1))
                     last = t
                     counted += k
+        except tv.BadTargetValue as e:  # the target's fault: this request is an error
+            response.discard()
+            row["status"] = "error"
+            row["error"] = tv.clean_text(str(e))
+            self._finish(row, last, counted)
+            return
         except Exception as e:  # noqa: BLE001 - a cut stream is an aborted row
             response.discard()
             row["status"] = "aborted"
-            row["error"] = f"stream broken: {type(e).__name__}: {e}"[:500]
+            row["error"] = tv.clean_text(f"stream broken: {type(e).__name__}: {e}")
             self._finish(row, last, counted)
             return
         if not done:
@@ -479,44 +572,49 @@ def probe(
                 None if body is None else json.dumps(body).encode(),
                 {**headers, **(extra or {})},
             )
-            data = r.read()
+            data = r.read(tv.PROBE_BODY_BYTES)
             r.release()
             return r.status, data
         except (TransportError, Exception):  # noqa: BLE001
             return None, b""
 
-    status, data = call("GET", "/v1/models")
-    models = []
-    if status == 200:
+    def answer(status, data) -> dict:
+        """A probe's JSON object ({} for anything else: the probes' values are checked
+        one by one, as a stream's are)."""
+        if status != 200:
+            return {}
         try:
-            models = json.loads(data)["data"]
-        except (ValueError, KeyError, TypeError):
-            models = []
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            return {}
+        return obj if isinstance(obj, dict) else {}
+
+    models = answer(*call("GET", "/v1/models")).get("data")
+    models = [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
     if not model:
-        if not models:
+        first = models[0].get("id") if models else None
+        if not isinstance(first, str) or not first or len(first) > MAX_MODEL_NAME_CHARS:
             raise RuntimeError(
                 f"cannot read the model from {transport.__class__.__name__} "
-                f"/v1/models (status {status}); pass --model"
+                f"/v1/models (first id: {tv.shown(first)}); pass --model"
             )
-        model = models[0]["id"]
-    card = next((m for m in models if isinstance(m, dict) and m.get("id") == model), {})
-    max_model_len = card.get("max_model_len") if isinstance(card, dict) else None
-    epoch = None
-    status, data = call("GET", "/health")
-    if status == 200:
-        try:
-            epoch = json.loads(data).get("clock_epoch_unix")
-        except (ValueError, AttributeError):
-            epoch = None
+        model = first
+    card = next((m for m in models if m.get("id") == model), {})
+    max_model_len = card.get("max_model_len")
+    if type(max_model_len) is not int or max_model_len <= 0:
+        max_model_len = None
+    epoch = answer(*call("GET", "/health")).get("clock_epoch_unix")
+    if type(epoch) not in (int, float) or not math.isfinite(epoch):
+        epoch = None
     probes = 0
 
     def tokenize_ids(text: str) -> list[int] | None:
-        st, d = call("POST", "/tokenize", {"model": model, "prompt": text})
-        try:
-            tokens = json.loads(d).get("tokens") if st == 200 else None
-        except (ValueError, AttributeError):
+        tokens = answer(*call("POST", "/tokenize", {"model": model, "prompt": text})).get("tokens")
+        if not isinstance(tokens, list) or not tokens:
             return None
-        return [int(t) for t in tokens] if isinstance(tokens, list) and tokens else None
+        if any(type(t) is not int or t < 0 for t in tokens):
+            return None  # not token ids: as if there were no /tokenize
+        return tokens
 
     def accepts(ids: list[int]) -> tuple[bool, str]:
         nonlocal probes
@@ -551,7 +649,7 @@ def probe(
                 "POST", CHAT if endpoint == "chat" else COMPLETIONS, json.dumps(body).encode(), h
             )
             probes += 1
-            data = r.read()
+            data = r.read(tv.PROBE_BODY_BYTES)
             r.release()
             has = r.status == 200 and any(
                 line.startswith(b"data: {")
@@ -559,7 +657,7 @@ def probe(
                 and b'"usage":{' in line.replace(b" ", b"")
                 for line in data.split(b"\n")
             )
-        except TransportError:
+        except Exception:  # noqa: BLE001 - a probe that breaks: no continuous usage
             has = False
         cont = has
     else:
@@ -574,8 +672,11 @@ def probe(
                 if endpoint == "chat"
                 else {"model": model, "prompt": text}
             )
-            st, d = call("POST", "/tokenize", body)
-            return json.loads(d)["count"] if st == 200 else None
+            n = answer(*call("POST", "/tokenize", body)).get("count")
+            try:
+                return tv.token_count(n, "count")
+            except tv.BadTargetValue:
+                return None  # no count: as if there were no /tokenize
 
         tokenize = count("probe") is not None
         sizer = TextSizer(count if tokenize else None)
