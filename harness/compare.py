@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from harness.speed_band import band_table
 
@@ -77,7 +78,9 @@ def print_speed_band(summary: dict, console: Console) -> None:
 
 def _wide(console: Console) -> Console:
     # Piped output (make, CI logs) has no terminal width; do not squeeze a table to 80.
-    return console if console.is_terminal else Console(width=max(console.width, 160))
+    if console.is_terminal:
+        return console
+    return Console(width=max(console.width, 160), markup=False)
 
 
 def print_span_counts(summary: dict, trace_file: Path, console: Console) -> None:
@@ -89,4 +92,4 @@ def print_span_counts(summary: dict, trace_file: Path, console: Console) -> None
             f"spans ({name}): {stats.get('spans', 0)} to {trace_file}, "
             f"{stats.get('dropped_spans', 0)} dropped"
         )
-        console.print(f"[yellow]{line}[/yellow]" if stats.get("dropped_spans") else line)
+        console.print(Text(line, style="yellow") if stats.get("dropped_spans") else line)

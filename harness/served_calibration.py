@@ -532,7 +532,7 @@ def calibrate_served(
     )
     started = time.monotonic()
     columns = (
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -688,7 +688,7 @@ def calibrate_quickly(fingerprint: Fingerprint) -> CostModel:
 
     from harness.calibrate import CalibrateInputError
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, markup=False)
     try:
         return calibrate_served(
             EngineConfig(model=fingerprint.model),

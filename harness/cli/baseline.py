@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from harness.cli.app import console, err_console
 from harness.cli.gate import ALLOW_HELP
@@ -46,7 +47,7 @@ def update(
             notes = check_compatible(open_side(out, "old baseline"), side, set(allow_mismatch))
         body = write_baseline(side, out)
     except GateInputError as exc:
-        err_console.print(f"[red]baseline: error:[/red] {exc}")
+        err_console.print(Text.assemble(("baseline: error:", "red"), f" {exc}"), soft_wrap=True)
         raise typer.Exit(USAGE) from None
     for note in notes:
         console.print(note, markup=False)

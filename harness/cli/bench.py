@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from harness.cli.app import console, err_console
 
@@ -84,11 +85,11 @@ def bench(
     try:
         chosen = select(collect(folder or BENCHMARKS_DIR), wanted)
     except (BenchCollectionError, UnknownBenchmarkError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        err_console.print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
         raise typer.Exit(2) from None
     if list_only:
         for benchmark in chosen:
-            console.print(f"{benchmark.name:20} {benchmark.summary}", soft_wrap=True, markup=False)
+            console.print(f"{benchmark.name:20} {benchmark.summary}", soft_wrap=True)
         return
     outcome = run_suite(
         chosen,

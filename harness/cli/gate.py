@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from harness.cli.app import console, err_console
 
@@ -50,14 +51,16 @@ def gate(
         rules = load_config(config) if config is not None else default_config()
         result = run_gate(baseline, current, rules, set(allow_mismatch))
     except (GateConfigError, GateInputError) as exc:
-        err_console.print(f"[red]gate: error:[/red] {exc}")
+        err_console.print(Text.assemble(("gate: error:", "red"), f" {exc}"), soft_wrap=True)
         raise typer.Exit(USAGE) from None
     except Exception as exc:  # never exit 1 (a regression) for a fault of the data or ours
         err_console.print(
-            f"[red]gate: internal error[/red] ({type(exc).__name__}: {exc}); the inputs "
-            "could not be gated",
-            markup=True,
+            Text.assemble(
+                ("gate: internal error", "red"),
+                f" ({type(exc).__name__}: {exc}); the inputs could not be gated",
+            ),
             highlight=False,
+            soft_wrap=True,
         )
         raise typer.Exit(USAGE) from None
     code = result.exit_code
@@ -77,7 +80,10 @@ def gate(
             body = outputs.as_json(result.checks, result.notes, code, result.sides())
             outputs.write_json(body, json_out)
     except OSError as exc:
-        err_console.print(f"[red]gate: error:[/red] cannot write {exc.filename}: {exc.strerror}")
+        err_console.print(
+            Text.assemble(("gate: error:", "red"), f" cannot write {exc.filename}: {exc.strerror}"),
+            soft_wrap=True,
+        )
         raise typer.Exit(USAGE) from None
     console.print(outputs.verdict_line(result.checks, code), markup=False)
     raise typer.Exit(code)

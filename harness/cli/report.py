@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from harness.cli.app import console, err_console
 
@@ -41,7 +42,11 @@ def report(
     seed: int = typer.Option(20260101, "--seed", help="Bootstrap seed."),
 ) -> None:
     """Regenerate the report from stored run data (docs/report.md): tables per policy x
-    class, stall attribution, diagnosis of the known traps, verdicts and pictures."""
+    class, stall attribution, diagnosis of the known traps, verdicts and pictures.
+
+    Exit 0 when the report was written (a cell whose records cannot be used is named on
+    stderr and in the report, and left out); 2 when no cell of any run can be used, or a
+    bad option."""
     from harness.report import ReportInputError, ReportOptions, generate_report
 
     if stall_threshold is not None and stall_threshold <= 0:
@@ -54,20 +59,34 @@ def report(
     try:
         paths = generate_report(run_dirs, out, options)
     except ReportInputError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(Text.assemble(("error:", "red"), f" {exc}"), soft_wrap=True)
         raise typer.Exit(2) from None
     _print_report(paths)
+
+
+def broken_lines(summary: dict) -> list[str]:
+    """``broken: RUN/CELL: FILE: problems`` per cell the report left out (plain text: the
+    paths and problems come from the data)."""
+    return [
+        f"broken: {b['run']}/{b['policy']}: {b['path']}: {'; '.join(b['problems'])}: "
+        "left out of the tables, comparisons and verdicts"
+        for b in summary.get("broken", [])
+    ]
 
 
 def _print_report(paths: dict[str, Path]) -> None:
     """What the report found (missing data, traps, verdicts), then where it is."""
     summary = json.loads(paths["summary"].read_text())
+    for line in broken_lines(summary):
+        err_console.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in summary.get("missing", []):
-        console.print(f"[yellow]missing:[/yellow] {line}")
+        console.print(Text.assemble(("missing:", "yellow"), f" {line}"))
     for finding in summary.get("diagnosis", []):
         console.print(
-            f"[red]trap {finding['trap']}[/red] {finding['run']}/{finding['policy']}: "
-            f"{finding['message']}"
+            Text.assemble(
+                (f"trap {finding['trap']}", "red"),
+                f" {finding['run']}/{finding['policy']}: {finding['message']}",
+            )
         )
     for entry in summary.get("verdicts", {}).values():
         console.print(entry["sentence"], soft_wrap=True)

@@ -305,7 +305,7 @@ def _print(outcome) -> None:
     wide = (
         console
         if console.is_terminal
-        else Console(width=max(console.width, 160), file=console.file)
+        else Console(width=max(console.width, 160), file=console.file, markup=False)
     )
     table = Table(title=f"schedscope tune — {outcome.profile}")
     for h in ranked_headers(outcome, knob_columns=False):
@@ -351,9 +351,16 @@ class _SearchProgress:
 
     def __enter__(self):
         if err_console.is_terminal:
-            from rich.progress import Progress
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.progress = Progress(console=err_console, transient=True).__enter__()
+            # Progress's default description column reads markup; this one does not
+            columns = (
+                TextColumn("{task.description}", markup=False, style="progress.description"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}%", style="progress.percentage"),
+                TimeRemainingColumn(),
+            )
+            self.progress = Progress(*columns, console=err_console, transient=True).__enter__()
             total = self.trials if self.trials else self.budget_s
             self.task = self.progress.add_task("tune", total=total)
         return self

@@ -1,7 +1,10 @@
 """Live figures while a cell runs, from the client records being written
 (``client-*.jsonl``, one row per request as it ends) and the scraper's latest gauges:
 elapsed, requests done / scheduled, errors, TTFT p95 of the last 200 finished requests,
-queue depth (``vllm:num_requests_waiting``) and running requests."""
+queue depth (``vllm:num_requests_waiting``) and running requests.
+
+The line is a styled ``rich.text.Text``, not markup: the consoles read none (a cell's
+name is the user's ``--label``)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from rich.text import Text
 
 RECENT = 200
 
@@ -58,17 +62,18 @@ class RecordsTail:
 
 def figures_line(
     cell: str, started: float, tail: RecordsTail, scheduled: int | None, latest: dict[str, float]
-) -> str:
+) -> Text:
+    """The live figures: the cell's name in bold, the errors in red when there are any."""
     p95 = tail.ttft_p95
     waiting = latest.get("vllm:num_requests_waiting")
     running = latest.get("vllm:num_requests_running")
     parts = [
-        f"[bold]{cell}[/bold]",
+        (cell, "bold"),
         f"{time.monotonic() - started:5.0f} s",
         f"done {tail.done}/{scheduled if scheduled is not None else '?'}",
         f"TTFT p95 {p95 * 1000:.0f} ms" if p95 is not None else "TTFT p95 -",
         f"waiting {waiting:.0f}" if waiting is not None else "waiting -",
         f"running {running:.0f}" if running is not None else "running -",
-        (f"[red]errors {tail.errors}[/red]" if tail.errors else "errors 0"),
+        (f"errors {tail.errors}", "red") if tail.errors else "errors 0",
     ]
-    return "  ".join(parts)
+    return Text("  ").join(Text.assemble(part) for part in parts)

@@ -63,7 +63,11 @@ def default_root(base: Path = Path("runs")) -> Path:
 
 
 class Progress:
-    """Live figures: a rich Live line on a terminal, a line every 10 s otherwise."""
+    """Live figures: a rich Live line on a terminal, a line every 10 s otherwise.
+
+    ``show`` takes a cell's messages (str, printed at once) and its live figures (a
+    ``Text``: harness/run/live.py's ``figures_line``, printed every 10 s when not on a
+    terminal). Neither is read as markup."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -77,10 +81,10 @@ class Progress:
             ).__enter__()
         return self
 
-    def show(self, line: str) -> None:
+    def show(self, line: str | Text) -> None:
         if self.live is not None:
-            self.live.update(Text.from_markup(line))
-        elif time.monotonic() - self.last_print >= 10 or not line.startswith("[bold]"):
+            self.live.update(line if isinstance(line, Text) else Text(line))
+        elif time.monotonic() - self.last_print >= 10 or not isinstance(line, Text):
             self.last_print = time.monotonic()
             self.console.print(line, soft_wrap=True, highlight=False)
 
@@ -120,9 +124,9 @@ def summary_table(root: Path, results: list[CellResult], summary: dict | None) -
     policies = (summary or {}).get("policies") or {}
     for r in results:
         status = (
-            "[red]failed[/red]"
+            Text("failed", style="red")
             if r.infrastructure_failure
-            else ("[yellow]degraded[/yellow]" if r.failures else "ok")
+            else (Text("degraded", style="yellow") if r.failures else "ok")
         )
         entry = policies.get(r.cell.name)
         if entry is None:
@@ -286,7 +290,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
         report_path, summary = _report(root, results, console, run_info)
     elif options.report:
         run_info["report"] = None
-        console.print("[red]no cell produced requests.parquet: no report[/red]")
+        console.print(Text("no cell produced requests.parquet: no report", style="red"))
     over = over_error_rate(results, options.max_error_rate)
     run_info["max_error_rate"] = options.max_error_rate
     run_info["error_rate_exceeded"] = [r.cell.name for r in over]
@@ -294,7 +298,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
     out = (
         console
         if console.is_terminal
-        else Console(width=max(console.width, 140), file=console.file)
+        else Console(width=max(console.width, 140), file=console.file, markup=False)
     )
     out.print(summary_table(root, results, summary))
     _print_errors(console, results, over, options.max_error_rate)
@@ -317,14 +321,16 @@ def _print_errors(
     for r in results:
         for line in error_lines.lines(r.cell.name, r.errors or {"failed": 0}):
             if not said:
-                console.print("[bold]why requests failed[/bold]", highlight=False)
+                console.print(Text("why requests failed", style="bold"), highlight=False)
                 said = True
             console.print(line, soft_wrap=True, highlight=False, markup=False)
     if over:
         cells = ", ".join(f"{r.cell.name} ({r.errors['error_rate'] * 100:.1f}%)" for r in over)
         console.print(
-            f"[red]error rate over --max-error-rate {limit:g}[/red]: {cells}; exit code "
-            f"{ERROR_RATE_EXIT}",
+            Text.assemble(
+                (f"error rate over --max-error-rate {limit:g}", "red"),
+                f": {cells}; exit code {ERROR_RATE_EXIT}",
+            ),
             soft_wrap=True,
             highlight=False,
         )
@@ -355,7 +361,7 @@ def _report(
     try:
         paths = generate_report([root], root)
     except ReportInputError as exc:
-        console.print(f"[red]report: {exc}[/red]")
+        console.print(Text(f"report: {exc}", style="red"), soft_wrap=True)
         run_info["report"] = None
         return None, None
     summary = json.loads(paths["summary"].read_text())
@@ -365,10 +371,14 @@ def _report(
         paths["summary"].write_text(json.dumps(summary, indent=2) + "\n")
     run_info["report"] = {k: str(v) for k, v in paths.items()}
     for line in summary.get("missing", []):
-        console.print(f"[yellow]missing:[/yellow] {line}", soft_wrap=True, highlight=False)
+        console.print(
+            Text.assemble(("missing:", "yellow"), f" {line}"), soft_wrap=True, highlight=False
+        )
     for finding in summary.get("diagnosis", []):
         console.print(
-            f"[red]trap {finding['trap']}[/red] {finding['policy']}: {finding['message']}",
+            Text.assemble(
+                (f"trap {finding['trap']}", "red"), f" {finding['policy']}: {finding['message']}"
+            ),
             soft_wrap=True,
             highlight=False,
         )
@@ -382,23 +392,31 @@ def _report(
 def _print_cell(console: Console, r: CellResult) -> None:
     counts = ", ".join(f"{k} {v}" for k, v in r.counts.items()) or "no rows"
     state = (
-        "[red]FAILED[/red]"
+        ("FAILED", "red")
         if r.infrastructure_failure
-        else ("[yellow]degraded[/yellow]" if r.failures else "[green]ok[/green]")
+        else (("degraded", "yellow") if r.failures else ("ok", "green"))
     )
     console.print(
-        f"{r.cell.name}: {state} in {r.wall_s:.0f} s — {counts} (scheduled {r.scheduled})",
+        Text.assemble(
+            f"{r.cell.name}: ", state, f" in {r.wall_s:.0f} s — {counts} (scheduled {r.scheduled})"
+        ),
         highlight=False,
     )
     if r.prompts:
         line = PromptChoice.from_dict(r.prompts).line()
-        console.print(f"  prompts: {line}", soft_wrap=True, highlight=False, markup=False)
+        console.print(f"  prompts: {line}", soft_wrap=True, highlight=False)
     for f in r.failures:
-        console.print(f"  [red]{f['kind']}[/red]: {f['message']}", soft_wrap=True, highlight=False)
+        console.print(
+            Text.assemble("  ", (f["kind"], "red"), f": {f['message']}"),
+            soft_wrap=True,
+            highlight=False,
+        )
         if f.get("log_tail"):
             console.print("  log tail:", highlight=False)
             console.print(Text(f["log_tail"]), soft_wrap=True)
     for w in r.warnings:
-        console.print(f"  [yellow]warning[/yellow]: {w}", soft_wrap=True, highlight=False)
+        console.print(
+            Text.assemble("  ", ("warning", "yellow"), f": {w}"), soft_wrap=True, highlight=False
+        )
     for m in r.missing:
         console.print(f"  missing: {m}", soft_wrap=True, highlight=False)
