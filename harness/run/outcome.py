@@ -31,6 +31,7 @@ class CellResult(Protocol):
         self, kind: str, message: str, log_tail: str | None = None, infrastructure: bool = False
     ) -> None: ...
 
+
 #: The run's exit codes (docs/run.md, "Exit codes").
 OK_EXIT = 0
 INFRASTRUCTURE_EXIT = 1
