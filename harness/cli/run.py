@@ -179,9 +179,11 @@ def run(
         5557, "--master-port", help="With --expect-workers: the port the workers connect to."
     ),
     master_bind_host: str = typer.Option(
-        "*",
+        "127.0.0.1",
         "--master-bind-host",
-        help="With --expect-workers: the interface the master listens on (default: all).",
+        help="The interface the load generator's master listens on for its workers "
+        "(default 127.0.0.1: this machine only; `*` or 0.0.0.0: every interface, for "
+        "--expect-workers with workers elsewhere, on a trusted network only).",
     ),
     workers_wait: float = typer.Option(
         300.0,
@@ -326,6 +328,12 @@ def run(
                 if target
                 else " (a served cell's engine listens on loopback: its workers must run on "
                 "this machine; use --target for workers elsewhere)"
+            )
+            + (
+                f" (the master listens on {master_bind_host} only: --master-bind-host '*' "
+                "for workers on other machines, on a trusted network)"
+                if master_bind_host in ("127.0.0.1", "localhost", "::1")
+                else ""
             ),
             soft_wrap=True,
             highlight=False,

@@ -14,7 +14,11 @@ clock), the master receives the reply at ``t3``. Then
 
 the true offset lies within ``offset ± uncertainty`` whatever the split of the round
 trip between the two directions; of several probes the one with the smallest
-uncertainty is kept (:func:`best`).
+uncertainty is kept (:func:`best`). A probe whose worker interval is negative or longer
+than its round trip (``t2 < t1``, ``t2 - t1 > t3 - t0``) cannot have happened: its
+"uncertainty" would be negative and it would win every comparison, so :func:`probe`
+refuses it (as it refuses a pong that answers no ping of the master's) instead of
+clamping it to zero.
 
 Every instant a load-generator process stamps comes from :func:`unix_now`: the wall
 clock read once, when this module is imported, then carried forward by the monotonic
@@ -30,6 +34,7 @@ clock (:func:`unix_now` and ``time.time()``) by that many seconds
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -77,7 +82,39 @@ class Probe:
 
     @property
     def uncertainty_s(self) -> float:
-        return max(0.0, ((self.t3 - self.t0) - (self.t2 - self.t1)) / 2)
+        # never clamped: probe() refuses a round trip shorter than the worker's interval
+        return ((self.t3 - self.t0) - (self.t2 - self.t1)) / 2
+
+
+class BadProbe(ValueError):
+    """A pong the master refuses (the message says why)."""
+
+
+def probe(sent: dict[int, float], pong: object, t3: float) -> Probe:
+    """The probe of one pong, received at ``t3`` (master's clock), from the worker the
+    master pinged with ``sent`` (``seq -> t0`` of the pings not yet answered; the
+    answered one is removed). Raises :class:`BadProbe` for a pong that answers no ping
+    of that worker's (another ``seq``, another ``t0``, one answered already), whose
+    numbers are not finite, or that cannot have happened (``t2 < t1`` or
+    ``t2 - t1 > t3 - t0``)."""
+    if not isinstance(pong, dict):
+        raise BadProbe(f"a pong that is not a mapping ({type(pong).__name__})")
+    seq = pong.get("seq")
+    if type(seq) is not int or seq not in sent:
+        raise BadProbe(f"a pong for no ping of this worker's (seq {seq!r})")
+    values = [pong.get(k) for k in ("t0", "t1", "t2")]
+    if not all(type(v) in (int, float) and math.isfinite(v) for v in (*values, t3)):
+        raise BadProbe(f"a pong whose instants are not finite numbers: {values!r}")
+    t0, t1, t2 = (float(v) for v in values)
+    if t0 != sent[seq]:
+        raise BadProbe(f"a pong whose t0 {t0!r} is not that of ping {seq} ({sent[seq]!r})")
+    if t2 < t1 or t2 - t1 > t3 - t0:
+        raise BadProbe(
+            f"an impossible pong (worker interval t2 - t1 = {t2 - t1:.6f} s against a round "
+            f"trip t3 - t0 = {t3 - t0:.6f} s)"
+        )
+    del sent[seq]  # one answer per ping
+    return Probe(t0, t1, t2, t3)
 
 
 def best(probes: list[Probe]) -> dict:

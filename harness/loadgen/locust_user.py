@@ -12,9 +12,11 @@ into the file's namespace:
 
 and registers the listeners: the custom arguments (``options``), the start (one
 process: at once; distributed: the master numbers the ready workers 0..W-1 and sends
-each its index, W, the options, a common start instant and its plan's facts in a
-``schedscope_split`` message; a worker whose own plan differs sends nothing, and the
-master fails the run naming it: ``plan_check``), the per-request Locust events
+each its index, W, the options but the secrets, a common start instant and its plan's
+facts in a ``schedscope_split`` message; a worker whose own plan differs sends nothing,
+and the master fails the run naming it: ``plan_check``; the master takes a message's
+worker from its sender's connection, never from the message: ``master_guard``), the
+per-request Locust events
 (``TTFT``/``TPOT``/``E2E``, named ``ttft <class>`` ...), and the end (rows for whatever
 was left, the summary, the generator-limited warning).
 
@@ -31,6 +33,8 @@ counts its requests still in flight as failures (the server did not answer in ti
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 import sys
@@ -48,6 +52,8 @@ from harness.loadgen import options as opts_mod
 from harness.loadgen.client import TRANSPORTS, OpenAIClient, probe
 from harness.loadgen.dispatcher import Dispatcher
 from harness.loadgen.forward import ROWS_MESSAGE, Collector, ForwardingWriter
+from harness.loadgen.intake import Intake, summary_problem
+from harness.loadgen.master_guard import HELLO, TOKEN_ENV, MasterGuard, worker_token
 from harness.loadgen.plan_check import (
     PlanMismatch,
     check_plan,
@@ -64,6 +70,9 @@ log = logging.getLogger("schedscope.loadgen")
 
 #: Seconds between the master's start message and the common start instant.
 DISTRIBUTED_LEAD_S = 1.5
+#: The master's record of its workers (expected, connected, started, refused), in its
+#: --records-dir; ``merge.py`` reads it into the summary.
+WORKERS_FILE = "workers.json"
 #: Locust's request type of a request cut in flight by the end of the run (not a failure).
 CUT = "CUT"
 
@@ -373,8 +382,8 @@ def _warn_generator_limited(summaries: list[dict]) -> None:
         p99 = s.get("send_lag_p99_s")
         msg = (
             f"schedscope: GENERATOR-LIMITED (worker {s['worker']}): p99 send lag "
-            f"{(p99 or 0) * 1e3:.1f} ms > {s['lag_limit_s'] * 1e3:.0f} ms, "
-            f"{s['in_flight_capped']} requests waited for --max-in-flight; latencies "
+            f"{(p99 or 0) * 1e3:.1f} ms > {(s.get('lag_limit_s') or 0) * 1e3:.0f} ms, "
+            f"{s.get('in_flight_capped', 0)} requests waited for --max-in-flight; latencies "
             f"include the generator's delay. Lower the rate or add --processes."
         )
         log.warning(msg)
@@ -394,12 +403,20 @@ class _State:
         self.done: dict[int, dict] = {}
         self.local_done = False
         self.clients: dict[int, str] = {}  # the master's workers: index -> client id
+        self.worker_of: dict[str, int] = {}  # the master's: client id -> worker index
+        self.guard: MasterGuard | None = None  # the master's: what reaches its port
+        self.expected: int | None = None  # the master's: workers it was told to wait for
+        self.connected: set[str] = set()  # the master's: clients that registered
+        self.excluded: list[str] = []  # the master's: connected, not numbered (no token)
+        self.started = False  # the master's: the test started and its workers were numbered
+        self._pings: dict[int, dict[int, float]] = {}  # the master's: worker -> seq -> t0
         self.collector: Collector | None = None  # the master's: the workers' rows
         self.offsets: dict[int, dict] = {}  # the master's: worker -> clock.best()
         self.plan: Plan | None = None  # the master's plan (the one its workers must build)
         self._pongs: dict[int, list] = {}
         self.lost: dict[int, dict] = {}
         self.local_records_dir: str | None = None  # a worker's own --records-dir
+        self.local_api_key = ""  # a worker's own --api-key (never sent by the master)
         self.options = None
         self.run_id = None
         self.stopping = gevent.event.Event()  # set by test_stopping, cleared at test_start
@@ -419,13 +436,27 @@ class _State:
     def on_init(self, environment, runner=None, **_kw) -> None:
         self.environment = environment
         if isinstance(runner, MasterRunner):
+            # before any message of ours: the guard names each message's sender
+            self.guard = MasterGuard(runner, worker_token()).install()
             runner.register_message("schedscope_done", self._on_done_message)
             runner.register_message(ROWS_MESSAGE, self._on_rows_message)
             runner.register_message("schedscope_pong", self._on_pong_message)
+            environment.events.worker_connect.add_listener(self._on_worker_connect)
+            parsed = environment.parsed_options
+            # --processes N sets it to N; Locust's default without --expect-workers is 1
+            self.expected = getattr(parsed, "expect_workers", None)
+            self._write_workers()
+            # Locust may give up waiting for its workers and exit before any test starts
+            atexit.register(self._write_workers)
         elif isinstance(runner, WorkerRunner):
             clock.install_test_offset()
+            parsed = environment.parsed_options
             # its own --records-dir, read before the master's options replace its own
-            self.local_records_dir = getattr(environment.parsed_options, "records_dir", None)
+            self.local_records_dir = getattr(parsed, "records_dir", None)
+            self.local_api_key = getattr(parsed, "api_key", "") or ""
+            # first of its messages: a master with a worker token numbers only those that
+            # presented it (master_guard.py)
+            runner.send_message(HELLO, {"token": worker_token()})
             runner.register_message("schedscope_ping", self._on_ping_message)
             runner.register_message("schedscope_split", self._on_split_message)
             runner.register_message("schedscope_stop", self._on_stop_message)
@@ -448,12 +479,7 @@ class _State:
         run_id = f"{self.profile.name}-{int(time.time() * 1000)}"
         duration = self.profile.with_duration_scale(options.duration_scale).duration_s
         if isinstance(runner, MasterRunner):
-            clients = sorted(
-                runner.clients.ready + runner.clients.running + runner.clients.spawning,
-                key=lambda c: runner.get_worker_index(c.id),
-            )
-            self.workers = len(clients)
-            self.clients = {i: c.id for i, c in enumerate(clients)}
+            clients = self._number_workers(runner)
             self.options = options
             self.run_id = run_id
             facts = None  # each worker checks its own plan against the master's facts
@@ -464,7 +490,10 @@ class _State:
                 log.exception("schedscope: the master could not build the plan")
                 self.plan = None
             self.offsets = self._estimate_clocks(runner)
-            self.collector = Collector(options.records_dir, self.offsets)
+            self.collector = Collector(
+                options.records_dir, self.offsets, Intake(run_id, self.plan, self.workers)
+            )
+            self._write_workers()
             start = clock.unix_now() + DISTRIBUTED_LEAD_S
             for i, c in enumerate(clients):
                 runner.send_message(
@@ -475,7 +504,9 @@ class _State:
                         # the common start instant on the worker's own clock
                         "start_at": start + self.offsets.get(i, {}).get("offset_s", 0.0),
                         "run_id": run_id,
-                        "options": options.to_dict(),
+                        # never a secret: each worker has its own API key (options.py)
+                        "options": options.shareable(),
+                        "api_key_set": bool(options.api_key),
                         "host": environment.host or "",
                         "plan": facts,
                     },
@@ -488,9 +519,93 @@ class _State:
             self.run = _Run(self, environment, 0, 1, None, options, environment.host or "", run_id)
         self.deadline = (start or clock.unix_now()) + duration + options.grace + 5.0
 
+    def _number_workers(self, runner) -> list:
+        """The master, at the start: number the connected workers 0..W-1 in Locust's
+        worker-index order (with a worker token, those that presented it), and say so
+        when fewer than it was told to expect came (exit code 1)."""
+        active = sorted(
+            runner.clients.ready + runner.clients.running + runner.clients.spawning,
+            key=lambda c: runner.get_worker_index(c.id),
+        )
+        self.guard.wait_for_hellos([c.id for c in active])
+        clients = [c for c in active if self.guard.trusted(c.id)]
+        self.excluded = [c.id for c in active if not self.guard.trusted(c.id)]
+        for cid in self.excluded:
+            msg = (
+                f"schedscope: client {cid} did not present the worker token (${TOKEN_ENV}): "
+                "it gets no share of the schedule"
+            )
+            log.warning(msg)
+            print(msg, file=sys.stderr, flush=True)
+        self.workers = len(clients)
+        self.clients = {i: c.id for i, c in enumerate(clients)}
+        self.worker_of = {c.id: i for i, c in enumerate(clients)}
+        self.started = True
+        if self.expected is not None and self.workers < self.expected:
+            msg = (
+                f"schedscope: WORKERS MISSING: {self.workers} of the {self.expected} expected "
+                f"load-generator workers started"
+                + (
+                    f" ({len(self.excluded)} came without the worker token)"
+                    if self.excluded
+                    else ""
+                )
+                + "; the schedule is split between those that did; exit code 1"
+            )
+            log.error(msg)
+            print(msg, file=sys.stderr, flush=True)
+            self.environment.process_exit_code = 1
+        return clients
+
+    def _on_worker_connect(self, client_id, **_kw) -> None:
+        self.connected.add(client_id)
+        self._write_workers()
+
+    def _write_workers(self) -> None:
+        """The master: workers.json in its --records-dir (the merge puts ``expected`` and
+        ``started`` into the run's summary: ``workers_expected``, ``workers_started``)."""
+        parsed = self.environment.parsed_options if self.environment else None
+        directory = self.options.records_dir if self.options else None
+        directory = directory or getattr(parsed, "records_dir", None)
+        if not directory or self.guard is None:
+            return
+        facts = {
+            "run_id": self.run_id,
+            "expected": self.expected,
+            "connected": len(self.connected),
+            "started": self.workers if self.started else 0,
+            "clients": {str(i): cid for i, cid in self.clients.items()},
+            "excluded_clients": self.excluded,
+            "rows_refused": sum(self.collector.refused.values()) if self.collector else 0,
+            **self.guard.facts(),
+        }
+        try:
+            path = Path(directory) / WORKERS_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+            tmp.replace(path)
+        except OSError as e:  # a record of the run, not the run: say so and go on
+            log.warning("schedscope: could not write %s: %s", WORKERS_FILE, e)
+
+    def _sender(self, msg) -> int | None:
+        """The master: the worker index of a message's sender (the guard made
+        ``msg.node_id`` its connection's identity); None, counted and logged, for a
+        client that is not one of the workers numbered at the start."""
+        i = self.worker_of.get(msg.node_id)
+        if i is None and self.guard is not None:
+            self.guard.refuse(msg.node_id, f"a {msg.type} message (not a worker of this run)")
+        return i
+
     def _on_split_message(self, environment, msg, **_kw) -> None:
         d = msg.data
-        options = opts_mod.LoadgenOptions(**d["options"])
+        # the master sends no secret: this worker's own API key
+        options = opts_mod.LoadgenOptions(**{**d["options"], "api_key": self.local_api_key})
+        if d.get("api_key_set") and not self.local_api_key:
+            log.warning(
+                "schedscope: the master's run sends an API key and this worker has none: "
+                "give it with `schedscope worker --api-key` or $SCHEDSCOPE_API_KEY"
+            )
         self.run = _Run(
             self,
             environment,
@@ -504,12 +619,22 @@ class _State:
         )
 
     def _on_done_message(self, environment, msg, **_kw) -> None:
-        summary = msg.data
+        i = self._sender(msg)
+        if i is None or self.collector is None:
+            return
+        if i in self.done:
+            self.guard.refuse(msg.node_id, f"a second summary of worker {i}")
+            return
+        why = summary_problem(msg.data, self.run_id)
+        if why is not None:
+            self.guard.refuse(msg.node_id, f"a summary of worker {i} ({why})")
+            return
+        summary = {**msg.data, "worker": i}
         if summary.get("error"):
             summary = self._worker_failed(summary)
-        if self.collector is not None:
-            summary = self.collector.add_summary(summary)
-        self.done[summary["worker"]] = summary
+        summary = self.collector.add_summary(i, summary)
+        if summary is not None:
+            self.done[i] = summary
 
     def _worker_failed(self, summary: dict) -> dict:
         """The master: a worker that did not run its share (its plan was not the
@@ -531,8 +656,9 @@ class _State:
         return failure
 
     def _on_rows_message(self, environment, msg, **_kw) -> None:
-        if self.collector is not None:
-            self.collector.add_rows(msg.data)
+        i = self._sender(msg)
+        if i is not None and self.collector is not None:
+            self.collector.add_rows(i, msg.data)
 
     # -- clock offsets (clock.py) ------------------------------------------------------
     def _on_ping_message(self, environment, msg, **_kw) -> None:
@@ -544,19 +670,24 @@ class _State:
 
     def _on_pong_message(self, environment, msg, **_kw) -> None:
         t3 = clock.unix_now()
-        d = msg.data
-        self._pongs.setdefault(d["worker"], []).append(clock.Probe(d["t0"], d["t1"], d["t2"], t3))
+        i = self._sender(msg)
+        if i is None:
+            return
+        try:  # a pong of the worker pinged, answering a ping of the master's, possible
+            probe = clock.probe(self._pings.get(i, {}), msg.data, t3)
+        except clock.BadProbe as e:
+            self.guard.refuse(msg.node_id, f"a clock probe of worker {i}: {e}")
+            return
+        self._pongs.setdefault(i, []).append(probe)
 
     def _estimate_clocks(self, runner) -> dict[int, dict]:
         """The master: each worker's clock offset, best of clock.NUM_PROBES round trips."""
         self._pongs = {}
+        self._pings = {i: {} for i in self.clients}
         for n in range(clock.NUM_PROBES):
             for i, cid in self.clients.items():
-                runner.send_message(
-                    "schedscope_ping",
-                    {"worker": i, "seq": n, "t0": clock.unix_now()},
-                    client_id=cid,
-                )
+                t0 = self._pings[i][n] = clock.unix_now()
+                runner.send_message("schedscope_ping", {"seq": n, "t0": t0}, client_id=cid)
             deadline = clock.unix_now() + 1.0
             while clock.unix_now() < deadline and any(
                 len(self._pongs.get(i, ())) <= n for i in self.clients
@@ -612,6 +743,8 @@ class _State:
             self._wait_for_workers(runner, environment.stop_timeout + 20.0)
             if self.collector is not None:
                 self.collector.close()
+            self._write_workers()
+            self._report_refused()
         if not isinstance(runner, WorkerRunner):
             self._report()
 
@@ -654,6 +787,21 @@ class _State:
             log.warning(msg)
             print(msg, file=sys.stderr, flush=True)
         self.environment.process_exit_code = 1
+
+    def _report_refused(self) -> None:
+        """The master: one line for what it refused (each sender was named once already)."""
+        guard, collector = self.guard, self.collector
+        rows = sum(collector.refused.values()) if collector else 0
+        if guard is None or not (guard.refused or rows):
+            return
+        msg = (
+            f"schedscope: ignored {guard.refused} message(s) from {len(guard.refused_by)} "
+            f"sender(s) that are not this run's workers, or not of the form they send, and "
+            f"refused {rows} forwarded row(s) (not this run's, not the worker's share, "
+            f"received twice, or malformed); see {WORKERS_FILE} in the records directory"
+        )
+        log.warning(msg)
+        print(msg, file=sys.stderr, flush=True)
 
     def _report(self) -> None:
         if not self.done:
@@ -712,8 +860,12 @@ class _State:
         if self.deadline is not None:
             if len(self.done) >= max(self.workers, 1):
                 return None
-            if isinstance(runner, MasterRunner) and self.done and not self._waiting_for(runner):
-                return None  # the others are lost: reported at the end
+            if (
+                isinstance(runner, MasterRunner)
+                and (self.done or not self.clients)
+                and not self._waiting_for(runner)
+            ):
+                return None  # the others are lost (reported at the end), or none started
             if clock.unix_now() > self.deadline:
                 log.warning("schedscope: the schedule and --grace are over; stopping")
                 self.grace_over = True

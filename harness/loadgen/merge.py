@@ -15,7 +15,12 @@ pick one run out of a directory that holds several) and writes:
   connection (``retried``), the prompts chosen (``prompts``), the workers' summaries,
   the workers lost mid-run (``lost_workers``) and those that did not run their share
   (``failed_workers``: a plan not the master's, a run that could not start;
-  ``harness.loadgen.plan_check``), the server's clock epoch.
+  ``harness.loadgen.plan_check``), the server's clock epoch, and, for a distributed run,
+  the master's ``workers.json``: ``workers_expected`` (the workers it was told to wait
+  for), ``workers_started`` (those it gave a share), ``workers_connected``,
+  ``refused_messages`` (messages it ignored: not from a worker of the run, or not of the
+  form one sends) and ``rows_refused`` (forwarded rows it did not write); each null
+  without that file (one process).
 
 Command line: ``python -m harness.loadgen.merge RECORDS_DIR [--out DIR] [--run-id ID]``.
 """
@@ -30,6 +35,7 @@ import polars as pl
 
 from harness.loadgen.plan_check import failure_message
 from harness.loadgen.records import LAG_LIMIT_S, RECORD_COLUMNS
+from harness.loadgen.row_types import checker
 
 SCHEMA: dict[str, pl.DataType] = {
     "request_id": pl.String,
@@ -74,7 +80,10 @@ class MergeError(Exception):
 
 
 def read_records(records_dir: str | Path, run_id: str | None = None) -> pl.DataFrame:
-    """Every row of the directory's ``client-*.jsonl`` files as one frame (SCHEMA)."""
+    """Every row of the directory's ``client-*.jsonl`` files as one frame (SCHEMA). A
+    value that does not fit its column is null and its row an ``error`` naming it
+    (harness/loadgen/row_types.py): one bad row does not fail the merge."""
+    conform = checker(SCHEMA)
     rows = []
     for path in sorted(Path(records_dir).glob("client-*.jsonl")):
         with open(path, encoding="utf-8") as f:
@@ -85,10 +94,26 @@ def read_records(records_dir: str | Path, run_id: str | None = None) -> pl.DataF
                     row = json.loads(line)
                 except ValueError as e:  # a process killed mid-line: say where
                     raise MergeError(f"{path}:{n}: not a JSON row ({e})") from e
+                if not isinstance(row, dict):
+                    raise MergeError(f"{path}:{n}: not a JSON row (a {type(row).__name__})")
                 if run_id is None or row.get("run_id") == run_id:
-                    rows.append(row)
+                    rows.append(conform(row))
     frame = pl.DataFrame(rows, schema=SCHEMA) if rows else pl.DataFrame(schema=SCHEMA)
     return frame.sort("scheduled_at", "request_id")
+
+
+def _workers_file(records_dir: Path, run_id: str | None) -> dict:
+    """The master's ``workers.json`` of this run (``{}``: none, or another run's; a master
+    that gave up waiting for its workers started no run: its ``run_id`` is null, as the
+    summary's of a directory with no row)."""
+    path = records_dir / "workers.json"
+    try:
+        facts = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(facts, dict) or facts.get("run_id") != run_id:
+        return {}
+    return facts
 
 
 def merge_records(
@@ -102,7 +127,7 @@ def merge_records(
     records_dir = Path(records_dir)
     out = Path(out_dir) if out_dir is not None else records_dir
     frame = read_records(records_dir, run_id)
-    runs = sorted(set(frame["run_id"].to_list()))
+    runs = sorted(set(frame["run_id"].drop_nulls().to_list()))
     if len(runs) > 1:
         raise MergeError(
             f"{records_dir} holds {len(runs)} runs ({', '.join(runs)}): "
@@ -119,6 +144,7 @@ def merge_records(
     lost = [json.loads(path.read_text()) for path in sorted(records_dir.glob("lost-*.json"))]
     lost = [w for w in lost if not runs or w.get("run_id") == runs[0]]
     failed = [{k: v for k, v in w.items() if k != "options"} for w in workers if w.get("error")]
+    master = _workers_file(records_dir, runs[0] if runs else None)
     if lag_limit_s is None:
         lag_limit_s = next((w["lag_limit_s"] for w in workers if "lag_limit_s" in w), LAG_LIMIT_S)
     lags = frame.filter(pl.col("phase_kind") == "open")["send_lag_s"].drop_nulls()
@@ -160,6 +186,11 @@ def merge_records(
         "cut_in_flight": sum(w.get("cut_in_flight", 0) for w in workers),
         "not_sent": sum(w.get("not_sent", 0) for w in workers),
         "worker_summaries": workers,
+        "workers_expected": master.get("expected"),
+        "workers_started": master.get("started"),
+        "workers_connected": master.get("connected"),
+        "refused_messages": master.get("refused_messages"),
+        "rows_refused": master.get("rows_refused"),
     }
     out.mkdir(parents=True, exist_ok=True)
     frame.write_parquet(out / "requests.parquet")
@@ -186,6 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     for failed in s["failed_workers"]:
         print(f"WARNING: {failure_message(failed)}")
+    expected, started = s["workers_expected"], s["workers_started"]
+    if expected is not None and (started or 0) < expected:
+        print(f"WARNING: {started or 0} of the {expected} expected load-generator workers started")
+    if s["refused_messages"] or s["rows_refused"]:
+        print(
+            f"WARNING: the master ignored {s['refused_messages'] or 0} message(s) and refused "
+            f"{s['rows_refused'] or 0} row(s) (workers.json)"
+        )
     if s["generator_limited"]:
         print("WARNING: generator-limited run: latencies include the generator's delay")
     return 0

@@ -29,6 +29,9 @@ NAMES = (
     "lag_limit_ms",
 )
 
+#: The options that are secrets: never sent to a worker, masked where written.
+SECRETS = ("api_key",)
+
 #: ``--prompt-mode``: token ids, text sized with /tokenize, or chosen from the server's
 #: vocabulary (harness/loadgen/prompt_choice.py).
 PROMPT_MODES = ("token_ids", "text", "auto")
@@ -155,6 +158,13 @@ class LoadgenOptions:
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def shareable(self) -> dict:
+        """The options a master sends its workers (``schedscope_split``): every one but
+        the secrets. A worker takes its API key from its own command line or
+        environment (``--api-key``, ``$LOCUST_API_KEY``; ``schedscope worker --api-key``,
+        ``$SCHEDSCOPE_API_KEY``), never from the network."""
+        return {k: v for k, v in self.to_dict().items() if k not in SECRETS}
 
     def public(self) -> dict:
         d = self.to_dict()

@@ -203,15 +203,18 @@ def distribution_args(
     expect_workers: int | None,
     master_port: int,
     wait_s: float,
-    bind_host: str = "*",
+    bind_host: str = "127.0.0.1",
 ) -> list[str]:
     """Locust arguments that spread a cell's schedule over worker processes (the same
     exact split, harness/loadgen/split.py; their records come to the master,
     harness/loadgen/forward.py). ``workers`` > 1: Locust's ``--processes`` (a local
     master and that many local workers); ``expect_workers``: this Locust is the master
     and waits at most ``wait_s`` for that many workers started elsewhere with
-    :func:`worker_command`, listening on ``bind_host`` (Locust's ``*``: every
-    interface). Neither: one process (no arguments)."""
+    :func:`worker_command`. Neither: one process (no arguments). The master listens on
+    ``bind_host``: this machine only by default, since whatever reaches its port talks to
+    it (harness/loadgen/master_guard.py); ``*`` or ``0.0.0.0`` is every interface, for
+    workers elsewhere on a trusted network. (Locust's own default is ``*``, for
+    ``--processes`` too, whose workers connect to 127.0.0.1.)"""
     if expect_workers is not None and workers > 1:
         raise ValueError(
             "--workers (local processes) and --expect-workers (remote) exclude each other"
@@ -232,7 +235,7 @@ def distribution_args(
         ]
     if workers < 1:
         raise ValueError(f"--workers {workers}: need at least 1")
-    return ["--processes", str(workers)] if workers > 1 else []
+    return ["--master-bind-host", bind_host, "--processes", str(workers)] if workers > 1 else []
 
 
 def worker_command(master_host: str, master_port: int = MASTER_PORT) -> list[str]:

@@ -265,7 +265,12 @@ def _open_ids(worker: int, workers: int) -> list[str]:
 
 def test_distribution_args():
     assert distribution_args(1, None, 5557, 60) == []
-    assert distribution_args(3, None, 5557, 60) == ["--processes", "3"]
+    assert distribution_args(3, None, 5557, 60) == [
+        "--master-bind-host",
+        "127.0.0.1",
+        "--processes",
+        "3",
+    ]
     assert distribution_args(1, 2, 6000, 60.4, "127.0.0.1") == [
         "--master",
         "--master-bind-host",
