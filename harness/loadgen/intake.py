@@ -24,67 +24,29 @@ from __future__ import annotations
 import math
 import re
 
-from harness.loadgen.records import RECORD_COLUMNS
+from harness.loadgen.records import RECORD_COLUMNS, RECORD_KINDS
+from harness.loadgen.row_types import fits
 from harness.profiles import Plan
 
-#: Each column's kind: what ``merge.SCHEMA`` reads it as (tests check they agree).
-COLUMN_KINDS: dict[str, str] = {
-    "request_id": "str",
-    "run_id": "str",
-    "profile": "str",
-    "class": "str",
-    "priority": "int",
-    "phase": "int",
-    "phase_kind": "str",
-    "prompt_tokens": "int",
-    "server_prompt_tokens": "int",
-    "prompt_method": "str",
-    "output_tokens": "int",
-    "max_tokens": "int",
-    "status": "str",
-    "http_status": "int",
-    "error": "str",
-    "finish_reason": "str",
-    "schedule_offset_s": "float",
-    "scheduled_at": "float",
-    "sent_at": "float",
-    "first_token_at": "float",
-    "last_token_at": "float",
-    "ttft_s": "float",
-    "ttft_from_sent_s": "float",
-    "tpot_s": "float",
-    "e2e_s": "float",
-    "e2e_from_sent_s": "float",
-    "max_itl_s": "float",
-    "itl_s": "floats",
-    "send_lag_s": "float",
-    "token_counting": "str",
-    "worker": "int",
-    "in_flight_capped": "bool",
-    "retried": "bool",
-}
-assert tuple(COLUMN_KINDS) == RECORD_COLUMNS
+#: Each column's kind (records.RECORD_KINDS, which merge.SCHEMA is made from).
+COLUMN_KINDS = RECORD_KINDS
 
 #: Columns a row always has a value in (the writer and the merge read them).
 NOT_NULL = frozenset({"request_id", "run_id", "class", "phase_kind", "status", "worker"})
 
-_INT64 = 2**63
-
-
-def _is_float(v: object) -> bool:
-    return type(v) in (int, float) and math.isfinite(v) and abs(v) < 1e300
-
 
 def _of_kind(value: object, kind: str) -> bool:
-    if kind == "str":
-        return type(value) is str
-    if kind == "int":  # bool is an int to Python, not to the schema
-        return type(value) is int and -_INT64 <= value < _INT64
+    """Of ``kind`` as it is (no conversion the merge would make), and every number
+    finite: a forwarded row is refused, not repaired."""
+    if not fits(value, kind):
+        return False
     if kind == "float":
-        return _is_float(value)
-    if kind == "bool":
-        return type(value) is bool
-    return type(value) is list and all(_is_float(v) for v in value)  # floats
+        return _finite(value)
+    return kind != "floats" or all(_finite(v) for v in value)  # type: ignore[union-attr]
+
+
+def _finite(v: object) -> bool:
+    return type(v) in (int, float) and math.isfinite(v) and abs(v) < 1e300  # type: ignore[arg-type]
 
 
 def row_problem(row: object) -> str | None:

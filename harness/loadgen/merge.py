@@ -34,45 +34,18 @@ from pathlib import Path
 import polars as pl
 
 from harness.loadgen.plan_check import failure_message
-from harness.loadgen.records import LAG_LIMIT_S, RECORD_COLUMNS
+from harness.loadgen.records import LAG_LIMIT_S, RECORD_KINDS
 from harness.loadgen.row_types import checker
 
-SCHEMA: dict[str, pl.DataType] = {
-    "request_id": pl.String,
-    "run_id": pl.String,
-    "profile": pl.String,
-    "class": pl.String,
-    "priority": pl.Int64,
-    "phase": pl.Int64,
-    "phase_kind": pl.String,
-    "prompt_tokens": pl.Int64,
-    "server_prompt_tokens": pl.Int64,
-    "prompt_method": pl.String,
-    "output_tokens": pl.Int64,
-    "max_tokens": pl.Int64,
-    "status": pl.String,
-    "http_status": pl.Int64,
-    "error": pl.String,
-    "finish_reason": pl.String,
-    "schedule_offset_s": pl.Float64,
-    "scheduled_at": pl.Float64,
-    "sent_at": pl.Float64,
-    "first_token_at": pl.Float64,
-    "last_token_at": pl.Float64,
-    "ttft_s": pl.Float64,
-    "ttft_from_sent_s": pl.Float64,
-    "tpot_s": pl.Float64,
-    "e2e_s": pl.Float64,
-    "e2e_from_sent_s": pl.Float64,
-    "max_itl_s": pl.Float64,
-    "itl_s": pl.List(pl.Float64),
-    "send_lag_s": pl.Float64,
-    "token_counting": pl.String,
-    "worker": pl.Int64,
-    "in_flight_capped": pl.Boolean,
-    "retried": pl.Boolean,
+#: The Polars type of each record kind (records.RECORD_KINDS).
+_POLARS_TYPES: dict[str, pl.DataType] = {
+    "str": pl.String(),
+    "int": pl.Int64(),
+    "float": pl.Float64(),
+    "bool": pl.Boolean(),
+    "floats": pl.List(pl.Float64),
 }
-assert tuple(SCHEMA) == RECORD_COLUMNS
+SCHEMA: dict[str, pl.DataType] = {c: _POLARS_TYPES[k] for c, k in RECORD_KINDS.items()}
 
 
 class MergeError(Exception):
@@ -83,7 +56,7 @@ def read_records(records_dir: str | Path, run_id: str | None = None) -> pl.DataF
     """Every row of the directory's ``client-*.jsonl`` files as one frame (SCHEMA). A
     value that does not fit its column is null and its row an ``error`` naming it
     (harness/loadgen/row_types.py): one bad row does not fail the merge."""
-    conform = checker(SCHEMA)
+    conform = checker(RECORD_KINDS)
     rows = []
     for path in sorted(Path(records_dir).glob("client-*.jsonl")):
         with open(path, encoding="utf-8") as f:

@@ -15,42 +15,46 @@ import math
 import os
 from pathlib import Path
 
-#: The row's keys, in order (docs/loadgen.md describes each; times are Unix seconds).
-RECORD_COLUMNS = (
-    "request_id",
-    "run_id",
-    "profile",
-    "class",
-    "priority",
-    "phase",
-    "phase_kind",
-    "prompt_tokens",
-    "server_prompt_tokens",
-    "prompt_method",
-    "output_tokens",
-    "max_tokens",
-    "status",
-    "http_status",
-    "error",
-    "finish_reason",
-    "schedule_offset_s",
-    "scheduled_at",
-    "sent_at",
-    "first_token_at",
-    "last_token_at",
-    "ttft_s",
-    "ttft_from_sent_s",
-    "tpot_s",
-    "e2e_s",
-    "e2e_from_sent_s",
-    "max_itl_s",
-    "itl_s",
-    "send_lag_s",
-    "token_counting",
-    "worker",
-    "in_flight_capped",
-    "retried",
-)
+#: The row's keys, in order, with their kinds (docs/loadgen.md describes each; times are
+#: Unix seconds): ``str``, ``int``, ``float``, ``bool`` or ``floats`` (a list of floats).
+#: The merge's schema (merge.SCHEMA), its per-row type check (row_types.py) and the
+#: master's check of forwarded rows (intake.py) all read them from here.
+RECORD_KINDS: dict[str, str] = {
+    "request_id": "str",
+    "run_id": "str",
+    "profile": "str",
+    "class": "str",
+    "priority": "int",
+    "phase": "int",
+    "phase_kind": "str",
+    "prompt_tokens": "int",
+    "server_prompt_tokens": "int",
+    "prompt_method": "str",
+    "output_tokens": "int",
+    "max_tokens": "int",
+    "status": "str",
+    "http_status": "int",
+    "error": "str",
+    "finish_reason": "str",
+    "schedule_offset_s": "float",
+    "scheduled_at": "float",
+    "sent_at": "float",
+    "first_token_at": "float",
+    "last_token_at": "float",
+    "ttft_s": "float",
+    "ttft_from_sent_s": "float",
+    "tpot_s": "float",
+    "e2e_s": "float",
+    "e2e_from_sent_s": "float",
+    "max_itl_s": "float",
+    "itl_s": "floats",
+    "send_lag_s": "float",
+    "token_counting": "str",
+    "worker": "int",
+    "in_flight_capped": "bool",
+    "retried": "bool",
+}
+RECORD_COLUMNS = tuple(RECORD_KINDS)
 
 #: A run whose p99 send lag exceeds this is generator-limited (its latencies are the
 #: generator's as much as the server's).

@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-import polars as pl
-
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 FLOAT_MAX = 1 << 1023
 MAX_ERROR_CHARS = 500
@@ -61,21 +59,28 @@ def _floats(value):
     return _MISSING
 
 
-_CHECKS: dict[pl.DataType, Callable] = {
-    pl.String: _string,
-    pl.Int64: _int,
-    pl.Float64: _float,
-    pl.Boolean: _bool,
-    pl.List(pl.Float64): _floats,
+#: Each record kind (records.RECORD_KINDS) -> its check: the value itself when it fits,
+#: a converted value the column can hold, or _MISSING.
+_CHECKS: dict[str, Callable] = {
+    "str": _string,
+    "int": _int,
+    "float": _float,
+    "bool": _bool,
+    "floats": _floats,
 }
 
 
-def checker(schema: Mapping[str, pl.DataType]) -> Callable[[dict], dict]:
-    """A function that returns a row with every value of ``schema``'s columns fitting
-    its type (the row itself when all fit): a value that does not is null, the row's
-    ``status`` ``error`` and its ``error`` names the field and the value (before any
-    error it had)."""
-    checks = [(name, _CHECKS[dtype]) for name, dtype in schema.items()]
+def fits(value, kind: str) -> bool:
+    """Whether ``value`` is of ``kind`` as it is, with no conversion."""
+    return _CHECKS[kind](value) is value
+
+
+def checker(kinds: Mapping[str, str]) -> Callable[[dict], dict]:
+    """A function that returns a row with every value of ``kinds``' columns (column ->
+    record kind) fitting its type (the row itself when all fit): a value that does not
+    is null, the row's ``status`` ``error`` and its ``error`` names the field and the
+    value (before any error it had)."""
+    checks = [(name, _CHECKS[kind]) for name, kind in kinds.items()]
 
     def conform(row: dict) -> dict:
         fixed: dict | None = None
