@@ -65,6 +65,7 @@ from harness.loadgen.prompts import DEFAULT_ID_RANGE
 from harness.loadgen.records import RecordWriter
 from harness.loadgen.split import Share, share
 from harness.profiles import Plan, build_plan
+from harness.redact import redact_url, strip_credentials, worker_host
 
 log = logging.getLogger("schedscope.loadgen")
 
@@ -329,7 +330,7 @@ class _Run:
             "worker": self.index,
             "workers": self.count,
             "pid": os.getpid(),
-            "host": self.host,
+            "host": redact_url(self.host),
             "error": self.error,
             "options": self.options.public(),
         }
@@ -507,7 +508,8 @@ class _State:
                         # never a secret: each worker has its own API key (options.py)
                         "options": options.shareable(),
                         "api_key_set": bool(options.api_key),
-                        "host": environment.host or "",
+                        # a URL's credentials never travel: a worker has its own
+                        "host": strip_credentials(environment.host or ""),
                         "plan": facts,
                     },
                     client_id=c.id,
@@ -540,6 +542,7 @@ class _State:
         self.workers = len(clients)
         self.clients = {i: c.id for i, c in enumerate(clients)}
         self.worker_of = {c.id: i for i, c in enumerate(clients)}
+        self.guard.lock(list(self.worker_of))
         self.started = True
         if self.expected is not None and self.workers < self.expected:
             msg = (
@@ -613,7 +616,7 @@ class _State:
             d["count"],
             d["start_at"],
             options,
-            d["host"] or environment.host or "",
+            worker_host(d["host"], environment.host),
             d["run_id"],
             d.get("plan"),
         )
@@ -745,6 +748,8 @@ class _State:
                 self.collector.close()
             self._write_workers()
             self._report_refused()
+            if self.guard is not None:
+                self.guard.unlock()  # a later run (Locust's web UI) numbers workers anew
         if not isinstance(runner, WorkerRunner):
             self._report()
 

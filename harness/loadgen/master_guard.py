@@ -42,6 +42,7 @@ import gevent
 import zmq.error
 from locust.exception import RPCError
 from locust.rpc.protocol import Message
+from locust.stats import RequestStats, StatsEntry, StatsError
 
 log = logging.getLogger("schedscope.loadgen")
 
@@ -81,6 +82,27 @@ def decode(frames: list[bytes]) -> tuple[str | None, Message | None, str | None]
     return sender, msg, None
 
 
+def stats_problem(data: object) -> str | None:
+    """Why a worker's ``stats`` report would fail Locust's own reader (None: it reads),
+    found by reading it as Locust does into a scratch set of statistics."""
+    if not isinstance(data, dict):
+        return f"data of type {type(data).__name__}"
+    try:
+        scratch = RequestStats(use_response_times_cache=True)
+        for entry_data in data["stats"]:
+            entry = StatsEntry.unserialize(entry_data, scratch)
+            StatsEntry(scratch, entry.name, entry.method, use_response_times_cache=True).extend(
+                entry
+            )
+        for error in data["errors"].values():
+            StatsError.unserialize(error)
+            0 + error["occurrences"]  # Locust adds it to a count
+        scratch.total.extend(StatsEntry.unserialize(data["stats_total"], scratch))
+    except Exception as e:  # noqa: BLE001 - any fault of the report's shape
+        return f"{type(e).__name__}: {e!s:.60}"
+    return None
+
+
 class MasterGuard:
     """One master runner's guard (module docstring). ``token``: the shared secret its
     workers must present ('' or None: none required)."""
@@ -92,6 +114,9 @@ class MasterGuard:
         self.refused_by: dict[str, int] = {}  # sender -> messages dropped
         self.presented: set[str] = set()  # client ids that presented the token
         self.known: set[str] = set()  # client ids that ever registered
+        #: The run's workers while a run is on (:meth:`lock`): every other peer is
+        #: dropped, its Locust registration included (None: no run on).
+        self.locked: frozenset[str] | None = None
         self._handle = runner.handle_message
         self._reset = runner.reset_connection
 
@@ -145,20 +170,41 @@ class MasterGuard:
         none is required)."""
         return not self.token or client_id in self.presented
 
+    def lock(self, workers: list[str]) -> None:
+        """A run starts with ``workers``: until :meth:`unlock`, every message from any
+        other peer is dropped. A peer that registers mid-run would otherwise join
+        Locust's user dispatch, and its reports reach Locust's own handlers."""
+        self.locked = frozenset(workers)
+
+    def unlock(self) -> None:
+        self.locked = None
+
     def handle_message(self, client_id: str, msg: Message) -> None:
         """Locust's ``handle_message``, for a message that passed :func:`decode`."""
         kind = msg.type
         if kind == HELLO:
             self._hello(client_id, msg.data)
             return
+        if self.locked is not None and client_id not in self.locked:
+            self.refuse(client_id, f"a {kind!r:.40} message (not a worker of the run on)")
+            return
         if kind not in REGISTRATION and client_id not in self.known:
             if client_id not in self.runner.clients:
                 self.refuse(client_id, f"a {kind!r:.40} message")
                 return
             self.known.add(client_id)
-        if kind.startswith("schedscope_") and not self.trusted(client_id):
-            self.refuse(client_id, f"a {kind} message without the worker token")
+        if kind not in REGISTRATION and not self.trusted(client_id):
+            # Locust's registration must pass (a worker registers before its hello);
+            # nothing else does from a peer without the token.
+            self.refuse(client_id, f"a {kind!r:.40} message without the worker token")
             return
+        if kind == "stats":
+            why = stats_problem(msg.data)
+            if why is not None:
+                # Locust reads a report in an event listener whose exception it does
+                # not raise but remembers, and the master then exits 2.
+                self.refuse(client_id, f"a stats report that Locust cannot read ({why})")
+                return
         try:
             self._handle(client_id, msg)
         except Exception as e:  # noqa: BLE001 - one message must not stop the listener

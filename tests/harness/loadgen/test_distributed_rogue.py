@@ -142,6 +142,11 @@ def test_a_rogue_peer_neither_ends_the_run_nor_adds_rows(tmp_path):
             Message("schedscope_done", {"worker": 0}, "vm_someone_else").serialize(),
             Message("client_ready", 5, ROGUE).serialize(),  # Locust's handler raises
             Message("exception", None, ROGUE).serialize(),
+            # registered as a worker is, mid-run: it would join Locust's dispatch, and a
+            # report Locust cannot read made the master exit 2
+            Message("client_ready", LOCUST_VERSION, ROGUE).serialize(),
+            Message("stats", {}, ROGUE).serialize(),
+            Message("heartbeat", {"state": "running"}, ROGUE).serialize(),
         ):
             rogue.send(frame)
         code = processes[0].wait(120)

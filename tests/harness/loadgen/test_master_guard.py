@@ -25,7 +25,7 @@ from harness.loadgen import clock
 from harness.loadgen.forward import Collector
 from harness.loadgen.intake import COLUMN_KINDS, Intake, row_problem, summary_problem
 from harness.loadgen.locust_user import WORKERS_FILE, _State
-from harness.loadgen.master_guard import HELLO, MasterGuard, decode
+from harness.loadgen.master_guard import HELLO, MasterGuard, decode, stats_problem
 from harness.loadgen.merge import SCHEMA, merge_records
 from harness.loadgen.options import LoadgenOptions
 from harness.loadgen.records import RECORD_COLUMNS
@@ -359,6 +359,45 @@ def test_with_a_token_only_the_workers_that_present_it_are_trusted():
     assert [h for h in runner.handled if h[1] == "schedscope_done"] == [("w0", "schedscope_done")]
     assert guard.refused == 3 and guard.facts()["token_required"] is True
     assert MasterGuard(FakeRunner()).trusted("anyone")  # no token: every worker
+
+
+def test_while_a_run_is_on_only_its_workers_are_heard():
+    runner = FakeRunner(["w0"])
+    guard = MasterGuard(runner).install()
+    guard.lock(["w0"])
+    # a peer registering mid-run would join Locust's dispatch: dropped, registration too
+    for kind, data in (("client_ready", "2.47.0"), ("stats", {}), ("heartbeat", {})):
+        runner.handle_message("late", Message(kind, data, "late"))
+    runner.handle_message("w0", Message("heartbeat", {"state": "running"}, "w0"))
+    assert runner.handled == [("w0", "heartbeat")] and guard.refused == 3
+    guard.unlock()
+    runner.handle_message("late", Message("client_ready", "2.47.0", "late"))
+    assert runner.handled[-1] == ("late", "client_ready")
+
+
+def test_a_stats_report_locust_cannot_read_is_dropped_before_it_reaches_locust():
+    from locust.stats import RequestStats
+
+    stats = RequestStats()
+    stats.log_request("POST", "ttft short_chat", 12, 0)
+    stats.log_error("POST", "e2e short_chat", "boom")
+    good = {
+        "stats": stats.serialize_stats(),
+        "errors": stats.serialize_errors(),
+        "stats_total": stats.total.get_stripped_report(),
+    }
+    assert stats_problem(good) is None
+    bad_count = {
+        **good,
+        "errors": {k: {**e, "occurrences": "9"} for k, e in good["errors"].items()},
+    }
+    for bad in ({}, [], {**good, "stats": [{}]}, {**good, "stats_total": None}, bad_count):
+        assert stats_problem(bad) is not None, bad
+    runner = FakeRunner(["w0"])
+    guard = MasterGuard(runner).install()
+    runner.handle_message("w0", Message("stats", {}, "w0"))
+    runner.handle_message("w0", Message("stats", good, "w0"))
+    assert runner.handled == [("w0", "stats")] and guard.refused == 1
 
 
 # -- what the split message carries -------------------------------------------------------
