@@ -60,6 +60,7 @@ def push_dashboards(
     try:
         parsed = urlparse(grafana_url)
         scheme, hostname, password = parsed.scheme, parsed.hostname, parsed.password
+        parsed.port  # noqa: B018 - raises on a port out of range
     except ValueError:  # a bad port or IPv6 literal
         scheme = hostname = password = None
     if scheme not in ("http", "https") or not hostname:

@@ -28,14 +28,26 @@ def redact_url(url: str) -> str:
         return MASK  # not parseable: it may still hold a secret
     if parts.password is None and parts.username is None:
         return url
-    host = parts.hostname or ""
-    if ":" in host:  # an IPv6 literal
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port is not None else ""
     user = f"{parts.username}:{MASK}" if parts.password is not None else MASK
-    return urlunsplit(
-        (parts.scheme, f"{user}@{host}{port}", parts.path, parts.query, parts.fragment)
-    )
+    return _with_userinfo(parts, user + "@")
+
+
+def strip_credentials(url: str) -> str:
+    """``url`` with no user part at all (``http://ann:pw@host/v1`` -> ``http://host/v1``):
+    what may travel to another machine."""
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ""
+    return _with_userinfo(parts, "")
+
+
+def _with_userinfo(parts, userinfo: str) -> str:
+    # The host and port as written (parts.port raises on a bad one: keep it as it is).
+    host_port = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, userinfo + host_port, parts.path, parts.query, parts.fragment))
 
 
 def redact_argv(argv: list[str]) -> list[str]:
@@ -58,3 +70,12 @@ def redact_argv(argv: list[str]) -> list[str]:
             continue
         out.append(f"{flag}={redact_url(arg[len(flag) + 1 :])}" if eq else redact_url(arg))
     return out
+
+
+def worker_host(master_host: str, own_host: str | None) -> str:
+    """The target a load-generator worker sends to: the master's (which comes without
+    credentials: :func:`strip_credentials`), or the worker's own ``--host`` when that is
+    the same target with the credentials the master does not send."""
+    if own_host and (not master_host or strip_credentials(own_host) == master_host):
+        return own_host
+    return master_host or own_host or ""

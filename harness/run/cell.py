@@ -30,6 +30,7 @@ import polars as pl
 from engine.core.token_timing import STALL_FLOOR_S
 from harness.knobs import knob_flags
 from harness.loadgen.clock import clock_warnings
+from harness.loadgen.options import env_var
 from harness.profiles import Profile, build_plan
 from harness.redact import redact_argv, redact_url
 from harness.report.errors import describe, error_summary, headline
@@ -442,8 +443,9 @@ def _run_locust(stack: ExitStack, run: _LoadCell, url: str, metrics: _Metrics) -
         cell.rate_scale,
         settings.duration_scale,
         settings.seed,
-        extra=(["--api-key", settings.api_key] if settings.api_key else []) + settings.locust_args,
+        extra=settings.locust_args,
         grace_s=settings.grace_s,
+        secrets={env_var("--api-key"): settings.api_key} if settings.api_key else None,
     )
     run.info["locust_command"] = redact_argv(["locust", *locust.args])
     locust.start()

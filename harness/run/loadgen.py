@@ -114,7 +114,11 @@ class LocustRun:
         seed: int | None,
         extra: list[str] | None = None,
         grace_s: float = 30.0,
+        secrets: dict[str, str] | None = None,
     ) -> None:
+        """``secrets``: environment variables for Locust (``LOCUST_API_KEY``): a secret
+        on its command line would be in every process list."""
+        self.secrets = dict(secrets or {})
         self.args = [
             "-f",
             str(locustfile),
@@ -149,7 +153,7 @@ class LocustRun:
         self._log = open(self.log_path, "w")
         self.process = subprocess.Popen(
             self.command,
-            env=repo_env(),
+            env={**repo_env(), **self.secrets},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -252,3 +252,9 @@ def test_a_timeout_that_is_not_positive_is_a_usage_error(timeout):
     )
     assert result.exit_code == 2, result.output
     assert "--timeout-s" in result.output and "look like Grafana" not in result.output
+
+
+def test_a_url_with_a_port_out_of_range_is_refused_without_a_traceback():
+    result = push("http://admin:hunter2@127.0.0.1:99999")
+    assert result.exit_code == 1 and not isinstance(result.exception, ValueError)
+    assert "is not an http(s) URL" in result.output and "hunter2" not in result.output

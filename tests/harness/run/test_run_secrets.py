@@ -5,7 +5,11 @@ plaintext in three of them)."""
 
 from __future__ import annotations
 
-from harness.redact import MASK, redact_argv, redact_url
+from pathlib import Path
+
+from harness.loadgen.options import env_var
+from harness.redact import MASK, redact_argv, redact_url, strip_credentials, worker_host
+from harness.run.loadgen import LocustRun
 from tests.harness.run.test_run_target_vocabulary import own_store, run_target  # noqa: F401
 from tests.support.vllm_stub import VllmStub
 
@@ -22,6 +26,26 @@ def test_secret_flags_and_url_passwords_are_masked():
     assert redact_url("http://admin:hunter2@grafana:3000") == f"http://admin:{MASK}@grafana:3000"
     assert redact_url("https://token@h/x") == f"https://{MASK}@h/x"
     assert redact_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    # a bad port is kept as written, never a traceback (a run with such a --target crashed)
+    assert redact_url("http://u:p@h:99999/v1") == f"http://u:{MASK}@h:99999/v1"
+
+
+def test_a_url_travels_to_workers_without_its_credentials():
+    assert strip_credentials("http://u:pw@h:8000/v1") == "http://h:8000/v1"
+    assert strip_credentials("http://h:8000") == "http://h:8000"
+    # a worker with its own --host for the same target keeps its credentials
+    assert worker_host("http://h:8000", "http://u:pw@h:8000") == "http://u:pw@h:8000"
+    assert worker_host("http://h:8000", "http://other:9") == "http://h:8000"
+    assert worker_host("http://h:8000", None) == "http://h:8000"
+
+
+def test_the_key_goes_to_locust_in_its_environment_not_on_its_command_line():
+    run = LocustRun(
+        Path("p.py"), "http://h:1", Path("r"), Path("l"), 1.0, 1.0, None,
+        secrets={env_var("--api-key"): KEY},
+    )  # fmt: skip
+    assert KEY not in " ".join(run.command)
+    assert run.secrets == {"LOCUST_API_KEY": KEY}
 
 
 def test_the_api_key_is_in_no_file_a_target_run_writes(tmp_path):
