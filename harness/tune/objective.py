@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from engine.config import ConfigError
 from engine.core.cost_model import CostModel
 from harness.knobs import build_engine_config
-from harness.profiles import Profile
+from harness.profiles import Profile, ProfileError
 from harness.summary import group_summary, policy_summary
 from harness.tune.slo import Target, meets, request_slos
 from harness.tune.space import skip_reason
@@ -131,12 +131,23 @@ def evaluate(knobs: dict, ctx: Context) -> Evaluation:
     return out
 
 
+def _schedulable(ctx: Context, scale: float) -> bool:
+    """Whether the profile at ``scale`` x its rate is one a run may schedule (profiles
+    refuse more than a million expected requests): the search stops there, as at
+    ``max_scale``, instead of failing after minutes of it."""
+    try:
+        ctx.profile.with_rate_scale(scale)
+    except ProfileError:
+        return False
+    return True
+
+
 def _bracket(ctx: Context, config, out: Evaluation, first: dict):
     """(lo, hi, summary at lo): lo meets the SLOs, hi does not (hi = max_scale * 2
     when even max_scale meets; lo = 0 when even min_scale misses)."""
     if out.meets_at_profile_rate:
         lo, at_lo, hi = 1.0, first, 2.0
-        while hi <= ctx.max_scale:
+        while hi <= ctx.max_scale and _schedulable(ctx, hi):
             summary = _simulate(ctx, config, hi)
             out.simulations += 1
             if not meets(list(ctx.targets), summary["classes"]):

@@ -91,3 +91,28 @@ def test_the_front_keeps_only_the_undominated():
     evaluations = [ev(2.0, 3.0, 1.0), ev(2.0, 3.5, 1.5), ev(1.0, 1.0, 1.0), ev(0.0, 0.1, 0.1)]
     # the second is worse than the first on both tails; the last meets no rate
     assert pareto_front(evaluations, list(TARGETS)) == [0, 2]
+
+
+def test_the_bracket_stops_at_the_largest_rate_a_profile_may_schedule(monkeypatch):
+    # A profile of 400,000 expected requests may run at 2x but not at 4x (a million
+    # at most): the search stops doubling there, as at max_scale, instead of raising
+    # ProfileError after minutes of searching.
+    from harness.profiles import Phase, Profile
+    from harness.tune import objective
+
+    base = resolve_profile("mixed")
+    profile = Profile(
+        name="big", seed=0, classes=base.classes,
+        phases=(Phase(name="p", duration_s=4000.0, rate=100.0),),
+    )  # fmt: skip
+    scales = []
+
+    def always_meets(ctx, config, scale):
+        scales.append(scale)
+        return {"classes": {}, "goodput_rps": 1.0}
+
+    monkeypatch.setattr(objective, "_simulate", always_meets)
+    monkeypatch.setattr(objective, "meets", lambda targets, classes: True)
+    ctx = Context(profile, 0, (), CostModel(), precision=0.5)
+    result = evaluate(knob_defaults(), ctx)
+    assert max(scales) == 2.0 and result.capacity == 2.0
