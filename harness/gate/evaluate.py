@@ -52,9 +52,15 @@ class Check:
     method: str  # "exact" | "bootstrap" | "point"
     passed: bool
     message: str
+    #: the baseline has no value for this line (no finished request of the class):
+    #: nothing to compare, so neither pass nor fail (a gate whose every line is so is a
+    #: data error, exit 2)
+    inconclusive: bool = False
 
     @property
     def status(self) -> str:
+        if self.inconclusive:
+            return "n/a"
         return "pass" if self.passed else "FAIL"
 
 
@@ -269,12 +275,16 @@ def _regression(
         interval = _interval(rule, a, b, klass, config, estimate)
         method = "bootstrap"
     if value_b is None:
-        # Nothing to compare with: the baseline's fault, not the change's (exit 2).
-        raise GateInputError(
-            f"rule {rule.name}: the baseline ({baseline.path}) has no value of {rule.label} "
-            f"in cell {name}, class {klass} (no finished request): nothing to compare with; "
-            "record the baseline again from a run whose requests finish"
-        )
+        # Nothing to compare with: this line says so and passes nothing; a class that
+        # finished nothing in the baseline (starved under FCFS, say) must not block the
+        # gate's other lines. A gate with no comparable line at all is exit 2 (evaluate).
+        return Check(
+            rule.name, name, klass, rule.label, "regression", tolerance, None, value_a,
+            None, None, "none", True,
+            f"no comparison: the baseline ({baseline.path}) has no {rule.label} of this "
+            "class (no finished request)",
+            inconclusive=True,
+        )  # fmt: skip
     if value_a is None:
         # The current run has rows but none finished: what the change did (exit 1).
         passed, message = False, "no finished request of this class in the current run"
@@ -484,4 +494,11 @@ def evaluate(config: GateConfig, baseline: Side, current: Side) -> list[Check]:
             )
         for name in sorted(set(baseline.cells) & set(current.cells)):
             checks.append(_exact_results(name, baseline.cells[name], current.cells[name]))
+    compared = [c for c in checks if c.kind == "regression"]
+    if compared and all(c.inconclusive for c in compared):
+        raise GateInputError(
+            f"the baseline ({baseline.path}) has no value for any line it is compared on "
+            "(no finished request): nothing to compare with; record the baseline again "
+            "from a run whose requests finish"
+        )
     return checks

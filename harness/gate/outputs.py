@@ -54,8 +54,10 @@ def _interval(check: Check) -> str:
 
 def verdict_line(checks: list[Check], exit_code: int) -> str:
     failed = sum(not c.passed for c in checks)
+    open_lines = sum(c.inconclusive for c in checks)
     if exit_code == 0:
-        return f"gate: PASS ({len(checks)} checks)"
+        also = f"; {open_lines} with no baseline value" if open_lines else ""
+        return f"gate: PASS ({len(checks)} checks{also})"
     return f"gate: FAIL ({failed} of {len(checks)} checks failed)"
 
 
@@ -69,7 +71,7 @@ def markdown(checks: list[Check], notes: list[str], exit_code: int, title: str) 
     lines.append("|" + "---|" * len(HEADER))
     for c in sorted(checks, key=lambda c: c.passed):
         cells = (
-            "✅" if c.passed else "❌",
+            "➖" if c.inconclusive else ("✅" if c.passed else "❌"),
             c.rule,
             c.cell,
             c.klass,
@@ -107,7 +109,7 @@ def junit(checks: list[Check], path: Path, name: str = "schedscope gate") -> Non
         tests=str(len(checks)),
         failures=str(sum(not c.passed for c in checks)),
         errors="0",
-        skipped="0",
+        skipped=str(sum(c.inconclusive for c in checks)),
     )
     for c in checks:
         case = ET.SubElement(
@@ -116,7 +118,9 @@ def junit(checks: list[Check], path: Path, name: str = "schedscope gate") -> Non
             classname=_xml(f"gate.{c.cell}"),
             name=_xml(f"{c.rule} {c.klass} {c.metric}"),
         )
-        if not c.passed:
+        if c.inconclusive:
+            ET.SubElement(case, "skipped", message=_xml(c.message))
+        elif not c.passed:
             failure = ET.SubElement(case, "failure", message=_xml(c.message), type=c.kind)
             failure.text = _xml("\n".join(failure_lines([c])))
         else:
@@ -149,6 +153,7 @@ def as_json(checks: list[Check], notes: list[str], exit_code: int, sides: dict) 
                 "change": clean(c.change),
                 "interval": [clean(c.interval[0]), clean(c.interval[1])] if c.interval else None,
                 "passed": c.passed,
+                "inconclusive": c.inconclusive,
                 "message": c.message,
             }
             for c in checks

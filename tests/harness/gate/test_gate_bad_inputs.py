@@ -100,9 +100,26 @@ BAD_BASELINES = [
     (
         "all_failed",
         _all_failed,
-        "the baseline (BASELINE) has no value of ttft p95 in cell fcfs",
+        "the baseline (BASELINE) has no value for any line it is compared on",
     ),
 ]
+
+
+def test_a_class_that_finished_nothing_in_the_baseline_is_one_open_line(tmp_path):
+    # One starved class (no finished request in the baseline) leaves its line without a
+    # comparison and the other classes gated: it used to make the whole gate exit 2.
+    frame = requests_frame(1, n=40)
+    starved = frame.with_columns(
+        pl.when(pl.col("class") == pl.col("class").first())
+        .then(pl.lit("error"))
+        .otherwise(pl.col("status"))
+        .alias("status")
+    )
+    base = write_run(tmp_path / "base", {"fcfs": starved})
+    current = write_run(tmp_path / "current", {"fcfs": frame})
+    result, text = gate(tmp_path, base, current)
+    assert result.exit_code == 0, result.output
+    assert "no comparison: the baseline" in text and "with no baseline value" in text
 
 
 @pytest.mark.parametrize(
