@@ -483,25 +483,35 @@ class OpenAIClient:
                         f"{prompt_limit} for a prompt of {prompt_tokens} tokens"
                     )
                 k = 0
+                by_usage = False  # k is the target's own count, not one per text chunk
                 if chunk.choice:
                     if chunk.finish_reason:
                         row["finish_reason"] = chunk.finish_reason
                     if continuous and chunk.usage:
                         if ct is not None:
-                            k, usage_seen = ct - usage_seen, ct
+                            k, usage_seen, by_usage = ct - usage_seen, ct, True
                     else:
                         k = 1 if chunk.text else 0
                 elif chunk.usage:  # the final usage chunk: the count of record
                     row["output_tokens"] = ct
                     row["server_prompt_tokens"] = pt
                     if continuous and ct is not None and ct > usage_seen:
-                        k, usage_seen = ct - usage_seen, ct
+                        k, usage_seen, by_usage = ct - usage_seen, ct, True
                 if k > 0:
-                    if counted + k > max_tokens:  # text chunks beyond what was asked
-                        raise tv.BadTargetValue(
-                            f"target sent {counted + k} tokens: more than the {max_tokens} "
-                            "max_tokens asked"
-                        )
+                    if counted + k > max_tokens:
+                        if by_usage:  # the target's own count: a claim beyond what was asked
+                            raise tv.BadTargetValue(
+                                f"target sent {counted + k} tokens: more than the "
+                                f"{max_tokens} max_tokens asked"
+                            )
+                        # Counted by chunks, a text chunk is not always a new token (held
+                        # back stop-string text flushed at the end): the request still
+                        # ends when its content does, but the count and itl_s stay within
+                        # max_tokens (the extra time joins the last gap).
+                        if itl:
+                            itl[-1] += t - last
+                        last = t
+                        continue
                     if last is None:
                         row["first_token_at"] = t
                     else:

@@ -51,8 +51,14 @@ MODES: dict[str, tuple[str, str | None]] = {
     "endless_line": ("one data line that never ends (64 KiB at a time)", "longer than"),
     "ping_flood": (": ping comments, as fast as they go, never [DONE]", "bytes for"),
     "endless_ping": (": ping every 0.1 s, never a token or [DONE]", None),
+    "extra_text_chunks": (
+        "3 text chunks past max_tokens with no usage (held-back text flushed at the end)",
+        None,
+    ),
 }
 
+#: the modes whose requests are ok: correct, or odd but not wrong
+OK_MODES = ("good", "float_count", "extra_text_chunks")
 #: the modes whose rows are errors naming their field, for a run's cycle
 ERROR_MODES = tuple(m for m, (_, field) in MODES.items() if field is not None)
 
@@ -172,6 +178,9 @@ class HostileTarget:
             await send(chunk)
             if self.pace_s:
                 await asyncio.sleep(self.pace_s)
+        if mode == "extra_text_chunks":
+            for _ in range(3):
+                await send({"id": "cmpl-h", "choices": [{"index": 0, "text": " y"}]})
         if options.get("include_usage"):
             usage: dict = {"prompt_tokens": count(n_prompt), "completion_tokens": count(n)}
             if mode == "prompt_tokens_string":

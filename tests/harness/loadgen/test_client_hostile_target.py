@@ -19,7 +19,7 @@ from harness.loadgen.merge import merge_records
 from harness.loadgen.records import RecordWriter
 from harness.loadgen.target_values import MAX_ERROR_CHARS, clean_text, token_count
 from harness.profiles.schedule import RequestSpec
-from tests.support.hostile_target import MARKUP, MODEL, MODES, HostileTarget
+from tests.support.hostile_target import MARKUP, MODEL, MODES, OK_MODES, HostileTarget
 
 MAX_TOKENS = 6
 #: the modes a request ends by itself (the endless ones are tested on their own below)
@@ -57,7 +57,7 @@ def target():
 def test_each_bad_value_is_an_error_row_naming_its_field(target, mode):
     row = send(client_of(target.url), f"{mode}:1")
     field = MODES[mode][1]
-    if mode in ("good", "float_count"):
+    if mode in OK_MODES:
         assert row["status"] == "ok", row["error"]
         assert row["output_tokens"] == MAX_TOKENS and type(row["output_tokens"]) is int
         assert row["server_prompt_tokens"] == 8 and type(row["server_prompt_tokens"]) is int
@@ -73,6 +73,16 @@ def test_each_bad_value_is_an_error_row_naming_its_field(target, mode):
     assert len(row["itl_s"]) <= MAX_TOKENS - 1
     for key in ("server_prompt_tokens", "output_tokens"):
         assert row[key] is None or type(row[key]) is int
+
+
+def test_text_chunks_past_max_tokens_end_the_request_without_more_tokens(target):
+    # Counted by chunks, extra text (held-back stop-string text a server flushes at the
+    # end) is not a claim of more tokens: the request is ok, its count and gaps within
+    # max_tokens, its end the last chunk's.
+    row = send(client_of(target.url), "extra_text_chunks:1")
+    assert row["status"] == "ok", row["error"]
+    assert len(row["itl_s"]) == MAX_TOKENS - 1
+    assert sum(row["itl_s"]) == pytest.approx(row["last_token_at"] - row["first_token_at"])
 
 
 def test_a_string_prompt_count_names_the_value(target):
@@ -132,7 +142,7 @@ def test_rows_of_every_bad_value_merge(target, tmp_path):
     assert summary["rows"] == len(FINITE) == frame.height
     modes = frame["request_id"].str.split(":").list.first()
     by_mode = dict(zip(modes, frame["status"], strict=True))
-    assert by_mode == {m: "ok" if m in ("good", "float_count") else "error" for m in FINITE}
+    assert by_mode == {m: "ok" if m in OK_MODES else "error" for m in FINITE}
     assert frame["itl_s"].list.len().max() <= MAX_TOKENS - 1
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from harness import cost_store
 from harness.profiles import build_plan, load_profile
-from tests.support.hostile_target import MARKUP, MODES, HostileTarget
+from tests.support.hostile_target import MARKUP, MODES, OK_MODES, HostileTarget
 from tests.support.paths import DATA, REPO
 
 #: one cycle of the target: correct streams between the hostile ones, the markup error
@@ -94,7 +94,7 @@ def test_a_hostile_target_s_run_ends_with_a_report_and_a_row_per_request(tmp_pat
     rows = {r["request_id"]: r for r in frame.iter_rows(named=True)}
     for request_id, mode in assigned.items():
         row, field = rows[request_id], MODES[mode][1]
-        if mode in ("good", "float_count"):
+        if mode in OK_MODES:
             assert row["status"] == "ok", (mode, row["error"])
             assert row["output_tokens"] == row["max_tokens"]
         elif mode == "endless_ping":  # never a token: cut when --grace ran out
