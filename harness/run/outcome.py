@@ -5,8 +5,9 @@ infrastructure failure: a server that did not come up, Locust crashed or hung, a
 that ran another schedule, fewer load-generator workers than expected, or **no request
 completed**), ``degraded`` when it measured the load with failures that are not
 infrastructure (failed requests, generator lag, a lost worker), else ``ok``. The run
-exits 1 when any cell failed, else 3 when a cell's error rate exceeds
-``--max-error-rate``, else 0 (docs/run.md, "Exit codes").
+exits 1 on an infrastructure failure (a cell in which no request was even answered
+included), else 3 when a cell's error rate exceeds ``--max-error-rate`` or a cell's
+requests all failed (whatever the limit), else 0 (docs/run.md, "Exit codes").
 
 :func:`judge_load` adds the failures that only the cell's rows and the load
 generator's summary can show; every cell (served, ``--target``, simulated) goes
@@ -26,6 +27,7 @@ class CellResult(Protocol):
     counts: dict
     failures: list[dict]
     infrastructure_failure: bool
+    errors: dict | None
 
     def fail(
         self, kind: str, message: str, log_tail: str | None = None, infrastructure: bool = False
@@ -63,10 +65,14 @@ def judge_load(result: CellResult, loadgen: dict, open_rows: int | None) -> None
     scheduled = result.scheduled or 0
     if not result.counts.get("ok"):
         counts = ", ".join(f"{k} {v}" for k, v in result.counts.items()) or "no rows"
+        # Failures the server answered (errors, rejections) are a measurement of it: the
+        # error-rate exit. Nothing answered at all (cut, unsent, no rows) is not: exit 1.
+        answered = bool(result.errors and result.errors.get("failed"))
         result.fail(
             NO_COMPLETED,
-            f"no request completed ({counts}; {scheduled} scheduled): the cell measured nothing",
-            infrastructure=True,
+            f"no request completed ({counts}; {scheduled} scheduled): the cell measured "
+            + ("only failures" if answered else "nothing"),
+            infrastructure=not answered,
         )
     explained = any(f["kind"] in _WORKER_FAILURES for f in result.failures)
     if open_rows is not None and open_rows < scheduled and not explained:
@@ -79,9 +85,13 @@ def judge_load(result: CellResult, loadgen: dict, open_rows: int | None) -> None
 
 def status(result: CellResult) -> str:
     """``failed``, ``degraded`` or ``ok`` (module docstring)."""
-    if result.infrastructure_failure:
+    if result.infrastructure_failure or _completed_nothing(result):
         return "failed"
     return "degraded" if result.failures else "ok"
+
+
+def _completed_nothing(result: CellResult) -> bool:
+    return any(f["kind"] == NO_COMPLETED for f in result.failures)
 
 
 def run_status(results: list[CellResult]) -> str:
@@ -94,4 +104,6 @@ def exit_code(results: list[CellResult], over_error_rate: list[CellResult]) -> i
     """The run's exit code (module docstring)."""
     if any(r.infrastructure_failure for r in results):
         return INFRASTRUCTURE_EXIT
-    return ERROR_RATE_EXIT if over_error_rate else OK_EXIT
+    if over_error_rate or any(_completed_nothing(r) for r in results):
+        return ERROR_RATE_EXIT  # whatever --max-error-rate: a cell of failures only
+    return OK_EXIT

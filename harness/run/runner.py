@@ -103,6 +103,10 @@ def _fmt(value) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
+#: How each cell status (harness/run/outcome.py) is shown.
+STATUS_STYLES = {"failed": "red", "degraded": "yellow", "ok": ""}
+
+
 def summary_table(root: Path, results: list[CellResult], summary: dict | None) -> Table:
     """Per cell x class: requests, TTFT p50/p95, E2E p95, goodput (the report's figures
     when it ran, else the cell's requests.parquet)."""
@@ -123,11 +127,8 @@ def summary_table(root: Path, results: list[CellResult], summary: dict | None) -
         )
     policies = (summary or {}).get("policies") or {}
     for r in results:
-        status = (
-            Text("failed", style="red")
-            if r.infrastructure_failure
-            else (Text("degraded", style="yellow") if r.failures else "ok")
-        )
+        state = cell_status(r)
+        status = Text(state, style=STATUS_STYLES[state])
         entry = policies.get(r.cell.name)
         if entry is None:
             table.add_row(
@@ -391,14 +392,11 @@ def _report(
 
 def _print_cell(console: Console, r: CellResult) -> None:
     counts = ", ".join(f"{k} {v}" for k, v in r.counts.items()) or "no rows"
-    state = (
-        ("FAILED", "red")
-        if r.infrastructure_failure
-        else (("degraded", "yellow") if r.failures else ("ok", "green"))
-    )
+    state = cell_status(r)
+    shown = (state.upper() if state == "failed" else state, STATUS_STYLES[state] or "green")
     console.print(
         Text.assemble(
-            f"{r.cell.name}: ", state, f" in {r.wall_s:.0f} s — {counts} (scheduled {r.scheduled})"
+            f"{r.cell.name}: ", shown, f" in {r.wall_s:.0f} s — {counts} (scheduled {r.scheduled})"
         ),
         highlight=False,
     )

@@ -37,6 +37,18 @@ def test_a_cell_with_no_completed_request_failed():
     assert outcome.exit_code([r], []) == outcome.INFRASTRUCTURE_EXIT
 
 
+def test_a_cell_whose_requests_all_failed_failed_with_the_error_rate_exit():
+    # The server answered every request with a failure: a measurement of it (exit 3,
+    # whatever --max-error-rate), not an infrastructure failure.
+    r = _result({"error": 6, "rejected": 4})
+    r.errors = {"failed": 10, "requests": 10, "error_rate": 1.0}
+    outcome.judge_load(r, {}, 10)
+    assert [f["kind"] for f in r.failures] == [outcome.NO_COMPLETED]
+    assert "only failures" in r.failures[0]["message"]
+    assert outcome.status(r) == "failed" and not r.infrastructure_failure
+    assert outcome.exit_code([r], []) == outcome.ERROR_RATE_EXIT
+
+
 def test_a_cell_with_no_rows_at_all_failed():
     r = _result({})
     outcome.judge_load(r, {}, None)
@@ -72,19 +84,25 @@ def test_a_healthy_cell_stays_ok():
 @given(
     ok=st.integers(0, 5),
     other=st.integers(0, 5),
+    cut=st.integers(0, 5),
     infra=st.booleans(),
     over=st.booleans(),
 )
-def test_the_exit_code_follows_the_documented_precedence(ok, other, infra, over):
-    r = _result({"ok": ok, "error": other} if ok or other else {}, scheduled=ok + other)
+def test_the_exit_code_follows_the_documented_precedence(ok, other, cut, infra, over):
+    counts = {k: v for k, v in (("ok", ok), ("error", other), ("aborted", cut)) if v}
+    r = _result(counts, scheduled=ok + other + cut)
+    r.errors = {"failed": other}  # cut rows are the run's end, not the server's failures
     if infra:
         r.fail("server_start", "did not come up", infrastructure=True)
-    outcome.judge_load(r, {}, ok + other)
+    outcome.judge_load(r, {}, ok + other + cut)
     code = outcome.exit_code([r], [r] if over else [])
-    if infra or ok == 0:
+    if infra or (ok == 0 and other == 0):
         assert code == 1 and outcome.status(r) == "failed"
+    elif ok == 0:
+        assert code == 3 and outcome.status(r) == "failed"
     else:
-        assert code == (3 if over else 0)
+        assert code == (3 if over else 0) and outcome.status(r) != "failed"
+    assert code != 0 or ok > 0  # a run in which nothing completed never exits 0
 
 
 @pytest.fixture
@@ -92,8 +110,11 @@ def own_store(tmp_path, monkeypatch):
     monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "cost-model-store"))
 
 
-def test_a_run_whose_only_cell_completed_nothing_exits_1(tmp_path, own_store):
-    # --max-model-len 8 rejects every prompt of the profile: no request completes.
+def test_a_run_whose_only_cell_completed_nothing_exits_3_even_at_any_error_rate(
+    tmp_path, own_store
+):
+    # --max-model-len 8 rejects every prompt of the profile: no request completes, and
+    # --max-error-rate 1 allows every failure; it passed as ok, exit 0.
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     proc = subprocess.run(
@@ -102,7 +123,7 @@ def test_a_run_whose_only_cell_completed_nothing_exits_1(tmp_path, own_store):
          "--max-error-rate", "1", "--no-report", "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     cell = json.loads((out / "fcfs" / "run.json").read_text())
     assert cell["status"] == "failed"
     assert [f["kind"] for f in cell["failures"]] == [outcome.NO_COMPLETED]
