@@ -22,6 +22,10 @@ from engine.records.step_record import StepRecord
 STALL_TYPE = pl.Struct({"start_s": pl.Float64, "duration_s": pl.Float64})
 
 #: requests.parquet columns, in order, with their Polars types.
+#: Every request row's ``status`` (docs/metrics.md): the load generator's, the
+#: simulator's and the engine's rows alike; the report and the gate refuse any other.
+STATUSES = ("ok", "error", "rejected", "aborted")
+
 REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "request_id": pl.String,
     "policy": pl.String,
@@ -31,7 +35,7 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "prompt_tokens": pl.Int64,
     "output_tokens": pl.Int64,
     "max_tokens": pl.Int64,
-    "status": pl.String,  # ok | error | rejected | aborted
+    "status": pl.String,  # one of STATUSES
     "error": pl.String,
     "finish_reason": pl.String,
     "scheduled_at": pl.Float64,

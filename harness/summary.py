@@ -22,6 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles import Profile
+from harness.records import STATUSES
 from harness.request_stats import PERCENTILES, clean, jain_index, known_sum, slo_met_expr
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -60,7 +61,7 @@ def _distribution(series: pl.Series) -> dict:
 def group_summary(frame: pl.DataFrame, duration_s: float, slos: dict[str, dict]) -> dict:
     """Counts, throughput, goodput, latency distributions and fairness for ``frame``."""
     ok = frame.filter(pl.col("status") == "ok")
-    counts = {s: int((frame["status"] == s).sum()) for s in ("ok", "error", "rejected", "aborted")}
+    counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
     duration = max(duration_s, 1e-9)
     good = (
         int(frame.select(slo_met_expr(frame.columns, slos)).to_series().sum())

@@ -26,6 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles.digest import schedule_digest as digest_rows
+from harness.records import STATUSES
 
 #: The per-request columns the gate keeps (the normalised form of every side).
 GATE_COLUMNS = (
@@ -52,7 +53,6 @@ REPEAT_RE = re.compile(r"^(?P<cell>.+)-r(?P<repeat>\d+)$")
 #: ``schema_version`` identity for run directories and baseline files alike.
 ROWS_SCHEMA_VERSION = 1
 #: The statuses a request row may have (docs/records.md).
-STATUSES = ("ok", "error", "rejected", "aborted")
 
 
 class GateInputError(ValueError):

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
+from harness.loadgen.target_values import MAX_ERROR_CHARS
+
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 FLOAT_MAX = 1 << 1023
-MAX_ERROR_CHARS = 500
 
 _MISSING = object()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from harness.records import REQUEST_SCHEMA
+from harness.records import REQUEST_SCHEMA, STATUSES
 from harness.report.stall_causes import STALL_CAUSES
 from harness.report.stats import (
     PERCENTILES,
@@ -24,7 +24,6 @@ from harness.report.stats import (
 )
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "total_queue_s", "stall_s")
-STATUSES = ("ok", "error", "rejected", "aborted")
 
 #: requests.parquet columns the report reads (those absent are filled with nulls/zeros),
 #: typed as the request records define them (harness/records.py); the schedule offset is

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import polars as pl
 
-STATUSES = ("ok", "error", "rejected", "aborted")
+from harness.records import STATUSES
 
 #: Columns without which a requests.parquet is not request records at all: every writer
 #: (the simulator, the load generator, the engine's --record-requests) writes them.
