@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections import Counter
 
 from aiohttp import web
+
+from tests.support.threaded_app import ThreadedApp
 
 MODEL = "hostile-model"
 MARKUP = "[/evil] boom <script>alert(1)</script>"
@@ -63,19 +64,20 @@ OK_MODES = ("good", "float_count", "extra_text_chunks")
 ERROR_MODES = tuple(m for m, (_, field) in MODES.items() if field is not None)
 
 
-class HostileTarget:
+class HostileTarget(ThreadedApp):
+    name = "the hostile target"
+    shutdown_timeout_s = 0.5
+
     def __init__(self, modes: tuple[str, ...] = ("good",), pace_s: float = 0.0) -> None:
         unknown = [m for m in modes if m not in MODES]
         if unknown:
             raise ValueError(f"unknown modes {unknown}; known: {', '.join(MODES)}")
+        super().__init__()
         self.modes = modes
         self.pace_s = pace_s
-        self.url = ""
         self.served: Counter[str] = Counter()
         self.assigned: dict[str, str] = {}
         self._next = 0
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
 
     # -- routes -----------------------------------------------------------------------
     async def _models(self, request: web.Request) -> web.Response:
@@ -196,38 +198,12 @@ class HostileTarget:
         await response.write_eof()
 
     # -- running ------------------------------------------------------------------------
-    def _serve(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/v1/completions", self._completions)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self._stop = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        self._ready.set()
-        await self._stop.wait()
-        await runner.cleanup()
-
-    def __enter__(self) -> HostileTarget:
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the hostile target did not start")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
 
 
 def main() -> None:

@@ -31,15 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import weakref
 import zlib
 
 from aiohttp import web
 
+from tests.support.threaded_app import ThreadedApp
 
-class VllmStub:
+
+class VllmStub(ThreadedApp):
+    name = "the vLLM stub"
+
     def __init__(
         self,
         vocab_size: int = 1250,
@@ -49,6 +52,7 @@ class VllmStub:
         stall_s: float | None = None,
         otlp_grpc_endpoint: str | None = None,
     ) -> None:
+        super().__init__()
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.model = model
@@ -68,7 +72,6 @@ class VllmStub:
             self._tracer_provider.add_span_processor(
                 BatchSpanProcessor(exporter, schedule_delay_millis=200)
             )
-        self.url = ""
         self.completions = 0
         self.refused = 0
         self.dropped = 0
@@ -77,8 +80,6 @@ class VllmStub:
         # id() key outlives a closed connection and a new one at the same address inherited
         # its idle time (a fresh retry was then dropped as if idle).
         self._protocols: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
 
     # -- the tokenizer ------------------------------------------------------------------
     def token_ids(self, text: str) -> list[int]:
@@ -191,37 +192,13 @@ class VllmStub:
         return response
 
     # -- running ------------------------------------------------------------------------
-    def _serve(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self._models_route)
         app.router.add_get("/health", self._health_route)
         app.router.add_get("/metrics", self._metrics_route)
         app.router.add_post("/tokenize", self._tokenize_route)
         app.router.add_post("/v1/completions", self._completions_route)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self._stop = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        self._ready.set()
-        await self._stop.wait()
-        await runner.cleanup()
 
-    def __enter__(self) -> VllmStub:
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the vLLM stub did not start")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    def on_stop(self) -> None:
         if self._tracer_provider is not None:
             self._tracer_provider.shutdown()
