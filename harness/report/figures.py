@@ -90,9 +90,15 @@ def absolute_times(instants) -> list[str]:
     values = np.asarray(instants, dtype=float)
     if values.size == 0:
         return []
-    if np.nanmin(values) < EPOCH_LIKE_S:
-        return [f"clock {v:.3f} s" for v in values]
-    return [f"{t} (Unix {v:.3f})" for t, v in zip(_utc_iso(values), values, strict=True)]
+    finite = np.isfinite(values)
+    # nanmin of no finite value warns (a RuntimeWarning on the report's console), and a
+    # NaN cast to a date warns too: a missing instant is labelled as missing.
+    if not finite.any() or values[finite].min() < EPOCH_LIKE_S:
+        return [f"clock {v:.3f} s" if ok else "–" for v, ok in zip(values, finite, strict=True)]
+    iso = _utc_iso(np.where(finite, values, 0.0))
+    return [
+        f"{t} (Unix {v:.3f})" if ok else "–" for t, v, ok in zip(iso, values, finite, strict=True)
+    ]
 
 
 def _utc_iso(values: np.ndarray) -> np.ndarray:

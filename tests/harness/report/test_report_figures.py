@@ -3,6 +3,7 @@ absolute time kept in the hover text (docs/report.md, Pictures)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +218,14 @@ def test_stalls_timeline_of_many_cells():
     stall = pl.DataFrame({"start_s": [1.0], "duration_s": [0.5], "cause": ["other"]})
     fig = figures.stalls_timeline({f"cell{n}": stall for n in range(12)})
     assert fig is not None and len(fig.data) == 12
+
+
+def test_hover_labels_of_missing_instants_say_so_without_a_numpy_warning():
+    # Rows with no first token (rejected, cut) have no instant: np.nanmin of them all
+    # leaked "RuntimeWarning: All-NaN slice encountered" onto the report's console.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert figures.absolute_times([np.nan, np.nan]) == ["–", "–"]
+        labels = figures.absolute_times([1.7e9, np.nan])
+        assert labels[0].endswith("(Unix 1700000000.000)") and labels[1] == "–"
+        assert figures.absolute_times([3.0, np.nan]) == ["clock 3.000 s", "–"]
