@@ -12,6 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.unpatched_locust import import_unpatched
+
+# Before any test module is collected: a module that imports Locust must not patch the
+# whole test process with gevent (tests/support/unpatched_locust.py).
+import_unpatched()
+
 TESTS = Path(__file__).resolve().parent
 
 #: File (relative to tests/) -> markers of every test in it.
