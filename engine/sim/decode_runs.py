@@ -34,7 +34,6 @@ hands them (``harness.simulate``: no per-sequence entries for members in its rec
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -123,15 +122,14 @@ class RunSink(Protocol):
 def supports_decode_runs(engine: SimulatedEngine) -> bool:
     """Whether ``engine`` is one decode runs reproduce exactly: the bare simulated
     executor (no planted delays) on a virtual clock, the executor's EOS the
-    scheduler's, a cost model of finite prices (an infinite one would make gaps of
-    ``inf - inf``, which the run's maxima do not order as ``add_token`` does)."""
+    scheduler's. Its prices are finite: a CostModel refuses any other (an infinite one
+    would make gaps of ``inf - inf``, which the run's maxima do not order)."""
     executor = engine.executor
     return (
         type(executor) is SimulatedExecutor
         and not executor.sleep
         and isinstance(engine.clock, VirtualClock)
         and executor.eos_token_id == engine.scheduler.eos_token_id
-        and all(math.isfinite(c) for c in executor.cost_model.coefficients)
     )
 
 

@@ -101,8 +101,11 @@ def test_the_consoles_of_every_harness_module_have_markup_off():
 def printed(monkeypatch):
     """What the app's consoles print, as text."""
     out, err = io.StringIO(), io.StringIO()
-    monkeypatch.setattr(app_module.console, "file", out)
-    monkeypatch.setattr(app_module.err_console, "file", err)
+    # Rich's ``file`` property reads sys.stdout when no file was given: patching it
+    # would restore that moment's stream for good (later CliRunner tests then captured
+    # nothing), so the console's own ``_file`` (None: follow sys.stdout) is patched.
+    monkeypatch.setattr(app_module.console, "_file", out)
+    monkeypatch.setattr(app_module.err_console, "_file", err)
     return out, err
 
 

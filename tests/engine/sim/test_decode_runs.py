@@ -4,11 +4,12 @@ would (EOS from ``min_tokens`` on, ``ignore_eos``, the length limits)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
-from engine.core.cost_model import FEATURES, CostModel
+from engine.core.cost_model import FEATURES, CostModel, CostModelError
 from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
 from engine.core.token_timing import RunTokenTimes, TokenTiming
@@ -239,10 +240,10 @@ def test_a_run_carries_a_queue_through_its_admissions():
     assert sum(row[8] for row in rows) >= 12  # the admissions' decisions are in its steps
 
 
-def test_an_infinite_price_turns_runs_off():
-    """A cost model with an infinite price makes the clock infinite and its gaps
-    ``inf - inf``: runs are not taken there (plain steps order such gaps as they come)."""
+def test_an_infinite_price_never_reaches_the_engine():
+    """An infinite price would make the clock infinite and a run's gaps ``inf - inf``;
+    the cost model refuses it when it is made, so every engine's prices are finite."""
     config = EngineConfig(SchedulerConfig(max_num_seqs=8))
     assert supports_decode_runs(build_simulated_engine(config, CostModel()))
-    infinite = CostModel(decode_seq_s=float("inf"))
-    assert not supports_decode_runs(build_simulated_engine(config, infinite))
+    with pytest.raises(CostModelError, match="decode_seq_s"):
+        CostModel(decode_seq_s=float("inf"))
