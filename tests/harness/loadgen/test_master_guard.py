@@ -28,10 +28,10 @@ from harness.loadgen.locust_user import WORKERS_FILE, _State
 from harness.loadgen.master_guard import HELLO, MasterGuard, decode, stats_problem
 from harness.loadgen.merge import SCHEMA, merge_records
 from harness.loadgen.options import LoadgenOptions
-from harness.loadgen.records import RECORD_COLUMNS
 from harness.loadgen.split import share
 from harness.profiles import build_plan, load_profile
 from tests.support.paths import REPO
+from tests.support.record_rows import record_row
 
 PROFILE_FILE = REPO / "tests" / "data" / "locust_small.py"
 RUN = "locust_small-1"
@@ -44,29 +44,7 @@ def plan():
 
 
 def row(request_id: str, worker: int, run_id: str = RUN, **values) -> dict:
-    r = {c: None for c in RECORD_COLUMNS}
-    r.update(
-        request_id=request_id,
-        run_id=run_id,
-        profile="locust_small",
-        **{"class": "short_chat"},
-        priority=0,
-        phase=0,
-        phase_kind="open",
-        prompt_tokens=10,
-        max_tokens=4,
-        status="ok",
-        scheduled_at=1000.0,
-        sent_at=1000.001,
-        itl_s=[0.01, 0.02],
-        send_lag_s=0.001,
-        token_counting="chunks",
-        worker=worker,
-        in_flight_capped=False,
-        retried=False,
-    )
-    r.update(values)
-    return r
+    return record_row(request_id, run_id=run_id, worker=worker, **values)
 
 
 # -- clock probes -------------------------------------------------------------------------

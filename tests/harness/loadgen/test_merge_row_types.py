@@ -8,34 +8,12 @@ import json
 
 import polars as pl
 
-from harness.loadgen.merge import SCHEMA, merge_records
+from harness.loadgen.merge import merge_records
+from tests.support.record_rows import record_row
 
 
 def good_row(request_id: str, scheduled_at: float) -> dict:
-    row = {name: None for name in SCHEMA}
-    row.update(
-        request_id=request_id,
-        run_id="run",
-        profile="p",
-        **{"class": "c"},
-        priority=0,
-        phase=0,
-        phase_kind="open",
-        prompt_tokens=8,
-        server_prompt_tokens=8,
-        max_tokens=4,
-        output_tokens=4,
-        status="ok",
-        http_status=200,
-        scheduled_at=scheduled_at,
-        sent_at=scheduled_at,
-        send_lag_s=0.0,
-        itl_s=[0.01, 0.01, 0.01],
-        worker=0,
-        in_flight_capped=False,
-        retried=False,
-    )
-    return row
+    return record_row(request_id, scheduled_at=scheduled_at, sent_at=scheduled_at)
 
 
 def test_rows_with_values_of_the_wrong_type_merge_as_error_rows(tmp_path):
