@@ -25,7 +25,6 @@ mismatch is allowed by name (``--allow-mismatch``).
 from __future__ import annotations
 
 import json
-import math
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from harness.gate.sides import (
     check_numbers,
     schedule_digest,
 )
+from harness.report.validate import is_duration
 
 BASELINE_KIND = "schedscope-baseline"
 BASELINE_VERSION = 1
@@ -136,12 +136,7 @@ def _duration(path: Path, name: str, value) -> float:
     """A cell's ``duration_s``: a finite number of seconds >= 0 (absent: 0, unknown)."""
     if value is None:
         return 0.0
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    if not is_duration(value):
         raise GateInputError(
             f"{path}: cell {name}: duration_s {value!r} is not a duration in seconds (>= 0)"
         )

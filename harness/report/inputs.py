@@ -19,14 +19,13 @@ whose ``policies`` is not an object, a negative ``duration_s``) is ignored, and 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
 from harness.report.simulator_check import SIMULATED_DIR
-from harness.report.validate import check_optional, check_requests
+from harness.report.validate import check_optional, check_requests, is_duration
 from harness.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
 from harness.speed_band import policy_part
 
@@ -201,15 +200,6 @@ def _run_info(root: Path, label: str) -> tuple[dict, dict[str, dict], list[str]]
     return info, per_policy, [f"{root / 'summary.json'}: {n}" for n in notes]
 
 
-def _duration(value) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    )
-
-
 def clean_policy_info(info: dict) -> tuple[dict, dict, list[str]]:
     """(a policy's run info with the values the report computes with checked, the values
     refused, notes saying so): ``config`` an object, ``duration_s`` a finite duration
@@ -224,7 +214,7 @@ def clean_policy_info(info: dict) -> tuple[dict, dict, list[str]]:
         if key not in out or out[key] is None:
             continue
         value = out[key]
-        if not _duration(value) or (positive and value == 0):
+        if not is_duration(value) or (positive and value == 0):
             notes.append(
                 f"summary.json {key} {value!r} is not a {'positive ' if positive else ''}"
                 "duration in seconds: "

@@ -30,11 +30,24 @@ the same values in its per-request rows.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import polars as pl
 
 from harness.records import STATUSES
+
+
+def is_duration(value) -> bool:
+    """Whether ``value`` is a duration in seconds: a finite number >= 0, not a bool (a
+    summary's or a baseline's ``duration_s``, read by the report and the gate)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
 
 #: Columns without which a requests.parquet is not request records at all: every writer
 #: (the simulator, the load generator, the engine's --record-requests) writes them.
