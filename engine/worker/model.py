@@ -25,8 +25,13 @@ from engine.worker.attention_metadata import (
     PrefillMetadata,
     allocate_kv_cache,
 )
-from engine.worker.model_config import ModelConfig, RopeScaling
-from engine.worker.paged_attention import AttendFn, PagedAttention, Workspace
+from engine.worker.model_config import ModelConfig, RopeScaling, require_cuda_for
+from engine.worker.paged_attention import (
+    AttendFn,
+    PagedAttention,
+    Workspace,
+    default_attention_impl,
+)
 
 __all__ = [
     "AttendFn",
@@ -43,6 +48,8 @@ __all__ = [
 ]
 
 INIT_STD = 0.02
+#: Above this many parameters, random weights on CUDA are drawn on the device.
+DEVICE_DRAW_MIN_PARAMETERS = 1_000_000_000
 
 
 # ---- layers -------------------------------------------------------------------------------
@@ -169,6 +176,8 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
         self.scale = config.head_dim**-0.5
         self.workspace = Workspace()
+        #: "gather" or "sdpa" (engine/worker/paged_attention.py); None: the device's default.
+        self.attention_impl: str | None = None
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -201,10 +210,13 @@ class LlamaForCausalLM(nn.Module):
         positions: Tensor,
         kv_caches: KVCache,
         attn_metadata: AttentionMetadata,
+        workspace: Workspace | None = None,
     ) -> Tensor:
         """input_ids, positions `[T]` -> float32 logits `[K, vocab]` at `logits_indices`.
 
         Writes the new tokens' K/V into `kv_caches` at `attn_metadata.slot_mapping`.
+        `workspace`: the gather buffers to use (default: the model's own; a captured
+        CUDA graph brings buffers of its own).
         """
         paged = PagedAttention(
             self.config,
@@ -212,7 +224,8 @@ class LlamaForCausalLM(nn.Module):
             attn_metadata,
             self.scale,
             self.lm_head.weight.dtype,
-            self.workspace,
+            workspace or self.workspace,
+            self.attention_impl or default_attention_impl(self.device),
         )
         h = self.hidden_states(input_ids, positions, paged.for_layer)
         return self.lm_head(h[attn_metadata.logits_indices]).float()
@@ -225,14 +238,24 @@ def build_model(config: ModelConfig, device: torch.device | str = "cpu") -> Llam
     """A model with deterministic random weights from `config.seed`, in `config.dtype`.
 
     Weights are drawn on the CPU in float32, in parameter order, then cast and moved: the
-    same seed gives the same weights on every device.
+    same seed gives the same weights on every device. A model of over
+    `DEVICE_DRAW_MIN_PARAMETERS` on CUDA draws its weights on the device instead, in
+    its dtype, from a CUDA generator of the same seed (deterministic on that device):
+    drawing 8 B float32 values on the host would take minutes and 32 GB.
+    A CUDA-only preset (`llama3-8b`) on any other device raises
+    `ModelDoesNotFitError`, naming the memory it would need.
     """
+    device = torch.device(device)
+    require_cuda_for(config, device.type)
     model = empty_model(config, device)
-    generator = torch.Generator().manual_seed(config.seed)
+    on_device = device.type == "cuda" and config.num_parameters > DEVICE_DRAW_MIN_PARAMETERS
+    generator = torch.Generator(device if on_device else "cpu").manual_seed(config.seed)
     with torch.no_grad():
         for name, param in model.named_parameters():  # a tied lm_head is listed once
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
+            elif on_device:
+                param.normal_(0.0, INIT_STD, generator=generator)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * INIT_STD)
     return model

@@ -149,6 +149,11 @@ class ModelConfig:
         lm_head = 0 if self.tie_word_embeddings else embeddings
         return self.num_layers * per_layer + embeddings + lm_head + self.hidden_size
 
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of the weights in ``dtype``."""
+        return self.num_parameters * self.dtype_size
+
     # ---- constructors ----------------------------------------------------------------------
 
     @classmethod
@@ -278,4 +283,41 @@ PRESETS: dict[str, ModelConfig] = {
         num_kv_heads=4,
         intermediate_size=2816,
     ),
+    # The geometry of Meta's Llama-3-8B (its config.json), random weights in bf16: on a
+    # GPU the KV pool sized by --gpu-memory-utilization then holds what a real 8B
+    # deployment's does (128 KiB per token), and the scheduler meets real memory pressure.
+    "llama3-8b": ModelConfig(
+        name="llama3-8b",
+        vocab_size=128256,
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        intermediate_size=14336,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        dtype="bfloat16",
+        eos_token_id=128001,
+    ),
 }
+
+#: Presets too large to run on a CPU: loading one anywhere but on CUDA is refused,
+#: naming the memory it would need (:func:`require_cuda_for`).
+CUDA_ONLY_PRESETS = frozenset({"llama3-8b"})
+
+
+class ModelDoesNotFitError(ValueError):
+    """A model was asked for on a device it cannot run on; the message says why."""
+
+
+def require_cuda_for(config: ModelConfig, device_type: str) -> None:
+    """Raise :class:`ModelDoesNotFitError` when ``config`` is a CUDA-only preset and
+    ``device_type`` is not ``cuda``; the message names the memory it would need."""
+    if config.name not in CUDA_ONLY_PRESETS or device_type == "cuda":
+        return
+    raise ModelDoesNotFitError(
+        f"model preset {config.name!r} runs on CUDA only: its weights alone need "
+        f"{config.weights_bytes / 1e9:.1f} GB ({config.num_parameters / 1e9:.2f} B parameters "
+        f"in {config.dtype}), and its KV cache {config.kv_bytes_per_token() // 1024} KiB per "
+        f"token, on top; on a {device_type} use 'tiny' or 'small'"
+    )

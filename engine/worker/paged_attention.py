@@ -1,5 +1,16 @@
 """Attention over the paged KV cache for one step: decodes and prefill chunks, each in
-their groups, reading K/V rows straight from the cache blocks."""
+their groups, reading K/V rows straight from the cache blocks.
+
+Two implementations of the same arithmetic, chosen per model (`ATTENTION_IMPLS`):
+
+- ``gather`` (the CPU's, and the reference): decode gathers K, multiplies, and sums the
+  softmax-weighted V rows straight from the cache with ``embedding_bag``; prefill runs
+  padded matmuls. Fastest on the CPU, where a fused kernel buys nothing.
+- ``sdpa`` (CUDA's): K and V gathered once per group, then PyTorch's fused
+  ``scaled_dot_product_attention`` (flash / memory-efficient kernels on CUDA) with the
+  group's mask. The query heads that share a KV head are laid out as that head's
+  query rows, so grouped-query attention needs no repeated K/V and no ``enable_gqa``.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +26,13 @@ from engine.worker.model_config import ModelConfig
 
 # attend(q [T, H, hd], k [T, KVH, hd], v [T, KVH, hd]) -> [T, H, hd]
 AttendFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+ATTENTION_IMPLS = ("gather", "sdpa")
+
+
+def default_attention_impl(device: torch.device) -> str:
+    """``sdpa`` on CUDA, ``gather`` elsewhere (see the module docstring)."""
+    return "sdpa" if device.type == "cuda" else "gather"
 
 
 # ---- paged attention -----------------------------------------------------------------------
@@ -38,7 +56,11 @@ class PagedAttention:
         scale: float,
         dtype: torch.dtype,
         workspace: Workspace,
+        impl: str = "gather",
     ) -> None:
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+        self.sdpa = impl == "sdpa"
         self.kv_caches = kv_caches
         self.metadata = metadata
         self.scale = scale
@@ -54,24 +76,28 @@ class PagedAttention:
         self.decode_groups = []
         for decode in metadata.decode:
             num_seqs, length = decode.context_slots.shape
-            # One bag of L rows per query head: [S, KVH, G, L] -> [S * H, L]
-            v_bags = rows(decode.context_slots)[:, :, None, :].expand(num_seqs, kvh, g, length)
+            v_bags = None
+            if not self.sdpa:  # one bag of L rows per query head: [S, KVH, G, L] -> [S * H, L]
+                v_bags = rows(decode.context_slots)[:, :, None, :].expand(num_seqs, kvh, g, length)
+                v_bags = v_bags.reshape(num_seqs * kvh * g, length)
             self.decode_groups.append(
                 _DecodeGroup(
                     token_indices=decode.token_indices,
                     k_rows=rows(decode.context_slots).flatten(),
-                    v_bags=v_bags.reshape(num_seqs * kvh * g, length),
+                    v_bags=v_bags,
                     bias=decode.attn_bias.to(dtype)[:, None, None, :],
                 )
             )
-        self.prefill_groups = [
-            _PrefillGroup(
-                prefill,
-                rows(prefill.context_slots).flatten(),
-                prefill.attn_bias.to(dtype)[:, None, None, :, :],
+        self.prefill_groups = []
+        for prefill in metadata.prefill:
+            bias = prefill.attn_bias.to(dtype)[:, None, None, :, :]
+            if self.sdpa:  # the mask of each query row: [S, 1, G * Q, Lp]
+                num_seqs, max_q, length = prefill.attn_bias.shape
+                bias = bias.expand(num_seqs, 1, g, max_q, length)
+                bias = bias.reshape(num_seqs, 1, g * max_q, length)
+            self.prefill_groups.append(
+                _PrefillGroup(prefill, rows(prefill.context_slots).flatten(), bias)
             )
-            for prefill in metadata.prefill
-        ]
 
     def for_layer(self, layer_idx: int) -> AttendFn:
         k_cache, v_cache = self.kv_caches[layer_idx]
@@ -104,6 +130,12 @@ class PagedAttention:
         num_seqs = q.shape[0]
         kvh, g, hd = self.num_kv_heads, self.group, self.head_dim
         k = self.workspace.gather(k_rows, group.k_rows, 0).view(num_seqs, kvh, -1, hd)
+        if group.v_bags is None:  # sdpa: a KV head's G query heads are its G query rows
+            v = self.workspace.gather(v_rows, group.k_rows, 1).view(num_seqs, kvh, -1, hd)
+            out = F.scaled_dot_product_attention(
+                q.view(num_seqs, kvh, g, hd), k, v, attn_mask=group.bias, scale=self.scale
+            )
+            return out.reshape(num_seqs, kvh * g, hd)
         scores = torch.matmul(q.view(num_seqs, kvh, g, hd), k.transpose(-1, -2))
         probs = _softmax(scores.mul_(self.scale).add_(group.bias))
         out = F.embedding_bag(
@@ -122,9 +154,14 @@ class PagedAttention:
         qg = qg.reshape(num_seqs, kvh, g * max_q, hd)
         k = self.workspace.gather(k_rows, group.rows, 0).view(num_seqs, kvh, -1, hd)
         v = self.workspace.gather(v_rows, group.rows, 1).view(num_seqs, kvh, -1, hd)
-        scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(self.scale)
-        scores = scores.view(num_seqs, kvh, g, max_q, -1).add_(group.bias)
-        out = torch.matmul(_softmax(scores.view(num_seqs, kvh, g * max_q, -1)), v)
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(
+                qg, k, v, attn_mask=group.bias, scale=self.scale
+            )
+        else:
+            scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(self.scale)
+            scores = scores.view(num_seqs, kvh, g, max_q, -1).add_(group.bias)
+            out = torch.matmul(_softmax(scores.view(num_seqs, kvh, g * max_q, -1)), v)
         # [S, KVH, G, Q, hd] -> [S * Q, H, hd]
         out = out.view(num_seqs, kvh, g, max_q, hd).permute(0, 3, 1, 2, 4)
         return out.reshape(-1, kvh * g, hd)[prefill.padded_indices]
@@ -139,7 +176,8 @@ def _softmax(scores: Tensor) -> Tensor:
 class _DecodeGroup:
     token_indices: Tensor | None  # [Sd] flat token indices; None = the whole batch, in order
     k_rows: Tensor  # [Sd * KVH * L] cache rows of the keys, ordered [S, KVH, L]
-    v_bags: Tensor  # [Sd * H, L] cache rows of the values, one bag per query head
+    v_bags: Tensor | None  # gather: [Sd * H, L] cache rows of the values, one bag per
+    # query head; sdpa: None (V is gathered with k_rows)
     bias: Tensor  # [Sd, 1, 1, L] 0 / -inf
 
 
@@ -147,7 +185,7 @@ class _DecodeGroup:
 class _PrefillGroup:
     meta: PrefillMetadata
     rows: Tensor  # [Sp * KVH * Lp] cache rows of the context, ordered [S, KVH, L]
-    bias: Tensor  # [Sp, 1, 1, Q, Lp] 0 / -inf
+    bias: Tensor  # 0 / -inf; gather: [Sp, 1, 1, Q, Lp]; sdpa: [Sp, 1, G * Q, Lp]
 
 
 class Workspace:

@@ -52,7 +52,7 @@ MQA = dataclasses.replace(GQA, name="t-mqa", num_heads=4, num_kv_heads=1)
 def reference_logits(model, token_ids: torch.Tensor) -> torch.Tensor:
     """float64 logits `[L, vocab]` of every position, from the state dict alone."""
     cfg = model.config
-    sd = {k: v.detach().double() for k, v in model.state_dict().items()}
+    sd = {k: v.detach().cpu().double() for k, v in model.state_dict().items()}
     num_tokens, hd = token_ids.shape[0], cfg.head_dim
     group = cfg.num_heads // cfg.num_kv_heads
     inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
@@ -113,11 +113,12 @@ def shuffled_block_tables(rng, total_lens: list[int], block_size: int, spare: in
     return tables, sum(needed) + spare
 
 
-def run_schedule(model, block_size: int, seed: int):
-    """Chunked prefills and decodes of several sequences, mixed in shared steps.
+def run_schedule(model, block_size: int, seed: int, device: str = "cpu"):
+    """Chunked prefills and decodes of several sequences, mixed in shared steps, with
+    the model, its cache and the step's tensors on ``device``.
 
     Every step returns the logits of all its tokens; each is checked against the
-    reference at that position. Returns the step kinds seen.
+    reference (float64, on the CPU) at that position. Returns the step kinds seen.
     """
     rng = np.random.default_rng(seed)
     cfg = model.config
@@ -132,7 +133,7 @@ def run_schedule(model, block_size: int, seed: int):
     ]
     total_lens = [sum(chunks) + decodes for chunks, decodes, _ in plans]
     tables, num_blocks = shuffled_block_tables(rng, total_lens, block_size)
-    kv = allocate_kv_cache(cfg, num_blocks, block_size)
+    kv = allocate_kv_cache(cfg, num_blocks, block_size, device)
     tokens = [torch.from_numpy(rng.integers(3, cfg.vocab_size, n)) for n in total_lens]
     refs = [reference_logits(model, t) for t in tokens]
     queues = [[*chunks, *[1] * decodes] for chunks, decodes, _ in plans]
@@ -147,11 +148,12 @@ def run_schedule(model, block_size: int, seed: int):
         q_lens = [queues[s].pop(0) for s in seqs]
         seq_lens = [done[s] + q for s, q in zip(seqs, q_lens, strict=True)]
         meta, positions = AttentionMetadata.build(
-            q_lens, seq_lens, [tables[s] for s in seqs], block_size
+            q_lens, seq_lens, [tables[s] for s in seqs], block_size, device
         )
-        meta.logits_indices = torch.arange(meta.num_tokens)
+        meta.logits_indices = torch.arange(meta.num_tokens, device=device)
         input_ids = torch.cat([tokens[s][done[s] : n] for s, n in zip(seqs, seq_lens, strict=True)])
-        logits = model(input_ids, positions, kv, meta)
+        logits = model(input_ids.to(device), positions, kv, meta).cpu()
+        positions = positions.cpu()
         assert logits.dtype == torch.float32 and logits.shape == (meta.num_tokens, cfg.vocab_size)
         expected_positions = torch.cat(
             [torch.arange(done[s], n) for s, n in zip(seqs, seq_lens, strict=True)]
@@ -170,7 +172,8 @@ def run_schedule(model, block_size: int, seed: int):
 @pytest.mark.parametrize("config", [GQA, MHA, MQA], ids=lambda c: c.name)
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("grouped", [False, True], ids=["few-groups", "length-groups"])
-def test_paged_attention_matches_dense_reference(config, block_size, grouped, monkeypatch):
+@pytest.mark.parametrize("impl", ["gather", "sdpa"])
+def test_paged_attention_matches_dense_reference(config, block_size, grouped, impl, monkeypatch):
     if grouped:  # split decodes into length groups whenever lengths differ by a bucket,
         # and prefill chunks into groups whenever padding them together costs anything
         monkeypatch.setattr(attention_metadata, "DECODE_GROUP_OVERHEAD_SLOTS", 0)
@@ -178,6 +181,7 @@ def test_paged_attention_matches_dense_reference(config, block_size, grouped, mo
     else:  # every prefill chunk of a step in one padded group
         monkeypatch.setattr(prefill_groups, "PREFILL_GROUP_OVERHEAD_WORK", 10**12)
     model = sharpened(config)
+    model.attention_impl = impl
     kinds, worst = run_schedule(model, block_size, seed=block_size)
     assert kinds == {"decode-only", "mixed", "prefill"} | ({"prefill-groups"} if grouped else set())
     assert worst < TOL, f"max relative logit error {worst:.2e}"
