@@ -2,7 +2,8 @@
 
 Per step: copy the blocks the scheduler swapped out (device -> host) and in (host ->
 device), in that order — a block freed by a swap-out may be refilled by a swap-in or a
-new prefill in the same step — then build the flat input of every scheduled
+new prefill in the same step; on CUDA the copy to the host overlaps the forward
+(engine/worker/swap_copies.py) — then build the flat input of every scheduled
 sequence's new tokens (prefill chunks and decodes in one forward), run the model over
 the paged KV cache, and sample one token for each sequence that completed its
 scheduled tokens. A row that cannot be sampled fails its own request only
@@ -11,9 +12,10 @@ scheduled tokens. A row that cannot be sampled fails its own request only
 The runner's process keeps freed host memory (engine/worker/host_memory.py): without that,
 every prefill step page-faulted its activations in afresh.
 
-Device-agnostic: CUDA when present (pinned host pool, non-blocking copies, a
-synchronisation before the step's time is read), CPU otherwise. Only the CPU path
-runs in this project's tests; see docs/execution.md for what has run where.
+Device-agnostic: CUDA when present (pinned staging for swaps, fused attention, a
+synchronisation before the step's time is read), CPU otherwise. The CPU path runs in
+this project's tests; benchmarks/gpu.sh runs them on CUDA (docs/execution.md says what
+has run where).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from engine.worker.host_memory import retain_freed_host_memory
 from engine.worker.model import AttentionMetadata, LlamaForCausalLM, allocate_kv_cache
 from engine.worker.model_config import ModelConfig
 from engine.worker.sampler import Sampler
+from engine.worker.swap_copies import SwapCopier
 
 log = logging.getLogger("schedscope.engine")
 
@@ -69,31 +72,18 @@ class ModelRunner:
         self.host_cache = allocate_kv_cache(
             model_config, max(num_host_blocks, 0), block_size, "cpu", pin_memory=self.is_cuda
         )
+        self.swaps = SwapCopier(self.device_cache, self.host_cache, device)
         self.sampler = Sampler(model_config.eos_token_id)
-        self.last_swap_s = 0.0  # time of the last step's block copies (for calibration)
 
     # -- swap ------------------------------------------------------------------------
     def copy_blocks(self, mapping: list[tuple[int, int]], to_host: bool) -> None:
-        """Copy KV blocks between pools for every layer: (source, destination) ids."""
-        if not mapping:
-            return
-        src = torch.tensor([s for s, _ in mapping], dtype=torch.long)
-        dst = torch.tensor([d for _, d in mapping], dtype=torch.long)
-        source_cache, target_cache = (
-            (self.device_cache, self.host_cache)
-            if to_host
-            else (self.host_cache, self.device_cache)
-        )
-        src = src.to(source_cache[0][0].device)
-        dst = dst.to(target_cache[0][0].device)
-        # Host -> device may be asynchronous (the device-side index_copy_ is ordered after
-        # it on the stream); device -> host must not be: the CPU-side index_copy_ reads
-        # the copied blocks at once.
-        non_blocking = self.is_cuda and not to_host
-        for (src_k, src_v), (dst_k, dst_v) in zip(source_cache, target_cache, strict=True):
-            for source, target in ((src_k, dst_k), (src_v, dst_v)):
-                blocks = source.index_select(0, src).to(target.device, non_blocking=non_blocking)
-                target.index_copy_(0, dst, blocks)
+        """Copy KV blocks between pools for every layer, (source, destination) ids, and
+        wait until they are there (outside a step: tests and tools)."""
+        if to_host:
+            self.swaps.swap_out(mapping)
+            self.swaps.finish()
+        else:
+            self.swaps.swap_in(mapping)
 
     def warm_up(self, num_tokens: int, num_seqs: int, context_len: int) -> float:
         """Run the two largest steps this engine can be given, before any request holds
@@ -151,18 +141,16 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
         started = time.perf_counter()
-        swap_out_s = swap_in_s = 0.0
-        if out.blocks_to_swap_out:
-            self.copy_blocks(out.blocks_to_swap_out, to_host=True)  # blocking: nothing to sync
-            swap_out_s = time.perf_counter() - started
-        if out.blocks_to_swap_in:
-            self.copy_blocks(out.blocks_to_swap_in, to_host=False)
-            self._synchronize()
-            swap_in_s = time.perf_counter() - started - swap_out_s
-        self.last_swap_s = swap_out_s + swap_in_s
+        # Swap-outs first (their blocks are gathered before anything refills them; the
+        # copy to the host overlaps the forward on CUDA), then swap-ins.
+        self.swaps.swap_out(out.blocks_to_swap_out)
+        self.swaps.swap_in(out.blocks_to_swap_in)
         seqs = out.seqs
         if not seqs:
-            return StepResult([], time.perf_counter() - started, swap_out_s, swap_in_s)
+            self.swaps.finish()
+            swaps = self.swaps
+            return StepResult([], time.perf_counter() - started, swaps.swap_out_s, swaps.swap_in_s)
+        swap_start_s = self.swaps.swap_out_s + self.swaps.swap_in_s
 
         input_ids: list[int] = []
         query_lens: list[int] = []
@@ -191,6 +179,9 @@ class ModelRunner:
         logits = self.model(tokens, positions, self.device_cache, metadata)
         self._synchronize()
         forward_done = time.perf_counter()
+        forward_s = forward_done - started - swap_start_s
+        self.swaps.finish()  # scatter the swapped-out blocks into the host pool
+        forward_done = time.perf_counter()
         sample_errors: dict[int, str] = {}
         if any(samples):
             rows = [i for i, s in enumerate(samples) if s]  # logits row -> index in seqs
@@ -199,12 +190,11 @@ class ModelRunner:
                 sampled[i] = token
             sample_errors = {rows[row]: error for row, error in sample.errors.items()}
         ended = time.perf_counter()
-        forward_s = forward_done - started - swap_out_s - swap_in_s
         return StepResult(
             sampled,
             ended - started,
-            swap_out_s,
-            swap_in_s,
+            self.swaps.swap_out_s,
+            self.swaps.swap_in_s,
             forward_s,
             ended - forward_done,
             sample_errors,
