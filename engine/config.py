@@ -240,6 +240,20 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class ExecutionConfig:
+    """How the model's steps are run on the device (the torch executor only)."""
+
+    enforce_eager: bool = field(
+        default=False,
+        metadata=_help(
+            "Run every step eagerly. Without it, decode-only steps on CUDA replay CUDA "
+            "graphs captured per padded batch size and context length (as vLLM's "
+            "--enforce-eager); the CPU always runs eagerly."
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything one engine instance runs with."""
 
@@ -248,10 +262,11 @@ class EngineConfig:
     model: str = field(
         default="tiny",
         metadata=_help(
-            "Model preset (tiny, small) or a local Hugging Face Llama checkpoint directory "
-            "(config.json + *.safetensors; nothing is downloaded)."
+            "Model preset (tiny, small; llama3-8b on CUDA only) or a local Hugging Face "
+            "Llama checkpoint directory (config.json + *.safetensors; nothing is downloaded)."
         ),
     )
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:
         if self.scheduler.enable_chunked_prefill and self.scheduler.max_num_batched_tokens:

@@ -1,6 +1,7 @@
 """CLI flags generated from the engine's config dataclasses.
 
-Every field of :class:`SchedulerConfig` and :class:`CacheConfig` becomes a flag with
+Every field of :class:`SchedulerConfig`, :class:`CacheConfig` and
+:class:`ExecutionConfig` becomes a flag with
 vLLM's spelling (``max_num_seqs`` -> ``--max-num-seqs``) and the field's
 ``metadata["help"]``; a command decorated with :func:`with_engine_knobs` receives a
 validated :class:`EngineConfig` as ``engine_config``, or the raw flag values as
@@ -20,11 +21,12 @@ import typing
 
 import typer
 
-from engine.config import CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from engine.config import CacheConfig, ConfigError, EngineConfig, ExecutionConfig, SchedulerConfig
 
 KNOB_SECTIONS: tuple[tuple[str, type], ...] = (
     ("scheduler", SchedulerConfig),
     ("cache", CacheConfig),
+    ("execution", ExecutionConfig),
 )
 
 
@@ -70,7 +72,10 @@ def build_engine_config(values: dict[str, typing.Any]) -> EngineConfig:
         sections[section] = cls(**{k: v for k, v in values.items() if k in names})
     model_default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "model")
     return EngineConfig(
-        sections["scheduler"], sections["cache"], model=values.get("model", model_default)
+        sections["scheduler"],
+        sections["cache"],
+        model=values.get("model", model_default),
+        execution=sections["execution"],
     )
 
 
@@ -126,7 +131,8 @@ def with_engine_knobs(exclude: frozenset[str] = frozenset()):
 
 
 def knob_types() -> dict[str, typing.Any]:
-    """Knob field name -> its type hint (SchedulerConfig, CacheConfig, model)."""
+    """Knob field name -> its type hint (SchedulerConfig, CacheConfig, ExecutionConfig,
+    model)."""
     out: dict[str, typing.Any] = {}
     for _, cls in KNOB_SECTIONS:
         hints = typing.get_type_hints(cls)

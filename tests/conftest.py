@@ -28,6 +28,7 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     "engine/worker/test_weights.py": ("torch_model",),
     "engine/worker/test_model_on_device.py": ("torch_model",),
     "engine/worker/test_swap_copies.py": ("torch_model",),
+    "engine/worker/test_decode_graphs.py": ("torch_model",),
     "engine/worker/test_host_memory.py": ("torch_model", "slow"),
     "engine/sim/test_calibration.py": ("torch_model", "slow"),
     "engine/api/test_server_torch.py": ("torch_model", "slow"),

@@ -15,6 +15,8 @@ import torch
 
 from engine.config import EngineConfig, GiB
 from engine.core.kv_plan import KvPlan, plan_kv_blocks
+from engine.worker.decode_graphs import MAX_GRAPH_CONTEXT, padded_batch_sizes
+from engine.worker.decode_graphs import workspace_bytes as graph_workspace_bytes
 from engine.worker.model import AttentionMetadata, LlamaForCausalLM, allocate_kv_cache, build_model
 from engine.worker.model_config import ModelConfig
 from engine.worker.model_runner import ModelRunner
@@ -100,6 +102,15 @@ def prepare_torch_runner(
     else:
         activation = activation_bytes_estimate(model_config, budget, sched.max_num_seqs)
         device_memory = None  # plan_kv_blocks uses --device-memory or its CPU default
+    graphs = "capture" if device.type == "cuda" and not config.execution.enforce_eager else "off"
+    if graphs == "capture":  # the graphs' gather workspace lives beside the KV pool
+        max_context = min(sched.max_model_len, MAX_GRAPH_CONTEXT)
+        activation += graph_workspace_bytes(
+            model_config,
+            config.cache.block_size,
+            padded_batch_sizes(sched.max_num_seqs)[-1],
+            -(-max_context // config.cache.block_size),
+        )
     plan: KvPlan = plan_kv_blocks(
         config.cache,
         model_config.kv_bytes_per_block(config.cache.block_size),
@@ -117,6 +128,9 @@ def prepare_torch_runner(
         plan.num_device_blocks,
         plan.num_host_blocks,
         device,
+        decode_graphs=graphs,
+        max_num_seqs=sched.max_num_seqs,
+        max_model_len=sched.max_model_len,
     )
     if warm_up:
         tokens = min(budget, sched.max_model_len)

@@ -215,9 +215,22 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions `[T]` -> float32 logits `[K, vocab]` at `logits_indices`.
 
         Writes the new tokens' K/V into `kv_caches` at `attn_metadata.slot_mapping`.
-        `workspace`: the gather buffers to use (default: the model's own; a captured
-        CUDA graph brings buffers of its own).
+        `workspace`: the gather buffers to use (default: the model's own).
         """
+        h = self.last_hidden(input_ids, positions, kv_caches, attn_metadata, workspace)
+        return self.logits(h)
+
+    @torch.inference_mode()
+    def last_hidden(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv_caches: KVCache,
+        attn_metadata: AttentionMetadata,
+        workspace: Workspace | None = None,
+    ) -> Tensor:
+        """`forward` up to the final norm: hidden states `[K, hidden]` at
+        `logits_indices` (what a CUDA graph captures: its output stays small)."""
         paged = PagedAttention(
             self.config,
             kv_caches,
@@ -228,7 +241,12 @@ class LlamaForCausalLM(nn.Module):
             self.attention_impl or default_attention_impl(self.device),
         )
         h = self.hidden_states(input_ids, positions, paged.for_layer)
-        return self.lm_head(h[attn_metadata.logits_indices]).float()
+        return h[attn_metadata.logits_indices]
+
+    @torch.inference_mode()
+    def logits(self, hidden: Tensor) -> Tensor:
+        """float32 logits `[K, vocab]` of final-normed hidden states `[K, hidden]`."""
+        return self.lm_head(hidden).float()
 
 
 # ---- construction -------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import torch
 from engine.core.sched.scheduler_output import SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.executor import StepResult
+from engine.worker.decode_graphs import MAX_GRAPH_CONTEXT, DecodeGraphs
 from engine.worker.host_memory import retain_freed_host_memory
 from engine.worker.model import AttentionMetadata, LlamaForCausalLM, allocate_kv_cache
 from engine.worker.model_config import ModelConfig
@@ -35,6 +36,8 @@ from engine.worker.sampler import Sampler
 from engine.worker.swap_copies import SwapCopier
 
 log = logging.getLogger("schedscope.engine")
+
+DECODE_GRAPH_MODES = ("off", "capture", "eager")
 
 
 def _new_token_ids(seq: Sequence, start: int, end: int) -> list[int]:
@@ -58,7 +61,17 @@ class ModelRunner:
         num_device_blocks: int,
         num_host_blocks: int,
         device: torch.device,
+        decode_graphs: str = "off",
+        max_num_seqs: int = 256,
+        max_model_len: int = 2048,
     ) -> None:
+        """``decode_graphs``: ``off`` (every step eager), ``capture`` (decode-only steps
+        replay CUDA graphs; CUDA only) or ``eager`` (the same padded shapes run eagerly:
+        the CPU's check of that path). With graphs the device pool has one block more
+        than ``num_device_blocks``, the scratch block of the padding rows, which the
+        block manager never sees."""
+        if decode_graphs not in DECODE_GRAPH_MODES:
+            raise ValueError(f"decode_graphs must be one of {DECODE_GRAPH_MODES}")
         self.model = model
         self.model_config = model_config
         self.block_size = block_size
@@ -67,12 +80,29 @@ class ModelRunner:
         # Before the pools are allocated: a step's activations must not be page-faulted
         # in afresh every step (engine/worker/host_memory.py has the measurements).
         self.retains_host_memory = retain_freed_host_memory()
-        self.device_cache = allocate_kv_cache(model_config, num_device_blocks, block_size, device)
+        scratch = 1 if decode_graphs != "off" else 0
+        self.device_cache = allocate_kv_cache(
+            model_config, num_device_blocks + scratch, block_size, device
+        )
         # Pinned host memory lets device<->host copies run asynchronously on CUDA.
         self.host_cache = allocate_kv_cache(
             model_config, max(num_host_blocks, 0), block_size, "cpu", pin_memory=self.is_cuda
         )
         self.swaps = SwapCopier(self.device_cache, self.host_cache, device)
+        self.decode_graphs = (
+            None
+            if decode_graphs == "off"
+            else DecodeGraphs(
+                model,
+                self.device_cache,
+                block_size,
+                scratch_block=num_device_blocks,
+                max_batch=max_num_seqs,
+                max_context=min(max_model_len, MAX_GRAPH_CONTEXT),
+                device=device,
+                capture=decode_graphs == "capture",
+            )
+        )
         self.sampler = Sampler(model_config.eos_token_id)
 
     # -- swap ------------------------------------------------------------------------
@@ -107,7 +137,9 @@ class ModelRunner:
         from process to process, and after a single round about 1 fresh process in 16
         (1 in 4 on a loaded machine) still grew its heap by 3-28 MiB in the first real
         prefill; with two rounds and one malloc arena (host_memory.py), 1 in 34 on a
-        loaded machine, by 3 MiB."""
+        loaded machine, by 3 MiB.
+
+        With CUDA graphs, every decode shape is captured here too (DecodeGraphs)."""
         capacity = self.device_cache[0][0].shape[0] * self.block_size
         started = time.perf_counter()
         shapes = []
@@ -117,6 +149,9 @@ class ModelRunner:
         if num_seqs >= 1 and min(context_len, capacity) >= 1:
             n = min(context_len, capacity)
             shapes.append(([1] * num_seqs, [n] * num_seqs))
+        if self.decode_graphs is not None and self.decode_graphs.capture:
+            count = self.decode_graphs.capture_all()
+            log.info("decode: %d CUDA graphs captured", count)
         for query_lens, seq_lens in shapes * 2:  # twice: see the docstring
             blocks = list(range(-(-max(seq_lens) // self.block_size)))
             metadata, positions = AttentionMetadata.build(
@@ -164,19 +199,24 @@ class ModelRunner:
             seq_lens.append(end)
             samples.append(end == seq.num_tokens)
         sampled: list[int | None] = [None] * len(seqs)
-        # Logits only for sequences that sample (none for partial prefill chunks).
-        metadata, positions = AttentionMetadata.build(
-            query_lens,
-            seq_lens,
-            [seq.block_table for seq in seqs],
-            self.block_size,
-            self.device,
-            samples,
-        )
-        tokens = torch.tensor(input_ids, dtype=torch.long).to(
-            self.device, non_blocking=self.is_cuda
-        )
-        logits = self.model(tokens, positions, self.device_cache, metadata)
+        logits = None
+        if self.decode_graphs is not None and max(query_lens) == 1 and all(samples):
+            tables = [seq.block_table for seq in seqs]
+            logits = self.decode_graphs.run(input_ids, seq_lens, tables)
+        if logits is None:  # not decode-only, or larger than any graph's shape
+            # Logits only for sequences that sample (none for partial prefill chunks).
+            metadata, positions = AttentionMetadata.build(
+                query_lens,
+                seq_lens,
+                [seq.block_table for seq in seqs],
+                self.block_size,
+                self.device,
+                samples,
+            )
+            tokens = torch.tensor(input_ids, dtype=torch.long).to(
+                self.device, non_blocking=self.is_cuda
+            )
+            logits = self.model(tokens, positions, self.device_cache, metadata)
         self._synchronize()
         forward_done = time.perf_counter()
         forward_s = forward_done - started - swap_start_s

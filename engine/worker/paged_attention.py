@@ -155,9 +155,7 @@ class PagedAttention:
         k = self.workspace.gather(k_rows, group.rows, 0).view(num_seqs, kvh, -1, hd)
         v = self.workspace.gather(v_rows, group.rows, 1).view(num_seqs, kvh, -1, hd)
         if self.sdpa:
-            out = F.scaled_dot_product_attention(
-                qg, k, v, attn_mask=group.bias, scale=self.scale
-            )
+            out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.bias, scale=self.scale)
         else:
             scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(self.scale)
             scores = scores.view(num_seqs, kvh, g, max_q, -1).add_(group.bias)
