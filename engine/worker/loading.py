@@ -81,11 +81,14 @@ def prepare_torch_runner(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     free_before_load = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    given = model is not None
     if model is not None:  # a model built by the caller brings its own shapes
         model_config, model_dir = model.config, None
     else:
         model, model_config, model_dir = load_model(config.model, device)
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if given and free_before_load is not None and model.device == device:
+        free_before_load += weights_bytes  # its weights were already on the device
     sched = config.scheduler
     budget = sched.token_budget
     if device.type == "cuda":  # pragma: no cover - CUDA only
