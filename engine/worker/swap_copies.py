@@ -67,6 +67,7 @@ class SwapCopier:
         self.swap_out_s = 0.0
         if not mapping:
             return
+        self.finish()  # a step that failed before its finish() left its copies pending
         started = time.perf_counter()
         src = torch.tensor([s for s, _ in mapping], dtype=torch.long).to(self.device)
         dst = torch.tensor([d for _, d in mapping], dtype=torch.long)

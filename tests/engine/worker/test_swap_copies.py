@@ -87,3 +87,16 @@ def test_no_mapping_copies_nothing_and_takes_no_time():
     swaps.finish()
     assert swaps.swap_out_s == 0 and swaps.swap_in_s == 0
     assert all(not k.any() for k, _ in host_cache)
+
+
+def test_a_swap_out_left_pending_by_a_failed_step_lands_before_the_next_one():
+    device = device_under_test()
+    device_cache, host_cache, swaps = pools(device)
+    first = [(k[1].cpu(), v[1].cpu()) for k, v in device_cache]
+    swaps.swap_out([(1, 4)])  # the step's forward then raised: no finish()
+    second = [(k[6].cpu(), v[6].cpu()) for k, v in device_cache]
+    swaps.swap_out([(6, 8)])  # the next step reuses the staging buffer
+    swaps.finish()
+    for (hk, hv), (k1, v1), (k6, v6) in zip(host_cache, first, second, strict=True):
+        assert torch.equal(hk[4], k1) and torch.equal(hv[4], v1)
+        assert torch.equal(hk[8], k6) and torch.equal(hv[8], v6)
