@@ -23,7 +23,6 @@ Run: .venv/bin/python benchmarks/bench_gpu.py [--model llama3-8b|tiny] [--contex
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 
 import torch
@@ -37,28 +36,11 @@ from engine.worker.model_config import ModelConfig
 from engine.worker.swap_copies import SwapCopier
 from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
+from harness.bench.timing import median_seconds
 
 BLOCK = 16
 BATCHES = (1, 32, 256)
 SWAP_BLOCKS = 256
-
-
-def timed(fn, repeats: int, device: str) -> float:
-    """Median seconds of ``fn`` over ``repeats`` runs after two warm-ups."""
-
-    def once() -> None:
-        fn()
-        if device == "cuda":  # kernels run asynchronously: time them to their end
-            torch.cuda.synchronize()
-
-    once()
-    once()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        once()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 class DecodeBatch:
@@ -104,12 +86,15 @@ def decode_times(
     """Median seconds of a decode step of ``size`` sequences: eager, and replayed from
     a captured CUDA graph (None off CUDA)."""
     batch = DecodeBatch(model, config, size, context, device)
-    eager = timed(batch.eager_step, repeats, device)
+    eager = median_seconds(batch.eager_step, repeats, device, warm_ups=2)
     graph = None
     if device == "cuda":
         graphs = batch.graphs(size, context)
-        graph = timed(
-            lambda: graphs.run(batch.tokens, batch.seq_lens, batch.tables), repeats, device
+        graph = median_seconds(
+            lambda: graphs.run(batch.tokens, batch.seq_lens, batch.tables),
+            repeats,
+            device,
+            warm_ups=2,
         )
     return eager, graph  # the batch's cache is freed on return
 
@@ -123,7 +108,7 @@ def copy_bandwidth(device: str, repeats: int) -> float:
     """Bytes read + written per second by a 1 GiB device-to-device copy."""
     source = torch.empty(1 << 28, dtype=torch.float32, device=device).normal_()
     target = torch.empty_like(source)
-    seconds = timed(lambda: target.copy_(source), repeats, device)
+    seconds = median_seconds(lambda: target.copy_(source), repeats, device, warm_ups=2)
     return 2 * source.numel() * 4 / seconds
 
 
@@ -138,8 +123,8 @@ def swap_bandwidth(config: ModelConfig, device: str, repeats: int) -> tuple[floa
         swaps.swap_out(mapping)
         swaps.finish()
 
-    out_s = timed(out, repeats, device)
-    in_s = timed(lambda: swaps.swap_in(mapping), repeats, device)
+    out_s = median_seconds(out, repeats, device, warm_ups=2)
+    in_s = median_seconds(lambda: swaps.swap_in(mapping), repeats, device, warm_ups=2)
     moved = SWAP_BLOCKS * config.kv_bytes_per_block(BLOCK)
     return moved / out_s, moved / in_s
 
@@ -156,14 +141,19 @@ def compile_ratio(config: ModelConfig, args, device: str) -> tuple[float | None,
     tokens = torch.tensor(batch.tokens, device=device)
     note = f"batch 32, {small.num_layers} of {config.num_layers} layers"
     try:
-        eager = timed(
-            lambda: model.last_hidden(tokens, positions, batch.cache, metadata), 5, device
+        eager = median_seconds(
+            lambda: model.last_hidden(tokens, positions, batch.cache, metadata),
+            5,
+            device,
+            warm_ups=2,
         )
         compiled_fn = torch.compile(model.last_hidden, dynamic=False)
         started = time.perf_counter()
         compiled_fn(tokens, positions, batch.cache, metadata)
         compile_s = time.perf_counter() - started
-        compiled = timed(lambda: compiled_fn(tokens, positions, batch.cache, metadata), 5, device)
+        compiled = median_seconds(
+            lambda: compiled_fn(tokens, positions, batch.cache, metadata), 5, device, warm_ups=2
+        )
     except Exception as exc:  # noqa: BLE001 - a failed compile is a finding, not a crash
         return None, f"{note}: torch.compile failed: {type(exc).__name__}: {exc}"[:300]
     print(

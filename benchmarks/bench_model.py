@@ -10,9 +10,6 @@ Run: .venv/bin/python benchmarks/bench_model.py [--model tiny] [--context 256]
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
 from engine.worker.dense_reference import DenseKVCache, dense_decode_forward
@@ -20,24 +17,10 @@ from engine.worker.model import AttentionMetadata, allocate_kv_cache, build_mode
 from engine.worker.model_config import ModelConfig
 from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
+from harness.bench.timing import median_seconds
 
 BLOCK = 16
 PAGING_TARGET = 1.3
-
-
-def timed(fn, repeats: int, device: str) -> float:
-    def once() -> None:
-        fn()
-        if device == "cuda":  # kernels run asynchronously: time them to their end
-            torch.cuda.synchronize()
-
-    once()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        once()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def paged_decode(model, config, batch: int, context: int, device: str, shuffled: bool = True):
@@ -99,10 +82,10 @@ def run(args) -> list[Figure]:
         print(f"{'batch':>6} {'paged ms':>9} {'dense ms':>9} {'ratio':>6} {'decode tok/s':>13}")
         ratio_64 = None
         for batch in (1, 8, 32, 64):
-            paged = timed(
+            paged = median_seconds(
                 paged_decode(model, config, batch, args.context, device), args.repeats, device
             )
-            dense = timed(
+            dense = median_seconds(
                 dense_decode(model, config, batch, args.context, device), args.repeats, device
             )
             ratio = paged / dense
@@ -114,7 +97,9 @@ def run(args) -> list[Figure]:
             )
             figures.append(Figure(f"decode tokens/s at batch {batch}", batch / paged, "tokens/s"))
         for tokens in (128, 512, 2048):
-            t = timed(prefill(model, config, tokens, device), max(5, args.repeats // 3), device)
+            t = median_seconds(
+                prefill(model, config, tokens, device), max(5, args.repeats // 3), device
+            )
             print(f"prefill {tokens:>5} tokens: {t * 1e3:8.2f} ms  {tokens / t:10,.0f} tokens/s")
             figures.append(
                 Figure(f"prefill tokens/s, {tokens}-token prompt", tokens / t, "tokens/s")
