@@ -57,6 +57,12 @@ def activation_bytes_estimate(model_config: ModelConfig, max_tokens: int, max_se
     return max_tokens * per_token + max_seqs * model_config.vocab_size * 4
 
 
+def decode_graph_mode(device: torch.device, enforce_eager: bool) -> str:
+    """How a served runner runs decode steps: ``capture`` (CUDA graphs) on CUDA unless
+    ``--enforce-eager``; ``off`` (eager) otherwise and always on the CPU."""
+    return "capture" if device.type == "cuda" and not enforce_eager else "off"
+
+
 @dataclass
 class PreparedRunner:
     """A model runner on its device with KV pools sized from the memory knobs."""
@@ -105,7 +111,7 @@ def prepare_torch_runner(
     else:
         activation = activation_bytes_estimate(model_config, budget, sched.max_num_seqs)
         device_memory = None  # plan_kv_blocks uses --device-memory or its CPU default
-    graphs = "capture" if device.type == "cuda" and not config.execution.enforce_eager else "off"
+    graphs = decode_graph_mode(device, config.execution.enforce_eager)
     if graphs == "capture":  # the graphs' gather workspace lives beside the KV pool
         max_context = min(sched.max_model_len, MAX_GRAPH_CONTEXT)
         activation += graph_workspace_bytes(

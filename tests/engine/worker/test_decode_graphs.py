@@ -156,3 +156,19 @@ def generate(model, decode_graphs: str) -> list[list[int]]:
 def test_greedy_tokens_are_the_same_with_padded_decodes_as_without(model):
     padded = "capture" if model.device.type == "cuda" else "eager"
     assert generate(model, padded) == generate(model, "off")
+
+
+def test_graphs_are_captured_on_cuda_unless_enforce_eager_and_never_on_the_cpu():
+    from engine.worker.loading import decode_graph_mode
+
+    assert decode_graph_mode(torch.device("cuda"), enforce_eager=False) == "capture"
+    assert decode_graph_mode(torch.device("cuda"), enforce_eager=True) == "off"
+    assert decode_graph_mode(torch.device("cpu"), enforce_eager=False) == "off"
+
+
+def test_enforce_eager_is_a_knob_of_every_engine_command():
+    from harness.knobs import build_engine_config, knob_flags
+
+    assert build_engine_config({"enforce_eager": True}).execution.enforce_eager
+    assert not build_engine_config({}).execution.enforce_eager
+    assert "--enforce-eager" in knob_flags({"enforce_eager": True})
