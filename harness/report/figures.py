@@ -13,12 +13,19 @@ hover text keeps each point's absolute time (``absolute_times``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import plotly.graph_objects as go
 import polars as pl
-from plotly.subplots import make_subplots
 
 from harness.report.stall_causes import CAUSE_LABELS, STALL_CAUSES
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+# Plotly is imported inside the functions that draw: every `schedscope` command imports
+# this module (through harness.report), and only drawing needs Plotly; benchmarks/gpu.sh
+# runs without it (docs/benchmarks.md).
 
 CDF_POINTS = 201
 MAX_BINS = 300
@@ -115,6 +122,9 @@ def _time_axis_title(origin: float) -> str:
 
 def latency_cdfs(series: dict[str, pl.DataFrame], metric: str, title: str) -> go.Figure:
     """One subplot per class; a line per (run/)policy: the metric's empirical CDF."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     classes = sorted({c for f in series.values() for c in f["class"].unique().to_list()})
     fig = make_subplots(
         rows=1, cols=max(len(classes), 1), subplot_titles=classes, shared_yaxes=True
@@ -173,6 +183,9 @@ def queue_timeline(
     run's schedule start on it (``schedule_origin``), the axis's 0. ``None``: the
     ``clock_origin`` of the arrivals (else of the series).
     """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     series = None
     if steps is not None:
         series = steps.select(
@@ -278,6 +291,9 @@ def stalls_timeline(
     ``origins``: each key's schedule start on its stalls' clock (``schedule_origin``),
     the row's 0; a key without one gets the ``clock_origin`` of its stall starts.
     """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     keys = [k for k, f in stalls.items() if f.height]
     if not keys:
         return None
@@ -408,6 +424,8 @@ def waterfall(
     name: str, worst: pl.DataFrame, intervals: pl.DataFrame, stalls: pl.DataFrame | None
 ) -> go.Figure | None:
     """The worst requests' intervals since arrival, one row each."""
+    import plotly.graph_objects as go
+
     if worst.height == 0:
         return None
     labels = {
@@ -466,6 +484,9 @@ def tradeoff_front(
     target's value at the profile's rate on x, the objective (``value_title``) on y.
     ``points``: {"label", "value", "tails": class -> target -> s, "kind": "front" |
     "trial" | "current"}; the front's points are joined in order of x."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
     fig = make_subplots(
         rows=1,
         cols=max(len(axes), 1),
