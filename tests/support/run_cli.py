@@ -17,8 +17,11 @@ def schedscope_run(
     args: list[str], store: Path, extra_path: Path | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     """``python -m harness.cli run ARGS`` from the repository; ``extra_path``: a folder put
-    before the repository on PYTHONPATH (a test's ``sitecustomize``, say)."""
-    path = str(REPO) if extra_path is None else f"{extra_path}{os.pathsep}{REPO}"
+    before the repository on PYTHONPATH (a test's ``sitecustomize``, say). The PYTHONPATH
+    this process was given stays after them (benchmarks/gpu.sh puts its installed wheels
+    there)."""
+    inherited = os.environ.get("PYTHONPATH")
+    path = os.pathsep.join(str(p) for p in (extra_path, REPO, inherited) if p)
     env = {**os.environ, "PYTHONPATH": path, "COLUMNS": "200", cost_store.STORE_ENV: str(store)}
     return subprocess.run(
         [sys.executable, "-m", "harness.cli", "run", *args],
