@@ -11,7 +11,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.schedscope-installed
 LINT_PATHS := engine harness loadprofiles tests benchmarks
 
-.PHONY: demo test test-fast test-vllm gate install system-deps lint format typecheck clean
+.PHONY: demo test test-fast test-vllm gate install system-deps lint format typecheck clean \
+	gpu-bundle gpu-rehearsal
 
 install: $(STAMP)
 
@@ -86,6 +87,42 @@ test-fast: $(STAMP)
 gate: $(STAMP)
 	SCHEDSCOPE=$(VENV)/bin/schedscope bash ci/gate-simulated.sh
 
+# benchmarks/gpu.sh on a GPU machine without registry access (docs/benchmarks.md, "gpu.sh"):
+# its Python 3.12 holds benchmarks/gpu-image.txt; the rest of what the checks import comes
+# as wheels in .gpu-bundle/, exactly benchmarks/gpu-bundle.txt (no dependencies pulled),
+# for CPython 3.12 on manylinux x86_64. The whole tree that travels with it is at most
+# 64 MiB: the bundle must stay under 48 MiB. pip matches manylinux_2_N tags exactly:
+# every N up to the image's glibc is offered.
+GPU_BUNDLE ?= .gpu-bundle
+GPU_BUNDLE_MAX_MIB ?= 48
+GPU_BUNDLE_PLATFORMS := $(foreach n,$(shell seq 5 28),--platform manylinux_2_$(n)_x86_64) \
+	--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64
+GPU_BUNDLE_STAMP := $(GPU_BUNDLE)/python-version
+
+$(GPU_BUNDLE_STAMP): benchmarks/gpu-bundle.txt
+	rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+	  --python-version 3.12 --implementation cp $(GPU_BUNDLE_PLATFORMS) \
+	  --dest $(GPU_BUNDLE) -r benchmarks/gpu-bundle.txt
+	@wanted=$$(grep -c '^[A-Za-z0-9]' benchmarks/gpu-bundle.txt); got=$$(ls $(GPU_BUNDLE)/*.whl | wc -l); \
+	  if [ "$$wanted" != "$$got" ]; then \
+	    echo "gpu-bundle: $$got wheels for $$wanted lines of benchmarks/gpu-bundle.txt"; exit 1; fi
+	echo 3.12 > $(GPU_BUNDLE_STAMP)
+
+gpu-bundle: $(GPU_BUNDLE_STAMP)
+	@bytes=$$(cat $(GPU_BUNDLE)/*.whl | wc -c); \
+	  mib=$$(awk -v b=$$bytes 'BEGIN {printf "%.1f", b / 1048576}'); \
+	  echo "gpu-bundle: $$(ls $(GPU_BUNDLE)/*.whl | wc -l) wheels, $$mib MiB in $(GPU_BUNDLE)/ (limit: under $(GPU_BUNDLE_MAX_MIB) MiB)"; \
+	  awk -v b=$$bytes -v m=$(GPU_BUNDLE_MAX_MIB) 'BEGIN {exit !(b < m * 1048576)}' || \
+	  { echo "gpu-bundle: $$mib MiB is not under $(GPU_BUNDLE_MAX_MIB) MiB"; exit 1; }
+
+# gpu.sh offline in a Python 3.12 virtualenv that holds only benchmarks/gpu-image.txt (built
+# once, ~5 GB: torch's CUDA libraries), with the CUDA step skipped: the install from the
+# bundle, the calibration and the benchmarks really run, on the CPU
+# (benchmarks/gpu-rehearsal.sh; its times are in docs/benchmarks.md, "gpu.sh").
+gpu-rehearsal: gpu-bundle
+	bash benchmarks/gpu-rehearsal.sh
+
 # Formatting, lint (line length 100), the import contracts and the engine's types.
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
@@ -101,4 +138,4 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .hypothesis .mypy_cache .import_linter_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(GPU_BUNDLE) .venv-gpu-rehearsal runs .pytest_cache .hypothesis .mypy_cache .import_linter_cache
