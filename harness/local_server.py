@@ -204,8 +204,12 @@ class CliServer:
                     f"server exited with {self.process.returncode}:\n{self.output()}"
                 )
             if time.monotonic() > deadline:
+                # read before stopping: __exit__ removes the log
+                output = self.output()
                 self.__exit__()
-                raise TimeoutError(f"server did not start:\n{self.output()}")
+                raise TimeoutError(
+                    f"server did not start within {self.start_timeout_s} s:\n{output}"
+                )
             time.sleep(0.05)
         return self
 
