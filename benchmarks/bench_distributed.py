@@ -42,7 +42,7 @@ def parser():
 def run(args) -> list:
     from engine.core.cost_model import CostModel
     from harness.bench.figure import Figure
-    from harness.local_server import CliServer
+    from harness.serve.local_server import CliServer
 
     rates = [float(r) for r in args.rates.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-distributed-"))

@@ -23,7 +23,7 @@ from engine.api.server import ServerSettings
 from engine.serving.tokenizer import HashTokenizer
 from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 
 def gzip_bomb(inflated_bytes: int) -> bytes:

@@ -221,7 +221,7 @@ def run(args) -> list:
     rates = [float(r) for r in args.rates.split(",")]
 
     from engine.core.cost_model import CostModel
-    from harness.local_server import CliServer
+    from harness.serve.local_server import CliServer
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
     CostModel.constant(0.0).save(tmp / "zero.json")

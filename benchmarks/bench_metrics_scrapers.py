@@ -31,7 +31,7 @@ import aiohttp
 
 from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
-from harness.local_server import CliServer
+from harness.serve.local_server import CliServer
 
 TARGET_LOSS_AT_1HZ = 0.02
 OPENMETRICS = "application/openmetrics-text"

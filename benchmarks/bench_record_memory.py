@@ -1,5 +1,5 @@
 """What the engine process's memory does over a long served run with records on
-(harness/incremental_records.py: records are written as the engine runs).
+(harness/records/incremental.py: records are written as the engine runs).
 
 ``schedscope serve --executor sim`` with ``--record-steps``, ``--record-requests`` and
 ``--record-decisions`` (and, for comparison, without them), driven with ``--requests``
@@ -26,7 +26,7 @@ import psutil
 
 from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
-from harness.local_server import CliServer
+from harness.serve.local_server import CliServer
 
 TARGET_KB_PER_REQUEST = 0.1
 BODY = {"model": "tiny", "prompt": "a b c d", "max_tokens": 4, "ignore_eos": True}

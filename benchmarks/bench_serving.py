@@ -14,7 +14,7 @@ seconds), every request with ``max_tokens`` = its true output length and
   simulator predicts; or ``replay``, a light asyncio client in this process (on 2 cores
   the engine's steps are 14-22% faster beside it: docs/simulator.md), the fairer bar
   for served vs offline;
-- simulated: ``harness.simulate`` with the given cost model (default: the built-in and,
+- simulated: ``harness.simulate.driver`` with the given cost model (default: the built-in and,
   when ``schedscope calibrate`` stored one, this machine's fit), and, when the served
   run's step records are there, a cost model fitted from them (in sample).
 
@@ -56,14 +56,14 @@ from engine.core.cost_model import CostModel
 from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
 from engine.worker.model_config import ModelConfig
-from harness import open_loop_client
 from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
-from harness.local_server import CliServer
-from harness.open_loop_client import prompt_ids, replay
+from harness.loadgen import open_loop_client
+from harness.loadgen.open_loop_client import prompt_ids, replay
 from harness.profiles import RequestSpec, build_plan, resolve_profile
 from harness.profiles.schedule_file import write_schedule_profile, written_schedule
-from harness.simulate import simulate
+from harness.serve.local_server import CliServer
+from harness.simulate.driver import simulate
 
 TARGET_SERVED_VS_OFFLINE = 0.15
 AIM_SERVED_VS_OFFLINE = 0.05
@@ -96,7 +96,7 @@ def run_offline(
 
     torch.set_num_threads(threads)  # as the server runs it
 
-    from harness.steps import StepLog
+    from harness.records.steps import StepLog
 
     engine = build_torch_engine(config, WallClock(), device=device)
     step_log = engine.observers.add(StepLog())
@@ -152,7 +152,7 @@ def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.Dat
     """Client rows (request_id, class, output_tokens, ttft_s, e2e_s, sent_unix,
     first_unix) and the client's p99 send lag; the server's step and request records
     land beside ``steps_file``."""
-    from harness.local_server import HttpClient
+    from harness.serve.local_server import HttpClient
 
     vocab = ModelConfig.preset("tiny").vocab_size
     server_args = [
@@ -607,7 +607,7 @@ def run(args) -> list[Figure]:
         step_cycle(steps_file)
         if not args.skip_offline:
             started = time.perf_counter()
-            from harness.serve import serving_torch_threads
+            from harness.costmodel.machine import serving_torch_threads
 
             threads = serving_torch_threads()
             offline_runs.append(
@@ -671,8 +671,8 @@ def run(args) -> list[Figure]:
     if args.cost_model is None:
         # Out of sample: the fit `schedscope calibrate` stored for this machine (the
         # served engine's fingerprint), beside the built-in fitted on another machine.
-        from harness import cost_store
-        from harness.machine import fingerprint
+        from harness.costmodel import store as cost_store
+        from harness.costmodel.machine import fingerprint
 
         match = cost_store.find(fingerprint(config.model, device=args.device)).match
         if match is not None and match.model is not None:

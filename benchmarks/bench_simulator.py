@@ -23,7 +23,7 @@ from engine.sim.decode_runs import can_start, run_decodes
 from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
 from harness.profiles import resolve_profile, sample_requests
-from harness.simulate import simulate
+from harness.simulate.driver import simulate
 
 TARGET_S_PER_100K = 10.0
 AIM_S_PER_100K = 4.0

@@ -31,7 +31,7 @@ from engine.sim.calibration import StepShape, step_times
 from engine.worker.loading import calibration_runner
 from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
-from harness.serve import serving_torch_threads
+from harness.costmodel.machine import serving_torch_threads
 
 SHAPES = {
     "1-sequence decode": StepShape(decodes=(300,)),

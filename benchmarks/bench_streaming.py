@@ -74,7 +74,7 @@ async def serve_and_measure(args) -> tuple[dict, dict, cProfile.Profile | None]:
     from engine.api.server import ApiServer, ServerSettings
     from engine.serving.async_engine import AsyncEngine
     from engine.serving.tokenizer import HashTokenizer
-    from harness.local_server import sim_engine
+    from harness.serve.local_server import sim_engine
 
     engine = sim_engine(
         step_s=0.0, num_device_blocks=65536, max_model_len=args.max_tokens + 16, max_num_seqs=256

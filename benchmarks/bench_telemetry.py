@@ -66,7 +66,7 @@ def parser() -> BenchParser:
 
 def run(args) -> list[Figure]:
     if not args.torch_threads:
-        from harness.serve import serving_torch_threads
+        from harness.costmodel.machine import serving_torch_threads
 
         args.torch_threads = serving_torch_threads()
 

@@ -27,7 +27,7 @@ from engine.telemetry.tracing import OtlpJsonLinesExporter, Tracing, TracingSett
 from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
 from harness.profiles import LengthDistribution, Phase, Profile, RequestClass
-from harness.simulate import simulate
+from harness.simulate.driver import simulate
 
 TARGET_US_PER_SPAN = 15.0
 

@@ -365,7 +365,7 @@ def run_vllm(python: Path, model_dir: Path, out: Path, args) -> EngineRun:
 def run_bundled(model_dir: Path, out: Path, args) -> EngineRun:
     """The bundled engine (torch executor) serving ``model_dir`` with the knobs, its
     step records written to ``out/bundled-steps.parquet``."""
-    from harness.local_server import CliServer
+    from harness.serve.local_server import CliServer
     from tests.support.vllm_server import SERVED_MODEL_NAME
 
     steps_file = out / "bundled-steps.parquet"

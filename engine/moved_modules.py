@@ -13,7 +13,9 @@ import importlib.abc
 import importlib.machinery
 import sys
 import warnings
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 #: Old flat module name -> its home now.
 MOVED_MODULES: dict[str, str] = {
@@ -79,3 +81,27 @@ def install_moved_module_aliases(moved: dict[str, str] = MOVED_MODULES) -> None:
     mapping; ``harness`` installs its own mapping the same way."""
     if not any(isinstance(f, _MovedModuleFinder) and f.moved is moved for f in sys.meta_path):
         sys.meta_path.append(_MovedModuleFinder(moved))
+
+
+def moved_names(package: str, new_module: str, submodules: set[str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) for a package that took the place of a module
+    of the same name (``harness.records`` was a module, is now a folder): a name the old
+    module had is read from ``new_module``, with a warning naming its new home. The
+    package's own submodules are left to the import system."""
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 - the PEP 562 hook's name
+        if name.startswith("__") or name in submodules:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module = importlib.import_module(new_module)
+        try:
+            value = getattr(module, name)
+        except AttributeError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        warnings.warn(
+            f"{package}.{name} moved to {new_module}.{name}", DeprecationWarning, stacklevel=2
+        )
+        # kept on the package: warned once, as an old module path is
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__

@@ -55,8 +55,8 @@ FILE_MARKS: dict[str, tuple[str, ...]] = {
     "harness/run/test_run_target_external.py": ("slow",),
     "harness/run/test_run_target_hostile.py": ("slow",),
     "harness/tune/test_tune_confirm.py": ("slow",),
-    "harness/test_served_calibration_sim.py": ("slow",),
-    "harness/test_served_calibration_knobs.py": ("slow",),
+    "harness/calibration/test_served_calibration_sim.py": ("slow",),
+    "harness/calibration/test_served_calibration_knobs.py": ("slow",),
     "test_architecture.py": ("slow",),
 }
 
@@ -80,7 +80,7 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
     ("engine/api/test_server_fuzz.py", "test_fuzz_completions"): ("slow",),
     # a `schedscope serve` subprocess that refuses to start (the unit tests stay fast)
     (
-        "harness/test_served_calibration.py",
+        "harness/calibration/test_served_calibration.py",
         "test_a_server_that_refuses_to_start_fails_the_calibration_with_its_words",
     ): ("slow",),
     # live `schedscope serve` subprocesses (the unit tests of these files stay fast)
@@ -139,10 +139,10 @@ TEST_MARKS: dict[tuple[str, str], tuple[str, ...]] = {
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cost_model_store(tmp_path_factory: pytest.TempPathFactory):
-    """The store of fitted cost models (harness/cost_store.py) in a directory of this
+    """The store of fitted cost models (harness/costmodel/store.py) in a directory of this
     session's, for every test and the subprocesses they start: no test reads or writes
     the user's cache, and simulations see no fit unless a test stores one."""
-    from harness.cost_store import STORE_ENV
+    from harness.costmodel.store import STORE_ENV
 
     before = os.environ.get(STORE_ENV)
     os.environ[STORE_ENV] = str(tmp_path_factory.mktemp("cost-model-store"))

@@ -54,6 +54,14 @@ def test_contracts_name_the_rules():
     assert engine_layers["layers"][0] == "engine.api"
     assert engine_layers["layers"][-1] == "engine.config"
     assert by_type["acyclic_siblings"][0]["ancestors"] == ["engine", "harness"]
+    harness_layers = next(c for c in by_type["layers"] if c.get("containers") == ["harness"])
+    assert harness_layers["layers"][0] == "cli"
+    assert harness_layers["layers"][-1] == "profiles"
+    # every folder of harness/ has its place in the layers, and no module lies loose
+    folders = {p.parent.name for p in (REPO / "harness").glob("*/__init__.py")}
+    named = {n.strip() for layer in harness_layers["layers"] for n in layer.split("|")}
+    assert folders == named
+    assert [p.name for p in (REPO / "harness").glob("*.py")] == ["__init__.py"]
 
 
 @pytest.mark.parametrize(
@@ -69,6 +77,16 @@ def test_contracts_name_the_rules():
         ),
         # a layer importing the one above it
         ("engine/worker/sampler.py", "from engine.llm_engine import LLMEngine\n", "Engine layers"),
+        # the harness's records importing a run (records sit below everything that runs)
+        ("harness/records/steps.py", "import harness.run\n", "Harness layers"),
+        # the machine's fingerprint reaching up into the server for a default
+        (
+            "harness/costmodel/machine.py",
+            "from harness.serve.server import serve\n",
+            "Harness layers",
+        ),
+        # two folders of one harness layer importing each other
+        ("harness/loadgen/clock.py", "import harness.simulate.driver\n", "Harness layers"),
         # a type-only cycle between two core modules
         (
             "engine/core/decisions.py",

@@ -157,7 +157,7 @@ def fit_cycles(
     """A cost model fitted to step cycles already turned into features (``x``, one row
     per step, FEATURES order) and seconds (``y``, all > 0): every HOLDOUT_EVERY-th row
     held out and scoring the fit, the rest fitted (what :func:`fit_from_steps` does with
-    a run's steps; ``harness.cost_evidence`` pools several runs' rows)."""
+    a run's steps; ``harness.costmodel.evidence`` pools several runs' rows)."""
     if len(y) < 2 * len(FEATURES):
         raise CalibrationError(
             f"{len(y)} step cycles are too few to fit {len(FEATURES)} "

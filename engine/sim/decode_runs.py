@@ -29,7 +29,7 @@ byte for byte.
 
 It serves the simulator only: it needs the simulated executor (tokens and durations
 known in advance), a virtual clock, and observers that take the run's steps as it
-hands them (``harness.simulate``: no per-sequence entries for members in its records).
+hands them (``harness.simulate.driver``: no per-sequence entries for members in its records).
 """
 
 from __future__ import annotations

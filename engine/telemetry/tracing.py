@@ -2,7 +2,7 @@
 
 - a file of OTLP-JSON lines (``--trace-file``): one ``{"resourceSpans": [...]}`` object
   per line per export batch, ids in hex, 64-bit integers as strings (the OTLP/JSON
-  encoding; ``harness.spans`` reads it back);
+  encoding; ``harness.records.spans`` reads it back);
 - OTLP/HTTP protobuf (``--otlp-traces-endpoint`` or the standard
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``);
 - nothing (``--no-tracing``, ``OTEL_SDK_DISABLED=true``, or neither of the above).

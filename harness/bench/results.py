@@ -1,5 +1,5 @@
 """The results file of a benchmark run (docs/benchmarks.md, "The results file"): the
-date, this machine's fingerprint (:mod:`harness.machine`), the versions
+date, this machine's fingerprint (:mod:`harness.costmodel.machine`), the versions
 (:mod:`harness.run.versions`), each benchmark's status and every figure, so a result
 can itself be compared and gated later.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from harness.bench.collect import BENCHMARKS_DIR
 from harness.bench.figure import MET, MISSED, NO_TARGET, NOT_MEASURED
 from harness.bench.runner import SKIPPED, BenchResult
-from harness.machine import Fingerprint, fingerprint
+from harness.costmodel.machine import Fingerprint, fingerprint
 from harness.run.versions import versions
 
 SCHEMA_VERSION = 1

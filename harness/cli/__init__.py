@@ -2,9 +2,9 @@
 ``python -m harness.cli`` the same.
 
 One module per command; each parses and checks its arguments, calls the harness
-(``harness.simulate``, ``harness.run``, ``harness.serve``, ``harness.calibrate``,
-``harness.report``, ``harness.dashboards``, ``harness.bench``, ``harness.tune``) and maps
-its errors to exit codes.
+(``harness.simulate``, ``harness.run``, ``harness.serve``, ``harness.calibration``,
+``harness.report``, ``harness.grafana``, ``harness.bench``, ``harness.tune``) and maps its
+errors to exit codes.
 :mod:`harness.cli.app` holds the app and its consoles; the commands are registered
 here, in the order ``schedscope --help`` lists them.
 """

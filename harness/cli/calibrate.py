@@ -1,5 +1,5 @@
 """``schedscope calibrate``: fit the simulator's cost model, by profiling the model
-runner or from served runs' step records (:mod:`harness.calibrate`), save it and show
+runner or from served runs' step records (:mod:`harness.costmodel.fit`), save it and show
 the fit."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ import typer
 
 from engine.config import EngineConfig
 from engine.core.cost_model import CostModel
-from harness import cost_evidence, cost_store
-from harness.calibrate import (
+from harness.calibration.served import ServedCalibrationError, calibrate_served, resolve_method
+from harness.cli.app import console
+from harness.costmodel import evidence as cost_evidence
+from harness.costmodel import store as cost_store
+from harness.costmodel.fit import (
     HOLDOUT_TARGETS,
     CalibrateInputError,
     calibrate_by_profiling,
@@ -23,10 +26,8 @@ from harness.calibrate import (
     resolve_steps_origin,
     save_cost_model,
 )
-from harness.cli.app import console
-from harness.knobs import flag_name, knob_defaults, with_engine_knobs
-from harness.machine import Fingerprint, fingerprint
-from harness.served_calibration import ServedCalibrationError, calibrate_served, resolve_method
+from harness.costmodel.machine import Fingerprint, fingerprint
+from harness.serve.knobs import flag_name, knob_defaults, with_engine_knobs
 
 
 @with_engine_knobs()
@@ -264,7 +265,7 @@ def show_store(machine: Fingerprint) -> None:
 
 
 def _sources_line(sources: list[dict]) -> str:
-    """A pooled fit's sources (harness.cost_evidence), oldest first, in one line."""
+    """A pooled fit's sources (harness.costmodel.evidence), oldest first, in one line."""
     parts = []
     for source in sources:
         error = source.get("holdout_median_rel_error")

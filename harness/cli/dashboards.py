@@ -1,6 +1,6 @@
 """``schedscope dashboards build|push``: the Grafana dashboards built as code
-(:mod:`harness.dashboards`), written as JSON or uploaded to a Grafana
-(:mod:`harness.grafana_push`; docs/dashboards.md)."""
+(:mod:`harness.grafana.dashboards`), written as JSON or uploaded to a Grafana
+(:mod:`harness.grafana.push`; docs/dashboards.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def dashboards_build(
         help="Directory for the dashboard JSON files (the repository's dashboards/).",
     ),
 ) -> None:
-    """Regenerate the dashboards' JSON from harness/dashboards.py."""
-    from harness.dashboards import write_dashboards
+    """Regenerate the dashboards' JSON from harness/grafana/dashboards.py."""
+    from harness.grafana.dashboards import write_dashboards
 
     try:
         paths = write_dashboards(out)
@@ -55,8 +55,8 @@ def dashboards_push(
     import math
     import os
 
-    from harness.dashboards import DASHBOARDS, dashboard_dict
-    from harness.grafana_push import TOKEN_ENV, PushError, push_dashboards
+    from harness.grafana.dashboards import DASHBOARDS, dashboard_dict
+    from harness.grafana.push import TOKEN_ENV, PushError, push_dashboards
 
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise typer.BadParameter(f"{timeout_s!r}: must be > 0", param_hint="--timeout-s")

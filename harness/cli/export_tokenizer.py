@@ -23,7 +23,7 @@ def export_tokenizer(
     generators that count tokens locally (AIPerf --tokenizer, GuideLLM --processor)
     count exactly what the server counts (docs/serving.md)."""
     from engine.serving.tokenizer import HFTokenizer, export_hf_tokenizer
-    from harness.serve import tokenizer_for
+    from harness.serve.server import tokenizer_for
 
     try:
         tokenizer = tokenizer_for(model)

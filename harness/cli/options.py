@@ -13,8 +13,8 @@ from engine.core.sched.policy import POLICY_NAMES
 from engine.faults import ENV_VAR, FaultError, Faults
 
 if TYPE_CHECKING:
-    from harness.cost_choice import Choice
-    from harness.machine import Fingerprint
+    from harness.costmodel.choice import Choice
+    from harness.costmodel.machine import Fingerprint
 
 POLICY_CHOICES = POLICY_NAMES  # the policy registry
 
@@ -50,14 +50,14 @@ def check_faults() -> None:
 def choose_cost_model(value: str | None, machine: Fingerprint, say: bool = True) -> Choice:
     """``--cost-model``: a file, loaded as given (its ``line`` empty: the file is what was
     asked for); otherwise (not given, ``builtin``, ``auto``)
-    :func:`harness.cost_choice.choose`'s model for ``machine``, ``auto`` calibrating by
-    :func:`harness.served_calibration.calibrate_quickly`, its line printed on stderr
+    :func:`harness.costmodel.choice.choose`'s model for ``machine``, ``auto`` calibrating by
+    :func:`harness.calibration.served.calibrate_quickly`, its line printed on stderr
     unless ``say`` is False. A file that is not a cost model, or a calibration that
     failed: a bad parameter naming --cost-model (exit 2)."""
     from engine.core.cost_model import CostModel, CostModelError
+    from harness.calibration.served import calibrate_quickly
     from harness.cli.app import err_console
-    from harness.cost_choice import Choice, choose, is_named_choice
-    from harness.served_calibration import calibrate_quickly
+    from harness.costmodel.choice import Choice, choose, is_named_choice
 
     if not is_named_choice(value):
         path = Path(str(value))

@@ -1,5 +1,5 @@
 """``schedscope recover-records``: the record files of a server that was killed, merged
-from the parts it wrote as it ran (harness/incremental_records.py; docs/serving.md)."""
+from the parts it wrote as it ran (harness/records/incremental.py; docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from harness.cli.app import console, err_console
 def recovery_line(path: Path) -> tuple[bool, str]:
     """(recovered, what to say) for one record file. Plain text: the paths are the user's
     and may hold anything, brackets included."""
-    from harness.incremental_records import RecordMergeError, parts_dir, recover
+    from harness.records.incremental import RecordMergeError, parts_dir, recover
 
     try:
         merged = recover(path)

@@ -1,6 +1,6 @@
 """``schedscope run``: the policies (or a run file's matrix of cells) under Locust load,
 one served engine per cell, against an external --target, or in the simulator; then the
-report. The plan comes from :func:`harness.run_plan.plan_run`, the run itself from
+report. The plan comes from :func:`harness.run.plan.plan_run`, the run itself from
 :func:`harness.run.run_matrix` (docs/run.md)."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import typer
 
 from harness.cli.app import console, err_console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
-from harness.cost_choice import cell_lines, is_named_choice
-from harness.knobs import with_engine_knobs
+from harness.costmodel.choice import cell_lines, is_named_choice
+from harness.costmodel.machine import Fingerprint, fingerprint
 from harness.loadgen.options import ENDPOINTS, PROMPT_MODES
-from harness.machine import Fingerprint, fingerprint
 from harness.profiles import ProfileError, resolve_profile
+from harness.serve.knobs import with_engine_knobs
 
 if TYPE_CHECKING:
-    from harness.cost_choice import Choice
+    from harness.costmodel.choice import Choice
     from harness.run.matrix import Cell
 
 #: `schedscope run`'s default --duration-scale: the `mixed` profile's 120 s schedule cut
@@ -204,8 +204,8 @@ def run(
     import sys
 
     from harness.run import RunFileError, RunOptions, run_matrix
+    from harness.run.plan import plan_run
     from harness.run.termination import sigterm_stops_the_run
-    from harness.run_plan import plan_run
 
     policies = parse_policies(policy)
     check_faults()

@@ -1,5 +1,5 @@
 """``schedscope serve``: the engine behind the OpenAI-compatible HTTP server, every
-engine knob a flag (:func:`harness.serve.serve` does the work; docs/serving.md)."""
+engine knob a flag (:func:`harness.serve.server.serve` does the work; docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import typer
 
 from engine.config import EngineConfig
 from harness.cli.options import choose_cost_model
-from harness.cost_choice import AUTO, is_named_choice
-from harness.knobs import with_engine_knobs
-from harness.machine import fingerprint
+from harness.costmodel.choice import AUTO, is_named_choice
+from harness.costmodel.machine import fingerprint
+from harness.serve.knobs import with_engine_knobs
 
 
 @with_engine_knobs()
@@ -150,7 +150,7 @@ def serve(
     ),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
-    from harness.serve import serve as run_serve
+    from harness.serve.server import serve as run_serve
 
     raise typer.Exit(
         run_serve(

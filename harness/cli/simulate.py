@@ -1,6 +1,6 @@
 """``schedscope simulate``: the engine's scheduler on a virtual clock, one or several
-policies over one profile (:func:`harness.simulate.run_simulations`), then the
-comparison table (:mod:`harness.compare`)."""
+policies over one profile (:func:`harness.simulate.driver.run_simulations`), then the
+comparison table (:mod:`harness.simulate.compare`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import typer
 from engine.config import ConfigError, EngineConfig
 from harness.cli.app import console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
-from harness.compare import print_comparison, print_span_counts, print_speed_band
-from harness.knobs import build_engine_config, with_engine_knobs
-from harness.machine import fingerprint
+from harness.costmodel.machine import fingerprint
 from harness.profiles import Profile, ProfileError, resolve_profile
+from harness.serve.knobs import build_engine_config, with_engine_knobs
+from harness.simulate.compare import print_comparison, print_span_counts, print_speed_band
 
 
 @with_engine_knobs(exclude=frozenset({"scheduling_policy"}))
@@ -77,7 +77,7 @@ def simulate(
     policy), or DIR/<policy>/... plus a combined DIR/summary.json (several), and
     prints a comparison table. Same profile, seed and knobs: same bytes.
     """
-    from harness.simulate import run_simulations
+    from harness.simulate.driver import run_simulations
 
     policies = parse_policies(policy)
     check_faults()

@@ -14,9 +14,9 @@ import typer
 from engine.config import ConfigError
 from harness.cli.app import console, err_console
 from harness.cli.options import check_faults, choose_cost_model, writable_dir
-from harness.knobs import build_engine_config, config_error, with_engine_knobs
-from harness.machine import fingerprint
+from harness.costmodel.machine import fingerprint
 from harness.profiles import ProfileError, resolve_profile
+from harness.serve.knobs import build_engine_config, config_error, with_engine_knobs
 
 #: The default --budget-s: a few hundred trials of the default profile at the default
 #: --duration-scale on two cores (docs/tune.md).

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from harness.gate.evaluate import Check, tolerance_text
-from harness.request_stats import clean
+from harness.records.request_stats import clean
 
 HEADER = ("", "rule", "cell", "class", "metric", "baseline", "current", "change", "interval",
           "limit", "detail")  # fmt: skip

@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles.digest import schedule_digest as digest_rows
-from harness.records import STATUSES
+from harness.records.requests import STATUSES
 
 #: The per-request columns the gate keeps (the normalised form of every side).
 GATE_COLUMNS = (

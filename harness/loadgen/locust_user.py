@@ -65,7 +65,7 @@ from harness.loadgen.prompts import DEFAULT_ID_RANGE
 from harness.loadgen.records import RecordWriter
 from harness.loadgen.split import Share, share
 from harness.profiles import Plan, build_plan
-from harness.redact import redact_url, strip_credentials, worker_host
+from harness.records.redact import redact_url, strip_credentials, worker_host
 
 log = logging.getLogger("schedscope.loadgen")
 

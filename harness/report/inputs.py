@@ -26,8 +26,8 @@ import polars as pl
 
 from harness.report.simulator_check import SIMULATED_DIR
 from harness.report.validate import check_optional, check_requests, is_duration
-from harness.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
-from harness.speed_band import policy_part
+from harness.simulate.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
+from harness.simulate.speed_band import policy_part
 
 RECORD_FILES = ("requests", "spans", "steps", "decisions", "metrics")
 OPTIONAL_FILES = ("spans", "steps", "decisions", "metrics")
@@ -100,7 +100,7 @@ class PolicyData:
     #: Run info the summary.json gave in a shape the report cannot use (key -> the value,
     #: dropped from ``info``: :func:`clean_policy_info`).
     refused_info: dict = field(default_factory=dict)
-    #: A simulated policy's speed band (harness/speed_band.py): ``time_ratios``,
+    #: A simulated policy's speed band (harness/simulate/speed_band.py): ``time_ratios``,
     #: ``sources`` and ``groups`` (class or ``all`` -> metric -> stat -> {fastest,
     #: slowest}), from its summary.json ``speed_band``; None without one.
     speed_band: dict | None = None

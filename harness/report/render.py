@@ -16,8 +16,8 @@ from harness.report.build import Report
 from harness.report.stall_causes import CAUSE_LABELS, EXTERNAL_UNKNOWN, STALL_CAUSES
 from harness.report.stalls import is_external
 from harness.report.summary import flat_rows, summary_json
-from harness.speed_band import METRICS as BAND_METRICS
-from harness.speed_band import STATS as BAND_STATS
+from harness.simulate.speed_band import METRICS as BAND_METRICS
+from harness.simulate.speed_band import STATS as BAND_STATS
 
 CLASS_HEADERS = [
     "run",

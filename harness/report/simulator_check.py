@@ -14,7 +14,7 @@ ordered one way served and the other way simulated. A pair whose two values lie 
 agrees with any order: a difference that small is within a run's noise.
 
 Speed band: when the check's model has seen this machine's steps run at different speeds
-(:mod:`harness.speed_band`), the counterpart's summary.json carries the same schedule
+(:mod:`harness.simulate.speed_band`), the counterpart's summary.json carries the same schedule
 simulated at the slowest and fastest of them; each figure then also says whether the
 served value lies inside that band (``band``, ``in_band``).
 """
@@ -29,8 +29,8 @@ import polars as pl
 
 from harness.report.cells import cell_groups
 from harness.report.stats import percentile
-from harness.speed_band import METRICS, STATS, policy_part
-from harness.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
+from harness.simulate.speed_band import METRICS, STATS, policy_part
+from harness.simulate.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
 
 #: A served cell's simulated counterpart: ``<cell>/simulated/requests.parquet``.
 SIMULATED_DIR = "simulated"

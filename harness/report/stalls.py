@@ -36,7 +36,7 @@ import polars as pl
 # The stall threshold rule (the larger of the engine's stall floor and 5x the median
 # ITL) has one definition, the simulator's and the served records'; re-exported here as
 # the report's ``stalls.stall_threshold``.
-from harness.records import stall_threshold  # noqa: F401
+from harness.records.requests import stall_threshold  # noqa: F401
 from harness.report.inputs import PolicyData
 from harness.report.stall_causes import CLIENT_TOKEN_TIMES, EXTERNAL_UNKNOWN, STALL_CAUSES
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# One definition each, shared with the simulator's summary (harness/summary.py);
+# One definition each, shared with the simulator's summary (harness/records/summary.py);
 # re-exported here for the report's modules.
-from harness.request_stats import (  # noqa: F401
+from harness.records.request_stats import (  # noqa: F401
     PERCENTILES,
     clean,
     jain_index,

@@ -1,7 +1,7 @@
 """summary.json: the CI gate's input, version 2 (schema in docs/report.md).
 
-The schema is ``harness/summary.py``'s (:func:`~harness.summary.report_summary`,
-:func:`~harness.summary.report_policy`): version 2 keeps every key of version 1 (what
+The schema is ``harness/records/summary.py``'s (:func:`~harness.records.summary.report_summary`,
+:func:`~harness.records.summary.report_policy`): version 2 keeps every key of version 1 (what
 ``schedscope simulate`` writes) for the first run — ``mode``, ``profile``, ``seed``,
 ``cost_model``, ``policies.<policy>.{overall, classes, starvation, config,
 duration_s, stall_threshold_s, ...}`` — and adds ``runs.<label>`` (every run side by
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.summary import report_policy, report_summary
+from harness.records.summary import report_policy, report_summary
 
 if TYPE_CHECKING:
     from harness.report.build import PolicyReport, Report

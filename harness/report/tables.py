@@ -2,7 +2,7 @@
 queue wait, preemptions by mode, stalls by cause, generator lag, fairness.
 
 One group dict ``G`` per (policy, class) and per policy overall (class ``all``); its
-keys are those of ``harness/summary.py``'s groups (so the gate reads either) plus
+keys are those of ``harness/records/summary.py``'s groups (so the gate reads either) plus
 ``itl_s``, ``stalls_by_cause`` and ``generator_lag_s``.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from harness.records import REQUEST_SCHEMA, STATUSES
+from harness.records.requests import REQUEST_SCHEMA, STATUSES
 from harness.report.stall_causes import STALL_CAUSES
 from harness.report.stats import (
     PERCENTILES,
@@ -26,7 +26,7 @@ from harness.report.stats import (
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "total_queue_s", "stall_s")
 
 #: requests.parquet columns the report reads (those absent are filled with nulls/zeros),
-#: typed as the request records define them (harness/records.py); the schedule offset is
+#: typed as the request records define them (harness/records/requests.py); the schedule offset is
 #: a client-side column (the load generator's records).
 REQUEST_COLUMNS = {
     name: pl.Float64 if name == "schedule_offset_s" else REQUEST_SCHEMA[name]

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import polars as pl
 
-from harness.records import STATUSES
+from harness.records.requests import STATUSES
 
 
 def is_duration(value) -> bool:

@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from engine.core.token_timing import STALL_FLOOR_S
-from harness.knobs import knob_flags
 from harness.loadgen.clock import clock_warnings
 from harness.loadgen.options import env_var
 from harness.profiles import Profile, build_plan
-from harness.redact import redact_argv, redact_url
+from harness.records.redact import redact_argv, redact_url
 from harness.report.errors import describe, error_summary, headline
 from harness.report.stall_causes import CLIENT_TOKEN_TIMES, ENGINE_RECORDS
 from harness.run.client_stalls import with_client_stalls
@@ -47,10 +46,11 @@ from harness.run.scrape import MetricsScraper, export_prometheus
 from harness.run.server import ServedEngine, ServerStartError
 from harness.run.target_spans import SOURCE as TARGET_SPANS_SOURCE
 from harness.run.target_spans import join_span_columns
+from harness.serve.knobs import knob_flags
 
 if TYPE_CHECKING:
-    from harness.prometheus import PrometheusServer
     from harness.run.otlp_receiver import SpanLines
+    from harness.run.prometheus import PrometheusServer
     from harness.run.simulator_check import CheckModel
 
 #: Served records keep the gaps above the engine's stall floor: a served run has no
@@ -132,7 +132,7 @@ class CellSettings:
     ship_profile: bool = False
     serve_args: list[str] = field(default_factory=list)
     start_timeout_s: float = 180.0
-    #: the fingerprint of the machine (harness/machine.py), for run.json and summary.json
+    #: the fingerprint of the machine (harness/costmodel/machine.py), for run.json and summary.json
     machine: dict | None = None
     #: A served cell: the model its simulator check uses, chosen at the run's start
     #: (harness/run/simulator_check.py); None: no check.
@@ -369,7 +369,7 @@ def _start_metrics(stack: ExitStack, run: _LoadCell, url: str) -> _Metrics:
 def _start_prometheus(stack: ExitStack, run: _LoadCell, url: str) -> PrometheusServer | None:
     """A real Prometheus scraping ``url`` every second, on ``stack``; None (with the
     cell's warning) when it cannot start."""
-    from harness.prometheus import PrometheusError, PrometheusServer
+    from harness.run.prometheus import PrometheusError, PrometheusServer
 
     host = url.split("://", 1)[-1].rstrip("/")
     try:
@@ -773,11 +773,11 @@ def _write_spans(
 def _write_cell_summary(
     result: CellResult, settings: CellSettings, load_s: float, faults: dict | None
 ) -> None:
-    """The cell's summary.json (version 1, harness/summary.py) from its requests.parquet
+    """The cell's summary.json (version 1, harness/records/summary.py) from its requests.parquet
     as written: the load's duration, the served records' stall threshold and, served,
     the engine config and the server's planted ``faults`` (None: none)."""
-    from harness.records import REQUEST_SCHEMA
-    from harness.summary import policy_run_info, policy_summary, run_summary
+    from harness.records.requests import REQUEST_SCHEMA
+    from harness.records.summary import policy_run_info, policy_summary, run_summary
 
     cell = result.cell
     frame = pl.read_parquet(result.path / "requests.parquet")
@@ -810,7 +810,7 @@ def run_simulated_cell(
     cell: Cell, cell_dir: Path, settings: CellSettings, show: Callable[[str], None]
 ) -> CellResult:
     from engine.core.cost_model import CostModel
-    from harness.simulate import run_simulations
+    from harness.simulate.driver import run_simulations
 
     result = CellResult(cell, cell_dir, "simulate")
     started = time.monotonic()

@@ -6,7 +6,7 @@ gaps between successive tokens in order (docs/loadgen.md). Token ``i + 1`` arriv
 ``first_token_at + sum(itl_s[:i + 1])``, so gap ``i`` began at ``first_token_at +
 sum(itl_s[:i])`` (the earlier token, as the engine's ``stalls[].start_s``) and lasted
 ``itl_s[i]``. The gaps above the threshold are cut by the records' own rule
-(``harness.records.add_stalls``), so a client stall is what an engine stall would be,
+(``harness.records.requests.add_stalls``), so a client stall is what an engine stall would be,
 on the client's clock and including the network.
 """
 
@@ -16,7 +16,7 @@ from itertools import accumulate
 
 import polars as pl
 
-from harness.records import REQUEST_SCHEMA, add_stalls
+from harness.records.requests import REQUEST_SCHEMA, add_stalls
 
 
 def token_gaps(

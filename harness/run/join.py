@@ -15,7 +15,7 @@
   ``clock_epoch_unix`` onto Unix time, the clock of the client rows and the spans.
 - ``steps.parquet``: the engine's step records with ``schedule_start``,
   ``execute_start``, ``execute_end`` shifted the same way.
-- ``spans.parquet``: the trace file (OTLP-JSON lines, Unix time) via harness/spans.py.
+- ``spans.parquet``: the trace file (OTLP-JSON lines, Unix time) via harness/records/spans.py.
 
 Distributed load (several Locust workers, maybe on other machines): the client rows
 arrive already on the master's clock, the clock of the engine and the spans (the
@@ -107,7 +107,7 @@ def shift_steps(steps: pl.DataFrame, epoch: float) -> pl.DataFrame:
 def write_spans(trace_file: Path, out: Path, shift_s: float = 0.0) -> pl.DataFrame:
     """spans.parquet from ``trace_file``, every instant moved by ``shift_s`` seconds (a
     served engine's clock correction, harness/run/clock_check.py); the spans written."""
-    from harness.spans import read_spans, shift_spans, write_spans_parquet
+    from harness.records.spans import read_spans, shift_spans, write_spans_parquet
 
     frame = read_spans(trace_file)
     if shift_s:

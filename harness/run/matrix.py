@@ -32,10 +32,10 @@ from pathlib import Path
 
 from engine.config import ConfigError, EngineConfig
 from engine.core.sched.policy import POLICY_NAMES
-from harness.knobs import build_engine_config, knob_types
+from harness.serve.knobs import build_engine_config, knob_types
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*\Z")
-#: A --target run's label (harness/run_plan.py): a profile's or class's name (letters,
+#: A --target run's label (harness/run/plan.py): a profile's or class's name (letters,
 #: digits, '_ . -'), at most 64 characters.
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 RUN_FILE_KEYS = {

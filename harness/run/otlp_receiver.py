@@ -1,7 +1,7 @@
 """An OTLP/HTTP traces endpoint that a ``--target`` run starts, so an external server
 (a vLLM started with ``--otlp-traces-endpoint``, or any OTel-instrumented server) can
 send its spans to the run: they land in the cell's trace file as OTLP-JSON lines, the
-format ``harness.spans.read_spans`` reads (one ``ExportTraceServiceRequest`` a line).
+format ``harness.records.spans.read_spans`` reads (one ``ExportTraceServiceRequest`` a line).
 
 Protobuf bodies (``application/x-protobuf``, gzip or not) and JSON bodies
 (``application/json``) are both accepted, as the OTLP/HTTP specification asks. In

@@ -18,10 +18,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from harness.cost_choice import cell_lines
+from harness.costmodel.choice import cell_lines
 from harness.loadgen.prompt_choice import PromptChoice
 from harness.profiles import resolve_profile
-from harness.redact import redact_argv, redact_url
+from harness.records.redact import redact_argv, redact_url
 from harness.report import errors as error_lines
 from harness.report.errors import HIGH_ERROR_RATE
 from harness.run.cell import CellResult, CellSettings, remove_raw, run_load_cell, run_simulated_cell
@@ -40,7 +40,7 @@ class RunOptions:
     keep_raw: bool = True
     argv: list[str] = field(default_factory=list)
     report: bool = True
-    #: the fingerprint of the machine the run runs on (harness/machine.py), recorded in
+    #: the fingerprint of the machine the run runs on (harness/costmodel/machine.py), recorded in
     #: every run.json and summary.json (a cell's own, in ``cell_settings``, in its)
     machine: dict | None = None
     #: cell name -> CellSettings fields of that cell alone (its cost model and
@@ -340,8 +340,8 @@ def _print_errors(
 def _report(
     root: Path, results: list[CellResult], console: Console, run_info: dict
 ) -> tuple[Path | None, dict | None]:
+    from harness.records.summary import run_summary
     from harness.report import ReportInputError, generate_report
-    from harness.summary import run_summary
 
     # A cell without requests.parquet cannot be read: the report covers the others and
     # says which ones are absent.

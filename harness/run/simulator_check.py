@@ -3,7 +3,7 @@ check").
 
 At the run's start, before any cell serves, the cost model each cell will be checked
 with is chosen as ``schedscope simulate`` would choose it without flags
-(:func:`harness.cost_choice.choose`): this machine's stored fit for the cell's
+(:func:`harness.costmodel.choice.choose`): this machine's stored fit for the cell's
 fingerprint, else the built-in. After the cell's load, its schedule is simulated with
 that model into ``<cell>/simulated/`` (:func:`simulate_counterpart`); only then are the
 cell's own steps fitted into the store (:func:`fit_into_store`). So the check is out of
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.core.cost_model import CostModel
-from harness import cost_store
-from harness.cost_choice import BUILTIN, choose
-from harness.machine import Fingerprint, fingerprint
+from harness.costmodel import store as cost_store
+from harness.costmodel.choice import BUILTIN, choose
+from harness.costmodel.machine import Fingerprint, fingerprint
 from harness.report.simulator_check import RUN_JSON_KEY, SIMULATED_DIR
 from harness.run.matrix import Cell
 
@@ -118,9 +118,9 @@ def simulate_counterpart(
     """The cell's schedule (``profile``, ``seed``: the served one's) simulated with the
     check's model into ``cell_dir/simulated/`` (requests, steps, summary.json, with the
     speed band when the model has seen this machine run at different speeds:
-    :mod:`harness.speed_band`); the run.json entry, with ``skipped`` and why when the
+    :mod:`harness.simulate.speed_band`); the run.json entry, with ``skipped`` and why when the
     cell has nothing to compare."""
-    from harness.simulate import run_simulations
+    from harness.simulate.driver import run_simulations
 
     entry = check.entry()
     if cell.config is None or not (cell_dir / "requests.parquet").is_file():
@@ -188,7 +188,7 @@ def fit_into_store(
 ) -> dict:
     """Refit the store's model for the cell's fingerprint with the cell's steps.parquet
     (and its client records) added to the step cycles it was fitted from
-    (:mod:`harness.cost_evidence`: the last calibration's and the newest runs' cells,
+    (:mod:`harness.costmodel.evidence`: the last calibration's and the newest runs' cells,
     none counting more than 4,000 steps), and store the refit; the run.json ``cost_fit``
     entry. The cell alone would describe one regime only, and one overloaded cell,
     stored as the machine's model, mispredicted the machine's other loads by 2-3x.
@@ -197,8 +197,8 @@ def fit_into_store(
     slowed on purpose, they are not this machine's, and stored they would be the next
     run's model."""
     from engine.sim.cost_fit import CalibrationError
-    from harness.calibrate import CalibrateInputError, calibrate_from_steps
-    from harness.cost_evidence import RUN, Evidence, EvidenceError, from_steps_paths
+    from harness.costmodel.evidence import RUN, Evidence, EvidenceError, from_steps_paths
+    from harness.costmodel.fit import CalibrateInputError, calibrate_from_steps
 
     if faults:
         show(f"{cell.name}: no cost model fitted: the server ran with planted faults")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from harness.spans import ATTR_PREFIX
+from harness.records.spans import ATTR_PREFIX
 
 SPAN_NAME = "llm_request"
 #: requests.parquet column <- vLLM span attribute (without ``attr.``).

@@ -127,7 +127,7 @@ def plan_cells(
     """(candidate, rate, cell) for every cell to serve (at ``rates[label]`` when given,
     else :func:`confirm_rates`); names ``<policy>-<label>-x<rate>``
     (``target-<label>-x<rate>`` against a --target)."""
-    from harness.knobs import build_engine_config
+    from harness.serve.knobs import build_engine_config
 
     out = []
     for cand in candidates:
@@ -213,7 +213,7 @@ def _serve_round(
 ) -> None:
     """Serve ``planned`` as one ``schedscope run`` under ``out`` and add what each cell
     measured to ``results`` (its ``cell`` named relative to the confirm root)."""
-    from harness.machine import fingerprint
+    from harness.costmodel.machine import fingerprint
     from harness.run import RunOptions, run_matrix
 
     plan = RunPlan([c for _, _, c in planned], profile_name, duration_scale, ctx.seed)
@@ -271,7 +271,7 @@ def predicted(e: Evaluation) -> dict:
 
 def _measured(cell_dir: Path, cell: Cell, rate: float, e: Evaluation, ctx: Context) -> dict:
     """One served cell against its targets, from its summary.json."""
-    from harness.summary import group_summary
+    from harness.records.summary import group_summary
     from harness.tune.slo import request_slos
 
     predicted_meets = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.knobs import build_engine_config
+from harness.serve.knobs import build_engine_config
 from harness.tune.objective import Context
 
 
@@ -16,7 +16,7 @@ def diagnose(knobs: dict, ctx: Context, out: Path, name: str) -> list[dict]:
     """The trap findings of ``knobs`` at the profile's rate; the records stay in
     ``out`` (``out/<name>/requests.parquet`` ...)."""
     from harness.report.build import ReportOptions, build_report
-    from harness.simulate import run_simulations
+    from harness.simulate.driver import run_simulations
 
     config = build_engine_config(knobs)
     run_simulations(ctx.profile, {name: config}, ctx.cost_model, out, seed=ctx.seed)

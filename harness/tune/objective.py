@@ -4,7 +4,7 @@
 objective").
 
 Capacity is found by a bracketing search over the rate scale, each step one
-simulation of the (shortened) schedule with :func:`harness.simulate.simulate`: rate 1
+simulation of the (shortened) schedule with :func:`harness.simulate.driver.simulate`: rate 1
 first (the profile as it is: its tail latencies are what the Pareto front plots), then
 doubling (or halving) until the SLOs flip, then geometric bisection until the bracket
 is within ``precision``. It assumes that more load never helps a class meet its
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from engine.config import ConfigError
 from engine.core.cost_model import CostModel
-from harness.knobs import build_engine_config
 from harness.profiles import Profile, ProfileError
-from harness.summary import group_summary, policy_summary
+from harness.records.summary import group_summary, policy_summary
+from harness.serve.knobs import build_engine_config
 from harness.tune.slo import Target, meets, request_slos
 from harness.tune.space import skip_reason
 
@@ -85,7 +85,7 @@ def worst_ratio(targets: tuple[Target, ...], tails: dict) -> float:
 
 
 def _simulate(ctx: Context, config, scale: float) -> dict:
-    from harness.simulate import simulate
+    from harness.simulate.driver import simulate
 
     profile = ctx.profile if scale == 1.0 else ctx.profile.with_rate_scale(scale)
     result = simulate(profile, config, ctx.cost_model, seed=ctx.seed, record_decisions=False)

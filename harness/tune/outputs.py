@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.knobs import flag_name, knob_defaults, knob_flags
+from harness.serve.knobs import flag_name, knob_defaults, knob_flags
 from harness.tune.confirm import Confirmed
 from harness.tune.front import front_axes
 from harness.tune.objective import CAPACITY, Evaluation

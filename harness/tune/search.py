@@ -135,7 +135,7 @@ def _ask_batch(study, space: Space, current: dict, ctx: Context, size: int, skip
     rejected ones (:data:`MAX_SKIPS_PER_TRIAL`)."""
     from engine.config import ConfigError
     from engine.factory import default_kv_plan
-    from harness.knobs import build_engine_config
+    from harness.serve.knobs import build_engine_config
     from harness.tune.space import skip_reason
 
     asked = []

@@ -9,7 +9,7 @@ or milliseconds (``ms``).
 
 A class meets its targets when every one of its requests finished ``ok`` (a rejected or
 failed request missed its latency) and each statistic, over its requests as
-:func:`harness.summary.group_summary` computes it, is within the limit.
+:func:`harness.records.summary.group_summary` computes it, is within the limit.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from harness.request_stats import PERCENTILES
+from harness.records.request_stats import PERCENTILES
 
 #: --slo metric name -> the requests.parquet / summary.json column.
 METRICS = {
@@ -60,7 +60,7 @@ class Target:
         return f"{self.name}<={self.limit_s:g}s"
 
     def value(self, class_summary: dict) -> float | None:
-        """The statistic in one class's :func:`harness.summary.group_summary`; None when
+        """The statistic in one class's :func:`harness.records.summary.group_summary`; None when
         the class has no finished request with this metric."""
         return (class_summary.get("metrics", {}).get(self.column) or {}).get(self.statistic)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.knobs import knob_types
+from harness.serve.knobs import knob_types
 
 NONE = "none"
 _KINDS = ("categorical", "int", "float")

@@ -20,7 +20,7 @@ from engine.factory import build_simulated_engine
 from engine.faults import ENV_VAR, FaultError, Faults
 from engine.sim.simulated_executor import SimulatedExecutor
 from harness.profiles import resolve_profile
-from harness.simulate import simulate
+from harness.simulate.driver import simulate
 from tests.support.engine_helpers import Req, drive
 
 #: Powers of two, so every step duration and clock reading is an exact float sum:

@@ -10,8 +10,11 @@ import subprocess
 import sys
 import warnings
 
+import pytest
+
 from engine.moved_modules import MOVED_MODULES
 from harness import MOVED_MODULES as HARNESS_MOVED_MODULES
+from harness import MOVED_NAMES as HARNESS_MOVED_NAMES
 from tests.support.paths import REPO
 
 PROBE = """
@@ -59,9 +62,62 @@ def test_an_old_path_gives_the_same_classes():
     assert old.Scheduler is Scheduler
 
 
-def test_the_harness_profile_hook_keeps_its_old_path():
+def test_every_old_harness_path_is_the_moved_module_and_warns():
     result = _probe(HARNESS_MOVED_MODULES)
-    assert all(entry["same"] and entry["warned"] for entry in result.values()), result
+    assert set(result) == set(HARNESS_MOVED_MODULES)
+    for old, new in HARNESS_MOVED_MODULES.items():
+        assert result[old]["same"], old
+        assert result[old]["warned"] == [f"{old} moved to {new}"], old
+
+
+NAMES_PROBE = """
+import importlib, json, sys, warnings
+result = {}
+for package, new in json.loads(sys.argv[1]).items():
+    module = importlib.import_module(new)
+    names = [n for n in vars(module) if not n.startswith("_") and
+             getattr(getattr(module, n), "__module__", None) == new]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module(package)
+        same = all(getattr(old, n) is getattr(module, n) for n in names)
+        again = [getattr(old, n) for n in names]  # a second read does not warn again
+    result[package] = {
+        "names": names,
+        "same": same,
+        "warned": sorted(str(w.message) for w in caught if w.category is DeprecationWarning),
+    }
+print(json.dumps(result))
+"""
+
+
+def test_a_module_that_became_a_folder_still_gives_its_names_and_warns_once_each():
+    out = subprocess.run(
+        [sys.executable, "-c", NAMES_PROBE, json.dumps(HARNESS_MOVED_NAMES)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    result = json.loads(out.stdout)
+    assert set(result) == {"harness.records", "harness.serve", "harness.simulate"}
+    for package, new in HARNESS_MOVED_NAMES.items():
+        names = result[package]["names"]
+        assert names, package  # the old module's classes and functions, read through it
+        assert result[package]["same"], package
+        assert result[package]["warned"] == sorted(
+            f"{package}.{n} moved to {new}.{n}" for n in names
+        )
+
+
+def test_a_folder_that_replaced_a_module_still_imports_its_own_submodules():
+    from harness.records import steps
+    from harness.records.steps import StepLog
+
+    assert steps.StepLog is StepLog
+    with pytest.raises(ImportError):
+        exec("from harness.records import no_such_name")
 
 
 def test_an_unknown_engine_module_is_still_an_import_error():

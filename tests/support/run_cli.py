@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import cost_store
+from harness.costmodel import store as cost_store
 from tests.support.paths import REPO
 
 

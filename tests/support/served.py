@@ -1,4 +1,4 @@
-"""Driving a live ``schedscope serve`` subprocess (``harness.local_server.CliServer``)
+"""Driving a live ``schedscope serve`` subprocess (``harness.serve.local_server.CliServer``)
 from a test: its ``/health``, its engine process, and raw streams whose every byte the
 test sees (an error event, or a stream cut short)."""
 
@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from harness.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer, HttpClient
 
 
 def health(url: str) -> tuple[int, dict]:

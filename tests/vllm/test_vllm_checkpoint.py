@@ -9,7 +9,7 @@ import json
 from engine.serving.tokenizer import HFTokenizer
 from harness.loadgen.prompt_choice import PROBE_TEXT
 from harness.loadgen.prompts import WORDS
-from harness.serve import tokenizer_for
+from harness.serve.server import tokenizer_for
 from tests.support import vllm_checkpoint
 
 

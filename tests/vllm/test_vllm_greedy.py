@@ -18,7 +18,7 @@ import torch
 
 from engine.worker.dense_reference import dense_reference_forward
 from engine.worker.weights import load_checkpoint
-from harness.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer, HttpClient
 from tests.support.vllm_server import MAX_MODEL_LEN, SERVED_MODEL_NAME
 
 NUM_PROMPTS = 8

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer, HttpClient
 from tests.support.vllm_server import SERVED_MODEL_NAME
 
 #: The bundled engine's vLLM V0 names (vLLM's published dashboard reads them), which V1

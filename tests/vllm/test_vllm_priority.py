@@ -22,7 +22,7 @@ import time
 import urllib.request
 from urllib.parse import urlsplit
 
-from harness.local_server import CliServer
+from harness.serve.local_server import CliServer
 from tests.support.vllm_server import MAX_MODEL_LEN, MAX_NUM_SEQS, SERVED_MODEL_NAME
 
 BLOCKER_TOKENS = MAX_MODEL_LEN - 64  # seconds of decoding: longer than the queue takes

@@ -1,5 +1,5 @@
 """A real Prometheus (Debian's ``prometheus``) scrapes the real vLLM under load. Every
-panel query of schedscope's dashboards (``harness.dashboards.panel_queries``), and of
+panel query of schedscope's dashboards (``harness.grafana.dashboards.panel_queries``), and of
 vLLM's own published dashboard (tests/data/vllm_grafana_queries.txt), whose metric
 names vLLM V1 exposes returns data. The others need the bundled engine: schedscope's own
 ``schedscope_*`` families, or vLLM V0 names that V1 dropped; they are listed (printed,
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from harness.dashboards import panel_queries, substitute
-from harness.local_server import HttpClient
-from harness.prometheus import PrometheusServer, find_prometheus
+from harness.grafana.dashboards import panel_queries, substitute
+from harness.run.prometheus import PrometheusServer, find_prometheus
+from harness.serve.local_server import HttpClient
 from tests.support.components import missing
 from tests.support.paths import DATA
 from tests.support.vllm_server import SERVED_MODEL_NAME

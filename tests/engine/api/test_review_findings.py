@@ -12,13 +12,13 @@ from engine.core import decisions as d
 from engine.core.cost_model import CostModel
 from engine.core.request import EngineRequest
 from harness.profiles import resolve_profile
-from harness.simulate import REJECTED_RETRY_AFTER_S, simulate
+from harness.simulate.driver import REJECTED_RETRY_AFTER_S, simulate
 from tests.support.engine_helpers import Req, drive, make_engine
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 7])
 def test_closed_loop_user_rejected_at_once_backs_off_and_retries(seed):
-    """harness/simulate.py: a closed-loop user whose request is rejected on arrival
+    """harness/simulate/driver.py: a closed-loop user whose request is rejected on arrival
     (queue_full here) re-sent at the same virtual instant; the arrival loop never let
     the engine step or the clock move, so simulate() spun forever. Now the user waits
     REJECTED_RETRY_AFTER_S (a client honouring Retry-After) and sends again."""

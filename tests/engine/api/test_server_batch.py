@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from engine.serving.tokenizer import HashTokenizer
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 128

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import REPO
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from engine.serving.tokenizer import HashTokenizer
 from engine.sim.simulated_executor import SimulatedExecutor
-from harness.local_server import BackgroundServer, HttpClient, constant_step_cost, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, constant_step_cost, sim_engine
 
 TOKENIZER = HashTokenizer(4096)
 HALT = TOKENIZER.token_id("halt")

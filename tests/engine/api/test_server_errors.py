@@ -16,7 +16,7 @@ import pytest
 
 from engine.api.server import ServerSettings
 from engine.serving.tokenizer import HashTokenizer
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}

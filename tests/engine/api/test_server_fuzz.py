@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.serving.tokenizer import HashTokenizer
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 48

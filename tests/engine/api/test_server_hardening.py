@@ -2,7 +2,7 @@
 
 Compressed and mistyped bodies, slow clients, parser errors, deep nesting, expensive
 refusals, a KV pool too small for the default max_tokens, and chat role injection —
-each on one in-process server (harness.local_server.BackgroundServer, real sockets on
+each on one in-process server (harness.serve.local_server.BackgroundServer, real sockets on
 127.0.0.1), bounded in count and time.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from engine.api.protocol import ServingContext, parse_generate_request
 from engine.api.server import ServerSettings
 from engine.serving.tokenizer import HashTokenizer
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}

@@ -23,7 +23,7 @@ from engine.api.connections import client_address, limited_client
 from engine.api.heavy_work import HeavyWork
 from engine.api.server import OFFLOAD_PARSE_BYTES, ServerSettings
 from engine.serving.tokenizer import HashTokenizer
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 TOKENIZER = HashTokenizer(4096)
 MAX_MODEL_LEN = 256

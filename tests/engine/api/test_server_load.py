@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from engine.serving.tokenizer import HashTokenizer
-from harness.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 
 NUM_STREAMS = 200
 NUM_NON_STREAMING = 20

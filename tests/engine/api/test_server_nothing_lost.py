@@ -15,7 +15,7 @@ import time
 import aiohttp
 
 from engine.core.cost_model import CostModel
-from harness.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer, HttpClient
 
 
 def cost_model(tmp_path, step_s: float) -> str:

@@ -16,7 +16,7 @@ import pytest
 
 from engine.api.protocol import ServingContext, parse_generate_request
 from engine.serving.tokenizer import HashTokenizer
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 256

@@ -13,7 +13,7 @@ import time
 
 from engine.records.step_record import StepRecord
 from engine.serving.tokenizer import HashTokenizer
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 TOKENIZER = HashTokenizer(4096)
 STEP_S = 0.2

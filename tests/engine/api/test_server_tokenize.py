@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from engine.api.server import OFFLOAD_PARSE_BYTES, ServerSettings
 from engine.serving.tokenizer import HashTokenizer, HFTokenizer, export_hf_tokenizer
 from harness.cli import app
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 256

@@ -11,7 +11,7 @@ import json
 import openai
 import pytest
 
-from harness.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer, HttpClient
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer, HttpClient
 from tests.support.served import engine_process, health
 
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True}

@@ -27,7 +27,7 @@ from engine.serving.engine_core import EngineCoreSpec
 from engine.serving.process_engine import ProcessEngine
 from engine.serving.tokenizer import HashTokenizer
 from harness.cli import app
-from harness.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 from tests.support.served import engine_process, health, open_stream, read_stream
 
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 1000, "ignore_eos": True}

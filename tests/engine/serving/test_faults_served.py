@@ -15,7 +15,7 @@ import sys
 import polars as pl
 
 from engine.faults import ENV_VAR
-from harness.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import REPO
 from tests.support.served import health
 

@@ -14,9 +14,9 @@ import polars as pl
 import pytest
 
 from engine.records.writers import InstalledWriter, RecordWriterSpec, write_records
-from harness.incremental_records import part_paths, parts_dir
-from harness.local_server import CliServer, HttpClient
-from harness.spans import read_spans
+from harness.records.incremental import part_paths, parts_dir
+from harness.records.spans import read_spans
+from harness.serve.local_server import CliServer, HttpClient
 
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True}
 

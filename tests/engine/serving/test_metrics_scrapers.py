@@ -17,7 +17,7 @@ from engine.serving.async_engine import (
     METRICS_INTERVAL_S,
     METRICS_UNWANTED_AFTER_S,
 )
-from harness.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer, HttpClient
 
 NUM_SCRAPERS = 20
 NUM_STREAMS = 8

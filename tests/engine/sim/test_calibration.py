@@ -123,8 +123,8 @@ def test_calibrate_names_a_bad_model(tmp_path):
 
 
 def test_calibrate_without_out_writes_into_the_store(tmp_path, monkeypatch):
-    from harness import cost_store
-    from harness.machine import fingerprint
+    from harness.costmodel import store as cost_store
+    from harness.costmodel.machine import fingerprint
 
     store = tmp_path / "store"
     monkeypatch.setenv(cost_store.STORE_ENV, str(store))
@@ -145,7 +145,7 @@ def test_a_served_fit_stands_for_the_executor_it_measured():
     fingerprint: it never stands in for the torch engine's steps."""
     from engine.core.cost_model import CostModel
     from harness.cli.calibrate import _fit_fingerprint
-    from harness.machine import fingerprint
+    from harness.costmodel.machine import fingerprint
 
     fitted = CostModel.constant(0.01)
     sim = _fit_fingerprint(fitted, "tiny", None, "served", "sim", None)

@@ -20,9 +20,9 @@ from engine.core.cost_model import FEATURES, CostModel
 from engine.serving.tokenizer import HashTokenizer
 from engine.sim.cost_fit import CalibrationError, fit_from_steps
 from harness.cli import app
-from harness.local_server import BackgroundServer, HttpClient, sim_engine
 from harness.profiles import resolve_profile
-from harness.simulate import run_simulations, simulate
+from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
+from harness.simulate.driver import run_simulations, simulate
 
 #: Every parameter non-zero and different, so a fit that drops or swaps one shows.
 KNOWN = CostModel(
@@ -168,7 +168,7 @@ def test_too_few_steps_or_missing_columns_are_named(tmp_path):
 
 
 def test_serve_records_its_steps_at_shutdown(tmp_path):
-    from harness.local_server import CliServer
+    from harness.serve.local_server import CliServer
 
     path = tmp_path / "served" / "steps.parquet"
     with CliServer(["--executor", "sim", "--record-steps", str(path)]) as server:
@@ -206,7 +206,7 @@ def test_client_latency_is_added_to_client_side_times_only():
 
 @pytest.mark.parametrize("core", ["process", "thread"])
 def test_serve_records_its_requests_at_shutdown(tmp_path, core):
-    from harness.local_server import CliServer
+    from harness.serve.local_server import CliServer
 
     path = tmp_path / "requests.parquet"
     with CliServer(

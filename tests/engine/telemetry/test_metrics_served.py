@@ -12,7 +12,7 @@ import pytest
 from engine.api import ServerSettings
 from engine.serving.tokenizer import HashTokenizer
 from engine.telemetry.metrics import install_metrics
-from harness.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 from tests.support.components import check_with_promtool
 
 #: Every name a dashboard may query, as exposed (counters with their _total).

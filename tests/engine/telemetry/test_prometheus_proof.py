@@ -6,7 +6,7 @@ too small for every swap, so requests are preempted by swap and by recompute and
 stall. A real Prometheus scrapes its ``/metrics`` every second with exemplar storage on.
 While the load still runs:
 
-- every panel query of schedscope's dashboards (``harness.dashboards.panel_queries``),
+- every panel query of schedscope's dashboards (``harness.grafana.dashboards.panel_queries``),
   its variables substituted, returns data (at least one finite sample);
 - so does every query of vLLM's own published Grafana dashboard (tests/data);
 - Prometheus returns exemplars for the latency histograms, whose trace ids are
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.dashboards import panel_queries, substitute
-from harness.local_server import CliServer, HttpClient
-from harness.prometheus import PrometheusServer, find_prometheus
+from harness.grafana.dashboards import panel_queries, substitute
+from harness.run.prometheus import PrometheusServer, find_prometheus
+from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import DATA
 
 MODEL = "proof"

@@ -1,5 +1,5 @@
 """The trace file: OTLP-JSON lines written by a simulated run, read back into
-spans.parquet (harness.spans) with the attributes as columns."""
+spans.parquet (harness.records.spans) with the attributes as columns."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from engine.telemetry.tracing import (
     resolve_tracing,
 )
 from harness.profiles import resolve_profile
-from harness.simulate import run_simulations
-from harness.spans import read_spans
+from harness.records.spans import read_spans
+from harness.simulate.driver import run_simulations
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from harness.local_server import CliServer, HttpClient
-from harness.spans import read_spans
+from harness.records.spans import read_spans
+from harness.serve.local_server import CliServer, HttpClient
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

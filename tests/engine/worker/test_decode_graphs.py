@@ -167,7 +167,7 @@ def test_graphs_are_captured_on_cuda_unless_enforce_eager_and_never_on_the_cpu()
 
 
 def test_enforce_eager_is_a_knob_of_every_engine_command():
-    from harness.knobs import build_engine_config, knob_flags
+    from harness.serve.knobs import build_engine_config, knob_flags
 
     assert build_engine_config({"enforce_eager": True}).execution.enforce_eager
     assert not build_engine_config({}).execution.enforce_eager

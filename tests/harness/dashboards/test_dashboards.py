@@ -1,4 +1,4 @@
-"""The dashboards built as code (harness/dashboards.py): the committed JSON is what the
+"""The dashboards built as code (harness/grafana/dashboards.py): the committed JSON is what the
 generator writes, it loads back through grafana-foundation-sdk, every panel explains itself,
 every query parses (promtool) and names only metrics that exist, and panels over names that
 differ between vLLM V0 and V1 query both generations."""
@@ -14,8 +14,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from harness import dashboards
 from harness.cli import app
+from harness.grafana import dashboards
 from tests.support.components import promtool
 from tests.support.paths import REPO
 
@@ -119,7 +119,7 @@ def test_committed_json_is_what_the_generator_writes(uid):
     path = committed(uid)
     assert path.exists(), f"{path} is missing: run `schedscope dashboards build`"
     assert path.read_text(encoding="utf-8") == dashboards.dashboard_text(uid), (
-        f"{path.relative_to(ROOT)} is stale (harness/dashboards.py changed): "
+        f"{path.relative_to(ROOT)} is stale (harness/grafana/dashboards.py changed): "
         "run `schedscope dashboards build` and commit the result"
     )
 

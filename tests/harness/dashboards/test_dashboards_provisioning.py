@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from harness import dashboards
+from harness.grafana import dashboards
 from tests.support.paths import REPO
 
 DIR = REPO / "dashboards"

@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 from typer.testing import CliRunner
 
-from harness import dashboards
 from harness.cli import app
+from harness.grafana import dashboards
 
 TOKEN = "glsa_TestOnlyToken_0123456789abcdef"
 

@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 
 from harness.loadgen.clock import TEST_OFFSET_ENV, Probe, best, clock_warnings, to_master_clock
 from harness.loadgen.merge import merge_records
-from harness.local_server import CliServer
 from harness.report.inputs import _load_notes
 from harness.run.cell import CellResult, _client_records
 from harness.run.loadgen import distribution_args, worker_line
 from harness.run.matrix import Cell
+from harness.serve.local_server import CliServer
 from tests.harness.loadgen.test_loadgen import LOCUST, PROFILE_FILE, ROOT, run_locust
 
 #: Columns that depend on the worker or on timing, not on the schedule.

@@ -23,8 +23,8 @@ import pytest
 from engine.core.cost_model import CostModel
 from harness.loadgen.merge import merge_records
 from harness.loadgen.split import share
-from harness.local_server import CliServer
 from harness.profiles import build_plan, load_profile
+from harness.serve.local_server import CliServer
 from tests.support.paths import REPO
 
 ROOT = REPO

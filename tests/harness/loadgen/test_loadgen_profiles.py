@@ -17,8 +17,8 @@ import polars as pl
 import pytest
 
 from harness.loadgen.merge import merge_records
-from harness.local_server import CliServer
 from harness.profiles import build_plan, resolve_profile, shipped_profile_names
+from harness.serve.local_server import CliServer
 from tests.support.paths import REPO
 
 ROOT = REPO

@@ -590,8 +590,8 @@ def test_profile_fits_the_default_max_model_len(name):
 
 def _simulate(p, policy="fcfs", **knobs):
     from engine.core.cost_model import CostModel
-    from harness.knobs import build_engine_config
-    from harness.simulate import simulate
+    from harness.serve.knobs import build_engine_config
+    from harness.simulate.driver import simulate
 
     config = build_engine_config({**knobs, "scheduling_policy": policy})
     return simulate(p, config, CostModel(), record_decisions=False)

@@ -1,4 +1,4 @@
-"""Record files written as the engine runs (harness/incremental_records.py): the merged
+"""Record files written as the engine runs (harness/records/incremental.py): the merged
 file is the file a writer holding everything in memory would have written, whatever
 the flush points; a crash keeps every row up to the last flush; a failed flush loses
 nothing; the rows held in memory are only those since the last flush."""
@@ -15,18 +15,18 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import harness.incremental_records as incremental_records
+import harness.records.incremental as incremental_records
 from harness.cli import app
-from harness.decision_log import SCHEMA as DECISION_SCHEMA
-from harness.decision_log import DecisionLog
-from harness.incremental_records import (
+from harness.records.decision_log import SCHEMA as DECISION_SCHEMA
+from harness.records.decision_log import DecisionLog
+from harness.records.incremental import (
     IncrementalRecordWriter,
     part_paths,
     parts_dir,
     recover_record_file,
 )
-from harness.records import REQUEST_SCHEMA, RequestRecorder
-from harness.steps import STEP_SCHEMA, StepLog
+from harness.records.requests import REQUEST_SCHEMA, RequestRecorder
+from harness.records.steps import STEP_SCHEMA, StepLog
 from tests.support.engine_helpers import Req, drive, make_engine
 
 #: Long enough that the background thread never flushes during a test that flushes by hand.

@@ -14,7 +14,7 @@ from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.incremental_records import part_paths, parts_dir, recover_record_file
+from harness.records.incremental import part_paths, parts_dir, recover_record_file
 
 runner = CliRunner()
 

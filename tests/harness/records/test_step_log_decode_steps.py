@@ -11,7 +11,7 @@ from polars.testing import assert_frame_equal
 
 from engine.records.step_record import StepRecord
 from engine.sim.decode_runs import DecodeSteps
-from harness.steps import StepLog
+from harness.records.steps import StepLog
 
 
 @given(

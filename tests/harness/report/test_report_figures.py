@@ -10,9 +10,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from harness.records.steps import STEP_SCHEMA
 from harness.report import figures, tables
 from harness.report.build import ReportOptions, build_report
-from harness.steps import STEP_SCHEMA
 
 #: Two cells served one after another on the Unix clock (December 2026), 1000 s apart.
 STARTS = {"fcfs": 1_796_164_450.0, "sjf": 1_796_165_450.0}

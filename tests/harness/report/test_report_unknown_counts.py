@@ -9,9 +9,9 @@ import json
 
 import polars as pl
 
+from harness.records.request_stats import known_sum
 from harness.report import ReportOptions, generate_report
 from harness.report.stall_causes import CLIENT_TOKEN_TIMES
-from harness.request_stats import known_sum
 
 N = 8
 SOURCE = {

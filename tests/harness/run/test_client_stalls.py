@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.records import STALL_TYPE
+from harness.records.requests import STALL_TYPE
 from harness.report import stalls as report_stalls
 from harness.report.inputs import PolicyData
 from harness.report.stall_causes import CLIENT_TOKEN_TIMES, EXTERNAL_UNKNOWN

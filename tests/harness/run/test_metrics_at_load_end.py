@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from harness.prometheus import PrometheusServer, find_prometheus
+from harness.run.prometheus import PrometheusServer, find_prometheus
 from harness.run.scrape import MetricsScraper
 
 

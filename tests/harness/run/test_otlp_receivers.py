@@ -1,6 +1,6 @@
 """The --target OTLP receivers (harness/run/otlp_receiver.py, otlp_grpc_receiver.py): the
 official OTel SDK's exporters, gRPC and HTTP, send spans to a cell's receivers, which
-write them through one writer into one OTLP-JSON lines file that harness.spans reads."""
+write them through one writer into one OTLP-JSON lines file that harness.records.spans reads."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from typer.testing import CliRunner
 
 from harness.cli import app
+from harness.records.spans import read_spans
 from harness.run.otlp_grpc_receiver import OtlpGrpcReceiver
 from harness.run.otlp_receiver import OtlpReceiver, SpanLines
-from harness.spans import read_spans
 
 
 def _send(exporter, name: str, request_id: str) -> None:

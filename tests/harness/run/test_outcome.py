@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import cost_store
+from harness.costmodel import store as cost_store
 from harness.run import outcome
 from harness.run.cell import CellResult
 from harness.run.matrix import Cell

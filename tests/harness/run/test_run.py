@@ -23,9 +23,9 @@ import pytest
 
 from engine.core.cost_model import CostModel
 from engine.sim.cost_fit import usable_cycles
-from harness import cost_store
-from harness.local_server import CliServer
-from harness.machine import fingerprint
+from harness.costmodel import store as cost_store
+from harness.costmodel.machine import fingerprint
+from harness.serve.local_server import CliServer
 from tests.support.paths import DATA, REPO
 from tests.support.run_cli import schedscope_run
 
@@ -534,7 +534,7 @@ def test_headline_starvation_and_max_wait(tmp_path):
 def test_prometheus_scrapes_the_cell_and_its_series_become_metrics_parquet(tmp_path):
     """--prometheus: a real Prometheus (Debian's binary, installed by make test) scrapes
     the served cell every second; its series, exported at the end, are metrics.parquet."""
-    from harness.prometheus import find_prometheus
+    from harness.run.prometheus import find_prometheus
 
     if find_prometheus() is None:
         assert os.environ.get("CI") != "true", "prometheus is required in CI"

@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.core.cost_model import CostModel
-from harness import cost_store
 from harness.cli import app
-from harness.machine import fingerprint
+from harness.costmodel import store as cost_store
+from harness.costmodel.machine import fingerprint
 from harness.run.matrix import RunFileError, load_run_file
 
 RUN_FILE = """

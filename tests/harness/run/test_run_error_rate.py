@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from harness import cost_store
+from harness.costmodel import store as cost_store
 from tests.support.paths import DATA, REPO
 
 PROFILE = str(DATA / "locust_small.py")

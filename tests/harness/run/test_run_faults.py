@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from engine.faults import ENV_VAR
-from harness import cost_store
+from harness.costmodel import store as cost_store
 from tests.support.paths import REPO
 
 ARGS = ["--simulate", "--policy", "fcfs", "--duration-scale", "0.05", "--no-report"]

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.run.matrix import RunFileError
-from harness.run_plan import plan_run
+from harness.run.plan import plan_run
 
 
 @pytest.mark.parametrize(

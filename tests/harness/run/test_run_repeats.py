@@ -11,7 +11,7 @@ from harness.cli import app
 from harness.gate.config import parse_config
 from harness.gate.gate import run_gate
 from harness.run.matrix import RunFileError, build_cells
-from harness.run_plan import plan_run
+from harness.run.plan import plan_run
 
 runner = CliRunner()
 

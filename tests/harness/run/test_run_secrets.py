@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.loadgen.options import env_var
-from harness.redact import MASK, redact_argv, redact_url, strip_credentials, worker_host
+from harness.records.redact import MASK, redact_argv, redact_url, strip_credentials, worker_host
 from harness.run.loadgen import LocustRun
 from tests.harness.run.test_run_target_vocabulary import own_store, run_target  # noqa: F401
 from tests.support.vllm_stub import VllmStub

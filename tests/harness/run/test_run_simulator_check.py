@@ -12,7 +12,7 @@ import polars as pl
 from engine.config import EngineConfig
 from engine.core.cost_model import CostModel
 from engine.sim.cost_fit import FIT_COLUMNS
-from harness import cost_store
+from harness.costmodel import store as cost_store
 from harness.run.matrix import Cell
 from harness.run.simulator_check import (
     FAULTED_FIT_SKIPPED,

@@ -20,7 +20,7 @@ import sys
 import polars as pl
 import pytest
 
-from harness import cost_store
+from harness.costmodel import store as cost_store
 from harness.profiles import build_plan, load_profile
 from tests.support.hostile_target import MARKUP, MODES, OK_MODES, HostileTarget
 from tests.support.paths import DATA, REPO

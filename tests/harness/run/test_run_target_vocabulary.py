@@ -17,7 +17,7 @@ import sys
 import polars as pl
 import pytest
 
-from harness import cost_store
+from harness.costmodel import store as cost_store
 from tests.support.paths import DATA, REPO
 from tests.support.vllm_stub import VllmStub
 

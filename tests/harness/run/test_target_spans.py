@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.records.spans import read_spans, span_request_id, vllm_request_id
 from harness.run.target_spans import join_span_columns, span_columns
-from harness.spans import read_spans, span_request_id, vllm_request_id
 from tests.support.paths import REPO
 
 CAPTURED = REPO / "tests" / "data" / "vllm_llm_request_spans.jsonl"

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.cost_model import CostModel
-from harness.decision_log import decisions_frame
 from harness.profiles import profile_from_dict
-from harness.simulate import simulate
+from harness.records.decision_log import decisions_frame
+from harness.simulate.driver import simulate
 
 
 @st.composite

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.cost_model import CostModel
 from harness.cli import app
-from harness.decision_log import decisions_frame
 from harness.profiles import build_plan, profile_from_dict, resolve_profile
-from harness.simulate import simulate
+from harness.records.decision_log import decisions_frame
+from harness.simulate.driver import simulate
 
 runner = CliRunner()
 

@@ -1,7 +1,7 @@
 """The simulator's output files, byte for byte, against digests made by the code
 before it was made faster (decode runs): speed must change nothing a user sees.
 
-Each case simulates a small schedule through :func:`harness.simulate.run_simulations`
+Each case simulates a small schedule through :func:`harness.simulate.driver.run_simulations`
 (what ``schedscope simulate`` calls) and compares the SHA-256 (its first 48 hex
 digits) of every file it writes (``requests.parquet``, ``decisions.parquet``,
 ``steps.parquet``, ``summary.json``, per policy and combined) with the digests below.
@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from engine.core.cost_model import CostModel
-from harness.knobs import build_engine_config
 from harness.profiles import resolve_profile
-from harness.simulate import run_simulations
+from harness.serve.knobs import build_engine_config
+from harness.simulate.driver import run_simulations
 
 #: name -> (profile, policies, engine knobs, num_requests or None, duration scale)
 CASES: dict[str, tuple[str, tuple[str, ...], dict, int | None, float]] = {

@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.cost_model import FEATURES, CostModel, CostModelError
-from harness import cost_store
 from harness.cli import app
-from harness.machine import fingerprint
+from harness.costmodel import store as cost_store
+from harness.costmodel.machine import fingerprint
 from harness.profiles import resolve_profile
-from harness.simulate import run_simulations
-from harness.speed_band import SUMMARY_KEY, observed_speeds
+from harness.simulate.driver import run_simulations
+from harness.simulate.speed_band import SUMMARY_KEY, observed_speeds
 
 runner = CliRunner()
 

@@ -49,7 +49,7 @@ def test_a_capacity_measured_as_predicted_is_not_flagged():
 
 
 def test_cells_carry_each_configurations_knobs_or_the_targets_label():
-    from harness.knobs import knob_defaults
+    from harness.serve.knobs import knob_defaults
     from harness.tune.confirm import Candidate, ConfirmSettings, plan_cells
 
     knobs = {**knob_defaults(), "scheduling_policy": "sjf", "max_wait_s": 5.0}
@@ -70,8 +70,8 @@ def test_a_failing_run_report_keeps_the_served_cells_measurements(tmp_path, monk
 
     import harness.run
     from engine.core.cost_model import CostModel
-    from harness.knobs import knob_defaults
     from harness.profiles import resolve_profile
+    from harness.serve.knobs import knob_defaults
     from harness.tune.confirm import Candidate, ConfirmSettings, confirm
     from harness.tune.objective import Context
     from harness.tune.slo import Target
@@ -134,8 +134,8 @@ def test_the_confirm_step_serves_further_rounds_until_each_capacity_is_bracketed
 
     import harness.run
     from engine.core.cost_model import CostModel
-    from harness.knobs import knob_defaults
     from harness.profiles import resolve_profile
+    from harness.serve.knobs import knob_defaults
     from harness.tune.confirm import Candidate, ConfirmSettings, confirm
     from harness.tune.objective import Context
     from harness.tune.slo import Target

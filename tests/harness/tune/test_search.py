@@ -5,8 +5,8 @@ one worker or a pool, capacity bracketed, the Pareto front."""
 import pytest
 
 from engine.core.cost_model import CostModel
-from harness.knobs import knob_defaults
 from harness.profiles import resolve_profile
+from harness.serve.knobs import knob_defaults
 from harness.tune.front import pareto_front
 from harness.tune.objective import Context, Evaluation, evaluate
 from harness.tune.search import search

@@ -4,7 +4,7 @@ combinations."""
 import optuna
 import pytest
 
-from harness.knobs import build_engine_config, knob_defaults
+from harness.serve.knobs import build_engine_config, knob_defaults
 from harness.tune.space import DEFAULT_PARAMS, Space, SpaceError, skip_reason, space_from_dict
 
 

@@ -1,5 +1,5 @@
 """The served calibration's schedule and its command line (no server started here:
-the served run itself is tests/harness/test_served_calibration_sim.py)."""
+the served run itself is tests/harness/calibration/test_served_calibration_sim.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ from typer.testing import CliRunner
 
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.cost_model import CostModel
-from harness import served_calibration
-from harness.calibrate import HOLDOUT_TARGETS, fit_summary
-from harness.cli import app
-from harness.served_calibration import (
+from harness.calibration import served as served_calibration
+from harness.calibration.served import (
     DECODE_HEAVY_SEQS,
     PREFILL_BURST_TOKENS,
     SHAPE_FAMILIES,
@@ -23,7 +21,9 @@ from harness.served_calibration import (
     step_drift,
     step_noise,
 )
-from harness.simulate import simulate
+from harness.cli import app
+from harness.costmodel.fit import HOLDOUT_TARGETS, fit_summary
+from harness.simulate.driver import simulate
 
 
 def _simulated_steps(quick: bool):
@@ -211,7 +211,7 @@ def test_a_server_that_refuses_to_start_fails_the_calibration_with_its_words(tmp
     """The server, not calibrate, refuses a records directory holding a crashed run's
     unrecovered parts: calibrate ends with exit 1 and the server's own message (its log
     quoted as text), writes no cost model, and leaves no server behind."""
-    from harness.incremental_records import parts_dir
+    from harness.records.incremental import parts_dir
 
     records = tmp_path / "records"
     parts_dir(records / "requests.parquet").mkdir(parents=True)

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from engine.core.cost_model import CostModel
-from harness import cost_store
-from harness.machine import Fingerprint, fingerprint
+from harness.costmodel import store as cost_store
+from harness.costmodel.machine import Fingerprint, fingerprint
 
 PARTS = dict(
     cpu_model="AMD EPYC 9B14",

@@ -2,7 +2,7 @@
 the fastest speed this machine was seen to run its steps at (docs/simulator.md, "The
 speed band").
 
-A pooled fit (:mod:`harness.cost_evidence`) knows, for each of its sources (the
+A pooled fit (:mod:`harness.costmodel.evidence`) knows, for each of its sources (the
 calibration, the newest served runs), what that source's steps took against the fit's
 price: its ``time_ratio``. On a quiet machine they all sit near 1. On a machine whose
 speed wanders (a VM beside busy neighbours: 0.88x to 1.27x the price within half an
@@ -14,7 +14,7 @@ each, and TTFT and E2E p50/p95 per policy and class reported as a range beside t
 model's own figure.
 
 This module holds the parts that need no simulator: which speeds, the figures kept of a
-policy's summary, the table. :func:`harness.simulate.run_simulations` runs the two
+policy's summary, the table. :func:`harness.simulate.driver.run_simulations` runs the two
 extra simulations and puts the result in summary.json under :data:`SUMMARY_KEY`.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from engine.core.cost_model import CostModel
-from harness.cost_evidence import speed_range
+from harness.costmodel.evidence import speed_range
 
 #: summary.json's key for the band.
 SUMMARY_KEY = "speed_band"
@@ -67,7 +67,7 @@ def observed_speeds(model: CostModel) -> Speeds | None:
 
 def figures(policy: dict) -> dict[str, dict[str, dict[str, float | None]]]:
     """Group (``all`` and each class) -> metric -> stat -> value, of one policy of a
-    summary (:func:`harness.summary.policy_summary`)."""
+    summary (:func:`harness.records.summary.policy_summary`)."""
     groups = {"all": policy["overall"], **policy["classes"]}
     return {
         group: {m: {s: g["metrics"].get(m, {}).get(s) for s in STATS} for m in METRICS}

@@ -51,8 +51,7 @@ from typing import TYPE_CHECKING
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.cost_model import CostModel, CostModelError
 from engine.factory import EXECUTORS
-from harness.calibrate import CalibrateInputError
-from harness.knobs import config_knobs, knob_defaults, knob_flags
+from harness.costmodel.fit import CalibrateInputError
 from harness.profiles import (
     LengthDistribution,
     Phase,
@@ -61,11 +60,12 @@ from harness.profiles import (
     RequestSpec,
     build_plan,
 )
+from harness.serve.knobs import config_knobs, knob_defaults, knob_flags
 
 if TYPE_CHECKING:
     import polars as pl
 
-    from harness.machine import Fingerprint
+    from harness.costmodel.machine import Fingerprint
 
 #: The shape families of the calibration schedule (its phases run long_context first).
 SHAPE_FAMILIES = ("decode_heavy", "prefill_burst", "mixed", "long_context")
@@ -390,7 +390,7 @@ def serve_args(
     torch_threads: int | None = None,
 ) -> list[str]:
     """``schedscope serve`` arguments of the calibration server: ``config``'s knobs that
-    differ from the defaults (the shared flag spelling of :func:`harness.knobs.knob_flags`),
+    differ from the defaults (the shared flag spelling of :func:`harness.serve.knobs.knob_flags`),
     its torch threads, the record files, and the KV pools below unless a knob sizes
     them."""
     given = {name for name, _ in _given_knobs(config)}
@@ -686,7 +686,7 @@ def calibrate_quickly(fingerprint: Fingerprint) -> CostModel:
 
     from rich.console import Console
 
-    from harness.calibrate import CalibrateInputError
+    from harness.costmodel.fit import CalibrateInputError
 
     console = Console(stderr=True, markup=False)
     try:

@@ -1,4 +1,4 @@
-"""harness.local_server.CliServer's start-up timeout: a server that has not printed its
+"""harness.serve.local_server.CliServer's start-up timeout: a server that has not printed its
 start-up line in time is stopped, and the caller gets a TimeoutError with what it printed
 (not a FileNotFoundError for the log the stop had already removed)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.local_server import CliServer
+from harness.serve.local_server import CliServer
 
 
 def test_a_server_that_does_not_start_in_time_raises_timeout_error_and_is_stopped() -> None:

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+import harness
 from engine.api.server import ApiServer, ServerSettings, health_body
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.clock import WallClock
@@ -185,7 +186,9 @@ class CliServer:
 
     def __enter__(self) -> CliServer:
         self._log = tempfile.NamedTemporaryFile(prefix="schedscope-serve-", suffix=".log")
-        root = Path(__file__).resolve().parents[2]
+        # the folder that holds the harness package (a checkout or site-packages): the
+        # child imports this very copy of schedscope
+        root = Path(harness.__file__).resolve().parents[1]
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "harness.cli", "serve", "--port", "0", *self.args],

@@ -38,7 +38,7 @@ from typing import Protocol
 import polars as pl
 
 from engine.records.step_record import StepRecord
-from harness.records import write_parquet
+from harness.records.requests import write_parquet
 
 log = logging.getLogger("schedscope.records")
 

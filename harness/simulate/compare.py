@@ -1,6 +1,6 @@
 """The comparison table ``schedscope simulate`` prints: one row per policy x class
 (all requests first), latency percentiles, preemptions and goodput, from the summary
-:func:`harness.simulate.run_simulations` returns; and the span counts of a traced
+:func:`harness.simulate.driver.run_simulations` returns; and the span counts of a traced
 simulation."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.speed_band import band_table
+from harness.simulate.speed_band import band_table
 
 COLUMNS = (
     "policy",
@@ -69,7 +69,7 @@ def print_comparison(summary: dict, console: Console) -> None:
 
 
 def print_speed_band(summary: dict, console: Console) -> None:
-    """Print the summary's speed band (:func:`harness.speed_band.band_table`), if it
+    """Print the summary's speed band (:func:`harness.simulate.speed_band.band_table`), if it
     has one, like the comparison table."""
     table = band_table(summary)
     if table is not None:

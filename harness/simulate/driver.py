@@ -11,8 +11,8 @@ each sends its next request the instant the previous one ends, until the phase e
 
 Everything the simulator keeps comes from the engine's step records, through the
 same observer list the server and telemetry use: request rows
-(``harness.records.RequestRecorder``), per-step composition (``harness.steps.StepLog``)
-and decisions.
+(``harness.records.requests.RequestRecorder``), per-step composition
+(``harness.records.steps.StepLog``) and decisions.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from engine.core.sequence import Sequence, SequenceStatus
 from engine.factory import build_simulated_engine
 from engine.records.step_record import StepRecord
 from engine.sim.decode_runs import DecodeSteps, can_start, run_decodes, supports_decode_runs
-from harness.decision_log import decisions_frame
 from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
-from harness.records import RequestRecorder, add_stalls, requests_frame, stall_threshold
-from harness.steps import StepLog
+from harness.records.decision_log import decisions_frame
+from harness.records.requests import RequestRecorder, add_stalls, requests_frame, stall_threshold
+from harness.records.steps import StepLog
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -448,12 +448,12 @@ def run_simulations(
     ``trace_file``: every policy's spans go to this OTLP-JSON lines file (resource
     attribute ``schedscope.policy`` tells them apart) and each policy's own into
     its ``spans.parquet``. ``machine``: the fingerprint of the machine simulated
-    (:mod:`harness.machine`), the summary's ``machine``. ``speed_band``: also simulate
+    (:mod:`harness.costmodel.machine`), the summary's ``machine``. ``speed_band``: also simulate
     every policy at the slowest and fastest speed the model's sources ran at, into the
-    summary's ``speed_band`` (:mod:`harness.speed_band`; nothing when the model has no
+    summary's ``speed_band`` (:mod:`harness.simulate.speed_band`; nothing when the model has no
     observed range).
     """
-    from harness.summary import policy_run_info, policy_summary, run_summary, write_summary
+    from harness.records.summary import policy_run_info, policy_summary, run_summary, write_summary
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -494,7 +494,7 @@ def run_simulations(
         if len(configs) > 1:
             write_summary(target / "summary.json", {**combined, "policies": {name: summary}})
     if speed_band:
-        from harness import speed_band as band
+        from harness.simulate import speed_band as band
 
         def summaries_at(model: CostModel) -> dict[str, dict]:
             out = {}
@@ -540,7 +540,7 @@ def _write_records(
     """Write one policy's requests, decisions (if asked), steps and, with tracing, its
     spans (``name``'s of the shared ``trace_file``) into ``target``. Returns the
     summary's ``tracing`` entry, or None without tracing."""
-    from harness.records import write_parquet
+    from harness.records.requests import write_parquet
 
     target.mkdir(parents=True, exist_ok=True)
     write_parquet(result.requests, target / "requests.parquet")
@@ -549,7 +549,7 @@ def _write_records(
     write_parquet(result.steps, target / "steps.parquet")
     if result.tracing is None:
         return None
-    from harness.spans import read_spans, write_spans_parquet
+    from harness.records.spans import read_spans, write_spans_parquet
 
     frame = read_spans(trace_file)
     write_spans_parquet(

@@ -1,4 +1,4 @@
-"""The step cycles kept beside a stored fit (``harness.cost_evidence``), and a served
+"""The step cycles kept beside a stored fit (``harness.costmodel.evidence``), and a served
 cell's refit from them (``harness.run.simulator_check.fit_into_store``): a run refines
 this machine's model instead of replacing it with a fit of one regime.
 
@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from engine.config import EngineConfig
 from engine.core.cost_model import FEATURES, CostModel
 from engine.sim.cost_fit import usable_cycles
-from harness import cost_evidence, cost_store
-from harness.cost_evidence import (
+from harness.costmodel import evidence as cost_evidence
+from harness.costmodel import store as cost_store
+from harness.costmodel.evidence import (
     CALIBRATION,
     MAX_RUN_SOURCES,
     MAX_STEPS_PER_SOURCE,
@@ -265,7 +266,7 @@ def test_calibrate_from_steps_into_the_store_starts_its_pool(tmp_path, monkeypat
     from typer.testing import CliRunner
 
     from harness.cli import app
-    from harness.machine import fingerprint
+    from harness.costmodel.machine import fingerprint
 
     monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "store"))
     records = _cell_dir(tmp_path, MACHINE, calibration_shapes())
@@ -300,8 +301,8 @@ def test_a_pooled_fit_says_how_far_its_sources_speeds_ranged(tmp_path, monkeypat
     alone = source(MACHINE, calibration_shapes(), CALIBRATION, "calibration").refit("tiny")
     assert cost_evidence.speed_range(alone.fit) is None
 
-    from harness.cost_choice import choose
-    from harness.machine import fingerprint
+    from harness.costmodel.choice import choose
+    from harness.costmodel.machine import fingerprint
 
     monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "store"))
     machine = fingerprint("tiny")

@@ -1,5 +1,5 @@
 """Per-request statistics with one definition, shared by the simulator's summary
-(harness/summary.py) and the report (harness/report): JSON-clean numbers, whether a
+(harness/records/summary.py) and the report (harness/report): JSON-clean numbers, whether a
 request met its class's SLOs, Jain's fairness index (docs/metrics.md), the
 percentiles every latency is summarised by, and engine counts that may be unknown.
 """

@@ -1,5 +1,5 @@
 """``schedscope serve --executor sim --cost-model``: chosen as ``schedscope simulate``
-chooses (harness/cost_choice.py): this machine's stored fit (the torch engine's, for
+chooses (harness/costmodel/choice.py): this machine's stored fit (the torch engine's, for
 --model and --torch-threads) when there is one, else the built-in with the warning;
 ``builtin``, ``auto`` and FILE as documented (docs/serving.md); one stderr line names
 the model. The torch executor keeps the built-in unless given a file."""
@@ -11,12 +11,12 @@ import dataclasses
 import pytest
 from typer.testing import CliRunner
 
-import harness.serve
+import harness.serve.server
 from engine.core.cost_model import CostModel
-from harness import cost_store
 from harness.cli import app
-from harness.local_server import CliServer
-from harness.machine import fingerprint
+from harness.costmodel import store as cost_store
+from harness.costmodel.machine import fingerprint
+from harness.serve.local_server import CliServer
 
 
 @pytest.fixture
@@ -28,14 +28,14 @@ def store(tmp_path, monkeypatch):
 
 @pytest.fixture
 def served(monkeypatch):
-    """What the CLI hands ``harness.serve.serve`` (instead of serving): its arguments."""
+    """What the CLI hands ``harness.serve.server.serve`` (instead of serving): its arguments."""
     calls: list[tuple] = []
 
     def fake_serve(*args, **kwargs):
         calls.append(args)
         return 0
 
-    monkeypatch.setattr(harness.serve, "serve", fake_serve)
+    monkeypatch.setattr(harness.serve.server, "serve", fake_serve)
     return calls
 
 
@@ -85,7 +85,7 @@ def test_builtin_and_a_file_as_asked(store, served, tmp_path):
 
 
 def test_auto_calibrates_when_there_is_no_fit_then_uses_the_stored_one(store, served, monkeypatch):
-    import harness.served_calibration
+    import harness.calibration.served
 
     calibrated = []
 
@@ -93,7 +93,7 @@ def test_auto_calibrates_when_there_is_no_fit_then_uses_the_stored_one(store, se
         calibrated.append(machine)
         return fit(6e-3)
 
-    monkeypatch.setattr(harness.served_calibration, "calibrate_quickly", quick)
+    monkeypatch.setattr(harness.calibration.served, "calibrate_quickly", quick)
     result, [line] = serve("--executor", "sim", "--cost-model", "auto")
     assert result.exit_code == 0, result.output
     assert "calibrated now by a quick served calibration" in line, line

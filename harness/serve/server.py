@@ -16,16 +16,17 @@ from engine.core.cost_model import CostModel, CostModelError
 from engine.factory import EXECUTORS, build_engine
 from engine.records.writers import LostRecord, RecordWriterSpec
 from engine.serving.tokenizer import HashTokenizer, Tokenizer, load_tokenizer
-from harness.decision_log import SCHEMA as DECISION_SCHEMA
-from harness.decision_log import DecisionLog
-from harness.incremental_records import (
+from harness.costmodel.machine import serving_torch_threads
+from harness.records.decision_log import SCHEMA as DECISION_SCHEMA
+from harness.records.decision_log import DecisionLog
+from harness.records.incremental import (
     FLUSH_INTERVAL_S,
     IncrementalRecordWriter,
     parts_dir,
     recover_record_file,
 )
-from harness.records import REQUEST_SCHEMA, RequestRecorder
-from harness.steps import STEP_SCHEMA, StepLog
+from harness.records.requests import REQUEST_SCHEMA, RequestRecorder
+from harness.records.steps import STEP_SCHEMA, StepLog
 
 log = logging.getLogger("schedscope.serve")
 
@@ -50,18 +51,6 @@ def tokenizer_for(model: str) -> Tokenizer:
         f"model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor "
         "a directory with a config.json"
     )
-
-
-def serving_torch_threads() -> int:
-    """torch's intra-op threads when serving: one core fewer than the machine has.
-
-    torch's CPU threads (OpenMP) wait for each other at the end of every parallel
-    region; when the event loop, the tokenizer or a co-located load generator takes one
-    of their cores, the whole region waits for the descheduled thread. Measured on 2
-    cores (tiny model, one stream): a decode step takes 5.3 ms served with 2 threads,
-    2.3 ms with 1, and 1.6 ms offline with 2 (benchmarks/bench_serving.py).
-    """
-    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def serve(
@@ -459,7 +448,7 @@ def record_writer_specs(
 ) -> tuple[RecordWriterSpec, ...]:
     """The engine's record writers for ``--record-steps``, ``--record-requests`` and
     ``--record-decisions``: each writes its file as the engine runs
-    (:mod:`harness.incremental_records`). The factories are module-level functions
+    (:mod:`harness.records.incremental`). The factories are module-level functions
     bound to their path: the engine process unpickles them."""
     chosen = (
         (record_steps, _step_log, "step records"),

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from engine.core.cost_model import FEATURES, CostModel
 from engine.sim.cost_fit import step_cycles
+from harness.calibration.served import SCHEDULE_NAME, SHAPE_FAMILIES, calibration_schedule
 from harness.cli import app
 from harness.profiles.schedule_file import written_schedule
-from harness.served_calibration import SCHEDULE_NAME, SHAPE_FAMILIES, calibration_schedule
 
 #: Every step at least 40 ms; the terms each shape family exercises non-trivial.
 TRUTH = CostModel(

@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 from engine.config import EngineConfig, SchedulerConfig
 from engine.core.cost_model import CostModel
 from harness.cli import app
-from harness.machine import fingerprint
+from harness.costmodel.machine import fingerprint
 from harness.profiles import resolve_profile
-from harness.simulate import run_simulations
+from harness.simulate.driver import run_simulations
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_a_served_calibrations_records_name_their_executor(tmp_path, steps_dir):
 
 
 def test_steps_nothing_describes_need_executor(tmp_path, steps_dir, monkeypatch):
-    from harness import cost_store
+    from harness.costmodel import store as cost_store
 
     monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "store"))
     out = tmp_path / "fit.json"

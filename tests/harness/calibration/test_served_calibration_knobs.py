@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.core.cost_model import CostModel
-from harness import served_calibration
+from harness.calibration import served as served_calibration
 from harness.cli import app
 from harness.profiles import build_plan
 

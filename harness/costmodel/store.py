@@ -1,5 +1,5 @@
 """The per-user store of fitted cost models, keyed by machine fingerprint
-(:mod:`harness.machine`): ``schedscope calibrate`` saves into it, ``schedscope
+(:mod:`harness.costmodel.machine`): ``schedscope calibrate`` saves into it, ``schedscope
 simulate`` and ``schedscope run --simulate`` look up this machine's fit in it.
 
 Where: the platform's user cache directory (platformdirs: ``~/.cache/schedscope/
@@ -7,7 +7,7 @@ cost-models`` on Linux), or :data:`STORE_ENV` when set. One JSON file per finger
 key, ``cost-model-<key>.json``: a cost model file like any other (``--cost-model
 FILE`` reads it), whose ``fingerprint`` field says what it was fitted on. A refit on
 the same machine replaces the file. Beside it, ``cost-model-<key>.steps.npz`` holds
-the step cycles it was fitted from, by source (:mod:`harness.cost_evidence`), when they
+the step cycles it was fitted from, by source (:mod:`harness.costmodel.evidence`), when they
 were step cycles: a served run's cell refits from that pool plus its own steps.
 """
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.cost_model import CostModel, CostModelError
-from harness.cost_evidence import Evidence
-from harness.machine import Fingerprint, FingerprintError
+from harness.costmodel.evidence import Evidence
+from harness.costmodel.machine import Fingerprint, FingerprintError
 
 #: Overrides the store's directory (tests, a shared team directory, CI).
 STORE_ENV = "SCHEDSCOPE_COST_MODEL_DIR"

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.worker.model_config import ModelConfig
-from harness.machine import (
+from harness.costmodel.machine import (
     VERSION_PARTS,
     Fingerprint,
     cpu_from_cpuinfo,
@@ -109,7 +109,7 @@ def test_this_machine_reads_the_same_twice():
 
 def test_the_fingerprint_does_not_import_torch():
     code = (
-        "import sys; from harness.machine import fingerprint; f = fingerprint('tiny'); "
+        "import sys; from harness.costmodel.machine import fingerprint; f = fingerprint('tiny'); "
         "assert 'torch' not in sys.modules, 'torch imported'; print(f.torch)"
     )
     proc = subprocess.run(
@@ -159,7 +159,7 @@ def test_cpuinfo_gives_the_model_and_the_listed_isa_flags():
 
 
 def test_the_served_engine_default_threads_are_the_default():
-    from harness.serve import serving_torch_threads
+    from harness.costmodel.machine import serving_torch_threads
 
     assert fingerprint("tiny").torch_threads == serving_torch_threads()
     assert fingerprint("tiny", torch_threads=3).torch_threads == 3

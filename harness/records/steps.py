@@ -96,7 +96,7 @@ class StepLog:
         return frame
 
     def write(self, path) -> None:
-        from harness.records import write_parquet
+        from harness.records.requests import write_parquet
 
         write_parquet(self.frame(), path)
 

@@ -4,7 +4,7 @@ build, the GPU, the model's shapes, the executor and device), a short ``key`` ov
 them, and a one-line description.
 
 A fit made on one machine predicts another's steps badly (docs/simulator.md); the
-store of fitted models (:mod:`harness.cost_store`) is keyed by this fingerprint.
+store of fitted models (:mod:`harness.costmodel.store`) is keyed by this fingerprint.
 
 Every part is read without importing torch: torch's version and build from its
 installed ``torch/version.py`` (the build's commit pins its BLAS and compile flags),
@@ -170,7 +170,7 @@ def fingerprint(
         "arch": lambda: platform.machine() or "unknown",
         "isa": lambda: _cpu()[1],
         "cores": _cores,
-        "torch_threads": lambda: torch_threads or _serving_threads(),
+        "torch_threads": lambda: torch_threads or serving_torch_threads(),
         "torch": lambda: _torch_build()[0],
         "torch_build": lambda: _torch_build()[1],
         "cpu_capability": lambda: os.environ.get("ATEN_CPU_CAPABILITY") or "auto",
@@ -235,10 +235,16 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _serving_threads() -> int:
-    from harness.serve import serving_torch_threads
+def serving_torch_threads() -> int:
+    """torch's intra-op threads when serving: one core fewer than the machine has.
 
-    return serving_torch_threads()
+    torch's CPU threads (OpenMP) wait for each other at the end of every parallel
+    region; when the event loop, the tokenizer or a co-located load generator takes one
+    of their cores, the whole region waits for the descheduled thread. Measured on 2
+    cores (tiny model, one stream): a decode step takes 5.3 ms served with 2 threads,
+    2.3 ms with 1, and 1.6 ms offline with 2 (benchmarks/bench_serving.py).
+    """
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 @cache

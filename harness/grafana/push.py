@@ -26,7 +26,7 @@ from grafana_client.client import (
     GrafanaUnauthorizedError,
 )
 
-from harness.redact import MASK, redact_url
+from harness.records.redact import MASK, redact_url
 
 TOKEN_ENV = "GRAFANA_TOKEN"
 

@@ -5,7 +5,7 @@ with :func:`harness.cli.options.choose_cost_model`).
 
 ``--cost-model``:
 
-* not given: this machine's fit from the store (:mod:`harness.cost_store`) when there
+* not given: this machine's fit from the store (:mod:`harness.costmodel.store`) when there
   is one; else the built-in model, with a warning that it was fitted on another
   machine and the command that fixes it. A stored fit made with another schedscope
   version or other model shapes (stale) is named and not used.
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.core.cost_model import CostModel
-from harness import cost_evidence, cost_store
-from harness.machine import Fingerprint
+from harness.costmodel import evidence as cost_evidence
+from harness.costmodel import store as cost_store
+from harness.costmodel.machine import Fingerprint
 
 BUILTIN = "builtin"
 AUTO = "auto"
@@ -56,7 +57,7 @@ def choose(
 ) -> Choice:
     """The cost model for ``value`` (None, ``builtin`` or ``auto``) on the machine of
     ``fingerprint``. ``calibrate`` fits one under ``auto`` (the commands pass
-    :func:`harness.served_calibration.calibrate_quickly`)."""
+    :func:`harness.calibration.served.calibrate_quickly`)."""
     builtin = f"built-in, fitted on another machine ({BUILTIN_FITTED_ON})"
     if value == BUILTIN:
         return Choice(CostModel(), None, f"cost model: {builtin} (--cost-model builtin)")

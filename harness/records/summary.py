@@ -22,8 +22,8 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles import Profile
-from harness.records import STATUSES
-from harness.request_stats import PERCENTILES, clean, jain_index, known_sum, slo_met_expr
+from harness.records.request_stats import PERCENTILES, clean, jain_index, known_sum, slo_met_expr
+from harness.records.requests import STATUSES
 
 SUMMARY_SCHEMA_VERSION = 1
 REPORT_SCHEMA_VERSION = 2
@@ -171,7 +171,7 @@ def run_summary(
     :func:`policy_summary`). ``cost_model`` (the simulator's) is left out when None:
     a served run has none. ``machine``: the fingerprint of the machine the run ran on
     (or, simulated, the machine whose steps the cost model stands for;
-    :mod:`harness.machine`), left out when None."""
+    :mod:`harness.costmodel.machine`), left out when None."""
     out = {"schema_version": SUMMARY_SCHEMA_VERSION, "mode": mode, "profile": profile, "seed": seed}
     if cost_model is not None:
         out["cost_model"] = cost_model

@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.core.cost_model import CostModel
-from harness import cost_store
 from harness.cli import app
-from harness.cost_choice import AUTO, BUILTIN, choose
-from harness.machine import fingerprint
+from harness.costmodel import store as cost_store
+from harness.costmodel.choice import AUTO, BUILTIN, choose
+from harness.costmodel.machine import fingerprint
 
 runner = CliRunner()
 
