@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness.records.percentiles import percentile  # noqa: E402
+
 TARGET_RATE, AIM_RATE, LAG_LIMIT_S = 200, 500, 0.005
 
 PROFILE_TEMPLATE = """
@@ -47,12 +49,6 @@ PROFILE = Profile(
 )
 expose(PROFILE, globals())
 """
-
-
-def percentile(xs: list[float], q: float) -> float:
-    from harness.loadgen.records import percentile as p
-
-    return p(xs, q)
 
 
 def locust_step(

@@ -62,6 +62,7 @@ from harness.loadgen import open_loop_client
 from harness.loadgen.open_loop_client import prompt_ids, replay
 from harness.profiles import RequestSpec, build_plan, resolve_profile
 from harness.profiles.schedule_file import write_schedule_profile, written_schedule
+from harness.records.percentiles import percentile
 from harness.serve.local_server import CliServer
 from harness.simulate.driver import simulate
 
@@ -230,8 +231,8 @@ def percentiles(frame: pl.DataFrame) -> Percentiles:
         for metric in ("ttft_s", "e2e_s"):
             values = part[metric].drop_nulls().to_numpy()
             out[(cls, metric)] = {
-                "p50": float(np.percentile(values, 50)),
-                "p95": float(np.percentile(values, 95)),
+                "p50": percentile(values, 50),
+                "p95": percentile(values, 95),
             }
     return out
 

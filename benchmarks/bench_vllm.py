@@ -52,6 +52,7 @@ import polars as pl  # noqa: E402
 
 from harness.bench.figure import Figure  # noqa: E402
 from harness.bench.script import BenchParser, bench_main, skip  # noqa: E402
+from harness.records.percentiles import percentile  # noqa: E402
 
 ENGINES = ("vllm", "bundled")
 TITLES = {"vllm": "vLLM", "bundled": "bundled"}
@@ -154,8 +155,8 @@ def after_send(requests: pl.DataFrame | None) -> dict[str, float | None]:
     if series.len() == 0:
         return dict.fromkeys(names)
     return {
-        names[0]: float(series.quantile(0.5, "linear")),
-        names[1]: float(series.quantile(0.95, "linear")),
+        names[0]: percentile(series.to_numpy(), 50),
+        names[1]: percentile(series.to_numpy(), 95),
     }
 
 

@@ -27,19 +27,17 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.records.request_stats import METRIC_COLUMNS
+
 
 class GateConfigError(ValueError):
     """A gate configuration that cannot be used; the message names the key."""
 
 
-#: metric name -> (requests.parquet column, unit, higher is better).
+#: metric name -> (requests.parquet column, unit, higher is better): every latency by
+#: its one name (harness.records.request_stats.METRIC_COLUMNS), then the rates.
 METRICS: dict[str, tuple[str, str, bool]] = {
-    "ttft": ("ttft_s", "s", False),
-    "itl": ("itl_s", "s", False),
-    "tpot": ("tpot_s", "s", False),
-    "e2e": ("e2e_s", "s", False),
-    "queue": ("queue_s", "s", False),
-    "stall": ("stall_s", "s", False),
+    **{name: (column, "s", False) for name, column in METRIC_COLUMNS.items()},
     "goodput": ("slo_met", "req/s", True),
     "error_rate": ("status", "", False),
 }

@@ -36,6 +36,7 @@ import polars as pl
 from harness.loadgen.plan_check import failure_message
 from harness.loadgen.records import LAG_LIMIT_S, RECORD_KINDS
 from harness.loadgen.row_types import checker
+from harness.records.percentiles import percentile
 
 #: The Polars type of each record kind (records.RECORD_KINDS).
 _POLARS_TYPES: dict[str, pl.DataType] = {
@@ -121,7 +122,7 @@ def merge_records(
     if lag_limit_s is None:
         lag_limit_s = next((w["lag_limit_s"] for w in workers if "lag_limit_s" in w), LAG_LIMIT_S)
     lags = frame.filter(pl.col("phase_kind") == "open")["send_lag_s"].drop_nulls()
-    p99 = lags.quantile(0.99, "linear") if len(lags) else None
+    p99 = percentile(lags.to_numpy(), 99)
     capped = int(frame["in_flight_capped"].sum()) if len(frame) else 0
     counts = dict(frame.group_by("status").len().iter_rows()) if len(frame) else {}
     epochs = {w.get("server_clock_epoch_unix") for w in workers} - {None}
@@ -135,7 +136,7 @@ def merge_records(
             (w["run_start_unix"] for w in workers if w.get("run_start_unix")), default=None
         ),
         "server_clock_epoch_unix": min(epochs) if epochs else None,
-        "send_lag_p50_s": lags.quantile(0.5, "linear") if len(lags) else None,
+        "send_lag_p50_s": percentile(lags.to_numpy(), 50),
         "send_lag_p99_s": p99,
         "send_lag_max_s": lags.max() if len(lags) else None,
         "lag_limit_s": lag_limit_s,

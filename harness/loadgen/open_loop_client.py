@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from harness.profiles import RequestSpec
+from harness.records.percentiles import percentile
 
 #: Seconds between starting the client and the schedule's t=0 (time to open sessions).
 START_DELAY_S = 0.5
@@ -119,7 +119,7 @@ async def replay(
                 on_finished(row)
 
         await asyncio.gather(*(one(s) for s in specs))
-    return rows, float(np.percentile(lags, 99)) if lags else 0.0
+    return rows, (percentile(lags, 99) or 0.0)
 
 
 def client_latency(

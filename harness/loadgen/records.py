@@ -11,9 +11,10 @@ Stdlib only (safe under gevent).
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
+
+from harness.records.percentiles import percentile
 
 #: The row's keys, in order, with their kinds (docs/loadgen.md describes each; times are
 #: Unix seconds): ``str``, ``int``, ``float``, ``bool`` or ``floats`` (a list of floats).
@@ -59,17 +60,6 @@ RECORD_COLUMNS = tuple(RECORD_KINDS)
 #: A run whose p99 send lag exceeds this is generator-limited (its latencies are the
 #: generator's as much as the server's).
 LAG_LIMIT_S = 0.010
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 class RecordWriter:

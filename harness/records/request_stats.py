@@ -1,7 +1,12 @@
 """Per-request statistics with one definition, shared by the simulator's summary
-(harness/records/summary.py) and the report (harness/report): JSON-clean numbers, whether a
-request met its class's SLOs, Jain's fairness index (docs/metrics.md), the
-percentiles every latency is summarised by, and engine counts that may be unknown.
+(harness/records/summary.py), the report (harness/report), the gate, ``tune`` and the
+load generator: the latency metrics and their names, the percentiles every latency is
+summarised by and how a percentile is computed, JSON-clean numbers, whether a request
+met its class's SLOs, Jain's fairness index (docs/metrics.md), engine counts that may be
+unknown, and the statistics of a group of requests (:func:`group_statistics`).
+
+Percentiles: :mod:`harness.records.percentiles` (numpy only, for the load generator's
+processes too), re-exported here.
 """
 
 from __future__ import annotations
@@ -11,8 +16,91 @@ import math
 import numpy as np
 import polars as pl
 
+from harness.records.percentiles import percentile, weighted_percentile  # noqa: F401
+from harness.records.requests import STATUSES
+
 #: The percentiles of every latency in summary.json and the report.
 PERCENTILES = (50, 90, 95, 99)
+#: The statistics of a latency distribution in summary.json and the report, in order
+#: (what ``tune --slo`` and the report's tables may name).
+STATISTICS = ("mean", "max", *(f"p{p}" for p in PERCENTILES))
+
+#: Each latency metric's one name (``--slo``, the gate's rules, the report) -> its
+#: requests.parquet column. ``itl`` is every gap between two tokens (the load
+#: generator's ``itl_s`` lists, else estimated from TPOT); ``max_itl`` a request's
+#: longest gap.
+METRIC_COLUMNS = {
+    "ttft": "ttft_s",
+    "tpot": "tpot_s",
+    "e2e": "e2e_s",
+    "itl": "itl_s",
+    "max_itl": "max_itl_s",
+    "queue": "queue_s",
+    "total_queue": "total_queue_s",
+    "stall": "stall_s",
+}
+#: The per-request latency columns every group summarises as a distribution
+#: (:func:`distributions`); ``itl_s`` is a list per request, summarised apart.
+LATENCY_METRICS = tuple(c for c in METRIC_COLUMNS.values() if c != "itl_s")
+
+
+def distribution(values) -> dict:
+    """``{"count": 0}``, or count, mean, max and every percentile of :data:`PERCENTILES`
+    of ``values`` (NaN and None left out), JSON-clean."""
+    array = np.asarray(values, dtype=float)
+    array = array[~np.isnan(array)]
+    if array.size == 0:
+        return {"count": 0}
+    out = {"count": int(array.size), "mean": clean(array.mean()), "max": clean(array.max())}
+    for p, value in zip(PERCENTILES, np.percentile(array, PERCENTILES), strict=True):
+        out[f"p{p}"] = clean(value)
+    return out
+
+
+def distributions(ok: pl.DataFrame) -> dict[str, dict]:
+    """:func:`distribution` of every column of :data:`LATENCY_METRICS` that ``ok`` has."""
+    return {
+        m: distribution(ok[m].cast(pl.Float64).fill_null(float("nan")).to_numpy())
+        for m in LATENCY_METRICS
+        if m in ok.columns
+    }
+
+
+def rate(count: float, duration_s: float) -> float | None:
+    """``count`` per second of the run; None when the run's duration is not known (0: no
+    recorded duration and no request with an end), never a rate over a near-zero span."""
+    return clean(count / duration_s) if duration_s > 0 else None
+
+
+def group_statistics(frame: pl.DataFrame, duration_s: float, slo_met: pl.Series) -> dict:
+    """The statistics of one group of requests (a policy, a class), one definition for
+    summary.json and the report: counts by status, throughput, goodput and SLO attainment
+    (``slo_met``: per row of ``frame``, :func:`slo_met_expr`), every latency's
+    distribution over the ``ok`` requests, the engine's counts (None where unknown) and
+    Jain's index of E2E per output token. The caller adds what only it knows."""
+    ok = frame.filter(pl.col("status") == "ok")
+    counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
+    good = int(slo_met.sum()) if frame.height else 0
+    normalized = ok.select(pl.col("e2e_s") / pl.col("output_tokens").cast(pl.Float64))
+    return {
+        "requests": frame.height,
+        "counts": counts,
+        "throughput_rps": rate(counts["ok"], duration_s),
+        "output_tokens_per_s": rate(float(ok["output_tokens"].sum()), duration_s),
+        "goodput_rps": rate(good, duration_s),
+        "slo_attainment": clean(good / frame.height) if frame.height else None,
+        "slo_met": good,
+        "metrics": distributions(ok),
+        # None where the rows carry no value (an external engine's): unknown, not 0
+        "preemptions": {
+            "swap": known_sum(frame, "preempt_swaps"),
+            "recompute": known_sum(frame, "preempt_recomputes"),
+        },
+        "recomputed_tokens": known_sum(frame, "recomputed_tokens"),
+        "swapped_s": clean(known_sum(frame, "swapped_s", float)),
+        "idle_running_steps": known_sum(frame, "idle_running_steps"),
+        "jain_index": clean(jain_index(normalized.to_series().to_numpy()) if ok.height else None),
+    }
 
 
 def clean(value, digits: int = 9):

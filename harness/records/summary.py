@@ -22,8 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles import Profile
-from harness.records.request_stats import PERCENTILES, clean, jain_index, known_sum, slo_met_expr
-from harness.records.requests import STATUSES
+from harness.records.request_stats import clean, group_statistics, slo_met_expr
 
 SUMMARY_SCHEMA_VERSION = 1
 REPORT_SCHEMA_VERSION = 2
@@ -45,49 +44,14 @@ POLICY_RUN_INFO_KEYS = (
 )
 #: Run information version 2 states as the report used it, not as recorded.
 _REPORT_OWN_RUN_INFO = ("duration_s", "stall_threshold_s")
-LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "stall_s")
-
-
-def _distribution(series: pl.Series) -> dict:
-    values = series.drop_nulls()
-    if values.len() == 0:
-        return {"count": 0}
-    out = {"count": values.len(), "mean": clean(values.mean()), "max": clean(values.max())}
-    for p in PERCENTILES:
-        out[f"p{p}"] = clean(values.quantile(p / 100, interpolation="linear"))
-    return out
 
 
 def group_summary(frame: pl.DataFrame, duration_s: float, slos: dict[str, dict]) -> dict:
-    """Counts, throughput, goodput, latency distributions and fairness for ``frame``."""
-    ok = frame.filter(pl.col("status") == "ok")
-    counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
-    duration = max(duration_s, 1e-9)
-    good = (
-        int(frame.select(slo_met_expr(frame.columns, slos)).to_series().sum())
-        if frame.height
-        else 0
-    )
-    summary = {
-        "requests": frame.height,
-        "counts": counts,
-        "throughput_rps": clean(counts["ok"] / duration),
-        "output_tokens_per_s": clean(float(ok["output_tokens"].sum()) / duration),
-        "goodput_rps": clean(good / duration),
-        "slo_attainment": clean(good / frame.height) if frame.height else None,
-        "metrics": {m: _distribution(ok[m]) for m in LATENCY_METRICS if m in ok.columns},
-        # None where the rows carry no value (an external engine's): unknown, not 0
-        "preemptions": {
-            "swap": known_sum(frame, "preempt_swaps"),
-            "recompute": known_sum(frame, "preempt_recomputes"),
-        },
-        "recomputed_tokens": known_sum(frame, "recomputed_tokens"),
-        "swapped_s": clean(known_sum(frame, "swapped_s", float)),
-        "idle_running_steps": known_sum(frame, "idle_running_steps"),
-        "stalls": int(frame["num_stalls"].sum()),
-    }
-    normalized = (ok["e2e_s"] / ok["output_tokens"].cast(pl.Float64)) if ok.height else ok["e2e_s"]
-    summary["jain_index"] = clean(jain_index(normalized))
+    """:func:`~harness.records.request_stats.group_statistics` of ``frame`` (goodput
+    against ``slos``), with the stalls its rows count."""
+    met = frame.select(slo_met_expr(frame.columns, slos)).to_series()
+    summary = group_statistics(frame, duration_s, met)
+    summary["stalls"] = int(frame["num_stalls"].sum())
     return summary
 
 

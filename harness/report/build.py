@@ -182,13 +182,14 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
     short_class = order[0] if order else None
     long_class = order[-1] if len(order) >= 2 else None
     # Matrix cells (<policy>[-<knob set>][-x<rate>]) are compared within their group only.
-    groups = cell_groups(list(policies))
+    identities = {n: p.data.identity for n, p in policies.items()}
+    groups = cell_groups(identities)
     v: dict = {}
     vs: list[dict] = []
     for group, names in groups.items():
-        base = baseline(group)
+        base = baseline(names, identities)
         fcfs_long = None
-        if base in policies and policies[base].starvation:
+        if base is not None and policies[base].starvation:
             fcfs_long = policies[base].starvation.get("long_p99_queue_s")
         for name in names:
             p = policies[name]
@@ -225,7 +226,9 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
         vs += verdict.against_fcfs(
             inputs, short_class, long_class, options.resamples, options.seed, baseline=base
         )
-    check = simulator_check.for_cells({n: (p.data.path, p.frame) for n, p in policies.items()})
+    check = simulator_check.for_cells(
+        {n: (p.data.path, p.frame) for n, p in policies.items()}, identities
+    )
     return RunReport(run, slos, slo_source, policies, short_class, long_class, v, vs, check)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.report.cells import CellIdentity, cell_identity
 from harness.report.simulator_check import SIMULATED_DIR
 from harness.report.validate import check_optional, check_requests, is_duration
 from harness.simulate.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
@@ -100,6 +101,9 @@ class PolicyData:
     #: Run info the summary.json gave in a shape the report cannot use (key -> the value,
     #: dropped from ``info``: :func:`clean_policy_info`).
     refused_info: dict = field(default_factory=dict)
+    #: Which policy the cell ran and which cells it is compared with (its run.json,
+    #: else its engine config: harness/report/cells.py).
+    identity: CellIdentity = field(default_factory=lambda: CellIdentity(None, ""))
     #: A simulated policy's speed band (harness/simulate/speed_band.py): ``time_ratios``,
     #: ``sources`` and ``groups`` (class or ``all`` -> metric -> stat -> {fastest,
     #: slowest}), from its summary.json ``speed_band``; None without one.
@@ -275,7 +279,9 @@ def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
         refused_info=refused,
     )
     data.missing += notes
-    _cell_run_json(data, _read_json(path / "run.json") or {})
+    cell_run = _read_json(path / "run.json") or {}
+    _cell_run_json(data, cell_run)
+    data.identity = cell_identity(policy, cell_run, data.config)
     for name in OPTIONAL_FILES:
         file = path / f"{name}.parquet"
         problem = check_optional(file, name) if file.is_file() else "absent"

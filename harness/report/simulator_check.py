@@ -27,7 +27,7 @@ from pathlib import Path
 
 import polars as pl
 
-from harness.report.cells import cell_groups
+from harness.report.cells import CellIdentity, cell_groups
 from harness.report.stats import percentile
 from harness.simulate.speed_band import METRICS, STATS, policy_part
 from harness.simulate.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
@@ -147,14 +147,16 @@ def compare(
     simulated: dict[str, pl.DataFrame],
     models: dict[str, dict],
     bands: dict[str, dict] | None = None,
+    identities: dict[str, CellIdentity] | None = None,
 ) -> dict:
     """The section's content from each cell's served and simulated request frames
     (columns ``class``, ``status``, ``ttft_s``, ``e2e_s``), the model each check used
     (its run.json entry) and, where the counterpart has one, its speed band (summary.json
     ``speed_band``): ``cells`` (cell -> model, class rows and the band's
     ``speed_band`` ratios and sources) and ``rankings`` (group -> class -> metric ->
-    :func:`ranking`)."""
+    :func:`ranking`). ``identities``: each cell's policy and group (default: one group)."""
     bands = bands or {}
+    identities = identities or {}
     cells = {}
     for name in served:
         if name not in simulated:
@@ -170,7 +172,8 @@ def compare(
                 "sources": part["sources"],
             }
     rankings: dict[str, dict] = {}
-    for group, names in cell_groups(list(cells)).items():
+    ids = {n: identities.get(n, CellIdentity(None, "")) for n in cells}
+    for group, names in cell_groups(ids).items():
         classes = sorted({c for n in names for c in cells[n]["classes"]})
         rankings[group] = {
             cls: {
@@ -211,7 +214,10 @@ def read_model_entry(cell_dir: Path) -> dict | None:
     return entry if isinstance(entry, dict) else None
 
 
-def for_cells(served: dict[str, tuple[Path, pl.DataFrame]]) -> dict | None:
+def for_cells(
+    served: dict[str, tuple[Path, pl.DataFrame]],
+    identities: dict[str, CellIdentity] | None = None,
+) -> dict | None:
     """:func:`compare` over the cells (name -> (directory, served frame)) that have a
     simulated counterpart; None when none has (a run made before the check, a
     --simulate or --target run)."""
@@ -233,4 +239,4 @@ def for_cells(served: dict[str, tuple[Path, pl.DataFrame]]) -> dict | None:
             bands[name] = band
     if not simulated:
         return None
-    return compare(frames, simulated, models, bands)
+    return compare(frames, simulated, models, bands, identities)

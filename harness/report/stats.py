@@ -1,51 +1,22 @@
-"""The report's statistics, one definition each (docs/report.md).
-
-- Percentiles are exact: computed from every value, linear interpolation between the
-  two nearest order statistics (``numpy.percentile``'s default, vLLM's benchmark's,
-  Polars' ``quantile(q, "linear")``): for sorted x_0..x_{n-1}, p-th percentile =
-  x_i + (h - i)(x_{i+1} - x_i) with h = (n-1)p/100, i = floor(h).
-- Weighted percentiles (ITL estimated from per-request TPOT, each request weighted by
-  its number of gaps): the smallest value whose cumulative weight reaches p% of the
-  total (the inverse of the weighted empirical CDF).
-- Jain's index over x: (Σx)² / (n Σx²); 1 is perfectly even, 1/n maximally uneven.
+"""The report's statistics (docs/report.md): the block bootstrap of a difference between
+two runs, over the per-request definitions of :mod:`harness.records.request_stats`
+(percentiles, weighted percentiles, Jain's index, JSON-clean numbers), re-exported here
+for the report's modules.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-# One definition each, shared with the simulator's summary (harness/records/summary.py);
-# re-exported here for the report's modules.
-from harness.records.request_stats import (  # noqa: F401
+from harness.records.request_stats import (  # noqa: F401 - re-exported for the report
     PERCENTILES,
     clean,
     jain_index,
     known_sum,
+    percentile,
     slo_met_expr,
+    weighted_percentile,
 )
-
-
-def percentile(values, p: float) -> float | None:
-    """Exact percentile with linear interpolation (module docstring)."""
-    array = np.asarray(values, dtype=float)
-    array = array[~np.isnan(array)]
-    if array.size == 0:
-        return None
-    return float(np.percentile(array, p))
-
-
-def weighted_percentile(values, weights, p: float) -> float | None:
-    values = np.asarray(values, dtype=float)
-    weights = np.asarray(weights, dtype=float)
-    keep = ~np.isnan(values) & (weights > 0)
-    values, weights = values[keep], weights[keep]
-    if values.size == 0:
-        return None
-    order = np.argsort(values, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    index = int(np.searchsorted(cumulative, p / 100.0 * cumulative[-1], side="left"))
-    return float(values[order][min(index, values.size - 1)])
-
 
 # -- block bootstrap of a difference -------------------------------------------------------
 
@@ -133,7 +104,7 @@ def _percentile_interval(diffs: list, resamples: int, confidence: float):
     if len(diffs) < resamples // 2:
         return None
     tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(np.asarray(diffs), [tail, 100 - tail])
+    low, high = percentile(diffs, tail), percentile(diffs, 100 - tail)
     return float(low), float(high)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from harness.records.request_stats import STATISTICS
 from harness.records.summary import report_policy, report_summary
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def flat_rows(report: Report) -> list[dict]:
                     "jain_index": g["jain_index"],
                 }
                 for metric, dist in [*g["metrics"].items(), ("itl_s", g["itl_s"])]:
-                    for stat in ("mean", "max", "p50", "p90", "p95", "p99"):
+                    for stat in STATISTICS:
                         row[f"{metric}_{stat}"] = dist.get(stat)
                 for cause, v in g["stalls_by_cause"].items():
                     row[f"stall_s_{cause}"] = v["time_s"]

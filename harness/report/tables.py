@@ -1,9 +1,10 @@
 """Per policy x class statistics: counts, throughput, goodput, latency percentiles,
 queue wait, preemptions by mode, stalls by cause, generator lag, fairness.
 
-One group dict ``G`` per (policy, class) and per policy overall (class ``all``); its
-keys are those of ``harness/records/summary.py``'s groups (so the gate reads either) plus
-``itl_s``, ``stalls_by_cause`` and ``generator_lag_s``.
+One group dict ``G`` per (policy, class) and per policy overall (class ``all``):
+:func:`harness.records.request_stats.group_statistics`, the one definition behind
+summary.json's groups too (so the gate reads either), plus ``itl_s``, the stalls by
+cause and ``generator_lag_s``.
 """
 
 from __future__ import annotations
@@ -11,19 +12,16 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from harness.records.requests import REQUEST_SCHEMA, STATUSES
-from harness.report.stall_causes import STALL_CAUSES
-from harness.report.stats import (
+from harness.records.request_stats import (
     PERCENTILES,
     clean,
-    jain_index,
-    known_sum,
+    group_statistics,
     percentile,
     slo_met_expr,
     weighted_percentile,
 )
-
-LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "max_itl_s", "queue_s", "total_queue_s", "stall_s")
+from harness.records.requests import REQUEST_SCHEMA
+from harness.report.stall_causes import STALL_CAUSES
 
 #: requests.parquet columns the report reads (those absent are filled with nulls/zeros),
 #: typed as the request records define them (harness/records/requests.py); the schedule offset is
@@ -112,32 +110,6 @@ def run_duration(frame: pl.DataFrame, info: dict) -> float:
     return float(ends - start)
 
 
-def _distributions(ok: pl.DataFrame) -> dict[str, dict]:
-    """count/mean/max/p50/p90/p95/p99 of every latency metric over ``ok`` rows."""
-    exprs = []
-    for m in LATENCY_METRICS:
-        col = pl.col(m)
-        exprs += [
-            col.count().alias(f"{m}|count"),
-            col.mean().alias(f"{m}|mean"),
-            col.max().alias(f"{m}|max"),
-        ]
-        exprs += [
-            col.quantile(p / 100, interpolation="linear").alias(f"{m}|p{p}") for p in PERCENTILES
-        ]
-    row = ok.select(exprs).row(0, named=True) if ok.height else {}
-    out: dict[str, dict] = {}
-    for m in LATENCY_METRICS:
-        count = int(row.get(f"{m}|count") or 0)
-        if count == 0:
-            out[m] = {"count": 0}
-            continue
-        out[m] = {"count": count, "mean": clean(row[f"{m}|mean"]), "max": clean(row[f"{m}|max"])}
-        for p in PERCENTILES:
-            out[m][f"p{p}"] = clean(row[f"{m}|p{p}"])
-    return out
-
-
 def _itl(ok: pl.DataFrame) -> dict:
     """The ITL distribution: exact over every recorded gap when the records carry them
     (``itl_s``, the load generator's), else estimated from per-request TPOT weighted
@@ -168,38 +140,14 @@ def _itl(ok: pl.DataFrame) -> dict:
     return out
 
 
-def _rate(count: float, duration_s: float) -> float | None:
-    """``count`` per second of the run; None when the run's duration is not known (0: no
-    recorded duration and no request with an end), never a rate over a near-zero span."""
-    return clean(count / duration_s) if duration_s > 0 else None
-
-
 def group_stats(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | None) -> dict:
+    out = group_statistics(frame, duration_s, frame["slo_met"])
     ok = frame.filter(pl.col("status") == "ok")
-    counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
-    good = int(frame["slo_met"].sum())
-    out = {
-        "requests": frame.height,
-        "counts": counts,
-        "throughput_rps": _rate(counts["ok"], duration_s),
-        "output_tokens_per_s": _rate(float(ok["output_tokens"].sum()), duration_s),
-        "goodput_rps": _rate(good, duration_s),
-        "slo_attainment": clean(good / frame.height) if frame.height else None,
-        "slo_met": good,
-        "metrics": _distributions(ok),
-        "itl_s": _itl(ok),
-        "preemptions": {
-            "swap": known_sum(frame, "preempt_swaps"),
-            "recompute": known_sum(frame, "preempt_recomputes"),
-        },
-        "recomputed_tokens": known_sum(frame, "recomputed_tokens"),
-        "swapped_s": clean(known_sum(frame, "swapped_s", float)),
-        "idle_running_steps": known_sum(frame, "idle_running_steps"),
-        "stalls": 0,
-        "stall_time_s": 0.0,
-        "stalls_by_cause": {c: {"count": 0, "time_s": 0.0} for c in STALL_CAUSES},
-        "generator_lag_s": _lag(frame),
-    }
+    out["itl_s"] = _itl(ok)
+    out["stalls"] = 0
+    out["stall_time_s"] = 0.0
+    out["stalls_by_cause"] = {c: {"count": 0, "time_s": 0.0} for c in STALL_CAUSES}
+    out["generator_lag_s"] = _lag(frame)
     if stalls is not None and stalls.height:
         by = stalls.group_by("cause").agg(
             pl.len().alias("n"), pl.col("duration_s").sum().alias("t")
@@ -208,8 +156,6 @@ def group_stats(frame: pl.DataFrame, duration_s: float, stalls: pl.DataFrame | N
             out["stalls_by_cause"][cause] = {"count": int(n), "time_s": clean(float(t))}
         out["stalls"] = int(stalls.height)
         out["stall_time_s"] = clean(float(stalls["duration_s"].sum()))
-    normalized = ok.select(pl.col("e2e_s") / pl.col("output_tokens").cast(pl.Float64))
-    out["jain_index"] = clean(jain_index(normalized.to_series().to_numpy()) if ok.height else None)
     return out
 
 
@@ -220,9 +166,10 @@ def _lag(frame: pl.DataFrame) -> dict | None:
     lag = lag.drop_nulls()
     if lag.len() == 0 or float(lag.abs().max()) == 0.0:
         return None
+    values = lag.to_numpy()
     return {
-        "p50": clean(lag.quantile(0.5, "linear")),
-        "p99": clean(lag.quantile(0.99, "linear")),
+        "p50": clean(percentile(values, 50)),
+        "p99": clean(percentile(values, 99)),
         "max": clean(lag.max()),
         "mean": clean(lag.mean()),
     }

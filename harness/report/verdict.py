@@ -15,7 +15,13 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from harness.report.stats import clean, jain_index, paired_block_bootstrap, time_blocks
+from harness.report.stats import (
+    clean,
+    jain_index,
+    paired_block_bootstrap,
+    percentile,
+    time_blocks,
+)
 
 OBJECTIVES = {
     # name: (title, lower_is_better, unit)
@@ -63,7 +69,7 @@ def _series(frame: pl.DataFrame, objective: str, short_class: str | None, durati
         return (
             rows["e2e_s"].to_numpy(),
             arrival_offsets(rows),
-            lambda v: float(np.percentile(v, 99)) if v.size else None,
+            lambda v: percentile(v, 99),
         )
     if objective == "goodput":
         # An unknown duration (0) has no rate: no verdict stands on it.
@@ -188,7 +194,7 @@ def against_fcfs(
                 long_class,
                 "queue_s",
                 "p99 queue wait",
-                lambda v: float(np.percentile(v, 99)) if v.size else None,
+                lambda v: percentile(v, 99),
             ),
         ):
             if cls is None:

@@ -12,8 +12,9 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 from rich.text import Text
+
+from harness.records.percentiles import percentile
 
 RECENT = 200
 
@@ -57,7 +58,7 @@ class RecordsTail:
 
     @property
     def ttft_p95(self) -> float | None:
-        return float(np.percentile(self.recent_ttft, 95)) if self.recent_ttft else None
+        return percentile(self.recent_ttft, 95)
 
 
 def figures_line(

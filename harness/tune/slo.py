@@ -1,11 +1,13 @@
 """The ``--slo`` targets of ``schedscope tune``: what "meets its SLOs" means per class.
 
 ``--slo "short_chat:ttft_p95<=0.5s,e2e_p99<=20s"``: a class, a colon, then targets
-separated by commas. A target is ``<metric>_<statistic><=<limit>[s|ms]``: metric
-``ttft``, ``tpot``, ``e2e``, ``itl`` (the request's longest gap, ``max_itl_s``) or
-``queue``; statistic ``p50``, ``p90``, ``p95``, ``p99`` (the percentiles every
-summary.json carries), ``mean`` or ``max``; the limit in seconds (``s``, the default)
-or milliseconds (``ms``).
+separated by commas. A target is ``<metric>_<statistic><=<limit>[s|ms]``: metric by
+its one name (:data:`harness.records.request_stats.METRIC_COLUMNS`: ``ttft``, ``tpot``,
+``e2e``, ``max_itl`` (the request's longest gap), ``queue``, ``total_queue``,
+``stall``; not ``itl``, every gap, which a simulated summary does not keep); statistic
+``p50``, ``p90``, ``p95``, ``p99`` (the percentiles every summary.json carries),
+``mean`` or ``max``; the limit in seconds (``s``, the default) or milliseconds
+(``ms``).
 
 A class meets its targets when every one of its requests finished ``ok`` (a rejected or
 failed request missed its latency) and each statistic, over its requests as
@@ -17,19 +19,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from harness.records.request_stats import PERCENTILES
+from harness.records.request_stats import LATENCY_METRICS, METRIC_COLUMNS, STATISTICS
 
-#: --slo metric name -> the requests.parquet / summary.json column.
-METRICS = {
-    "ttft": "ttft_s",
-    "tpot": "tpot_s",
-    "e2e": "e2e_s",
-    "itl": "max_itl_s",
-    "queue": "queue_s",
-}
-STATISTICS = (*(f"p{p}" for p in PERCENTILES), "mean", "max")
+#: --slo metric name -> the requests.parquet / summary.json column: the latencies a
+#: summary.json group holds as distributions.
+METRICS = {name: column for name, column in METRIC_COLUMNS.items() if column in LATENCY_METRICS}
 _TARGET = re.compile(
-    r"^(?P<metric>[a-z0-9]+)_(?P<stat>[a-z0-9]+)\s*<=\s*(?P<value>[^a-z]+)(?P<unit>[a-z]*)$"
+    r"^(?P<metric>[a-z0-9_]+?)_(?P<stat>[a-z0-9]+)\s*<=\s*(?P<value>[^a-z]+)(?P<unit>[a-z]*)$"
 )
 
 
@@ -43,7 +39,7 @@ class Target:
     """One latency target of one class: ``statistic`` of ``metric`` <= ``limit_s``."""
 
     class_name: str
-    metric: str  # the --slo name: ttft, tpot, e2e, itl, queue
+    metric: str  # the --slo name: ttft, tpot, e2e, max_itl, queue, total_queue, stall
     statistic: str  # p50, p90, p95, p99, mean, max
     limit_s: float
 
@@ -91,6 +87,11 @@ def _target(class_name: str, part: str) -> Target:
     if match is None:
         raise SloError(f"{part!r}: expected METRIC_STAT<=LIMIT (e.g. ttft_p95<=0.5s, e2e_p99<=20s)")
     metric, stat, value, unit = match["metric"], match["stat"], match["value"], match["unit"]
+    if metric == "itl":
+        raise SloError(
+            f"{part!r}: 'itl' is every gap between two tokens, which a simulated summary does "
+            "not keep; a request's longest gap is 'max_itl' (e.g. max_itl_p95<=0.2s)"
+        )
     if metric not in METRICS:
         raise SloError(f"{part!r}: unknown metric {metric!r}; expected {', '.join(METRICS)}")
     if stat not in STATISTICS:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.report import ReportOptions, generate_report
+from harness.report.cells import cell_identity
 from harness.report.simulator_check import (
     SIMULATED_DIR,
     TIE_TOLERANCE,
@@ -112,7 +113,9 @@ def test_rankings_stay_within_a_group_of_cells():
         "fcfs-x2": _frame([9.0]),
         "sjf-x2": _frame([5.0]),
     }
-    rankings = compare(frames, simulated, {})["rankings"]
+    # each cell's policy as its run.json records it (harness/report/cells.py)
+    identities = {n: cell_identity(n, {"policy": n.split("-")[0]}, None) for n in frames}
+    rankings = compare(frames, simulated, {}, identities=identities)["rankings"]
     assert set(rankings) == {"-x0.5", "-x2"}
     assert rankings["-x0.5"]["a"]["ttft_s_p95"]["matches"] is True
     assert rankings["-x2"]["a"]["ttft_s_p95"]["matches"] is False

@@ -28,7 +28,9 @@ def test_parse_two_targets_with_units():
 
 
 def test_a_bare_number_is_seconds():
-    assert parse_slo("c:itl_max<=2")[0] == Target("c", "itl", "max", 2.0)
+    assert parse_slo("c:max_itl_max<=2")[0] == Target("c", "max_itl", "max", 2.0)
+    assert parse_slo("c:max_itl_p95<=2")[0].column == "max_itl_s"
+    assert parse_slo("c:total_queue_p99<=2")[0].column == "total_queue_s"
 
 
 @given(
@@ -50,6 +52,8 @@ def test_spec_parses_back_to_the_same_target(metric, stat, limit):
         ("c:ttft_p95<=1s,", "empty target"),
         ("c:ttft_p95=1s", "METRIC_STAT<=LIMIT"),
         ("c:latency_p95<=1s", "unknown metric 'latency'"),
+        # one name per metric: itl is every gap (the gate's); the longest is max_itl
+        ("c:itl_p95<=1s", "'max_itl'"),
         ("c:ttft_p42<=1s", "unknown statistic 'p42'"),
         ("c:ttft_p95<=1min", "unknown unit 'min'"),
         ("c:ttft_p95<=0s", "positive"),
