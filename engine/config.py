@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PREEMPTION_MODES: tuple[str, ...] = ("auto", "swap", "recompute")
-#: The knob's allowed values, in the order the docs list them. The scheduler's policy
-#: registry (engine/core/sched/policy.py) implements exactly these; a test holds them equal.
+#: The knob's allowed values, in the order the docs list them: the one list of policy
+#: names (the CLI's choices, run files, the report). The scheduler's registry
+#: (engine/core/sched/policy.py) holds a class for each and refuses any other.
 SCHEDULING_POLICIES: tuple[str, ...] = ("fcfs", "sjf", "priority")
 BATCHING_MODES: tuple[str, ...] = ("continuous", "static")
 SIZE_ESTIMATORS: tuple[str, ...] = ("request", "oracle")

@@ -16,19 +16,17 @@ if TYPE_CHECKING:
     from harness.costmodel.choice import Choice
     from harness.costmodel.machine import Fingerprint
 
-POLICY_CHOICES = POLICY_NAMES  # the policy registry
-
 
 def parse_policies(value: str) -> list[str]:
     """``--policy``: a policy name, a comma-separated list of them, or ``all``."""
     if value == "all":
-        return list(POLICY_CHOICES)
+        return list(POLICY_NAMES)
     names = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [n for n in names if n not in POLICY_CHOICES]
+    bad = [n for n in names if n not in POLICY_NAMES]
     if not names or bad:
         raise typer.BadParameter(
             f"unknown policy {', '.join(bad) or repr(value)}; "
-            f"expected {', '.join(POLICY_CHOICES)}, "
+            f"expected {', '.join(POLICY_NAMES)}, "
             "a comma-separated list of them, or all",
             param_hint="--policy",
         )

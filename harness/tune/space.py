@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.config import SCHEDULING_POLICIES
 from harness.serve.knobs import knob_types
 
 NONE = "none"
@@ -79,7 +80,7 @@ class Param:
 
 
 DEFAULT_PARAMS: tuple[Param, ...] = (
-    Param("scheduling_policy", "categorical", ("fcfs", "sjf", "priority")),
+    Param("scheduling_policy", "categorical", SCHEDULING_POLICIES),
     Param(
         "aging_rate",
         "categorical",

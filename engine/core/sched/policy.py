@@ -46,12 +46,18 @@ class Policy:
         return self.base_key(seq) + self.aging_rate * seq.arrival_time
 
 
-#: The registry: every policy by name. Config validation, the CLI's choices and
-#: ``make_policy`` all read it, so a policy is added here and nowhere else.
+#: The registry: the class of every policy by name. The names themselves have one home,
+#: the knob's values (``engine.config.SCHEDULING_POLICIES``): a policy is added there and
+#: its class registered here.
 POLICIES: dict[str, type[Policy]] = {}
 
 
 def register(cls: type[Policy]) -> type[Policy]:
+    if cls.name not in SCHEDULING_POLICIES:
+        raise ValueError(
+            f"policy {cls.name!r} is not a value of the scheduling_policy knob: add it to "
+            "engine.config.SCHEDULING_POLICIES"
+        )
     POLICIES[cls.name] = cls
     return cls
 
@@ -122,9 +128,11 @@ class ReversedPolicy(Policy):
         return -self.inner.base_key(seq)
 
 
-#: Policy names in registration order: the ``--scheduling-policy`` knob's values.
-POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
-assert POLICY_NAMES == SCHEDULING_POLICIES, "a policy registered here must be a value of the knob"
+#: The ``--scheduling-policy`` knob's values, each with its class registered above.
+POLICY_NAMES: tuple[str, ...] = SCHEDULING_POLICIES
+_unregistered = [name for name in POLICY_NAMES if name not in POLICIES]
+if _unregistered:
+    raise ImportError(f"scheduling policies without a registered class: {_unregistered}")
 
 
 def make_policy(config: SchedulerConfig) -> Policy:

@@ -208,3 +208,19 @@ def test_configs_are_frozen_and_every_knob_has_help() -> None:
             if cls is EngineConfig and f.name in sections:
                 continue
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
+
+
+def test_the_policy_names_have_one_home_and_each_a_registered_class() -> None:
+    from engine.config import SCHEDULING_POLICIES
+    from engine.core.sched.policy import POLICIES, POLICY_NAMES, Policy, register
+
+    assert POLICY_NAMES is SCHEDULING_POLICIES
+    assert set(POLICIES) == set(SCHEDULING_POLICIES)
+
+    class Lifo(Policy):
+        name = "lifo"
+
+    # a class for a name the knob does not have is refused, naming where to add it
+    with pytest.raises(ValueError, match="SCHEDULING_POLICIES"):
+        register(Lifo)
+    assert "lifo" not in POLICIES
