@@ -1,6 +1,10 @@
-"""Argument parsing that several commands share: ``--policy`` (``simulate``, ``run``),
-``--cost-model builtin|auto|FILE`` (``simulate``, ``run``, ``serve --executor sim``) and
-the environment's ``SCHEDSCOPE_FAULT``."""
+"""What several commands share: the declarations of the options they have in common
+(``--profile``, ``--seed``, ``--duration-scale``, ``--cost-model``, ``--executor``,
+``--torch-threads``: one name, one help text and one default each, a command adding
+only what the option means there; ``report --profile``, whose default is the run's own,
+and ``calibrate``'s options, which mean the calibration's own, are declared there),
+their parsing (``--policy``, ``--cost-model builtin|auto|FILE``) and the environment's
+``SCHEDSCOPE_FAULT``."""
 
 from __future__ import annotations
 
@@ -15,6 +19,81 @@ from engine.faults import ENV_VAR, FaultError, Faults
 if TYPE_CHECKING:
     from harness.costmodel.choice import Choice
     from harness.costmodel.machine import Fingerprint
+
+
+#: The profile a command runs without --profile (``default`` is its alias).
+DEFAULT_PROFILE = "mixed"
+EXECUTORS = ("torch", "sim")
+
+
+def _help(text: str, there: str) -> str:
+    return f"{text} {there}".strip()
+
+
+def profile_option(there: str = ""):
+    """``--profile``: a shipped profile's name or a profile file."""
+    return typer.Option(
+        DEFAULT_PROFILE,
+        "--profile",
+        help=_help("Profile: a shipped name (docs/profiles.md) or a .py/.toml file.", there),
+    )
+
+
+def seed_option(there: str = ""):
+    """``--seed``: the schedule's seed."""
+    return typer.Option(
+        None, "--seed", min=0, help=_help("Schedule seed (default: the profile's).", there)
+    )
+
+
+def duration_scale_option(default: float, there: str = ""):
+    """``--duration-scale``: every phase's duration multiplied (each command its default:
+    a simulation runs the whole profile, a served run a quarter of it)."""
+    return typer.Option(
+        default,
+        "--duration-scale",
+        help=_help(f"Multiply every phase's duration (default {default:g}).", there),
+    )
+
+
+def cost_model_option(there: str = ""):
+    """``--cost-model builtin|auto|FILE`` (parsed by :func:`cost_model_value`)."""
+    return typer.Option(
+        None,
+        "--cost-model",
+        help=_help(
+            "The simulator's step times: builtin, auto (calibrate when this machine has no "
+            "fit) or a cost model JSON file; default: this machine's fit from `schedscope "
+            "calibrate`, else the built-in (with a warning).",
+            there,
+        ),
+    )
+
+
+def executor_option(default: str = "torch", there: str = ""):
+    """``--executor torch|sim``: the served engine's executor."""
+    return typer.Option(
+        default,
+        "--executor",
+        help=_help(
+            "The served engine's executor: torch (the bundled model computes) or sim (each "
+            "step sleeps the cost model's time).",
+            there,
+        ),
+    )
+
+
+def torch_threads_option(there: str = ""):
+    """``--torch-threads``: the served engine's torch intra-op threads."""
+    return typer.Option(
+        None,
+        "--torch-threads",
+        help=_help(
+            "The served engine's torch intra-op threads (default: one fewer than the cores, "
+            "so the event loop and a co-located load generator do not stall every step).",
+            there,
+        ),
+    )
 
 
 def parse_policies(value: str) -> list[str]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from harness.cli import options
 from harness.cli.app import console, err_console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
 from harness.costmodel.choice import cell_lines, is_named_choice
@@ -32,9 +33,7 @@ RUN_DURATION_SCALE = 0.25
 @with_engine_knobs(exclude=frozenset({"scheduling_policy"}))
 def run(
     knob_values: dict,
-    profile: str = typer.Option(
-        "mixed", "--profile", help="Profile: a shipped name (docs/profiles.md) or a .py/.toml file."
-    ),
+    profile: str = options.profile_option(),
     policy: str = typer.Option(
         "fcfs,sjf,priority",
         "--policy",
@@ -43,15 +42,13 @@ def run(
     out: Path | None = typer.Option(
         None, "--out", help="Run root (default: runs/<YYYYmmdd-HHMMSS>)."
     ),
-    duration_scale: float = typer.Option(
-        RUN_DURATION_SCALE,
-        "--duration-scale",
-        help="Multiply every phase's duration (default 0.25: a few minutes for three policies).",
+    duration_scale: float = options.duration_scale_option(
+        RUN_DURATION_SCALE, "A few minutes for three policies."
     ),
     rate_scale: float = typer.Option(
         1.0, "--rate-scale", help="Multiply every open-loop arrival rate."
     ),
-    seed: int | None = typer.Option(None, "--seed", help="Schedule seed (default: the profile's)."),
+    seed: int | None = options.seed_option(),
     repeats: int = typer.Option(
         1,
         "--repeats",
@@ -99,22 +96,9 @@ def run(
     api_key: str | None = typer.Option(
         None, "--api-key", envvar="SCHEDSCOPE_API_KEY", help="Bearer token for --target."
     ),
-    executor: str = typer.Option(
-        "torch",
-        "--executor",
-        help="The served engine's executor: torch (the bundled model "
-        "computes) or sim (sleeps the cost model's step time).",
-    ),
-    cost_model: str | None = typer.Option(
-        None,
-        "--cost-model",
-        help="For --simulate and --executor sim: builtin, auto (calibrate when this machine "
-        "has no fit) or a cost model JSON file; default: this machine's fit from "
-        "`schedscope calibrate`, else the built-in (with a warning).",
-    ),
-    torch_threads: int | None = typer.Option(
-        None, "--torch-threads", help="Passed to schedscope serve."
-    ),
+    executor: str = options.executor_option(),
+    cost_model: str | None = options.cost_model_option("For --simulate and --executor sim."),
+    torch_threads: int | None = options.torch_threads_option(),
     prometheus: bool = typer.Option(
         False,
         "--prometheus",

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from engine.config import EngineConfig
+from harness.cli import options
 from harness.cli.options import choose_cost_model
 from harness.costmodel.choice import AUTO, is_named_choice
 from harness.costmodel.machine import fingerprint
@@ -17,20 +18,10 @@ from harness.serve.knobs import with_engine_knobs
 @with_engine_knobs()
 def serve(
     engine_config: EngineConfig,
-    executor: str = typer.Option(
-        "torch",
-        "--executor",
-        help="torch: the bundled model computes; sim: the cost model "
-        "predicts each step and it takes that long.",
-    ),
-    cost_model: str | None = typer.Option(
-        None,
-        "--cost-model",
-        help="builtin, auto or a cost model JSON file: the step times of --executor sim, "
-        "and the swap vs recompute prices of --preemption-mode auto. --executor sim: "
-        "default this machine's fit from `schedscope calibrate` (for --model and "
-        "--torch-threads), else the built-in (with a warning); auto calibrates first when "
-        "there is no fit. --executor torch: default the built-in.",
+    executor: str = options.executor_option(),
+    cost_model: str | None = options.cost_model_option(
+        "Also the swap vs recompute prices of --preemption-mode auto. --executor torch: "
+        "default the built-in."
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", help="Port to bind; 0 picks a free one."),
@@ -57,12 +48,7 @@ def serve(
         help="Write every step's record (steps.parquet columns, docs/records.md) to this "
         "file at shutdown: for `schedscope calibrate --from-steps`.",
     ),
-    torch_threads: int = typer.Option(
-        0,
-        "--torch-threads",
-        help="torch intra-op threads for --executor torch; 0: one fewer than the cores, so "
-        "the event loop and a co-located load generator do not stall every step.",
-    ),
+    torch_threads: int | None = options.torch_threads_option("0: the same default."),
     record_decisions: Path | None = typer.Option(
         None,
         "--record-decisions",
@@ -152,6 +138,7 @@ def serve(
     """Serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)."""
     from harness.serve.server import serve as run_serve
 
+    torch_threads = torch_threads or 0  # 0: serve's default
     raise typer.Exit(
         run_serve(
             engine_config,

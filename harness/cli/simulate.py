@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from engine.config import ConfigError, EngineConfig
+from harness.cli import options
 from harness.cli.app import console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
 from harness.costmodel.machine import fingerprint
@@ -20,33 +21,22 @@ from harness.simulate.compare import print_comparison, print_span_counts, print_
 @with_engine_knobs(exclude=frozenset({"scheduling_policy"}))
 def simulate(
     knob_values: dict,
-    profile: str = typer.Option(
-        "default", "--profile", help="Profile file (.toml or .py) or a shipped profile's name."
-    ),
+    profile: str = options.profile_option(),
     policy: str = typer.Option(
         "fcfs",
         "--policy",
         help="fcfs, sjf or priority; a comma-separated list or 'all' compares several.",
     ),
     out: Path = typer.Option(Path("runs/simulate"), "--out", help="Directory for the records."),
-    cost_model: str | None = typer.Option(
-        None,
-        "--cost-model",
-        help="builtin, auto (calibrate when this machine has no fit) or a cost model JSON "
-        "file; default: this machine's fit from `schedscope calibrate`, else the built-in "
-        "(with a warning).",
-    ),
-    seed: int | None = typer.Option(None, "--seed", help="Schedule seed (default: the profile's)."),
+    cost_model: str | None = options.cost_model_option(),
+    seed: int | None = options.seed_option(),
     rate_scale: float = typer.Option(
         1.0,
         "--rate-scale",
         help="Multiply every open-loop arrival rate of the profile (a replayed trace: its speed).",
     ),
-    duration_scale: float = typer.Option(
-        1.0,
-        "--duration-scale",
-        help="Multiply every phase's duration (0.1: a tenth of the run; a trace keeps the "
-        "arrivals inside its shortened window).",
+    duration_scale: float = options.duration_scale_option(
+        1.0, "0.1: a tenth of the run; a trace keeps the arrivals inside its shortened window."
     ),
     num_requests: int | None = typer.Option(
         None,

@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from engine.config import ConfigError
+from harness.cli import options
 from harness.cli.app import console, err_console
 from harness.cli.options import check_faults, choose_cost_model, writable_dir
 from harness.costmodel.machine import fingerprint
@@ -29,11 +30,7 @@ DEFAULT_DURATION_SCALE = 0.25
 @with_engine_knobs()
 def tune(
     knob_values: dict,
-    profile: str = typer.Option(
-        "default",
-        "--profile",
-        help="Profile: a shipped name (docs/profiles.md) or a .py/.toml file.",
-    ),
+    profile: str = options.profile_option(),
     slo: list[str] = typer.Option(
         [],
         "--slo",
@@ -58,11 +55,9 @@ def tune(
         help="Stop after this many trials (with --search-seed: the same result every time).",
     ),
     search_seed: int = typer.Option(0, "--search-seed", help="The sampler's seed (TPE)."),
-    seed: int | None = typer.Option(None, "--seed", help="Schedule seed (default: the profile's)."),
-    duration_scale: float = typer.Option(
-        DEFAULT_DURATION_SCALE,
-        "--duration-scale",
-        help="Multiply every phase's duration, for the search and the confirm step alike.",
+    seed: int | None = options.seed_option(),
+    duration_scale: float = options.duration_scale_option(
+        DEFAULT_DURATION_SCALE, "For the search and the confirm step alike."
     ),
     workers: int = typer.Option(
         0, "--workers", help="Processes evaluating trials (0: one per CPU core)."
@@ -96,14 +91,9 @@ def tune(
         help="Confirm against this external server (started with the winner's flags) instead "
         "of serving the bundled engine.",
     ),
-    cost_model: str | None = typer.Option(
-        None,
-        "--cost-model",
-        help="builtin, auto (calibrate when this machine has no fit) or a cost model JSON "
-        "file; default: this machine's fit, else the built-in (with a warning).",
-    ),
-    torch_threads: int | None = typer.Option(
-        None, "--torch-threads", help="Passed to schedscope serve in the confirm step."
+    cost_model: str | None = options.cost_model_option(),
+    torch_threads: int | None = options.torch_threads_option(
+        "Passed to schedscope serve in the confirm step."
     ),
     out: Path | None = typer.Option(
         None,
