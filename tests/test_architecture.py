@@ -56,7 +56,7 @@ def test_contracts_name_the_rules():
     assert by_type["acyclic_siblings"][0]["ancestors"] == ["engine", "harness"]
     harness_layers = next(c for c in by_type["layers"] if c.get("containers") == ["harness"])
     assert harness_layers["layers"][0] == "cli"
-    assert harness_layers["layers"][-1] == "profiles"
+    assert harness_layers["layers"][-1] == "profiles | processes"
     # every folder of harness/ has its place in the layers, and no module lies loose
     folders = {p.parent.name for p in (REPO / "harness").glob("*/__init__.py")}
     named = {n.strip() for layer in harness_layers["layers"] for n in layer.split("|")}

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 
 from engine.api.lifecycle import ApiServer
+from engine.api.serving_line import SERVING_LINE
 from engine.api.state import ServerSettings
 from engine.serving.async_engine import AsyncEngine
 
@@ -59,7 +60,7 @@ async def _serve(async_engine, tokenizer, settings, extra_routes, announce) -> i
     except BaseException:
         await server.stop()  # the engine thread started with the app
         raise
-    (announce or _print)(f"schedscope serving on {url}")
+    (announce or _print)(f"{SERVING_LINE}{url}")
     signalled = asyncio.ensure_future(stop.wait())
     lost = asyncio.ensure_future(async_engine.wait_lost())
     try:

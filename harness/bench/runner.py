@@ -9,8 +9,6 @@ A timed-out benchmark's whole process group is killed (its servers too).
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +22,7 @@ from pathlib import Path
 from harness.bench.collect import Benchmark
 from harness.bench.figure import Figure, FigureError
 from harness.bench.script import DEVICE_ENV, SKIPPED_EXIT, read_figures
+from harness.processes.stop import stop_process
 from harness.run.server import repo_env
 
 OK, CRASHED, TIMED_OUT, SKIPPED = "ok", "crashed", "timed out", "skipped"
@@ -104,7 +103,7 @@ def run_benchmark(
         try:
             code: int | None = process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(process)
+            stop_process(process, 10.0, group=True)
             code = None
         reader.join(10)
         wall = time.perf_counter() - started
@@ -134,17 +133,3 @@ def _pump(process: subprocess.Popen, tail: deque[str], echo: Callable[[str], Non
         tail.append(line)
         if echo is not None:
             echo(line)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGTERM to the benchmark's process group, SIGKILL after 10 s."""
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.processes.stop import stop_process
 from harness.profiles.loader import ALIASES, SUFFIXES, shipped_profiles_dir
 from harness.run.server import repo_env
 
@@ -184,12 +185,7 @@ class LocustRun:
         self._log.close()
 
     def _terminate(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+        stop_process(self.process, 20.0)
 
     def log_tail(self, lines: int = 25) -> str:
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -18,6 +17,8 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from harness.processes.stop import stop_process
 
 PROMETHEUS_BINARY = "prometheus"
 
@@ -165,13 +166,8 @@ class PrometheusServer:
         )
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        if self.process is not None:
+            stop_process(self.process, 10.0)
         if getattr(self, "_log", None) is not None:
             self._log.close()
         if self._own_dir:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-SERVING_LINE = "schedscope serving on "
+from engine.api.serving_line import serving_url
+from harness.processes.stop import stop_process
 
 
 class ServerStartError(RuntimeError):
@@ -94,9 +94,7 @@ class ServedEngine:
         )
         deadline = time.monotonic() + self.start_timeout_s
         while not self.url:
-            for line in self.log_path.read_text(errors="replace").splitlines():
-                if line.startswith(SERVING_LINE):
-                    self.url = line[len(SERVING_LINE) :].strip()
+            self.url = serving_url(self.log_path.read_text(errors="replace")) or ""
             if self.url:
                 break
             self._fail_if_dead_or_late(
@@ -118,14 +116,8 @@ class ServedEngine:
         timeout. Returns the exit code."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                self.killed = True
-                self.process.kill()
-                self.process.wait(10)
+        if stop_process(self.process, self.stop_timeout_s):
+            self.killed = True
         self.exit_code = self.process.returncode
         if getattr(self, "_log", None) is not None:
             self._log.close()

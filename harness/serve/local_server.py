@@ -31,12 +31,14 @@ from aiohttp import web
 
 import harness
 from engine.api.server import ApiServer, ServerSettings, health_body
+from engine.api.serving_line import serving_url
 from engine.config import CacheConfig, EngineConfig, SchedulerConfig
 from engine.core.clock import WallClock
 from engine.core.cost_model import CostModel
 from engine.factory import build_simulated_engine
 from engine.llm_engine import LLMEngine
 from engine.serving.async_engine import AsyncEngine
+from harness.processes.stop import stop_process
 
 
 def constant_step_cost(step_s: float) -> CostModel:
@@ -199,9 +201,7 @@ class CliServer:
         )
         deadline = time.monotonic() + self.start_timeout_s
         while not self.url:
-            for line in self.output().splitlines():
-                if line.startswith("schedscope serving on "):
-                    self.url = line.split()[-1]
+            self.url = serving_url(self.output()) or ""
             if self.process.poll() is not None and not self.url:
                 raise RuntimeError(
                     f"server exited with {self.process.returncode}:\n{self.output()}"
@@ -227,11 +227,6 @@ class CliServer:
         return self.process.wait(timeout)
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.terminate()
-            try:
-                self.process.wait(self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        if self.process is not None:
+            stop_process(self.process, self.stop_timeout_s)
         self._log.close()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import aiohttp
 
+from harness.processes.stop import stop_process
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 
 
@@ -127,11 +129,7 @@ async def _inspect(url: str, screenshot: Path, chromium: str, timeout_s: float) 
                 errors.append(e["params"]["entry"].get("text", "")[:500])
         return {"dom": dom, "errors": errors, "screenshot": str(screenshot)}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 10.0)
         shutil.rmtree(profile, ignore_errors=True)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes.stop import stop_process
 from tests.support.components import missing
 from tests.support.paths import REPO
 
@@ -228,24 +229,10 @@ class VllmServer:
         process = self.process
         if process is None:
             return
-        if process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                _signal_group(process.pid, signal.SIGKILL)
-                process.wait(10)
-        # children that outlived their parent's exit (the engine core) are in its group
-        _signal_group(process.pid, signal.SIGKILL)
+        # its group: children that outlive their parent's exit (the engine core) go too
+        stop_process(process, STOP_TIMEOUT_S, group=True)
         self._log.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
 
 
 # ---- the session's fixtures (tests/vllm/conftest.py imports them) -------------------------
