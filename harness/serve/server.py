@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 from functools import partial
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from engine.api.state import ServerSettings
 from engine.config import ConfigError, EngineConfig
 from engine.core.cost_model import CostModel, CostModelError
 from engine.factory import EXECUTORS, build_engine
@@ -55,71 +55,27 @@ def tokenizer_for(model: str) -> Tokenizer:
 
 def serve(
     engine_config: EngineConfig,
+    settings: ServerSettings,
+    *,
     executor: str = "torch",
     cost_model: Path | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    served_model_name: str | None = None,
-    max_body_bytes: int = 1 << 20,
-    shutdown_timeout_s: float = 10.0,
     record_steps: Path | None = None,
+    record_requests: Path | None = None,
+    record_decisions: Path | None = None,
     torch_threads: int = 0,
     engine_core: str = "process",
-    record_requests: Path | None = None,
-    *,
-    header_timeout_s: float = 10.0,
-    body_timeout_s: float = 30.0,
-    max_connections: int = 1024,
-    max_connections_per_client: int | None = None,
-    max_tokenize_body_bytes: int = 256 * 1024,
-    max_tokenize_tokens: int = 131072,
     trace_file: Path | None = None,
     otlp_traces_endpoint: str | None = None,
     no_tracing: bool = False,
-    metrics: bool = True,
-    record_decisions: Path | None = None,
-    engine_liveness_timeout_s: float = 30.0,
 ) -> int:
-    """Build the engine, serve until SIGINT/SIGTERM, drain; returns the exit code (1 when
-    the engine died: ``engine.api.signals.EXIT_ENGINE_LOST``). Flag mistakes raise
-    ``typer.BadParameter`` (exit 2) naming the flag."""
-    from engine.api import ServerSettings
-
+    """Build the engine, serve it with ``settings`` (validated: ``ServerSettings.validate``)
+    until SIGINT/SIGTERM, drain; returns the exit code (1 when the engine died:
+    ``engine.api.signals.EXIT_ENGINE_LOST``). Flag mistakes raise ``typer.BadParameter``
+    (exit 2) naming the flag."""
     if executor not in EXECUTORS:
         raise typer.BadParameter(
             f"expected one of {', '.join(EXECUTORS)}, got {executor!r}", param_hint="--executor"
         )
-    if not 0 <= port <= 65535:
-        raise typer.BadParameter(f"must be in [0, 65535], got {port}", param_hint="--port")
-    if max_body_bytes < 1:
-        raise typer.BadParameter(
-            f"must be >= 1, got {max_body_bytes}", param_hint="--max-body-bytes"
-        )
-    if not shutdown_timeout_s >= 0:
-        raise typer.BadParameter(
-            f"must be >= 0, got {shutdown_timeout_s}", param_hint="--shutdown-timeout-s"
-        )
-    if api_key is not None and not api_key:
-        raise typer.BadParameter("must not be empty", param_hint="--api-key")
-    for value, flag in ((header_timeout_s, "--header-timeout"), (body_timeout_s, "--body-timeout")):
-        if not (value > 0 and math.isfinite(value)):
-            raise typer.BadParameter(
-                f"must be a number of seconds > 0, got {value}", param_hint=flag
-            )
-    if not (engine_liveness_timeout_s >= 0 and math.isfinite(engine_liveness_timeout_s)):
-        raise typer.BadParameter(
-            f"must be a number of seconds >= 0 (0: no deadline), got {engine_liveness_timeout_s}",
-            param_hint="--engine-liveness-timeout-s",
-        )
-    for count, flag in (
-        (max_connections, "--max-connections"),
-        (max_connections_per_client, "--max-connections-per-client"),
-        (max_tokenize_body_bytes, "--max-tokenize-body-bytes"),
-        (max_tokenize_tokens, "--max-tokenize-tokens"),
-    ):
-        if count is not None and count < 1:
-            raise typer.BadParameter(f"must be >= 1, got {count}", param_hint=flag)
     try:
         model = CostModel.load(cost_model) if cost_model else None
     except CostModelError as exc:
@@ -153,7 +109,7 @@ def serve(
         trace_file,
         otlp_traces_endpoint,
         no_tracing,
-        model_name=served_model_name or engine_config.model,
+        model_name=settings.served_model_name,
     )
     if engine_core not in ENGINE_CORES:
         raise typer.BadParameter(
@@ -169,22 +125,6 @@ def serve(
     if threads:
         log.info("torch intra-op threads: %d of %d cores", threads, os.cpu_count() or 1)
     log.info("tracing: %s", _describe_tracing(tracing))
-    settings = ServerSettings(
-        served_model_name=served_model_name or engine_config.model,
-        host=host,
-        port=port,
-        api_key=api_key,
-        max_body_bytes=max_body_bytes,
-        shutdown_timeout_s=shutdown_timeout_s,
-        header_timeout_s=header_timeout_s,
-        body_timeout_s=body_timeout_s,
-        max_connections=max_connections,
-        max_connections_per_client=max_connections_per_client,
-        max_tokenize_body_bytes=max_tokenize_body_bytes,
-        max_tokenize_tokens=max_tokenize_tokens,
-        metrics=metrics,
-        engine_liveness_timeout_s=engine_liveness_timeout_s,
-    )
     raise_open_file_limit()
     if engine_core == "process":
         return _serve_with_engine_process(

@@ -11,9 +11,7 @@ from harness.cli.options import DEFAULT_PROFILE
 
 SHARED = ("--profile", "--seed", "--cost-model", "--executor", "--torch-threads")
 #: commands where a flag of that name means something of their own (module docstring)
-OWN = {("report", "--profile"), ("report", "--seed")} | {
-    ("calibrate", flag) for flag in SHARED
-}
+OWN = {("report", "--profile"), ("report", "--seed")} | {("calibrate", flag) for flag in SHARED}
 
 
 def _options() -> dict[str, list[tuple[str, object, str]]]:

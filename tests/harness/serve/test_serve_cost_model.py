@@ -29,10 +29,10 @@ def store(tmp_path, monkeypatch):
 @pytest.fixture
 def served(monkeypatch):
     """What the CLI hands ``harness.serve.server.serve`` (instead of serving): its arguments."""
-    calls: list[tuple] = []
+    calls: list[dict] = []
 
-    def fake_serve(*args, **kwargs):
-        calls.append(args)
+    def fake_serve(engine_config, settings, **kwargs):
+        calls.append(kwargs)
         return 0
 
     monkeypatch.setattr(harness.serve.server, "serve", fake_serve)
@@ -58,7 +58,7 @@ def test_without_a_fit_the_sim_executor_sleeps_the_builtin_and_says_so(store, se
     result, [line] = serve("--executor", "sim")
     assert result.exit_code == 0, result.output
     assert "built-in, fitted on another machine" in line and "`schedscope calibrate`" in line
-    assert served[0][2] is None  # the cost model file: none, the built-in
+    assert served[0]["cost_model"] is None  # the cost model file: none, the built-in
 
 
 def test_this_machines_stored_fit_is_used_for_its_threads(store, served):
@@ -67,21 +67,21 @@ def test_this_machines_stored_fit_is_used_for_its_threads(store, served):
     result, [line] = serve("--executor", "sim", "--torch-threads", "3")
     assert result.exit_code == 0, result.output
     assert line.startswith(f"cost model: {three} (fitted on this machine") and "3.1%" in line
-    assert served[-1][2] == three
+    assert served[-1]["cost_model"] == three
     result, [line] = serve("--executor", "sim", "--torch-threads", "1")
-    assert served[-1][2] == one
+    assert served[-1]["cost_model"] == one
 
 
 def test_builtin_and_a_file_as_asked(store, served, tmp_path):
     cost_store.save(fit(), fingerprint("tiny", executor="torch"))
     result, [line] = serve("--executor", "sim", "--cost-model", "builtin")
     assert result.exit_code == 0 and "(--cost-model builtin)" in line, result.output
-    assert served[-1][2] is None
+    assert served[-1]["cost_model"] is None
     own = tmp_path / "own.json"
     fit(4e-3).save(own)
     result, lines = serve("--executor", "sim", "--cost-model", str(own))
     assert result.exit_code == 0 and lines == [], result.output
-    assert served[-1][2] == own
+    assert served[-1]["cost_model"] == own
 
 
 def test_auto_calibrates_when_there_is_no_fit_then_uses_the_stored_one(store, served, monkeypatch):
@@ -100,7 +100,7 @@ def test_auto_calibrates_when_there_is_no_fit_then_uses_the_stored_one(store, se
     [machine] = calibrated
     assert machine.executor == "torch" and machine.model == "tiny"
     stored = cost_store.find(machine).match
-    assert stored is not None and served[-1][2] == stored.path
+    assert stored is not None and served[-1]["cost_model"] == stored.path
     result, [line] = serve("--executor", "sim", "--cost-model", "auto")
     assert len(calibrated) == 1 and line.startswith(f"cost model: {stored.path}")
 
@@ -123,7 +123,7 @@ def test_the_torch_executor_keeps_the_builtin_without_a_line(store, served):
     cost_store.save(fit(), fingerprint("tiny", executor="torch"))
     result, lines = serve("--executor", "torch")
     assert result.exit_code == 0 and lines == [], result.output
-    assert served[-1][2] is None
+    assert served[-1]["cost_model"] is None
 
 
 def test_a_served_sim_engine_names_the_stored_fit_it_sleeps(store):
