@@ -19,7 +19,9 @@ from harness.cli import app
 from harness.report import ReportOptions, generate_report
 from tests.support.gate_runs import requests_frame, write_run
 
-runner = CliRunner()
+# wide enough that no path or message wraps inside a word (rich breaks a long word at the
+# terminal's width: a temporary path is longer under pytest-xdist)
+runner = CliRunner(env={"COLUMNS": "400"})
 POLICIES = ("fcfs", "sjf", "priority")
 
 
