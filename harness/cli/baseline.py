@@ -52,4 +52,4 @@ def update(
     for note in notes:
         console.print(note, markup=False)
     cells = ", ".join(f"{n} ({len(c['rows'])} requests)" for n, c in body["cells"].items())
-    console.print(f"baseline: {out} ({body['mode']}): {cells}", markup=False)
+    console.print(f"baseline: {out} ({body['mode']}): {cells}", markup=False, soft_wrap=True)

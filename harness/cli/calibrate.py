@@ -178,7 +178,7 @@ def calibrate(
         raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
     except ServedCalibrationError as exc:
         # the server's log is text, not rich markup (it has "[core]" and the like)
-        console.print(f"calibration failed: {exc}", markup=False, highlight=False)
+        console.print(f"calibration failed: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     machine = _fit_fingerprint(fitted, model, device, chosen, executor or "torch", torch_threads)
     if out is None:

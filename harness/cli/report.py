@@ -80,16 +80,18 @@ def _print_report(paths: dict[str, Path]) -> None:
     for line in broken_lines(summary):
         err_console.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in summary.get("missing", []):
-        console.print(Text.assemble(("missing:", "yellow"), f" {line}"))
+        # soft wrap: a line that names a file is never broken inside its path
+        console.print(Text.assemble(("missing:", "yellow"), f" {line}"), soft_wrap=True)
     for finding in summary.get("diagnosis", []):
         console.print(
             Text.assemble(
                 (f"trap {finding['trap']}", "red"),
                 f" {finding['run']}/{finding['policy']}: {finding['message']}",
-            )
+            ),
+            soft_wrap=True,
         )
     for entry in summary.get("verdicts", {}).values():
         console.print(entry["sentence"], soft_wrap=True)
-    console.print(f"markdown: {paths['markdown']}")
-    console.print(f"summary: {paths['summary']}")
+    console.print(f"markdown: {paths['markdown']}", soft_wrap=True)
+    console.print(f"summary: {paths['summary']}", soft_wrap=True)
     console.print(f"report: {paths['html']}", soft_wrap=True)

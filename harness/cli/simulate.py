@@ -97,7 +97,7 @@ def simulate(
     )
     print_comparison(summary, console)
     print_speed_band(summary, console)
-    console.print(f"records: {out}")
+    console.print(f"records: {out}", soft_wrap=True)
     if trace_file is not None:
         print_span_counts(summary, trace_file, console)
 

@@ -218,3 +218,22 @@ def test_a_run_under_a_path_with_brackets_is_read_as_it_is(tmp_path):
     assert result.exit_code == 0, result.output
     assert "broken" not in text
     assert sorted(json.loads((root / "summary.json").read_text())["policies"]) == ["fcfs", "sjf"]
+
+
+def test_a_line_naming_a_file_is_never_broken_inside_its_path(tmp_path, monkeypatch):
+    """On a narrow terminal the notes (``missing:``), traps and the paths written are
+    printed whole, so a path can be copied; rich used to break them at the width (a
+    pytest-xdist run's longer temporary path showed it: 'sum mary.json')."""
+    from rich.console import Console
+
+    import harness.cli.report as report_cli
+
+    monkeypatch.setattr(report_cli, "console", Console(width=30, markup=False))
+    root = _run(tmp_path, policies=("fcfs", "sjf"))
+    (root / "summary.json").write_text(json.dumps({"profile": 5, "policies": {}}))
+    result = runner.invoke(app, ["report", str(root), "--bootstrap", "20"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert f"missing: run: {root / 'summary.json'}: profile is not a string: ignored" in lines
+    assert f"summary: {root / 'summary.json'}" in lines
+    assert f"report: {root / 'report.html'}" in lines
