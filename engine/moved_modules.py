@@ -105,3 +105,21 @@ def moved_names(package: str, new_module: str, submodules: set[str]) -> Callable
         return value
 
     return __getattr__
+
+
+def split_names(module: str, homes: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) for a module whose contents were split into
+    several: a name in ``homes`` is read from its new module (``homes[name]``), with a
+    warning naming that home, once."""
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 - the PEP 562 hook's name
+        if name not in homes:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(homes[name]), name)
+        warnings.warn(
+            f"{module}.{name} moved to {homes[name]}.{name}", DeprecationWarning, stacklevel=2
+        )
+        setattr(sys.modules[module], name, value)
+        return value
+
+    return __getattr__

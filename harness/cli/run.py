@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -17,8 +17,9 @@ from harness.cli.app import console, err_console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
 from harness.costmodel.choice import cell_lines, is_named_choice
 from harness.costmodel.machine import Fingerprint, fingerprint
-from harness.loadgen.options import ENDPOINTS, PROMPT_MODES
+from harness.loadgen.options import ENDPOINTS, GRACE_S, PROMPT_MODES
 from harness.profiles import ProfileError, resolve_profile
+from harness.run.settings import START_TIMEOUT_S, RunSettings, RunSettingsError
 from harness.serve.knobs import with_engine_knobs
 
 if TYPE_CHECKING:
@@ -106,10 +107,12 @@ def run(
         "instead of scraping /metrics directly.",
     ),
     grace: float = typer.Option(
-        30.0, "--grace", help="Locust waits this long after the schedule for the last responses."
+        GRACE_S,
+        "--grace",
+        help="Locust waits this long after the schedule for the last responses.",
     ),
     start_timeout: float = typer.Option(
-        180.0, "--start-timeout", help="Seconds the server may take to become healthy."
+        START_TIMEOUT_S, "--start-timeout", help="Seconds the server may take to become healthy."
     ),
     keep_raw: bool = typer.Option(
         True,
@@ -187,7 +190,7 @@ def run(
     path last (docs/run.md)."""
     import sys
 
-    from harness.run import RunFileError, RunOptions, run_matrix
+    from harness.run import CellMachine, RunFileError, RunOptions, run_matrix
     from harness.run.plan import plan_run
     from harness.run.termination import sigterm_stops_the_run
 
@@ -197,8 +200,6 @@ def run(
         raise typer.BadParameter(
             "--simulate and --target exclude each other", param_hint="--target"
         )
-    if executor not in ("torch", "sim"):
-        raise typer.BadParameter("torch or sim", param_hint="--executor")
     if duration_scale <= 0:
         raise typer.BadParameter("must be > 0", param_hint="--duration-scale")
     if rate_scale <= 0:
@@ -217,18 +218,18 @@ def run(
         )
     if target_model is not None and not target:
         raise typer.BadParameter("only with --target", param_hint="--target-model")
-    for port, flag in (
-        (target_otlp_port, "--target-otlp-port"),
-        (target_otlp_grpc_port, "--target-otlp-grpc-port"),
-    ):
-        if port is not None and not target:
-            raise typer.BadParameter("only with --target", param_hint=flag)
-        if port is not None and not 0 < port < 65536:
-            raise typer.BadParameter(f"{port}: not a TCP port (1..65535)", param_hint=flag)
-    if target_otlp_port is not None and target_otlp_port == target_otlp_grpc_port:
-        raise typer.BadParameter(
-            "OTLP/HTTP and OTLP/gRPC need ports of their own", param_hint="--target-otlp-grpc-port"
-        )
+    settings = _settings(
+        executor=executor,
+        torch_threads=torch_threads,
+        target=target,
+        target_trace_file=target_trace_file,
+        target_otlp_port=target_otlp_port,
+        target_otlp_grpc_port=target_otlp_grpc_port,
+        api_key=api_key,
+        prometheus=prometheus,
+        grace_s=grace,
+        start_timeout_s=start_timeout,
+    )
     if max_error_rate is None:
         from harness.report.errors import HIGH_ERROR_RATE
 
@@ -269,10 +270,9 @@ def run(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workers/--expect-workers") from None
-    if target and not target.startswith(("http://", "https://")):
-        raise typer.BadParameter("expected http://HOST:PORT", param_hint="--target")
     machines = {
-        c.name: _cell_machine(c, simulate_mode, target, executor, torch_threads) for c in plan.cells
+        c.name: _cell_machine(c, simulate_mode, settings.target, executor, torch_threads)
+        for c in plan.cells
     }
     cost_models = _cost_model_files(
         cost_model,
@@ -281,26 +281,17 @@ def run(
         uses=lambda c: simulate_mode or (c.setting("executor", executor) == "sim" and not target),
     )
     first = plan.cells[0].name
-    shared_cost_model = cost_models[first] if len(set(cost_models.values())) == 1 else None
-    settings = {
-        "executor": executor,
-        "cost_model": shared_cost_model,
-        "torch_threads": torch_threads,
-        "target": target.rstrip("/") if target else None,
-        "target_trace_file": target_trace_file,
-        "target_otlp_port": target_otlp_port,
-        "target_otlp_grpc_port": target_otlp_grpc_port,
-        "api_key": api_key,
-        "prometheus": prometheus,
-        "grace_s": grace,
-        "start_timeout_s": start_timeout,
-        "locust_args": loadgen_args(
+    settings = _settings(
+        settings,
+        # the run's cost model when every cell reads the same one (run.json says it)
+        cost_model=cost_models[first] if len(set(cost_models.values())) == 1 else None,
+        locust_args=loadgen_args(
             prompt_mode or ("auto" if target else "token_ids"), endpoint, target_model
         )
         + spread,
-        "workers_wait_s": workers_wait if expect_workers else 0.0,
-        "ship_profile": bool(expect_workers),
-    }
+        workers_wait_s=workers_wait if expect_workers else 0.0,
+        ship_profile=bool(expect_workers),
+    )
     if expect_workers:
         import socket
 
@@ -333,9 +324,8 @@ def run(
         report=report,
         max_error_rate=max_error_rate,
         machine=machines[first].to_dict(),
-        cell_settings={
-            name: {"machine": machines[name].to_dict(), "cost_model": cost_models[name]}
-            for name in machines
+        cell_machines={
+            name: CellMachine(machines[name].to_dict(), cost_models[name]) for name in machines
         },
     )
     with sigterm_stops_the_run():
@@ -345,6 +335,15 @@ def run(
         # The last line: the report's path alone (`make demo`, `| tail -1`).
         console.print(str(report_path), soft_wrap=True, highlight=False, markup=False)
     raise typer.Exit(code)
+
+
+def _settings(base: RunSettings | None = None, **values: Any) -> RunSettings:
+    """``base`` (or the defaults) with ``values`` over it; a value that cannot be run is
+    a usage error naming its flag (exit 2)."""
+    try:
+        return dataclasses.replace(base, **values) if base else RunSettings(**values)
+    except RunSettingsError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.flag) from None
 
 
 def loadgen_args(prompt_mode: str, endpoint: str, model: str | None) -> list[str]:

@@ -36,6 +36,9 @@ SECRETS = ("api_key",)
 #: vocabulary (harness/loadgen/prompt_choice.py).
 PROMPT_MODES = ("token_ids", "text", "auto")
 ENDPOINTS = ("completions", "chat")
+#: ``--grace``: seconds after the schedule's end the load generator waits for the last
+#: responses (``schedscope run --grace`` too).
+GRACE_S = 30.0
 
 
 def env_var(flag: str) -> str:
@@ -108,7 +111,7 @@ def add_arguments(parser) -> None:
     group.add_argument(
         "--grace",
         type=float,
-        default=30.0,
+        default=GRACE_S,
         help="seconds after the schedule's end to wait for the last responses",
     )
     group.add_argument(
@@ -143,7 +146,7 @@ class LoadgenOptions:
     api_key: str = ""
     prompt_mode: str = "token_ids"
     continuous_usage: str = "auto"
-    grace: float = 30.0
+    grace: float = GRACE_S
     request_timeout: float = 600.0
     http_client: str = "fast"
     lag_limit_ms: float = 10.0

@@ -228,7 +228,7 @@ def clean_policy_info(info: dict) -> tuple[dict, dict, list[str]]:
     return out, refused, notes
 
 
-#: The cell failures of a load-generator worker (harness/run/cell.py): a ``LOAD`` line each.
+#: The cell failures of a load-generator worker (harness/run/collect.py): a ``LOAD`` line each.
 WORKER_FAILURES = ("worker_plan_mismatch", "worker_failed", "worker_lost")
 
 

@@ -16,11 +16,12 @@ through it, so "no request completed" means the same everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 
 class CellResult(Protocol):
-    """What the rule reads of a cell's result (``harness.run.cell.CellResult``; named
+    """What the rule reads of a cell's result (``harness.run.cell_result.CellResult``; named
     here by its shape, so the rule imports nothing of the cell that uses it)."""
 
     scheduled: int | None
@@ -94,13 +95,13 @@ def _completed_nothing(result: CellResult) -> bool:
     return any(f["kind"] == NO_COMPLETED for f in result.failures)
 
 
-def run_status(results: list[CellResult]) -> str:
+def run_status(results: Sequence[CellResult]) -> str:
     """The run's status: its worst cell's."""
     states = {status(r) for r in results}
     return next((s for s in ("failed", "degraded") if s in states), "ok")
 
 
-def exit_code(results: list[CellResult], over_error_rate: list[CellResult]) -> int:
+def exit_code(results: Sequence[CellResult], over_error_rate: Sequence[CellResult]) -> int:
     """The run's exit code (module docstring)."""
     if any(r.infrastructure_failure for r in results):
         return INFRASTRUCTURE_EXIT

@@ -21,35 +21,45 @@ from rich.text import Text
 from harness.costmodel.choice import cell_lines
 from harness.loadgen.prompt_choice import PromptChoice
 from harness.profiles import resolve_profile
-from harness.records.redact import redact_argv, redact_url
+from harness.records.redact import redact_argv
 from harness.report import errors as error_lines
 from harness.report.errors import HIGH_ERROR_RATE
-from harness.run.cell import CellResult, CellSettings, remove_raw, run_load_cell, run_simulated_cell
+from harness.run.cell_result import CellResult, remove_raw
+from harness.run.load_cell import run_load_cell
 from harness.run.matrix import RunPlan
 from harness.run.outcome import ERROR_RATE_EXIT, exit_code, run_status
 from harness.run.outcome import status as cell_status
+from harness.run.settings import CellMachine, CellSettings, RunSettings
+from harness.run.simulated_cell import run_simulated_cell
 from harness.run.versions import versions
 
 
 @dataclass
 class RunOptions:
+    """A run: its plan (cells, profile, seed), where it goes and what every cell runs
+    with (``settings``; each cell's own machine and cost model in ``cell_machines``)."""
+
     plan: RunPlan
     out: Path | None = None
     simulate: bool = False
-    settings: dict = field(default_factory=dict)  # CellSettings fields other than the profile
+    settings: RunSettings = field(default_factory=RunSettings)
     keep_raw: bool = True
     argv: list[str] = field(default_factory=list)
     report: bool = True
     #: the fingerprint of the machine the run runs on (harness/costmodel/machine.py), recorded in
-    #: every run.json and summary.json (a cell's own, in ``cell_settings``, in its)
+    #: every run.json and summary.json (a cell's own, in ``cell_machines``, in its)
     machine: dict | None = None
-    #: cell name -> CellSettings fields of that cell alone (its cost model and
-    #: fingerprint, when its knob set changes what the fingerprint covers), over
-    #: ``settings`` and the cell's own run settings
-    cell_settings: dict[str, dict] = field(default_factory=dict)
+    #: cell name -> what the command chose for that cell alone (its fingerprint and cost
+    #: model); a cell not named has the run's ``machine`` and ``settings.cost_model``
+    cell_machines: dict[str, CellMachine] = field(default_factory=dict)
     #: a cell whose error rate (harness/report/errors.py) exceeds this makes the run exit
     #: ERROR_RATE_EXIT (None: no limit)
     max_error_rate: float | None = HIGH_ERROR_RATE
+
+    def cell_machine(self, name: str) -> CellMachine:
+        """Cell ``name``'s fingerprint and cost model."""
+        default = CellMachine(self.machine, self.settings.cost_model)
+        return self.cell_machines.get(name, default)
 
 
 def default_root(base: Path = Path("runs")) -> Path:
@@ -173,11 +183,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
     base_profile = resolve_profile(plan.profile)
     if plan.duration_scale != 1.0:
         base_profile = base_profile.with_duration_scale(plan.duration_scale)
-    mode = (
-        "simulate"
-        if options.simulate
-        else ("target" if options.settings.get("target") else "serve")
-    )
+    mode = "simulate" if options.simulate else ("target" if options.settings.target else "serve")
     run_info = {
         "kind": "schedscope-run",
         "mode": mode,
@@ -194,19 +200,15 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                 "knobs": c.knobs,
                 **({"settings": c.settings} if c.settings else {}),
                 **(
-                    {"cost_model": _as_text(options.cell_settings[c.name].get("cost_model"))}
-                    if "cost_model" in options.cell_settings.get(c.name, {})
+                    {"cost_model": _as_text(options.cell_machines[c.name].cost_model)}
+                    if c.name in options.cell_machines
                     else {}
                 ),
             }
             for c in plan.cells
         ],
         "run_file": plan.run_file,
-        "settings": {
-            k: redact_url(str(v) if isinstance(v, Path) else v)
-            for k, v in options.settings.items()
-            if k != "api_key"
-        },
+        "settings": options.settings.record(),
         "versions": versions(),
         "machine": options.machine,
         "started": datetime.now().isoformat(timespec="seconds"),
@@ -223,11 +225,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
         from harness.run.simulator_check import check_models
 
         # Chosen before any cell serves: every check is out of sample (docs/run.md).
-        checks = check_models(
-            plan.cells,
-            options.settings.get("executor", "torch"),
-            options.settings.get("torch_threads"),
-        )
+        checks = check_models(plan.cells, options.settings.executor, options.settings.torch_threads)
         for line in cell_lines({name: c.line for name, c in checks.items()}):
             console.print(f"simulator check: {line}", soft_wrap=True, highlight=False, markup=False)
     results: list[CellResult] = []
@@ -239,19 +237,16 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                 if cell.rate_scale != 1.0
                 else base_profile
             )
-            settings = CellSettings(
+            settings = CellSettings.for_cell(
+                options.settings,
+                cell,
+                options.cell_machine(cell.name),
                 profile_name=plan.profile,
                 profile=profile,
                 duration_scale=plan.duration_scale,
                 seed=plan.seed,
                 simulator_check=checks.get(cell.name),
                 max_error_rate=options.max_error_rate,
-                **{
-                    "machine": options.machine,
-                    **options.settings,
-                    **cell.settings,
-                    **options.cell_settings.get(cell.name, {}),
-                },
             )
             cell_dir = root / cell.name
             cell_dir.mkdir(parents=True, exist_ok=True)
@@ -326,7 +321,9 @@ def _print_errors(
                 said = True
             console.print(line, soft_wrap=True, highlight=False, markup=False)
     if over:
-        cells = ", ".join(f"{r.cell.name} ({r.errors['error_rate'] * 100:.1f}%)" for r in over)
+        cells = ", ".join(
+            f"{r.cell.name} ({(r.errors or {}).get('error_rate', 0) * 100:.1f}%)" for r in over
+        )
         console.print(
             Text.assemble(
                 (f"error rate over --max-error-rate {limit:g}", "red"),

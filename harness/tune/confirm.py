@@ -30,7 +30,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from harness.loadgen.options import GRACE_S
 from harness.run.matrix import Cell, RunPlan
+from harness.run.settings import START_TIMEOUT_S, RunSettings
 from harness.tune.objective import CAPACITY, Context, Evaluation, tails_of
 from harness.tune.slo import meets
 
@@ -52,9 +54,20 @@ class ConfirmSettings:
     target: str | None = None
     margin: float = 0.15
     extend: int = 2  # rounds of further rates until each capacity is bracketed
-    grace_s: float = 30.0
-    start_timeout_s: float = 180.0
+    grace_s: float = GRACE_S
+    start_timeout_s: float = START_TIMEOUT_S
     report: bool = True
+
+    def run_settings(self) -> RunSettings:
+        """What every confirming cell runs with (harness/run/settings.py)."""
+        return RunSettings(
+            executor=self.executor,
+            cost_model=self.cost_model,
+            torch_threads=self.torch_threads,
+            target=self.target,
+            grace_s=self.grace_s,
+            start_timeout_s=self.start_timeout_s,
+        )
 
 
 @dataclass
@@ -214,7 +227,7 @@ def _serve_round(
     """Serve ``planned`` as one ``schedscope run`` under ``out`` and add what each cell
     measured to ``results`` (its ``cell`` named relative to the confirm root)."""
     from harness.costmodel.machine import fingerprint
-    from harness.run import RunOptions, run_matrix
+    from harness.run import CellMachine, RunOptions, run_matrix
 
     plan = RunPlan([c for _, _, c in planned], profile_name, duration_scale, ctx.seed)
     executor = "external" if settings.target else settings.executor
@@ -229,18 +242,11 @@ def _serve_round(
     options = RunOptions(
         plan=plan,
         out=out,
-        settings={
-            "executor": settings.executor,
-            "cost_model": settings.cost_model,
-            "torch_threads": settings.torch_threads,
-            "target": settings.target.rstrip("/") if settings.target else None,
-            "grace_s": settings.grace_s,
-            "start_timeout_s": settings.start_timeout_s,
-        },
+        settings=settings.run_settings(),
         argv=["schedscope", "tune", "(confirm)"],
         report=settings.report,
         machine=next(iter(machines.values())),
-        cell_settings={name: {"machine": m} for name, m in machines.items()},
+        cell_machines={name: CellMachine(m, settings.cost_model) for name, m in machines.items()},
     )
     try:
         _, _, root = run_matrix(options, console)

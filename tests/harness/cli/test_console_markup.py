@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.report.errors import error_summary
-from harness.run.cell import CellResult
+from harness.run.cell_result import CellResult
 from harness.run.live import RecordsTail, figures_line
 from harness.run.matrix import Cell
 from harness.run.runner import Progress, _print_cell, _print_errors, summary_table

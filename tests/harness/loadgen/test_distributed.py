@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from harness.loadgen.clock import TEST_OFFSET_ENV, Probe, best, clock_warnings, to_master_clock
 from harness.loadgen.merge import merge_records
 from harness.report.inputs import _load_notes
-from harness.run.cell import CellResult, _client_records
+from harness.run.cell_result import CellResult
+from harness.run.collect import client_records
 from harness.run.loadgen import distribution_args, worker_line
 from harness.run.matrix import Cell
 from harness.serve.local_server import CliServer
@@ -248,7 +249,7 @@ def test_a_worker_killed_mid_run_is_reported_with_its_missing_count(tmp_path):
     # The cell of a schedscope run says so (a worker_lost failure), and so does the report.
     result = CellResult(Cell("c", "fcfs", None, 1.0, {}), tmp_path, "serve")
     info: dict = {}
-    _client_records(result, tmp_path / "master", info)
+    client_records(result, tmp_path / "master", info)
     [failure] = [f for f in result.failures if f["kind"] == "worker_lost"]
     assert f"{lost['missing_open']} of its {lost['num_open_requests']}" in failure["message"]
     notes = _load_notes({"failures": result.failures, "loadgen": info["loadgen"]})

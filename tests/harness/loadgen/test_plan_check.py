@@ -8,7 +8,8 @@ import json
 from harness.loadgen.plan_check import PlanMismatch, check_plan, failure_message, worker_failure
 from harness.profiles import build_plan
 from harness.profiles.digest import plan_digest
-from harness.run.cell import CellResult, _client_records
+from harness.run.cell_result import CellResult
+from harness.run.collect import client_records
 from harness.run.matrix import Cell
 from tests.harness.profiles.test_digest import WITH_CLOSED
 
@@ -50,7 +51,7 @@ def test_one_process_that_could_not_start_fails_its_cell(tmp_path):
     (tmp_path / "summary-0-5.json").write_text(json.dumps(summary))
     result = CellResult(Cell("c", "fcfs", None, 1.0, {}), tmp_path, "serve")
     info: dict = {}
-    _client_records(result, tmp_path, info)
+    client_records(result, tmp_path, info)
     assert result.failures == [
         {
             "kind": "worker_failed",

@@ -15,8 +15,8 @@ from harness.records.requests import STALL_TYPE
 from harness.report import stalls as report_stalls
 from harness.report.inputs import PolicyData
 from harness.report.stall_causes import CLIENT_TOKEN_TIMES, EXTERNAL_UNKNOWN
-from harness.run.cell import SERVED_STALL_THRESHOLD_S
 from harness.run.client_stalls import token_gaps, with_client_stalls
+from harness.run.collect import SERVED_STALL_THRESHOLD_S
 
 GAPS = st.lists(
     st.floats(min_value=0.0, max_value=10.0, allow_nan=False, allow_infinity=False), max_size=40

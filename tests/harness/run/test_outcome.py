@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from harness.costmodel import store as cost_store
 from harness.run import outcome
-from harness.run.cell import CellResult
+from harness.run.cell_result import CellResult
 from harness.run.matrix import Cell
 from tests.support.paths import DATA, REPO
 
