@@ -27,6 +27,8 @@ from engine.worker.weights import load_checkpoint
 from tests.support.paths import REPO
 from tests.support.vllm_server import vllm_env
 
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
 TOL = 2e-5
 BLOCK_SIZE = 16
 PROMPT_LENS = [5, 23, 40, 17]

@@ -22,6 +22,8 @@ from tests.support.paths import DATA
 from tests.support.vllm_server import SERVED_MODEL_NAME
 from tests.vllm.test_vllm_metric_names import ONLY_BUNDLED
 
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
 NAMES = re.compile(r"\b(vllm:[a-z0-9_:]+|schedscope_[a-z0-9_]+)")
 
 

@@ -16,6 +16,8 @@ from harness.cli import app
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import REPO
 
+pytestmark = [pytest.mark.slow]
+
 
 @pytest.fixture()
 def slow_cost_model(tmp_path) -> Path:
@@ -146,6 +148,7 @@ def test_bad_flags_exit_2_naming_the_flag(args, fragment):
     assert fragment in result.output
 
 
+@pytest.mark.torch_model
 def test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor(tmp_path):
     """Scripts read the URL from the first stdout line; the KV-cache plan and every log
     line go to stderr (the engine process's as well as the server's)."""

@@ -14,6 +14,8 @@ import pytest
 from engine.serving.tokenizer import HashTokenizer
 from harness.serve.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 
+pytestmark = [pytest.mark.slow]
+
 NUM_STREAMS = 200
 NUM_NON_STREAMING = 20
 

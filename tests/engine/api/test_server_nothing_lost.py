@@ -13,9 +13,12 @@ import socket
 import time
 
 import aiohttp
+import pytest
 
 from engine.core.cost_model import CostModel
 from harness.serve.local_server import CliServer, HttpClient
+
+pytestmark = [pytest.mark.slow]
 
 
 def cost_model(tmp_path, step_s: float) -> str:

@@ -30,6 +30,8 @@ from harness.cli import app
 from harness.serve.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 from tests.support.served import engine_process, health, open_stream, read_stream
 
+pytestmark = [pytest.mark.slow]
+
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 1000, "ignore_eos": True}
 STREAM = {**BODY, "stream": True}
 

@@ -83,6 +83,7 @@ def window(url: str, seconds: float) -> tuple[int, int, float]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("core", ["process", "thread"])
 def test_many_scrapers_neither_stall_the_engine_nor_make_it_render_more(core, tmp_path):
     cost = tmp_path / "cost.json"
@@ -140,6 +141,7 @@ def generation_tokens(url: str, accept: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("core", ["process", "thread"])
 def test_an_engine_nobody_scrapes_any_more_stops_rendering(core, tmp_path):
     """Scraped a few times, then not at all while it keeps working for longer than

@@ -33,6 +33,8 @@ from harness.run.prometheus import PrometheusServer, find_prometheus
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import DATA
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
 MODEL = "proof"
 VLLM_QUERIES = DATA / "vllm_grafana_queries.txt"
 

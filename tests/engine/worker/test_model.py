@@ -33,6 +33,8 @@ from engine.worker.model import (
 )
 from engine.worker.model_config import PRESETS, ModelConfig, RopeScaling
 
+pytestmark = [pytest.mark.torch_model]
+
 TOL = 1e-5
 
 GQA = ModelConfig(

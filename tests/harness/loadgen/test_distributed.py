@@ -32,6 +32,8 @@ from harness.run.matrix import Cell
 from harness.serve.local_server import CliServer
 from tests.harness.loadgen.test_loadgen import LOCUST, PROFILE_FILE, ROOT, run_locust
 
+pytestmark = [pytest.mark.slow]
+
 #: Columns that depend on the worker or on timing, not on the schedule.
 TIMING = {
     "worker",

@@ -36,7 +36,7 @@ from tests.harness.loadgen.test_loadgen import LOCUST, PROFILE_FILE, ROOT, plan_
 KEY = "sk-test-4f9c2a7d"
 ROGUE = "rogue-peer"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow]
 
 
 def locust(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

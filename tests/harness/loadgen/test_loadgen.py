@@ -27,6 +27,8 @@ from harness.profiles import build_plan, load_profile
 from harness.serve.local_server import CliServer
 from tests.support.paths import REPO
 
+pytestmark = [pytest.mark.slow]
+
 ROOT = REPO
 PROFILE_FILE = ROOT / "tests" / "data" / "locust_small.py"
 LOCUST = str(Path(sys.executable).parent / "locust")

@@ -29,6 +29,8 @@ from harness.serve.local_server import CliServer
 from tests.support.paths import DATA, REPO
 from tests.support.run_cli import schedscope_run
 
+pytestmark = [pytest.mark.slow]
+
 ROOT = REPO
 DATA = DATA
 
@@ -54,6 +56,7 @@ def last_line(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.torch_model
 def test_served_torch_two_policies(tmp_path):
     out = tmp_path / "run"
     proc = run_cli(
@@ -531,6 +534,7 @@ def test_headline_starvation_and_max_wait(tmp_path):
     assert not any(f["trap"] == "starvation" for f in summary["diagnosis"])
 
 
+@pytest.mark.prometheus
 def test_prometheus_scrapes_the_cell_and_its_series_become_metrics_parquet(tmp_path):
     """--prometheus: a real Prometheus (Debian's binary, installed by make test) scrapes
     the served cell every second; its series, exported at the end, are metrics.parquet."""

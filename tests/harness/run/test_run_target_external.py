@@ -16,10 +16,13 @@ import json
 import socket
 
 import polars as pl
+import pytest
 
 from harness.report.stall_causes import CAUSE_LABELS, CLIENT_TOKEN_TIMES, STALL_CAUSES
 from tests.harness.run.test_run_target_vocabulary import own_store, run_target  # noqa: F401
 from tests.support.vllm_stub import VllmStub
+
+pytestmark = [pytest.mark.slow]
 
 STALL_S = 0.4
 

@@ -25,6 +25,8 @@ from harness.profiles import build_plan, load_profile
 from tests.support.hostile_target import MARKUP, MODES, OK_MODES, HostileTarget
 from tests.support.paths import DATA, REPO
 
+pytestmark = [pytest.mark.slow]
+
 #: one cycle of the target: correct streams between the hostile ones, the markup error
 #: the commonest (so the console prints it as the cell's commonest error)
 CYCLE = (
@@ -60,7 +62,6 @@ def own_store(tmp_path, monkeypatch):
     monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "cost-model-store"))
 
 
-@pytest.mark.slow
 def test_a_hostile_target_s_run_ends_with_a_report_and_a_row_per_request(tmp_path):
     out = tmp_path / "run"
     profile = DATA / "locust_small.py"

@@ -21,6 +21,8 @@ from harness.costmodel import store as cost_store
 from tests.support.paths import DATA, REPO
 from tests.support.vllm_stub import VllmStub
 
+pytestmark = [pytest.mark.slow]
+
 
 @pytest.fixture(autouse=True)
 def own_store(tmp_path, monkeypatch):
