@@ -30,8 +30,9 @@ from harness.loadgen.clock import TEST_OFFSET_ENV
 from harness.loadgen.master_guard import TOKEN_ENV
 from harness.loadgen.merge import merge_records
 from harness.serve.local_server import CliServer
-from tests.harness.loadgen.test_distributed import free_port, stop_all
+from tests.harness.loadgen.test_distributed import stop_all
 from tests.harness.loadgen.test_loadgen import LOCUST, PROFILE_FILE, ROOT, plan_open_ids
+from tests.support.ports import free_port
 
 KEY = "sk-test-4f9c2a7d"
 ROGUE = "rogue-peer"

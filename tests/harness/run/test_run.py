@@ -27,6 +27,7 @@ from harness.costmodel import store as cost_store
 from harness.costmodel.machine import fingerprint
 from harness.serve.local_server import CliServer
 from tests.support.paths import DATA, REPO
+from tests.support.ports import free_port
 from tests.support.run_cli import schedscope_run
 
 pytestmark = [pytest.mark.slow]
@@ -273,19 +274,11 @@ def test_simulate_runs_have_no_simulator_check(tmp_path):
     assert "Simulator vs this run" not in (out / "report.md").read_text()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_target_external_server(tmp_path):
     """--target: a second bundled server (sim) stands for an external one; it exports
     its spans over OTLP/HTTP to the receiver the run starts (--target-otlp-port)."""
     out = tmp_path / "run"
-    port = _free_port()
+    port = free_port()
     with CliServer(
         ["--executor", "sim", "--otlp-traces-endpoint", f"http://127.0.0.1:{port}/v1/traces"]
     ) as server:
