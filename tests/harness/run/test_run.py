@@ -30,19 +30,10 @@ from tests.support.paths import DATA, REPO
 from tests.support.ports import free_port
 from tests.support.run_cli import schedscope_run
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("own_store")]
 
 ROOT = REPO
 DATA = DATA
-
-
-@pytest.fixture(autouse=True)
-def own_store(tmp_path, monkeypatch):
-    """Each test's runs have a store of cost models of their own: a served cell fits its
-    steps into the store, which must not leak into another test's simulations."""
-    store = tmp_path / "cost-model-store"
-    monkeypatch.setenv(cost_store.STORE_ENV, str(store))
-    return store
 
 
 def run_cli(

@@ -18,11 +18,11 @@ import polars as pl
 import pytest
 
 from harness.report.stall_causes import CAUSE_LABELS, CLIENT_TOKEN_TIMES, STALL_CAUSES
-from tests.harness.run.test_run_target_vocabulary import own_store, run_target  # noqa: F401
+from tests.harness.run.test_run_target_vocabulary import run_target
 from tests.support.ports import free_port
 from tests.support.vllm_stub import VllmStub
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("own_store")]
 
 STALL_S = 0.4
 
