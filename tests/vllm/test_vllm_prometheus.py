@@ -7,7 +7,6 @@ and checked to be exactly of those two kinds; docs/vllm.md lists them)."""
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 import time
@@ -19,6 +18,7 @@ from harness.run.prometheus import PrometheusServer, find_prometheus
 from harness.serve.local_server import HttpClient
 from tests.support.components import missing
 from tests.support.paths import DATA
+from tests.support.prometheus_results import has_data
 from tests.support.vllm_server import SERVED_MODEL_NAME
 from tests.vllm.test_vllm_metric_names import ONLY_BUNDLED
 
@@ -81,10 +81,6 @@ def scraped(vllm_server):
         time.sleep(8)  # several scrapes under load: rate() windows have data
         yield prometheus, exposed
     assert load.statuses and set(load.statuses) == {200}, set(load.statuses)
-
-
-def has_data(result: list[dict]) -> bool:
-    return any(math.isfinite(float(sample["value"][1])) for sample in result)
 
 
 def check(prometheus, exposed: set[str], queries: list[tuple[str, str]]) -> list[str]:

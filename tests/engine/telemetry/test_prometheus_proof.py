@@ -18,7 +18,6 @@ Bounded: about 30 s; every process is stopped by the id we started.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import re
@@ -32,6 +31,7 @@ from harness.grafana.dashboards import panel_queries, substitute
 from harness.run.prometheus import PrometheusServer, find_prometheus
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import DATA
+from tests.support.prometheus_results import has_data
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -143,10 +143,6 @@ def scraped(cost_model):
             time.sleep(8)  # several scrapes under load: rate() windows have data
             yield prometheus, load
         assert load.num_done > 20
-
-
-def has_data(result: list[dict]) -> bool:
-    return any(math.isfinite(float(sample["value"][1])) for sample in result)
 
 
 def test_every_dashboard_panel_returns_data_from_a_live_engine(scraped):
