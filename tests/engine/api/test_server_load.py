@@ -6,39 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 import pytest
 
 from engine.serving.tokenizer import HashTokenizer
-from harness.serve.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, CliServer, sim_engine
+from tests.support.served import wait_idle_and_leak_free
 
 pytestmark = [pytest.mark.slow]
 
 NUM_STREAMS = 200
 NUM_NON_STREAMING = 20
-
-
-def wait_idle_and_leak_free(url: str, timeout: float) -> dict:
-    http = HttpClient(url)
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            status, _, data = http.request("GET", "/health")
-            health = json.loads(data)
-            if (
-                status == 200
-                and health["num_in_flight"] == 0
-                and health["num_unfinished"] == 0
-                and health["num_free_device_blocks"] == health["num_device_blocks"]
-                and health["num_free_host_blocks"] == health["num_host_blocks"]
-            ):
-                return health
-            assert time.monotonic() < deadline, f"not idle after {timeout} s: {health}"
-            time.sleep(0.02)
-    finally:
-        http.close()
 
 
 def test_disconnect_storm_aborts_everything_and_leaks_nothing():

@@ -18,21 +18,12 @@ from engine.serving.async_engine import (
     METRICS_UNWANTED_AFTER_S,
 )
 from harness.serve.local_server import CliServer, HttpClient
+from tests.support.served import health
 
 NUM_SCRAPERS = 20
 NUM_STREAMS = 8
 WINDOW_S = 3.0
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 200, "ignore_eos": True}
-
-
-def health(url: str) -> dict:
-    client = HttpClient(url)
-    try:
-        status, _, raw = client.request("GET", "/health")
-    finally:
-        client.close()
-    assert status == 200
-    return json.loads(raw)
 
 
 class _Load:
@@ -73,9 +64,10 @@ def scrape_in_loop(url: str, stop: threading.Event, answers: list[int], accept: 
 
 def window(url: str, seconds: float) -> tuple[int, int, float]:
     """(steps, renders, elapsed) over ``seconds``, from /health."""
-    before, started = health(url), time.monotonic()
+    (status_before, before), started = health(url), time.monotonic()
     time.sleep(seconds)
-    after, elapsed = health(url), time.monotonic() - started
+    (status_after, after), elapsed = health(url), time.monotonic() - started
+    assert status_before == status_after == 200
     return (
         after["num_steps"] - before["num_steps"],
         after["num_metrics_renders"] - before["num_metrics_renders"],
