@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import REPO
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -38,13 +39,6 @@ def slow_cost_model(tmp_path) -> Path:
         )
     )
     return path
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def in_background(fn, *args) -> tuple[threading.Thread, list]:
@@ -73,10 +67,10 @@ def test_sigterm_lets_in_flight_requests_finish_and_refuses_new_ones(slow_cost_m
     ) as server:
         body = {"model": "served", "prompt": "a b", "max_tokens": 200, "ignore_eos": True}
         thread, result = in_background(HttpClient(server.url).post_json, "/v1/completions", body)
-        wait_for(lambda: running(server.url) == 1)
+        wait_for(lambda: running(server.url) == 1, "one running", timeout_s=10)
         server.terminate()
         signalled = time.monotonic()
-        wait_for(lambda: "shutting down" in server.output())
+        wait_for(lambda: "shutting down" in server.output(), "shutting down", timeout_s=10)
 
         http = HttpClient(server.url)
         status, _, data = http.post_json("/v1/completions", {**body, "max_tokens": 1})
@@ -111,7 +105,7 @@ def test_sigterm_aborts_what_is_left_at_the_bound(slow_cost_model):
         plain, answered = in_background(
             HttpClient(server.url).post_json, "/v1/completions", long, auth
         )
-        wait_for(lambda: running(server.url) == 2)
+        wait_for(lambda: running(server.url) == 2, "two running", timeout_s=10)
         server.terminate()
         signalled = time.monotonic()
         stream.join(10)
