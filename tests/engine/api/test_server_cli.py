@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from engine.core.cost_model import CostModel
 from harness.cli import app
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import REPO
@@ -24,20 +25,7 @@ pytestmark = [pytest.mark.slow]
 def slow_cost_model(tmp_path) -> Path:
     """10 ms per step: a 200-token request is in flight for about two seconds."""
     path = tmp_path / "cost.json"
-    path.write_text(
-        json.dumps(
-            {
-                "step_overhead_s": 0.01,
-                "prefill_token_s": 0.0,
-                "decode_seq_s": 0.0,
-                "decode_context_token_s": 0.0,
-                "prefill_attention_s": 0.0,
-                "swap_block_s": 0.0,
-                "prefill_seq_s": 0.0,
-                "mixed_step_s": 0.0,
-            }
-        )
-    )
+    CostModel.constant(0.01).save(path)
     return path
 
 

@@ -10,6 +10,7 @@ import json
 import aiohttp
 import pytest
 
+from engine.core.cost_model import CostModel
 from engine.serving.tokenizer import HashTokenizer
 from harness.serve.local_server import BackgroundServer, CliServer, sim_engine
 from tests.support.served import wait_idle_and_leak_free
@@ -82,20 +83,7 @@ def test_disconnect_storm_aborts_everything_and_leaks_nothing():
 
 def test_overload_burst_answers_everything_with_200_or_429(tmp_path):
     cost_model = tmp_path / "cost.json"
-    cost_model.write_text(
-        json.dumps(
-            {
-                "step_overhead_s": 0.003,
-                "prefill_token_s": 0.0,
-                "decode_seq_s": 0.0,
-                "decode_context_token_s": 0.0,
-                "prefill_attention_s": 0.0,
-                "swap_block_s": 0.0,
-                "prefill_seq_s": 0.0,
-                "mixed_step_s": 0.0,
-            }
-        )
-    )
+    CostModel.constant(0.003).save(cost_model)
     num_requests, duration_s = 1000, 3.0
     # Capacity: 4 running x 1 token per 3 ms step, 40 tokens each: ~30 requests/s.
     # Offered: 1,000 in 3 s = 333/s, ~10x.

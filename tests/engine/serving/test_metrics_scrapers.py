@@ -18,38 +18,13 @@ from engine.serving.async_engine import (
     METRICS_UNWANTED_AFTER_S,
 )
 from harness.serve.local_server import CliServer, HttpClient
+from tests.support.background_load import BackgroundLoad
 from tests.support.served import health
 
 NUM_SCRAPERS = 20
 NUM_STREAMS = 8
 WINDOW_S = 3.0
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 200, "ignore_eos": True}
-
-
-class _Load:
-    """Requests back to back on ``NUM_STREAMS`` threads: the engine always has work."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.statuses: list[int] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(NUM_STREAMS)]
-
-    def _run(self) -> None:
-        client = HttpClient(self.url, timeout=60)
-        while not self.stop.is_set():
-            self.statuses.append(client.post_json("/v1/completions", BODY)[0])
-        client.close()
-
-    def __enter__(self) -> _Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
 
 
 def scrape_in_loop(url: str, stop: threading.Event, answers: list[int], accept: str) -> None:
@@ -81,7 +56,10 @@ def test_many_scrapers_neither_stall_the_engine_nor_make_it_render_more(core, tm
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"step_overhead_s": 0.02}))  # ~50 steps/s, mostly asleep
     args = ["--executor", "sim", "--cost-model", str(cost), "--engine-core", core]
-    with CliServer(args) as server, _Load(server.url) as load:
+    with (
+        CliServer(args) as server,
+        BackgroundLoad(server.url, NUM_STREAMS, lambda thread, n: (BODY, {})) as load,
+    ):
         url = server.url
         time.sleep(1.0)  # the streams are running
         quiet_steps, _, quiet_s = window(url, WINDOW_S)
@@ -143,7 +121,10 @@ def test_an_engine_nobody_scrapes_any_more_stops_rendering(core, tmp_path):
     cost.write_text(json.dumps({"step_overhead_s": 0.02}))
     args = ["--executor", "sim", "--cost-model", str(cost), "--engine-core", core]
     formats = ("", "application/openmetrics-text")
-    with CliServer(args) as server, _Load(server.url) as load:
+    with (
+        CliServer(args) as server,
+        BackgroundLoad(server.url, NUM_STREAMS, lambda thread, n: (BODY, {})) as load,
+    ):
         url = server.url
         time.sleep(0.5)  # the streams are running
         before = {}
