@@ -18,6 +18,8 @@ import pytest
 
 from tests.support.paths import REPO
 
+pytestmark = [pytest.mark.slow]
+
 REPO = REPO
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 

@@ -1,11 +1,13 @@
 """Driving a live ``schedscope serve`` subprocess (``harness.serve.local_server.CliServer``)
 from a test: its ``/health``, its engine process, and raw streams whose every byte the
-test sees (an error event, or a stream cut short)."""
+test sees (an error event, or a stream cut short); waiting until it is idle with every
+KV block free."""
 
 from __future__ import annotations
 
 import json
 import socket
+import time
 from urllib.parse import urlsplit
 
 import psutil
@@ -14,8 +16,34 @@ from harness.serve.local_server import CliServer, HttpClient
 
 
 def health(url: str) -> tuple[int, dict]:
-    status, _, raw = HttpClient(url).request("GET", "/health")
+    """``GET /health`` of the server at ``url``, on a connection of its own: (HTTP status,
+    the JSON body)."""
+    client = HttpClient(url)
+    try:
+        status, _, raw = client.request("GET", "/health")
+    finally:
+        client.close()
     return status, json.loads(raw)
+
+
+def wait_idle_and_leak_free(url: str, timeout: float = 30.0) -> dict:
+    """Poll ``/health`` until the server answers 200 with nothing in flight, unfinished,
+    running, waiting or swapped, and every device and host KV block free; that health.
+    Fails the test (showing the last health) if that takes over ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, now = health(url)
+        if (
+            status == 200
+            and now["num_in_flight"] == 0
+            and now["num_unfinished"] == 0
+            and now["num_running"] + now["num_waiting"] + now["num_swapped"] == 0
+            and now["num_free_device_blocks"] == now["num_device_blocks"]
+            and now["num_free_host_blocks"] == now["num_host_blocks"]
+        ):
+            return now
+        assert time.monotonic() < deadline, f"not idle after {timeout} s: {now}"
+        time.sleep(0.02)
 
 
 def engine_process(server: CliServer) -> psutil.Process:

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,7 @@ import pytest
 from harness.processes.stop import stop_process
 from tests.support.components import missing
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 PYTHON_ENV = "SCHEDSCOPE_VLLM_PYTHON"
 #: For the edit-test loop: the URL of a vLLM already serving ``served/`` with the flags
@@ -100,12 +100,6 @@ def vllm_env(**extra: str) -> dict[str, str]:
     }
     env.pop("PYTHONPATH", None)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

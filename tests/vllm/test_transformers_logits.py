@@ -25,7 +25,10 @@ from safetensors.torch import load_file
 from engine.worker.model import AttentionMetadata, allocate_kv_cache
 from engine.worker.weights import load_checkpoint
 from tests.support.paths import REPO
+from tests.support.relative_error import rel_err
 from tests.support.vllm_server import vllm_env
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TOL = 2e-5
 BLOCK_SIZE = 16
@@ -56,10 +59,6 @@ def block_tables(lens: list[int], rng: np.random.Generator) -> tuple[list[list[i
         tables.append(pool[start : start + n])
         start += n
     return tables, sum(needed)
-
-
-def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours.double() - ref.double()).abs().max() / ref.double().abs().max())
 
 
 @pytest.mark.parametrize("variant", ["served", "rope-llama3", "rope-linear"])

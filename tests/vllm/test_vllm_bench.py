@@ -11,8 +11,11 @@ import subprocess
 import sys
 
 import polars as pl
+import pytest
 
 from tests.support.paths import REPO
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_the_benchmark_serves_one_schedule_on_both_engines(vllm_python_path, tmp_path):

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from engine.serving.tokenizer import HFTokenizer
 from harness.loadgen.prompt_choice import PROBE_TEXT
 from harness.loadgen.prompts import WORDS
 from harness.serve.server import tokenizer_for
 from tests.support import vllm_checkpoint
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_the_copied_prompt_words_are_the_load_generators():

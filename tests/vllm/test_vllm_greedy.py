@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from engine.worker.dense_reference import dense_reference_forward
 from engine.worker.weights import load_checkpoint
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.vllm_server import MAX_MODEL_LEN, SERVED_MODEL_NAME
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 NUM_PROMPTS = 8
 MAX_TOKENS = 32

@@ -5,10 +5,13 @@ difference, are exactly the ones docs/metrics.md lists ("Against a real vLLM")."
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.vllm_server import SERVED_MODEL_NAME
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 #: The bundled engine's vLLM V0 names (vLLM's published dashboard reads them), which V1
 #: no longer has (docs/metrics.md "V0 only").

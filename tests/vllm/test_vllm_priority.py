@@ -22,8 +22,12 @@ import time
 import urllib.request
 from urllib.parse import urlsplit
 
+import pytest
+
 from harness.serve.local_server import CliServer
 from tests.support.vllm_server import MAX_MODEL_LEN, MAX_NUM_SEQS, SERVED_MODEL_NAME
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 BLOCKER_TOKENS = MAX_MODEL_LEN - 64  # seconds of decoding: longer than the queue takes
 NUM_QUEUED = 5

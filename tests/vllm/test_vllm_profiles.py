@@ -25,6 +25,8 @@ from harness.loadgen.merge import merge_records
 from harness.profiles import build_plan, resolve_profile, shipped_profile_names
 from tests.support.paths import REPO
 
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
 LOCUST = str(Path(sys.executable).parent / "locust")
 #: A few seconds of each profile, at a quarter of its rates: 5-20 requests each, which
 #: vLLM's four running slots (tests/support/vllm_server.py) answer in seconds.

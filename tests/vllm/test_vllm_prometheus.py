@@ -7,62 +7,36 @@ and checked to be exactly of those two kinds; docs/vllm.md lists them)."""
 
 from __future__ import annotations
 
-import math
 import re
-import threading
 import time
 
 import pytest
 
 from harness.grafana.dashboards import panel_queries, substitute
 from harness.run.prometheus import PrometheusServer, find_prometheus
-from harness.serve.local_server import HttpClient
+from tests.support.background_load import BackgroundLoad
 from tests.support.components import missing
 from tests.support.paths import DATA
+from tests.support.prometheus_results import has_data
 from tests.support.vllm_server import SERVED_MODEL_NAME
 from tests.vllm.test_vllm_metric_names import ONLY_BUNDLED
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 NAMES = re.compile(r"\b(vllm:[a-z0-9_:]+|schedscope_[a-z0-9_]+)")
 
 
-class Load:
-    """Streaming completions from six threads until stopped (more than vLLM's four running
-    slots: a queue forms)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.statuses: list[int] = []
-        self.threads = [threading.Thread(target=self._user, daemon=True) for _ in range(6)]
-
-    def _user(self) -> None:
-        client = HttpClient(self.url)
-        n = 0
-        while not self.stop.is_set():
-            n += 1
-            body = {
-                "model": SERVED_MODEL_NAME,
-                "prompt": "the of and to in is that for it as " * (1 + n % 5),
-                "max_tokens": 40 + 60 * (n % 3),
-                "ignore_eos": True,
-                "stream": True,
-            }
-            try:
-                status, _, _ = client.post_json("/v1/completions", body)
-            except OSError:
-                status = 0
-            self.statuses.append(status)
-        client.close()
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
+def _request(thread: int, n: int) -> tuple[dict, dict[str, str]]:
+    """Streaming completions of three lengths from six threads (more than vLLM's four
+    running slots: a queue forms)."""
+    body = {
+        "model": SERVED_MODEL_NAME,
+        "prompt": "the of and to in is that for it as " * (1 + (n + 1) % 5),
+        "max_tokens": 40 + 60 * ((n + 1) % 3),
+        "ignore_eos": True,
+        "stream": True,
+    }
+    return body, {}
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +49,13 @@ def scraped(vllm_server):
         if line and not line.startswith("#")
     }
     target = vllm_server.url.removeprefix("http://")
-    with Load(vllm_server.url) as load, PrometheusServer([target]) as prometheus:
+    with (
+        BackgroundLoad(vllm_server.url, 6, _request, timeout_s=30) as load,
+        PrometheusServer([target]) as prometheus,
+    ):
         time.sleep(8)  # several scrapes under load: rate() windows have data
         yield prometheus, exposed
     assert load.statuses and set(load.statuses) == {200}, set(load.statuses)
-
-
-def has_data(result: list[dict]) -> bool:
-    return any(math.isfinite(float(sample["value"][1])) for sample in result)
 
 
 def check(prometheus, exposed: set[str], queries: list[tuple[str, str]]) -> list[str]:

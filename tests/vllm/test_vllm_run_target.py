@@ -20,6 +20,8 @@ import pytest
 from harness.report.inputs import NO_ENGINE_RECORDS
 from tests.support.paths import REPO
 
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
 
 @pytest.mark.parametrize("spans", [False, True], ids=["no-spans", "otlp-spans"])
 def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path, spans):

@@ -12,37 +12,21 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from engine.core.cost_model import CostModel
 from harness.cli import app
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import REPO
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture()
 def slow_cost_model(tmp_path) -> Path:
     """10 ms per step: a 200-token request is in flight for about two seconds."""
     path = tmp_path / "cost.json"
-    path.write_text(
-        json.dumps(
-            {
-                "step_overhead_s": 0.01,
-                "prefill_token_s": 0.0,
-                "decode_seq_s": 0.0,
-                "decode_context_token_s": 0.0,
-                "prefill_attention_s": 0.0,
-                "swap_block_s": 0.0,
-                "prefill_seq_s": 0.0,
-                "mixed_step_s": 0.0,
-            }
-        )
-    )
+    CostModel.constant(0.01).save(path)
     return path
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def in_background(fn, *args) -> tuple[threading.Thread, list]:
@@ -71,10 +55,10 @@ def test_sigterm_lets_in_flight_requests_finish_and_refuses_new_ones(slow_cost_m
     ) as server:
         body = {"model": "served", "prompt": "a b", "max_tokens": 200, "ignore_eos": True}
         thread, result = in_background(HttpClient(server.url).post_json, "/v1/completions", body)
-        wait_for(lambda: running(server.url) == 1)
+        wait_for(lambda: running(server.url) == 1, "one running", timeout_s=10)
         server.terminate()
         signalled = time.monotonic()
-        wait_for(lambda: "shutting down" in server.output())
+        wait_for(lambda: "shutting down" in server.output(), "shutting down", timeout_s=10)
 
         http = HttpClient(server.url)
         status, _, data = http.post_json("/v1/completions", {**body, "max_tokens": 1})
@@ -109,7 +93,7 @@ def test_sigterm_aborts_what_is_left_at_the_bound(slow_cost_model):
         plain, answered = in_background(
             HttpClient(server.url).post_json, "/v1/completions", long, auth
         )
-        wait_for(lambda: running(server.url) == 2)
+        wait_for(lambda: running(server.url) == 2, "two running", timeout_s=10)
         server.terminate()
         signalled = time.monotonic()
         stream.join(10)
@@ -146,6 +130,7 @@ def test_bad_flags_exit_2_naming_the_flag(args, fragment):
     assert fragment in result.output
 
 
+@pytest.mark.torch_model
 def test_the_serving_line_is_the_first_line_on_stdout_with_the_torch_executor(tmp_path):
     """Scripts read the URL from the first stdout line; the KV-cache plan and every log
     line go to stderr (the engine process's as well as the server's)."""

@@ -184,6 +184,7 @@ def assert_idle_and_leak_free(server: BackgroundServer, http: HttpClient) -> Non
 
 
 # -- the fuzz tests (900 + 500 + 350 + 250 + 300 = 2,300 cases) ---------------------------------
+@pytest.mark.slow
 def test_fuzz_completions(server, http):
     @fuzz(900)
     @given(body=bodies(COMPLETION, ("model", "prompt", "max_tokens")))

@@ -6,37 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 import pytest
 
+from engine.core.cost_model import CostModel
 from engine.serving.tokenizer import HashTokenizer
-from harness.serve.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
+from harness.serve.local_server import BackgroundServer, CliServer, sim_engine
+from tests.support.served import wait_idle_and_leak_free
+
+pytestmark = [pytest.mark.slow]
 
 NUM_STREAMS = 200
 NUM_NON_STREAMING = 20
-
-
-def wait_idle_and_leak_free(url: str, timeout: float) -> dict:
-    http = HttpClient(url)
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            status, _, data = http.request("GET", "/health")
-            health = json.loads(data)
-            if (
-                status == 200
-                and health["num_in_flight"] == 0
-                and health["num_unfinished"] == 0
-                and health["num_free_device_blocks"] == health["num_device_blocks"]
-                and health["num_free_host_blocks"] == health["num_host_blocks"]
-            ):
-                return health
-            assert time.monotonic() < deadline, f"not idle after {timeout} s: {health}"
-            time.sleep(0.02)
-    finally:
-        http.close()
 
 
 def test_disconnect_storm_aborts_everything_and_leaks_nothing():
@@ -101,20 +83,7 @@ def test_disconnect_storm_aborts_everything_and_leaks_nothing():
 
 def test_overload_burst_answers_everything_with_200_or_429(tmp_path):
     cost_model = tmp_path / "cost.json"
-    cost_model.write_text(
-        json.dumps(
-            {
-                "step_overhead_s": 0.003,
-                "prefill_token_s": 0.0,
-                "decode_seq_s": 0.0,
-                "decode_context_token_s": 0.0,
-                "prefill_attention_s": 0.0,
-                "swap_block_s": 0.0,
-                "prefill_seq_s": 0.0,
-                "mixed_step_s": 0.0,
-            }
-        )
-    )
+    CostModel.constant(0.003).save(cost_model)
     num_requests, duration_s = 1000, 3.0
     # Capacity: 4 running x 1 token per 3 ms step, 40 tokens each: ~30 requests/s.
     # Offered: 1,000 in 3 s = 333/s, ~10x.

@@ -13,40 +13,13 @@ import socket
 import time
 
 import aiohttp
+import pytest
 
-from engine.core.cost_model import CostModel
 from harness.serve.local_server import CliServer, HttpClient
+from tests.support.cost_model_file import constant_cost_model_file
+from tests.support.served import health, wait_idle_and_leak_free
 
-
-def cost_model(tmp_path, step_s: float) -> str:
-    """Every step takes ``step_s``, whatever it holds."""
-    path = tmp_path / "cost.json"
-    CostModel.constant(step_s).save(path)
-    return str(path)
-
-
-def health(url: str) -> dict:
-    client = HttpClient(url)
-    try:
-        return json.loads(client.request("GET", "/health")[2])
-    finally:
-        client.close()
-
-
-def wait_idle_and_leak_free(url: str, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        now = health(url)
-        if (
-            now["num_in_flight"] == 0
-            and now["num_unfinished"] == 0
-            and now["num_running"] + now["num_waiting"] + now["num_swapped"] == 0
-            and now["num_free_device_blocks"] == now["num_device_blocks"]
-            and now["num_free_host_blocks"] == now["num_host_blocks"]
-        ):
-            return now
-        assert time.monotonic() < deadline, f"not idle after {timeout} s: {now}"
-        time.sleep(0.05)
+pytestmark = [pytest.mark.slow]
 
 
 def metric_sums(url: str) -> dict[str, float]:
@@ -114,7 +87,7 @@ def test_a_20x_overload_gives_every_request_one_answer_and_the_counts_agree(tmp_
         ) as session:
             return await asyncio.gather(*(one(session, url, i) for i in range(num_requests)))
 
-    args = ["--executor", "sim", "--cost-model", cost_model(tmp_path, 0.003)]
+    args = ["--executor", "sim", "--cost-model", constant_cost_model_file(tmp_path, 0.003)]
     args += ["--max-num-seqs", "4", "--max-waiting", "8"]
     # Above the 2,000 connections: at the default cap (1,024), on a busy machine where
     # more of them are open at once, a new connection evicts one just opened before it
@@ -188,7 +161,7 @@ def test_clients_leaving_mid_stream_leak_no_kv_block(tmp_path):
             )
         return results[:num_streams]
 
-    args = ["--executor", "sim", "--cost-model", cost_model(tmp_path, 0.005)]
+    args = ["--executor", "sim", "--cost-model", constant_cost_model_file(tmp_path, 0.005)]
     args += ["--max-num-seqs", "512"]
     with CliServer(args) as server:
         assert asyncio.run(storm(server.url)) == [3] * num_streams
@@ -238,7 +211,7 @@ def test_sigterm_with_many_open_streams_ends_every_one_and_exits_0(tmp_path):
             signalled = time.monotonic()
             return await asyncio.gather(*tasks), signalled
 
-    args = ["--executor", "sim", "--cost-model", cost_model(tmp_path, 0.01)]
+    args = ["--executor", "sim", "--cost-model", constant_cost_model_file(tmp_path, 0.01)]
     args += ["--max-num-seqs", "256", "--shutdown-timeout-s", "2"]
     with CliServer(args) as server:
         bodies, signalled = asyncio.run(streams_then_sigterm(server))
@@ -270,7 +243,7 @@ def test_a_batch_refused_by_max_waiting_leaves_nothing_behind(tmp_path):
     first runs, two wait, the fourth is refused, so the whole batch is a 429, and the
     three that were admitted are aborted at once. The same batch behind a long request:
     429 too, and while the long request still runs nothing of the batch is left."""
-    args = ["--executor", "sim", "--cost-model", cost_model(tmp_path, 0.02)]
+    args = ["--executor", "sim", "--cost-model", constant_cost_model_file(tmp_path, 0.02)]
     args += ["--max-num-seqs", "1", "--max-waiting", "2"]
     batch = {"model": "tiny", "prompt": [f"p{i}" for i in range(8)], "max_tokens": 50}
     with CliServer(args) as server:
@@ -295,7 +268,7 @@ def test_a_batch_refused_by_max_waiting_leaves_nothing_behind(tmp_path):
             assert status == 429, data
             deadline = time.monotonic() + 5
             while True:  # the long request alone: one running, nothing waiting
-                now = health(server.url)
+                now = health(server.url)[1]
                 if now["num_waiting"] == 0 and now["num_unfinished"] == 1:
                     break
                 assert time.monotonic() < deadline, now

@@ -13,6 +13,8 @@ import pytest
 
 from harness.serve.local_server import CliServer, HttpClient
 
+pytestmark = [pytest.mark.torch_model, pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def server():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -436,6 +437,7 @@ def check_end_state(engine: LLMEngine, trace: Trace, case: Case) -> None:
         assert seq.first_token_time is not None and seq.finished_time >= seq.first_token_time
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, **SETTINGS)
 @given(cases())
 def test_random_workloads_keep_invariants_and_finish_every_request(case: Case) -> None:

@@ -17,6 +17,8 @@ from harness.cli import app
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.served import engine_process, health
 
+pytestmark = [pytest.mark.slow]
+
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 5, "ignore_eos": True}
 
 
@@ -69,6 +71,7 @@ def test_a_configuration_the_engine_process_refuses_exits_2_naming_it():
     assert "gpu_memory_utilization" in result.output
 
 
+@pytest.mark.torch_model
 def test_both_engine_cores_serve_the_same_tokens():
     texts = {}
     for core in ("process", "thread"):

@@ -29,6 +29,9 @@ from engine.serving.tokenizer import HashTokenizer
 from harness.cli import app
 from harness.serve.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 from tests.support.served import engine_process, health, open_stream, read_stream
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.slow]
 
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 1000, "ignore_eos": True}
 STREAM = {**BODY, "stream": True}
@@ -40,16 +43,6 @@ def slow_steps(tmp_path):
     path = tmp_path / "cost.json"
     path.write_text(json.dumps({"step_overhead_s": 0.01}))
     return ["--executor", "sim", "--cost-model", str(path)]
-
-
-def wait_for(predicate, what: str, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_a_killed_engine_fails_every_stream_then_the_server_exits_1_leaving_no_zombie(

@@ -13,11 +13,14 @@ import subprocess
 import sys
 
 import polars as pl
+import pytest
 
 from engine.faults import ENV_VAR
 from harness.serve.local_server import CliServer, HttpClient
 from tests.support.paths import REPO
 from tests.support.served import health
+
+pytestmark = [pytest.mark.slow]
 
 #: Far above a built-in cost model step (~ms): what the step records must show.
 DELAY_S = 0.2

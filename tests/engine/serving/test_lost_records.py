@@ -25,6 +25,7 @@ needs_dev_full = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_dev_full
 @pytest.mark.parametrize("core", ["process", "thread"])
 def test_a_full_disk_loses_only_its_record_file_and_the_exit_code_says_so(tmp_path, core):
@@ -67,6 +68,7 @@ def _engine_core(server):
     return cores[0]
 
 
+@pytest.mark.slow
 def test_an_engine_process_killed_keeps_its_records_up_to_the_last_flush(tmp_path):
     """The records are written as the engine runs: after a kill -9 of the engine
     process, every request that had ended a flush interval before is in the record
@@ -106,6 +108,7 @@ def test_an_engine_process_killed_keeps_its_records_up_to_the_last_flush(tmp_pat
     assert "not written" not in output, output
 
 
+@pytest.mark.slow
 def test_an_engine_process_killed_before_its_first_flush_is_a_failed_exit(tmp_path):
     """Nothing flushed yet (the engine killed at once): the file is named as not
     written, and the exit is non-zero."""

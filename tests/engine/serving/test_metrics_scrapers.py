@@ -18,47 +18,13 @@ from engine.serving.async_engine import (
     METRICS_UNWANTED_AFTER_S,
 )
 from harness.serve.local_server import CliServer, HttpClient
+from tests.support.background_load import BackgroundLoad
+from tests.support.served import health
 
 NUM_SCRAPERS = 20
 NUM_STREAMS = 8
 WINDOW_S = 3.0
 BODY = {"model": "tiny", "prompt": "a b c", "max_tokens": 200, "ignore_eos": True}
-
-
-def health(url: str) -> dict:
-    client = HttpClient(url)
-    try:
-        status, _, raw = client.request("GET", "/health")
-    finally:
-        client.close()
-    assert status == 200
-    return json.loads(raw)
-
-
-class _Load:
-    """Requests back to back on ``NUM_STREAMS`` threads: the engine always has work."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.statuses: list[int] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(NUM_STREAMS)]
-
-    def _run(self) -> None:
-        client = HttpClient(self.url, timeout=60)
-        while not self.stop.is_set():
-            self.statuses.append(client.post_json("/v1/completions", BODY)[0])
-        client.close()
-
-    def __enter__(self) -> _Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
 
 
 def scrape_in_loop(url: str, stop: threading.Event, answers: list[int], accept: str) -> None:
@@ -73,9 +39,10 @@ def scrape_in_loop(url: str, stop: threading.Event, answers: list[int], accept: 
 
 def window(url: str, seconds: float) -> tuple[int, int, float]:
     """(steps, renders, elapsed) over ``seconds``, from /health."""
-    before, started = health(url), time.monotonic()
+    (status_before, before), started = health(url), time.monotonic()
     time.sleep(seconds)
-    after, elapsed = health(url), time.monotonic() - started
+    (status_after, after), elapsed = health(url), time.monotonic() - started
+    assert status_before == status_after == 200
     return (
         after["num_steps"] - before["num_steps"],
         after["num_metrics_renders"] - before["num_metrics_renders"],
@@ -83,12 +50,16 @@ def window(url: str, seconds: float) -> tuple[int, int, float]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("core", ["process", "thread"])
 def test_many_scrapers_neither_stall_the_engine_nor_make_it_render_more(core, tmp_path):
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps({"step_overhead_s": 0.02}))  # ~50 steps/s, mostly asleep
     args = ["--executor", "sim", "--cost-model", str(cost), "--engine-core", core]
-    with CliServer(args) as server, _Load(server.url) as load:
+    with (
+        CliServer(args) as server,
+        BackgroundLoad(server.url, NUM_STREAMS, lambda thread, n: (BODY, {})) as load,
+    ):
         url = server.url
         time.sleep(1.0)  # the streams are running
         quiet_steps, _, quiet_s = window(url, WINDOW_S)
@@ -140,6 +111,7 @@ def generation_tokens(url: str, accept: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("core", ["process", "thread"])
 def test_an_engine_nobody_scrapes_any_more_stops_rendering(core, tmp_path):
     """Scraped a few times, then not at all while it keeps working for longer than
@@ -149,7 +121,10 @@ def test_an_engine_nobody_scrapes_any_more_stops_rendering(core, tmp_path):
     cost.write_text(json.dumps({"step_overhead_s": 0.02}))
     args = ["--executor", "sim", "--cost-model", str(cost), "--engine-core", core]
     formats = ("", "application/openmetrics-text")
-    with CliServer(args) as server, _Load(server.url) as load:
+    with (
+        CliServer(args) as server,
+        BackgroundLoad(server.url, NUM_STREAMS, lambda thread, n: (BODY, {})) as load,
+    ):
         url = server.url
         time.sleep(0.5)  # the streams are running
         before = {}

@@ -17,6 +17,8 @@ from engine.worker.weights import save_checkpoint
 from harness.cli import app
 from tests.support.device import device_under_test
 
+pytestmark = [pytest.mark.torch_model, pytest.mark.slow]
+
 
 def synthetic_seconds(model: CostModel, shapes: list[StepShape]) -> np.ndarray:
     return np.array([model.predict_features(shape.features()) for shape in shapes])

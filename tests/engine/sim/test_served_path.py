@@ -24,6 +24,8 @@ from harness.profiles import resolve_profile
 from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 from harness.simulate.driver import run_simulations, simulate
 
+pytestmark = [pytest.mark.slow]
+
 #: Every parameter non-zero and different, so a fit that drops or swaps one shows.
 KNOWN = CostModel(
     step_overhead_s=2e-3,

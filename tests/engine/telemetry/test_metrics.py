@@ -444,6 +444,7 @@ def test_exemplars_only_in_openmetrics_and_they_name_real_requests():
         assert ids and set(ids) <= expected, name
 
 
+@pytest.mark.prometheus
 def test_promtool_accepts_the_exposition():
     metrics, _ = _run_with_metrics()
     check_with_promtool(metrics.render()[0])

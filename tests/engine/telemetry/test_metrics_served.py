@@ -15,6 +15,8 @@ from engine.telemetry.metrics import install_metrics
 from harness.serve.local_server import BackgroundServer, CliServer, HttpClient, sim_engine
 from tests.support.components import check_with_promtool
 
+pytestmark = [pytest.mark.slow]
+
 #: Every name a dashboard may query, as exposed (counters with their _total).
 EXPOSED = {
     "counter": [

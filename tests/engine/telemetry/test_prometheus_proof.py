@@ -17,21 +17,23 @@ Bounded: about 30 s; every process is stopped by the id we started.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import random
 import re
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from engine.core.cost_model import CostModel
 from harness.grafana.dashboards import panel_queries, substitute
 from harness.run.prometheus import PrometheusServer, find_prometheus
-from harness.serve.local_server import CliServer, HttpClient
+from harness.serve.local_server import CliServer
+from tests.support.background_load import BackgroundLoad
 from tests.support.paths import DATA
+from tests.support.prometheus_results import has_data
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 MODEL = "proof"
 VLLM_QUERIES = DATA / "vllm_grafana_queries.txt"
@@ -46,71 +48,26 @@ if find_prometheus() is None:
 def cost_model(tmp_path_factory) -> Path:
     """8 ms steps: a request preempted for a few dozen steps stalls past 250 ms."""
     path = tmp_path_factory.mktemp("cost") / "cost.json"
-    path.write_text(
-        json.dumps(
-            {
-                "step_overhead_s": 0.008,
-                "prefill_token_s": 0.0,
-                "decode_seq_s": 0.0,
-                "decode_context_token_s": 0.0,
-                "prefill_attention_s": 0.0,
-                "swap_block_s": 0.0,
-                "prefill_seq_s": 0.0,
-                "mixed_step_s": 0.0,
-            }
-        )
-    )
+    CostModel.constant(0.008).save(path)
     return path
 
 
-class Load:
-    """Streaming requests from eight threads until stopped: short and long classes,
-    some with a client traceparent."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.num_done = 0
-        self.num_errors = 0
-        self.threads = [
-            threading.Thread(target=self._user, args=(i,), daemon=True) for i in range(8)
-        ]
-
-    def _user(self, index: int) -> None:
-        rng = random.Random(index)
-        client = HttpClient(self.url)
-        while not self.stop.is_set():
-            long = rng.random() < 0.4
-            words = rng.randint(60, 120) if long else rng.randint(5, 30)
-            headers = {"X-Request-Class": "long" if long else "short"}
-            if rng.random() < 0.5:
-                headers["traceparent"] = (
-                    f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01"
-                )
-            body = {
-                "model": MODEL,
-                "prompt": " ".join(["w"] * words),
-                "stream": True,
-                "max_tokens": rng.randint(60, 120) if long else rng.randint(8, 30),
-                "ignore_eos": True,
-            }
-            try:
-                status, _, _ = client.post_json("/v1/completions", body, headers)
-            except OSError:
-                status = 0
-            self.num_done += 1
-            self.num_errors += status != 200
-        client.close()
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(30)
+def _request(thread: int, n: int) -> tuple[dict, dict[str, str]]:
+    """Short and long classes, half of them with a client traceparent."""
+    rng = random.Random(thread * 100_003 + n)
+    long = rng.random() < 0.4
+    words = rng.randint(60, 120) if long else rng.randint(5, 30)
+    headers = {"X-Request-Class": "long" if long else "short"}
+    if rng.random() < 0.5:
+        headers["traceparent"] = f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01"
+    body = {
+        "model": MODEL,
+        "prompt": " ".join(["w"] * words),
+        "stream": True,
+        "max_tokens": rng.randint(60, 120) if long else rng.randint(8, 30),
+        "ignore_eos": True,
+    }
+    return body, headers
 
 
 @pytest.fixture(scope="module")
@@ -137,14 +94,13 @@ def scraped(cost_model):
     ]
     with CliServer(args) as server:
         target = server.url.removeprefix("http://")
-        with Load(server.url) as load, PrometheusServer([target]) as prometheus:
+        with (
+            BackgroundLoad(server.url, 8, _request, timeout_s=30, join_s=30) as load,
+            PrometheusServer([target]) as prometheus,
+        ):
             time.sleep(8)  # several scrapes under load: rate() windows have data
             yield prometheus, load
         assert load.num_done > 20
-
-
-def has_data(result: list[dict]) -> bool:
-    return any(math.isfinite(float(sample["value"][1])) for sample in result)
 
 
 def test_every_dashboard_panel_returns_data_from_a_live_engine(scraped):

@@ -23,6 +23,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from harness.records.spans import read_spans
 from harness.serve.local_server import CliServer, HttpClient
 
+pytestmark = [pytest.mark.slow]
+
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE}-{PARENT}-01"

@@ -22,6 +22,8 @@ from engine.worker.model_config import ModelConfig
 from engine.worker.model_runner import ModelRunner
 from tests.support.device import device_under_test
 
+pytestmark = [pytest.mark.torch_model]
+
 MODEL = ModelConfig(
     name="graphs",
     vocab_size=300,

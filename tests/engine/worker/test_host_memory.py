@@ -16,10 +16,14 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-    reason="the thresholds are glibc's; elsewhere retain_freed_host_memory is a no-op",
-)
+pytestmark = [
+    pytest.mark.torch_model,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+        reason="the thresholds are glibc's; elsewhere retain_freed_host_memory is a no-op",
+    ),
+]
 
 PROBE = textwrap.dedent("""
     import resource, sys, torch

@@ -32,6 +32,9 @@ from engine.worker.model import (
     rope_inv_freq,
 )
 from engine.worker.model_config import PRESETS, ModelConfig, RopeScaling
+from tests.support.relative_error import rel_err
+
+pytestmark = [pytest.mark.torch_model]
 
 TOL = 1e-5
 
@@ -96,10 +99,6 @@ def sharpened(config: ModelConfig) -> torch.nn.Module:
             layer.self_attn.q_proj.weight.mul_(10)
             layer.self_attn.k_proj.weight.mul_(10)
     return model
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.double() - expected).abs().max() / expected.abs().max()).item()
 
 
 def shuffled_block_tables(rng, total_lens: list[int], block_size: int, spare: int = 7):

@@ -13,6 +13,8 @@ from engine.worker.paged_attention import default_attention_impl
 from tests.engine.worker.test_model import GQA, run_schedule, sharpened
 from tests.support.device import device_under_test
 
+pytestmark = [pytest.mark.torch_model]
+
 # float32 throughout; CUDA's kernels sum in another order than the CPU's.
 TOLERANCE = {"cpu": 1e-5, "cuda": 1e-4}
 

@@ -15,6 +15,8 @@ from engine.worker.model import build_model
 from engine.worker.model_config import ModelConfig
 from tests.support.device import device_under_test
 
+pytestmark = [pytest.mark.torch_model]
+
 # A model small enough for many steps on 2 cores, with GQA; random weights from a seed.
 MODEL = ModelConfig(
     name="test",

@@ -4,6 +4,7 @@ the staging is pinned and the copy to the host runs on a stream of its own)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +13,8 @@ from engine.worker.attention_metadata import allocate_kv_cache
 from engine.worker.model_config import ModelConfig
 from engine.worker.swap_copies import SwapCopier
 from tests.support.device import device_under_test
+
+pytestmark = [pytest.mark.torch_model]
 
 CONFIG = ModelConfig(
     name="swap", vocab_size=64, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2

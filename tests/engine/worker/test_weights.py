@@ -11,6 +11,8 @@ from engine.worker.model import AttentionMetadata, allocate_kv_cache, build_mode
 from engine.worker.model_config import ModelConfig, RopeScaling
 from engine.worker.weights import load_checkpoint, load_config, load_weights, save_checkpoint
 
+pytestmark = [pytest.mark.torch_model]
+
 TINY = ModelConfig(
     name="ckpt",
     vocab_size=300,

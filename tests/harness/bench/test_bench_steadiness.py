@@ -41,6 +41,7 @@ def test_window_speeds_are_each_windows_median_over_the_runs():
     assert window_speeds(at, seconds) == [1.0 / 1.1, 1.2 / 1.1]
 
 
+@pytest.mark.torch_model
 def test_the_steps_are_the_shapes_run_in_turn_on_the_runner():
     from engine.sim.calibration import step_times
     from engine.worker.loading import calibration_runner
@@ -73,6 +74,7 @@ def test_bad_sizes_are_refused_naming_the_flag(argv, named, capsys):
     assert named in capsys.readouterr().err
 
 
+@pytest.mark.torch_model
 def test_a_run_too_short_for_a_median_says_so():
     from benchmarks.bench_steadiness import parser, run
 

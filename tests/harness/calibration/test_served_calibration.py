@@ -207,6 +207,7 @@ def test_step_drift_compares_one_decode_work_seconds_apart_not_consecutive_steps
     assert step_drift(squeezed) is None  # nothing 2 s apart
 
 
+@pytest.mark.slow
 def test_a_server_that_refuses_to_start_fails_the_calibration_with_its_words(tmp_path):
     """The server, not calibrate, refuses a records directory holding a crashed run's
     unrecovered parts: calibrate ends with exit 1 and the server's own message (its log

@@ -18,6 +18,8 @@ from harness.calibration import served as served_calibration
 from harness.cli import app
 from harness.profiles import build_plan
 
+pytestmark = [pytest.mark.slow]
+
 #: A cheap synthetic model: the served run drains in seconds even at 8 sequences a step.
 CHEAP = CostModel(
     step_overhead_s=2e-3,

@@ -15,6 +15,7 @@ import json
 
 import numpy as np
 import polars as pl
+import pytest
 from typer.testing import CliRunner
 
 from engine.core.cost_model import FEATURES, CostModel
@@ -22,6 +23,8 @@ from engine.sim.cost_fit import step_cycles
 from harness.calibration.served import SCHEDULE_NAME, SHAPE_FAMILIES, calibration_schedule
 from harness.cli import app
 from harness.profiles.schedule_file import written_schedule
+
+pytestmark = [pytest.mark.slow]
 
 #: Every step at least 40 ms; the terms each shape family exercises non-trivial.
 TRUTH = CostModel(

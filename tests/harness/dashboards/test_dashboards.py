@@ -298,6 +298,7 @@ def _check_rules(tmp_path: Path, exprs: list[str]) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.prometheus
 def test_every_query_parses_with_promtool(tmp_path):
     queries = dashboards.panel_queries()
     result = _check_rules(tmp_path, [q.expr for q in queries])
@@ -305,6 +306,7 @@ def test_every_query_parses_with_promtool(tmp_path):
     assert f"SUCCESS: {len(queries)} rules found" in result.stdout
 
 
+@pytest.mark.prometheus
 def test_promtool_check_catches_a_broken_query(tmp_path):
     result = _check_rules(
         tmp_path, ["sum by (le (rate(vllm:e2e_request_latency_seconds_bucket[1m]))"]

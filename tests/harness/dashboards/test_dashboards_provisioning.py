@@ -97,6 +97,7 @@ def test_compose_references_files_that_exist(service):
             assert any(v.split(":")[1] == target for v in spec.get("volumes", [])), flag
 
 
+@pytest.mark.prometheus
 def test_promtool_accepts_the_prometheus_config():
     import subprocess
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.grafana import dashboards
+from tests.support.ports import free_port
 
 TOKEN = "glsa_TestOnlyToken_0123456789abcdef"
 
@@ -205,9 +205,7 @@ def test_token_without_permission_is_a_clear_error(grafana, caplog):
 
 def test_connection_refused_names_the_url(caplog):
     caplog.set_level(logging.DEBUG)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     result = push(url)
     assert result.exit_code == 1
@@ -236,9 +234,7 @@ def test_a_url_that_is_not_http_is_refused_before_any_request():
 
 def test_a_password_in_the_url_is_never_printed(caplog):
     caplog.set_level(logging.DEBUG)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     result = push(f"http://admin:hunter2@127.0.0.1:{port}")
     assert result.exit_code == 1
     assert f"cannot connect to Grafana at http://admin:***@127.0.0.1:{port}" in result.output

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,9 @@ from harness.run.loadgen import distribution_args, worker_line
 from harness.run.matrix import Cell
 from harness.serve.local_server import CliServer
 from tests.harness.loadgen.test_loadgen import LOCUST, PROFILE_FILE, ROOT, run_locust
+from tests.support.ports import free_port
+
+pytestmark = [pytest.mark.slow]
 
 #: Columns that depend on the worker or on timing, not on the schedule.
 TIMING = {
@@ -52,12 +54,6 @@ TIMING = {
     "in_flight_capped",
     "retried",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(args: list[str], log: Path, offset: float | None = None) -> subprocess.Popen:

@@ -19,9 +19,10 @@ from harness.loadgen.split import share
 from harness.profiles import build_plan, load_profile, resolve_profile
 from harness.profiles.digest import plan_digest
 from harness.report.inputs import _load_notes
-from tests.harness.loadgen.test_distributed import free_port, schedscope_worker, stop_all
+from tests.harness.loadgen.test_distributed import schedscope_worker, stop_all
 from tests.harness.loadgen.test_distributed_profile import _env, _wait_for_port
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 BROKEN_ENV = "SCHEDSCOPE_TEST_BROKEN_HERE"
 

@@ -19,9 +19,10 @@ import polars as pl
 
 from harness.loadgen.clock import TEST_OFFSET_ENV
 from harness.profiles import build_plan, load_profile
-from tests.harness.loadgen.test_distributed import free_port, schedscope_worker, stop_all
+from tests.harness.loadgen.test_distributed import schedscope_worker, stop_all
 from tests.harness.profiles.test_bundle import write_profile
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 
 #: What the schedule fixes in a row (not the worker, nor timing).
 SCHEDULE = [

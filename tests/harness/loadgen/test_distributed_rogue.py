@@ -30,13 +30,15 @@ from harness.loadgen.clock import TEST_OFFSET_ENV
 from harness.loadgen.master_guard import TOKEN_ENV
 from harness.loadgen.merge import merge_records
 from harness.serve.local_server import CliServer
-from tests.harness.loadgen.test_distributed import free_port, stop_all
+from tests.harness.loadgen.test_distributed import stop_all
 from tests.harness.loadgen.test_loadgen import LOCUST, PROFILE_FILE, ROOT, plan_open_ids
+from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 
 KEY = "sk-test-4f9c2a7d"
 ROGUE = "rogue-peer"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow]
 
 
 def locust(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -95,13 +97,6 @@ def rogue_socket(port: int) -> zmq.Socket:
     return sock
 
 
-def wait_for(predicate, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def forged_rows(n: int = 16) -> list[dict]:
     from harness.loadgen.records import RECORD_COLUMNS
 
@@ -126,7 +121,11 @@ def test_a_rogue_peer_neither_ends_the_run_nor_adds_rows(tmp_path):
     rogue = rogue_socket(port)
     try:
         # once the run is under way (the master has the worker's first rows) ...
-        wait_for(lambda: list((tmp_path / "master").glob("client-*.jsonl")))
+        wait_for(
+            lambda: list((tmp_path / "master").glob("client-*.jsonl")),
+            "the master's client records",
+            timeout_s=90,
+        )
         for frame in (
             msgpack.packb(5),  # decodes, but is no (type, data, node_id)
             b"\xc1",  # a byte msgpack never uses
@@ -203,7 +202,11 @@ def test_with_a_worker_token_a_peer_without_it_gets_no_share(tmp_path):
     processes = [master(port, tmp_path, 2, env=token), worker(port, tmp_path, token)]
     rogue = rogue_socket(port)
     try:
-        wait_for(lambda: "1 workers connected" in (tmp_path / "master.log").read_text())
+        wait_for(
+            lambda: "1 workers connected" in (tmp_path / "master.log").read_text(),
+            "1 worker connected",
+            timeout_s=90,
+        )
         # the rogue registers as Locust's workers do, and claims the wrong token
         rogue.send(Message("client_ready", LOCUST_VERSION, ROGUE).serialize())
         rogue.send(Message("schedscope_hello", {"token": "guess"}, ROGUE).serialize())

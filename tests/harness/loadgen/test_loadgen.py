@@ -20,12 +20,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from engine.core.cost_model import CostModel
 from harness.loadgen.merge import merge_records
 from harness.loadgen.split import share
 from harness.profiles import build_plan, load_profile
 from harness.serve.local_server import CliServer
+from tests.support.cost_model_file import constant_cost_model_file
 from tests.support.paths import REPO
+
+pytestmark = [pytest.mark.slow]
 
 ROOT = REPO
 PROFILE_FILE = ROOT / "tests" / "data" / "locust_small.py"
@@ -79,12 +81,6 @@ def plan_open_ids(duration_scale: float = 1.0, rate_scale: float = 1.0, path: Pa
     profile = load_profile(path).with_rate_scale(rate_scale)
     plan = build_plan(profile.with_duration_scale(duration_scale))
     return {s.request_id: s.scheduled_at for s in plan.open_loop_requests()}
-
-
-def step_cost_model(tmp_path: Path, step_s: float) -> str:
-    path = tmp_path / "cost.json"
-    CostModel.constant(step_s).save(path)
-    return str(path)
 
 
 def locust_table(out: str) -> dict[tuple[str, str], tuple[int, int]]:
@@ -217,7 +213,7 @@ def test_generator_limited_run_is_flagged(tmp_path):
     # 2000 req/s for 0.5 s through at most 4 requests in flight: the generator cannot.
     # 0.5 ms steps, not the built-in model's: the ~1,000 requests must still drain
     # through 4 slots within --grace on a loaded machine (~5 s here, was ~15 s).
-    cost = step_cost_model(tmp_path, 0.0005)
+    cost = constant_cost_model_file(tmp_path, 0.0005)
     with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
         out = run_locust(
             server.url,
@@ -243,7 +239,7 @@ def test_generator_limited_run_is_flagged(tmp_path):
 
 
 def test_429s_are_rejected_rows(tmp_path):
-    cost = step_cost_model(tmp_path, 0.01)
+    cost = constant_cost_model_file(tmp_path, 0.01)
     args = ["--executor", "sim", "--cost-model", cost, "--max-num-seqs", "1", "--max-waiting", "1"]
     with CliServer(args) as server:
         run_locust(server.url, tmp_path / "rec", "--duration-scale", "0.5", failures=True)
@@ -262,7 +258,7 @@ def test_429s_are_rejected_rows(tmp_path):
 
 
 def test_server_shutdown_mid_run_gives_error_and_aborted_rows(tmp_path):
-    cost = step_cost_model(tmp_path, 0.005)
+    cost = constant_cost_model_file(tmp_path, 0.005)
     server = CliServer(["--executor", "sim", "--cost-model", cost, "--shutdown-timeout-s", "0.1"])
     with server:
         proc = run_locust(server.url, tmp_path / "rec", background=True)
@@ -309,7 +305,7 @@ def test_completions_text_prompts_sized_with_tokenize(tmp_path, mode):
 def test_run_time_cut_in_flight_is_not_a_failure(tmp_path):
     # 0.1 s steps: every request is in flight for 0.2 s or more, a long one for 2 s or
     # more, so -t 3s cuts some in flight; the open phase runs 4 s of the 6 s schedule.
-    cost = step_cost_model(tmp_path, 0.1)
+    cost = constant_cost_model_file(tmp_path, 0.1)
     records = tmp_path / "rec"
     with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
         out = run_locust(
@@ -323,7 +319,7 @@ def test_run_time_cut_in_flight_is_not_a_failure(tmp_path):
 
 
 def test_stop_timeout_lets_in_flight_requests_finish(tmp_path):
-    cost = step_cost_model(tmp_path, 0.1)
+    cost = constant_cost_model_file(tmp_path, 0.1)
     records = tmp_path / "rec"
     with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
         args = ["--duration-scale", "2", "-t", "3s", "--stop-timeout", "30"]
@@ -341,7 +337,7 @@ def test_stop_timeout_lets_in_flight_requests_finish(tmp_path):
 
 
 def test_two_processes_cut_by_run_time(tmp_path):
-    cost = step_cost_model(tmp_path, 0.1)
+    cost = constant_cost_model_file(tmp_path, 0.1)
     records = tmp_path / "rec"
     with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
         args = ["--duration-scale", "2", "-t", "3s", "--processes", "2"]
@@ -364,7 +360,7 @@ def test_the_mixed_profile_cut_by_run_time_exits_0(tmp_path):
 def test_a_run_cut_by_run_time_in_which_no_request_completed_fails(tmp_path):
     # 5 s steps, as good as hung: nothing (not even the generator's probe) ends within
     # -t 3s. Cut requests are not failures, but a run that measured nothing is no pass.
-    cost = step_cost_model(tmp_path, 5.0)
+    cost = constant_cost_model_file(tmp_path, 5.0)
     records = tmp_path / "rec"
     with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
         args = ["--duration-scale", "2", "-t", "3s", "--lag-limit-ms", "1000"]
@@ -377,7 +373,7 @@ def test_a_run_cut_by_run_time_in_which_no_request_completed_fails(tmp_path):
 
 def test_failures_still_fail_a_run_cut_by_run_time(tmp_path):
     # One running, one waiting: most arrivals get 429 (rejected rows, Locust failures).
-    cost = step_cost_model(tmp_path, 0.05)
+    cost = constant_cost_model_file(tmp_path, 0.05)
     args = ["--executor", "sim", "--cost-model", cost, "--max-num-seqs", "1", "--max-waiting", "1"]
     records = tmp_path / "rec"
     with CliServer(args) as server:
@@ -392,7 +388,7 @@ def test_failures_still_fail_a_run_cut_by_run_time(tmp_path):
 def test_requests_still_in_flight_when_grace_runs_out_are_failures(tmp_path):
     # 0.5 s steps: a long request (20+ tokens) takes 10 s or more, past the 0.75 s schedule
     # plus --grace 0 (the run stops about 5 s after the schedule's end).
-    cost = step_cost_model(tmp_path, 0.5)
+    cost = constant_cost_model_file(tmp_path, 0.5)
     records = tmp_path / "rec"
     with CliServer(["--executor", "sim", "--cost-model", cost]) as server:
         args = ["--duration-scale", "0.25", "--grace", "0", "--lag-limit-ms", "1000"]

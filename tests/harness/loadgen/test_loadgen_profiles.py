@@ -21,6 +21,8 @@ from harness.profiles import build_plan, resolve_profile, shipped_profile_names
 from harness.serve.local_server import CliServer
 from tests.support.paths import REPO
 
+pytestmark = [pytest.mark.slow]
+
 ROOT = REPO
 LOCUST = str(Path(sys.executable).parent / "locust")
 #: Shortened to a few seconds each (rates unchanged).

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.records.incremental import part_paths, parts_dir, recover_record_file
+from tests.support.torn_file import truncate_to_half
 
 runner = CliRunner()
 
@@ -37,11 +38,6 @@ def _parts(path: Path, *frames: pl.DataFrame) -> list[Path]:
     return written
 
 
-def _truncate(part: Path) -> None:
-    data = part.read_bytes()
-    part.write_bytes(data[: len(data) // 2])
-
-
 def recover(*paths: Path):
     result = runner.invoke(app, ["recover-records", *map(str, paths)])
     return result, " ".join(result.output.split())
@@ -54,7 +50,7 @@ def test_a_bad_part_changes_nothing_and_names_the_part(tmp_path):
     _rows(100, 3).write_parquet(path)
     before = path.read_bytes()
     _, bad = _parts(path, _rows(0, 5), _rows(5, 5))
-    _truncate(bad)
+    truncate_to_half(bad)
     result, text = recover(path)
     assert result.exit_code == 1, text
     assert "part-000002.parquet" in text and "nothing was changed" in text

@@ -18,6 +18,7 @@ import harness.report.build as build
 from harness.cli import app
 from harness.report import ReportOptions, generate_report
 from tests.support.gate_runs import requests_frame, write_run
+from tests.support.torn_file import truncate_to_half
 
 # wide enough that no path or message wraps inside a word (rich breaks a long word at the
 # terminal's width: a temporary path is longer under pytest-xdist)
@@ -43,17 +44,12 @@ def _set(column: str, value, row: int = 3):
     return edit
 
 
-def _truncate(path: Path) -> None:
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-
-
 BAD_FILES = {
     "another_schema": (
         lambda p: pl.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]}).write_parquet(p),
         "no request_id, status, scheduled_at, ttft_s, e2e_s columns",
     ),
-    "truncated": (_truncate, "not a readable Parquet file"),
+    "truncated": (truncate_to_half, "not a readable Parquet file"),
     "empty": (lambda p: p.write_bytes(b""), "not a readable Parquet file"),
     "negative_ttft": (_set("ttft_s", -5.0), "request r00003 has ttft_s -5 (1 such row)"),
     "infinite_e2e": (_set("e2e_s", math.inf), "request r00003 has e2e_s inf (1 such row)"),
@@ -115,7 +111,7 @@ def test_a_confident_verdict_is_never_made_against_a_cell_without_data(tmp_path)
 
 def test_no_usable_cell_is_exit_2_naming_every_cell(tmp_path):
     root = _run(tmp_path, policies=("fcfs", "sjf"))
-    _truncate(root / "fcfs" / "requests.parquet")
+    truncate_to_half(root / "fcfs" / "requests.parquet")
     _set("e2e_s", -1.0)(root / "sjf" / "requests.parquet")
     result, text = _report(root)
     assert result.exit_code == 2, result.output

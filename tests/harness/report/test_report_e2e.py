@@ -18,6 +18,8 @@ from harness.cli import app
 from tests.support.paths import DATA
 from tests.support.report_browser import chromium_required, find_chromium, inspect_html
 
+pytestmark = [pytest.mark.chromium, pytest.mark.slow]
+
 DATA = DATA
 runner = CliRunner()
 

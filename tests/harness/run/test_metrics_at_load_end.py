@@ -85,6 +85,7 @@ def test_a_scraper_stopped_before_it_ran_still_scrapes_once():
         assert _values(scraper.rows, "tokens_total") == [3.0]
 
 
+@pytest.mark.prometheus
 def test_prometheus_waits_for_a_scrape_after_the_load():
     if find_prometheus() is None:
         if os.environ.get("CI") == "true":

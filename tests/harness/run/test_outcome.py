@@ -11,11 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.costmodel import store as cost_store
 from harness.run import outcome
 from harness.run.cell_result import CellResult
 from harness.run.matrix import Cell
@@ -103,11 +101,6 @@ def test_the_exit_code_follows_the_documented_precedence(ok, other, cut, infra, 
     else:
         assert code == (3 if over else 0) and outcome.status(r) != "failed"
     assert code != 0 or ok > 0  # a run in which nothing completed never exits 0
-
-
-@pytest.fixture
-def own_store(tmp_path, monkeypatch):
-    monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "cost-model-store"))
 
 
 def test_a_run_whose_only_cell_completed_nothing_exits_3_even_at_any_error_rate(

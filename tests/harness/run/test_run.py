@@ -27,19 +27,13 @@ from harness.costmodel import store as cost_store
 from harness.costmodel.machine import fingerprint
 from harness.serve.local_server import CliServer
 from tests.support.paths import DATA, REPO
+from tests.support.ports import free_port
 from tests.support.run_cli import schedscope_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("own_store")]
 
 ROOT = REPO
 DATA = DATA
-
-
-@pytest.fixture(autouse=True)
-def own_store(tmp_path, monkeypatch):
-    """Each test's runs have a store of cost models of their own: a served cell fits its
-    steps into the store, which must not leak into another test's simulations."""
-    store = tmp_path / "cost-model-store"
-    monkeypatch.setenv(cost_store.STORE_ENV, str(store))
-    return store
 
 
 def run_cli(
@@ -54,6 +48,7 @@ def last_line(proc: subprocess.CompletedProcess) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.torch_model
 def test_served_torch_two_policies(tmp_path):
     out = tmp_path / "run"
     proc = run_cli(
@@ -270,19 +265,11 @@ def test_simulate_runs_have_no_simulator_check(tmp_path):
     assert "Simulator vs this run" not in (out / "report.md").read_text()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_target_external_server(tmp_path):
     """--target: a second bundled server (sim) stands for an external one; it exports
     its spans over OTLP/HTTP to the receiver the run starts (--target-otlp-port)."""
     out = tmp_path / "run"
-    port = _free_port()
+    port = free_port()
     with CliServer(
         ["--executor", "sim", "--otlp-traces-endpoint", f"http://127.0.0.1:{port}/v1/traces"]
     ) as server:
@@ -531,6 +518,7 @@ def test_headline_starvation_and_max_wait(tmp_path):
     assert not any(f["trap"] == "starvation" for f in summary["diagnosis"])
 
 
+@pytest.mark.prometheus
 def test_prometheus_scrapes_the_cell_and_its_series_become_metrics_parquet(tmp_path):
     """--prometheus: a real Prometheus (Debian's binary, installed by make test) scrapes
     the served cell every second; its series, exported at the end, are metrics.parquet."""

@@ -11,15 +11,11 @@ import sys
 
 import pytest
 
-from harness.costmodel import store as cost_store
 from tests.support.paths import DATA, REPO
 
 PROFILE = str(DATA / "locust_small.py")
 
-
-@pytest.fixture(autouse=True)
-def own_store(tmp_path, monkeypatch):
-    monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "cost-model-store"))
+pytestmark = [pytest.mark.usefixtures("own_store")]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

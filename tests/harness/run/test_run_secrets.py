@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from harness.loadgen.options import env_var
 from harness.records.redact import MASK, redact_argv, redact_url, strip_credentials, worker_host
 from harness.run.loadgen import LocustRun
-from tests.harness.run.test_run_target_vocabulary import own_store, run_target  # noqa: F401
+from tests.harness.run.test_run_target_vocabulary import run_target
 from tests.support.vllm_stub import VllmStub
+
+pytestmark = [pytest.mark.usefixtures("own_store")]
 
 KEY = "sk-SECRET-3b9f0c"
 

@@ -13,21 +13,18 @@ own causes; the spans land in spans.parquet.
 from __future__ import annotations
 
 import json
-import socket
 
 import polars as pl
+import pytest
 
 from harness.report.stall_causes import CAUSE_LABELS, CLIENT_TOKEN_TIMES, STALL_CAUSES
-from tests.harness.run.test_run_target_vocabulary import own_store, run_target  # noqa: F401
+from tests.harness.run.test_run_target_vocabulary import run_target
+from tests.support.ports import free_port
 from tests.support.vllm_stub import VllmStub
 
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("own_store")]
+
 STALL_S = 0.4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stall_row(report_md: str, cell: str) -> dict[str, str]:
@@ -46,7 +43,7 @@ def _stall_row(report_md: str, cell: str) -> dict[str, str]:
 
 def test_target_stalls_from_client_token_times_and_spans_over_otlp_grpc(tmp_path):
     out = tmp_path / "run"
-    port = _free_port()
+    port = free_port()
     with VllmStub(
         vocab_size=50000, stall_s=STALL_S, otlp_grpc_endpoint=f"http://127.0.0.1:{port}"
     ) as stub:

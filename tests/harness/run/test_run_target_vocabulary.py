@@ -17,14 +17,10 @@ import sys
 import polars as pl
 import pytest
 
-from harness.costmodel import store as cost_store
 from tests.support.paths import DATA, REPO
 from tests.support.vllm_stub import VllmStub
 
-
-@pytest.fixture(autouse=True)
-def own_store(tmp_path, monkeypatch):
-    monkeypatch.setenv(cost_store.STORE_ENV, str(tmp_path / "cost-model-store"))
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("own_store")]
 
 
 def run_target(url: str, out, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

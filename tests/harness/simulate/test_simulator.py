@@ -44,6 +44,7 @@ def single_server_profile(rate: float, mean_output: float, duration_s: float, se
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rate", [12.5, 15.0])
 def test_fcfs_single_server_matches_pollaczek_khinchine(rate):
     """max_num_seqs=1, free prefill, a constant cost c per decode step, Poisson

@@ -49,6 +49,7 @@ def test_the_same_seed_gives_the_same_search():
     assert _history(one) == _history(again)
 
 
+@pytest.mark.slow
 def test_a_process_pool_gives_the_same_search_as_one_worker():
     one = search(SPACE, CURRENT, _ctx(**COARSE), seed=3, trials=4, batch=2, workers=1)
     pool = search(SPACE, CURRENT, _ctx(**COARSE), seed=3, trials=4, batch=2, workers=2)

@@ -81,6 +81,7 @@ def test_outputs_have_the_table_the_command_lines_and_the_front(starvation):
     assert "schedscope serve" in output and "tune.html" in output
 
 
+@pytest.mark.slow
 def test_the_search_is_deterministic_for_a_seed(starvation, tmp_path):
     _, first, _ = starvation
     result = runner.invoke(

@@ -5,10 +5,13 @@ torch_model); the comparison itself is tested in test_confirm_compare.py."""
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
 from tests.support.paths import DATA
+
+pytestmark = [pytest.mark.slow]
 
 runner = CliRunner(env={"COLUMNS": "400"})
 
@@ -74,6 +77,7 @@ def test_confirm_serves_the_winner_and_the_current_with_the_sim_executor(tmp_pat
     assert {c["settings"]["executor"] for c in run["cells"]} == {"sim"}
 
 
+@pytest.mark.torch_model
 def test_confirm_serves_with_the_torch_executor(tmp_path):
     tune = _tune(tmp_path, "torch")
     _check_served(tmp_path, tune)
