@@ -47,6 +47,12 @@ class RequestSpec:
     priority: int
     scheduled_at: float | None
 
+    @property
+    def open_at(self) -> float:
+        """`scheduled_at` of an open-loop request, which always has one."""
+        assert self.scheduled_at is not None, "an open-loop request"
+        return self.scheduled_at
+
 
 def _rng(seed: int, phase: int, purpose: int, block: int, cls: int = 0) -> np.random.Generator:
     return np.random.default_rng(
