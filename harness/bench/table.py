@@ -18,7 +18,7 @@ def result_text(figure) -> str:
 
 
 def table_rows(results: list[BenchResult]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for result in results:
         if not result.ok:
             if result.failed:

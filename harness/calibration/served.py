@@ -553,7 +553,7 @@ def calibrate_served(
                     schedule_file,
                     url,
                     records / LOCUST_DIR,
-                    limit_s=max(s.scheduled_at for s in specs) + DRAIN_LIMIT_S + 60.0,
+                    limit_s=max(s.open_at for s in specs) + DRAIN_LIMIT_S + 60.0,
                     on_progress=lambda done: progress.update(task, completed=done),
                     grace_s=DRAIN_LIMIT_S,
                 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -18,6 +19,9 @@ from harness.cli.options import check_faults, choose_cost_model, writable_dir
 from harness.costmodel.machine import fingerprint
 from harness.profiles import ProfileError, resolve_profile
 from harness.serve.knobs import build_engine_config, config_error, with_engine_knobs
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 #: The default --budget-s: a few hundred trials of the default profile at the default
 #: --duration-scale on two cores (docs/tune.md).
@@ -234,7 +238,7 @@ def _run(ctx, space, current, profile_name, duration_scale, **kw) -> dict[str, P
     rejected = [e for e in ranked if not e.meets_at_profile_rate and e not in finalists.values()]
     for i, e in enumerate(rejected[: max(kw["confirm"], 1)]):
         finalists[f"r{i + 1}"] = e
-    traps = {}
+    traps: dict[str, list[dict]] = {}
     for label, e in finalists.items():
         if e.skipped:
             traps[label] = []
@@ -337,7 +341,7 @@ class _SearchProgress:
 
     def __init__(self, trials: int | None, budget_s: float) -> None:
         self.trials, self.budget_s = trials, budget_s
-        self.progress = None
+        self.progress: Progress | None = None
 
     def __enter__(self):
         if err_console.is_terminal:

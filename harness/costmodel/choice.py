@@ -62,8 +62,8 @@ def choose(
     if value == BUILTIN:
         return Choice(CostModel(), None, f"cost model: {builtin} (--cost-model builtin)")
     lookup = cost_store.find(fingerprint)
-    if lookup.match is not None and lookup.match.model is not None:
-        match = lookup.match
+    match = lookup.match
+    if match is not None and match.model is not None:
         return Choice(match.model, match.path, f"cost model: {match.path} ({_fit_facts(match)})")
     stale = ""
     if lookup.stale:

@@ -21,10 +21,12 @@ import importlib.util
 import json
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 #: The CPU flags that change which kernels torch runs (its CPU capability, oneDNN's and
 #: MKL's code paths): x86 vector and matrix extensions, Arm's NEON/SVE.
@@ -165,7 +167,8 @@ def fingerprint(
         raise TypeError(f"fingerprint() got unknown parts {unknown}")
     if Path(model).is_dir():  # a checkpoint: the same wherever it is named from
         model = str(Path(model).resolve())
-    readers = {
+    # each reader returns its Fingerprint field's value: str, int, bool or a tuple of str
+    readers: dict[str, Callable[[], Any]] = {
         "cpu_model": lambda: _cpu()[0],
         "arch": lambda: platform.machine() or "unknown",
         "isa": lambda: _cpu()[1],
@@ -214,7 +217,7 @@ def _cpu() -> tuple[str, tuple[str, ...]]:
 def cpu_from_cpuinfo(text: str) -> tuple[str, tuple[str, ...]]:
     """(CPU model, the ISA_FLAGS it has) from /proc/cpuinfo's ``text``; the model from
     ``platform`` when the text names none."""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     for line in text.splitlines():
         name, _, value = line.partition(":")
         name = name.strip().lower()
@@ -261,9 +264,10 @@ def _torch_build() -> tuple[str, str, str | None]:
         return _version("torch"), "", None
     for node in tree.body:
         target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
-        if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and value is not None:
             try:
-                values[target.id] = ast.literal_eval(node.value)
+                values[target.id] = ast.literal_eval(value)
             except ValueError:
                 continue
     cuda = values.get("cuda")

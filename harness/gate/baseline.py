@@ -39,6 +39,7 @@ from harness.gate.sides import (
     check_numbers,
     schedule_digest,
 )
+from harness.records.polars_types import Schema
 from harness.report.validate import is_duration
 
 BASELINE_KIND = "schedscope-baseline"
@@ -47,7 +48,7 @@ BASELINE_VERSION = 1
 IDENTITY_KEYS = ("profile", "seed", "schedule", "repeats", "schema_version", "machine")
 #: Identity keys that must be known on both sides (missing on one is a mismatch too).
 REQUIRED_KEYS = ("profile", "seed", "schedule")
-_SCHEMA = {
+_SCHEMA: Schema = {
     "request_id": pl.String,
     "class": pl.String,
     "status": pl.String,

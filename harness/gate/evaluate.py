@@ -345,8 +345,9 @@ def _interval(
         change = current / baseline - 1
         return -change if higher else change
 
-    side_a = (va, time_blocks(oa, start, end, config.num_blocks))
-    side_b = (vb, time_blocks(ob, start, end, config.num_blocks))
+    # (values, blocks) or, with several runs on a side, (values, blocks, runs)
+    side_a: tuple = (va, time_blocks(oa, start, end, config.num_blocks))
+    side_b: tuple = (vb, time_blocks(ob, start, end, config.num_blocks))
     if ra is not None or rb is not None:  # several runs on a side: resample runs too
         side_a, side_b = (*side_a, ra), (*side_b, rb)
     ci = paired_block_bootstrap(
@@ -451,6 +452,7 @@ def check_rows(config: GateConfig, side: Side, what: str) -> None:
     be without the cell's duration (a rate over an unknown span)."""
     goodput = any(rule.metric == "goodput" for rule in config.rules)
     for name, cell in side.cells.items():
+        requests: int | None
         if cell.frame is not None:
             requests = cell.frame.height
         else:

@@ -25,6 +25,7 @@ from pathlib import Path
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus, table, timeseries
+from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as dashmodel
@@ -556,7 +557,7 @@ DASHBOARDS: Mapping[str, tuple[str, str, tuple[Row, ...]]] = {
 # -- building -------------------------------------------------------------------------------
 
 
-def _variables() -> list[dash.QueryVariable | dash.DatasourceVariable]:
+def _variables() -> list[Builder[dashmodel.VariableModel]]:
     def label_variable(name: str, label: str, query: str) -> dash.QueryVariable:
         return (
             dash.QueryVariable(name)
@@ -584,6 +585,7 @@ def _variables() -> list[dash.QueryVariable | dash.DatasourceVariable]:
 
 
 def _panel_builder(panel: Panel, panel_id: int):
+    builder: table.Panel | timeseries.Panel
     if panel.kind == "table":
         builder = (
             table.Panel()

@@ -59,7 +59,8 @@ def push_dashboards(
     shown = redact_url(grafana_url)  # the URL as messages name it: no password
     try:
         parsed = urlparse(grafana_url)
-        scheme, hostname, password = parsed.scheme, parsed.hostname, parsed.password
+        scheme: str | None = parsed.scheme
+        hostname, password = parsed.hostname, parsed.password
         parsed.port  # noqa: B018 - raises on a port out of range
     except ValueError:  # a bad port or IPv6 literal
         scheme = hostname = password = None
@@ -108,7 +109,7 @@ def push_dashboards(
         answer = answer if isinstance(answer, dict) else {}
         results.append(
             PushResult(
-                uid=answer.get("uid", model.get("uid")),
+                uid=str(answer.get("uid", model.get("uid")) or ""),
                 title=model.get("title", ""),
                 version=answer.get("version"),
                 url=answer.get("url"),

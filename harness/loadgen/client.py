@@ -152,6 +152,8 @@ class FastTransport:
 
         self._closed_error = HTTPConnectionClosed
         parts = urlsplit(base_url)
+        if parts.hostname is None:
+            raise ValueError(f"no host in {base_url!r}")
         self.prefix = parts.path.rstrip("/")
         self._client = HTTPClient(
             parts.hostname,
@@ -609,12 +611,12 @@ def probe(
                 f"/v1/models (first id: {tv.shown(first)}); pass --model"
             )
         model = first
-    card = next((m for m in models if m.get("id") == model), {})
+    card: dict = next((m for m in models if m.get("id") == model), {})
     max_model_len = card.get("max_model_len")
     if type(max_model_len) is not int or max_model_len <= 0:
         max_model_len = None
     epoch = answer(*call("GET", "/health")).get("clock_epoch_unix")
-    if type(epoch) not in (int, float) or not math.isfinite(epoch):
+    if not tv.is_number(epoch) or not math.isfinite(epoch):
         epoch = None
     probes = 0
 
@@ -650,7 +652,7 @@ def probe(
         if endpoint == "chat":
             body["messages"] = chat_messages("probe")
         elif prompts.mode == "token_ids":
-            body["prompt"] = token_ids("probe", 4, *prompts.id_range)
+            body["prompt"] = token_ids("probe", 4, *(prompts.id_range or DEFAULT_ID_RANGE))
         else:
             body["prompt"] = "probe"
         h = {**headers, "X-Request-Id": f"schedscope-probe-{os.getpid()}"}

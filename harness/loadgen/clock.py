@@ -39,6 +39,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from harness.loadgen.target_values import is_number
+
 #: Test-only: seconds a worker adds to its own ``time.time()``.
 TEST_OFFSET_ENV = "SCHEDSCOPE_TEST_CLOCK_OFFSET_S"
 #: The Unix instants of a record row (docs/loadgen.md, "Records").
@@ -103,9 +105,10 @@ def probe(sent: dict[int, float], pong: object, t3: float) -> Probe:
     if type(seq) is not int or seq not in sent:
         raise BadProbe(f"a pong for no ping of this worker's (seq {seq!r})")
     values = [pong.get(k) for k in ("t0", "t1", "t2")]
-    if not all(type(v) in (int, float) and math.isfinite(v) for v in (*values, t3)):
+    finite = [v for v in (*values, t3) if is_number(v) and math.isfinite(v)]
+    if len(finite) != 4:
         raise BadProbe(f"a pong whose instants are not finite numbers: {values!r}")
-    t0, t1, t2 = (float(v) for v in values)
+    t0, t1, t2 = (float(v) for v in finite[:3])
     if t0 != sent[seq]:
         raise BadProbe(f"a pong whose t0 {t0!r} is not that of ping {seq} ({sent[seq]!r})")
     if t2 < t1 or t2 - t1 > t3 - t0:

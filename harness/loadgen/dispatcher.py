@@ -96,7 +96,7 @@ class Dispatcher:
         sleep, now, spawn = gevent.sleep, unix_now, self._group.spawn
         while self._next_open < len(specs) and not self._stopping:
             spec = specs[self._next_open]
-            at = start + spec.scheduled_at
+            at = start + spec.open_at
             delay = at - now()
             if delay > 0:
                 sleep(delay)
@@ -199,9 +199,7 @@ class Dispatcher:
     def _write_unsent(self) -> None:
         specs = self.share.open_requests
         for spec in specs[self._next_open :]:
-            self._not_sent(
-                self.client.new_row(spec, "open", self.run_start + spec.scheduled_at, False)
-            )
+            self._not_sent(self.client.new_row(spec, "open", self.run_start + spec.open_at, False))
         self._next_open = len(specs)
 
     def _not_sent(self, row: dict) -> None:

@@ -26,6 +26,7 @@ import re
 
 from harness.loadgen.records import RECORD_COLUMNS, RECORD_KINDS
 from harness.loadgen.row_types import fits
+from harness.loadgen.target_values import is_number
 from harness.profiles import Plan
 
 #: Each column's kind (records.RECORD_KINDS, which merge.SCHEMA is made from).
@@ -42,11 +43,12 @@ def _of_kind(value: object, kind: str) -> bool:
         return False
     if kind == "float":
         return _finite(value)
-    return kind != "floats" or all(_finite(v) for v in value)  # type: ignore[union-attr]
+    # fits: a floats value is a list
+    return kind != "floats" or (isinstance(value, list) and all(_finite(v) for v in value))
 
 
 def _finite(v: object) -> bool:
-    return type(v) in (int, float) and math.isfinite(v) and abs(v) < 1e300  # type: ignore[arg-type]
+    return is_number(v) and math.isfinite(v) and abs(v) < 1e300
 
 
 def row_problem(row: object) -> str | None:
@@ -83,7 +85,7 @@ class Intake:
         for spec in plan.open_loop_requests():
             self._open[spec.request_id] = spec.index % self.workers
         for p in plan.phases:
-            if p.kind == "closed":
+            if p.concurrency is not None:  # a closed phase
                 self._closed[f"{plan.profile.name}-{plan.seed}-c{p.index}-"] = (
                     p.index,
                     p.concurrency,

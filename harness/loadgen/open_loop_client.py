@@ -23,6 +23,7 @@ import polars as pl
 
 from harness.profiles import RequestSpec
 from harness.records.percentiles import percentile
+from harness.records.polars_types import as_float
 
 #: Seconds between starting the client and the schedule's t=0 (time to open sessions).
 START_DELAY_S = 0.5
@@ -65,7 +66,7 @@ async def replay(
         start = loop.time() + START_DELAY_S
 
         async def one(spec: RequestSpec) -> None:
-            scheduled = start + spec.scheduled_at
+            scheduled = start + spec.open_at
             await asyncio.sleep(max(0.0, scheduled - loop.time()))
             lags.append(loop.time() - scheduled)
             body = {
@@ -148,8 +149,8 @@ def client_latency(
     if joined.height == 0:
         return None
     return {
-        "intake_s": float(joined["intake_s"].median()),
-        "delivery_s": float(joined["delivery_s"].median()),
-        "client_latency_s": float((joined["intake_s"] + joined["delivery_s"]).median()),
+        "intake_s": as_float(joined["intake_s"].median()),
+        "delivery_s": as_float(joined["delivery_s"].median()),
+        "client_latency_s": as_float((joined["intake_s"] + joined["delivery_s"]).median()),
         "joined": joined.height,
     }

@@ -9,7 +9,7 @@ for each), and the master hands them to its workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 #: The argument names, as attributes of Locust's parsed options.
 NAMES = (
@@ -156,6 +156,7 @@ class LoadgenOptions:
         values = {}
         for f in fields(cls):
             if parsed is not None and hasattr(parsed, f.name):
+                assert f.default is not MISSING, "every option has a default"
                 values[f.name] = type(f.default)(getattr(parsed, f.name))
         return cls(**values)
 

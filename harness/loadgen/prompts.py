@@ -71,7 +71,8 @@ class TextSizer:
     def num_words(self, target: int) -> int:
         """Words whose rendered prompt the server counts as ``target`` tokens (as near
         as it can: a chat template's overhead is a floor)."""
-        if self._fit is None:
+        count = self._count
+        if self._fit is None or count is None:  # a fit is made only with a count
             return max(target, 0)
         cached = self._words.get(target)
         if cached is not None:
@@ -79,7 +80,7 @@ class TextSizer:
         overhead, per_word = self._fit
         m = max(0, round((target - overhead) / per_word))
         for _ in range(4):
-            got = self._count(words("probe", m))
+            got = count(words("probe", m))
             if got is None or got == target:
                 break
             step = round((target - got) / per_word) or (1 if target > got else -1)

@@ -51,7 +51,7 @@ def share(plan: Plan, worker: int, workers: int) -> Share:
     loops = [
         ClosedLoop(p.index, j, p.concurrency, p.start_s, p.end_s)
         for p in plan.phases
-        if p.kind == "closed"
+        if p.concurrency is not None  # a closed phase
         for j in range(worker, p.concurrency, workers)
     ]
     return Share(worker, workers, open_requests, loops)

@@ -14,7 +14,7 @@ Stdlib only (runs under gevent).
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 #: An error message from a target is cut to this many characters.
 MAX_ERROR_CHARS = 500
@@ -39,6 +39,11 @@ PROBE_BODY_BYTES = 16 << 20
 #: words of a text prompt finely).
 PROMPT_TOKENS_FACTOR = 10
 PROMPT_TOKENS_SLACK = 10_000
+
+
+def is_number(value: object) -> TypeGuard[int | float]:
+    """A JSON number as it is: an int or a float, not a bool (``type``, not ``isinstance``)."""
+    return type(value) in (int, float)
 
 
 class BadTargetValue(ValueError):

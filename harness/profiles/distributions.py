@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
@@ -27,6 +27,13 @@ PARAM_FIELDS = ("value", "low", "high", "mean", "std", "median", "sigma", "value
 
 # Upper clip when `max` is unset: keeps a heavy tail from overflowing the int64 cast.
 _UNBOUNDED = 2**53
+
+
+class Clip(TypedDict, total=False):
+    """The clip bounds the constructors of :class:`LengthDistribution` pass through."""
+
+    min: int
+    max: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,27 +80,27 @@ class LengthDistribution:
     # -- constructors for Python-file profiles -------------------------------------
 
     @classmethod
-    def fixed(cls, value: float, **clip: int) -> LengthDistribution:
+    def fixed(cls, value: float, **clip: Unpack[Clip]) -> LengthDistribution:
         return cls(kind="fixed", value=value, **clip)
 
     @classmethod
-    def uniform(cls, low: int, high: int, **clip: int) -> LengthDistribution:
+    def uniform(cls, low: int, high: int, **clip: Unpack[Clip]) -> LengthDistribution:
         return cls(kind="uniform", low=low, high=high, **clip)
 
     @classmethod
-    def normal(cls, mean: float, std: float, **clip: int) -> LengthDistribution:
+    def normal(cls, mean: float, std: float, **clip: Unpack[Clip]) -> LengthDistribution:
         return cls(kind="normal", mean=mean, std=std, **clip)
 
     @classmethod
-    def lognormal(cls, median: float, sigma: float, **clip: int) -> LengthDistribution:
+    def lognormal(cls, median: float, sigma: float, **clip: Unpack[Clip]) -> LengthDistribution:
         return cls(kind="lognormal", median=median, sigma=sigma, **clip)
 
     @classmethod
-    def exponential(cls, mean: float, **clip: int) -> LengthDistribution:
+    def exponential(cls, mean: float, **clip: Unpack[Clip]) -> LengthDistribution:
         return cls(kind="exponential", mean=mean, **clip)
 
     @classmethod
-    def geometric(cls, mean: float, **clip: int) -> LengthDistribution:
+    def geometric(cls, mean: float, **clip: Unpack[Clip]) -> LengthDistribution:
         return cls(kind="geometric", mean=mean, **clip)
 
     @classmethod

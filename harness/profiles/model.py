@@ -170,6 +170,13 @@ class Phase:
             object.__setattr__(self, "classes", MappingProxyType(weights))
 
     @property
+    def length_s(self) -> float:
+        """`duration_s` as `__post_init__` resolved it: set for every phase (a trace
+        phase's defaults to its trace's span), so never None once constructed."""
+        assert self.duration_s is not None, "resolved by __post_init__"
+        return self.duration_s
+
+    @property
     def kind(self) -> Literal["open", "closed"]:
         """ "open" for rate and trace phases (every request has a scheduled instant)."""
         return "closed" if self.concurrency is not None else "open"
@@ -188,17 +195,17 @@ class Phase:
             return None
         if self.rate_end is None:
             return self.rate
-        return self.rate + (self.rate_end - self.rate) * t / self.duration_s
+        return self.rate + (self.rate_end - self.rate) * t / self.length_s
 
     @property
     def expected_requests(self) -> float | None:
         """Mean number of arrivals (rate phases), or the trace's count in the window."""
         if self.trace is not None:
-            return float(np.count_nonzero(self.trace.offsets_s < self.duration_s))
+            return float(np.count_nonzero(self.trace.offsets_s < self.length_s))
         if self.rate is None:
             return None
         end = self.rate if self.rate_end is None else self.rate_end
-        return (self.rate + end) / 2 * self.duration_s
+        return (self.rate + end) / 2 * self.length_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,7 +276,7 @@ class Profile:
 
     @property
     def duration_s(self) -> float:
-        return sum(p.duration_s for p in self.phases)
+        return sum(p.length_s for p in self.phases)
 
     def request_class(self, name: str) -> RequestClass:
         for c in self.classes:
@@ -294,7 +301,7 @@ class Profile:
                 p = dataclasses.replace(p, rate=p.rate * factor, rate_end=end)
             elif p.trace is not None:
                 p = dataclasses.replace(
-                    p, trace=p.trace.with_time_scale(factor), duration_s=p.duration_s / factor
+                    p, trace=p.trace.with_time_scale(factor), duration_s=p.length_s / factor
                 )
             phases.append(p)
         return dataclasses.replace(self, phases=tuple(phases))
@@ -304,7 +311,5 @@ class Profile:
         the run). Rates are unchanged, so a ramp reaches the same end rate sooner
         (or later); a trace phase keeps the arrivals inside its scaled window."""
         factor = check_number("duration_scale", factor, positive=True)
-        phases = tuple(
-            dataclasses.replace(p, duration_s=p.duration_s * factor) for p in self.phases
-        )
+        phases = tuple(dataclasses.replace(p, duration_s=p.length_s * factor) for p in self.phases)
         return dataclasses.replace(self, phases=phases)

@@ -47,6 +47,12 @@ class RequestSpec:
     priority: int
     scheduled_at: float | None
 
+    @property
+    def open_at(self) -> float:
+        """`scheduled_at` of an open-loop request, which always has one."""
+        assert self.scheduled_at is not None, "an open-loop request"
+        return self.scheduled_at
+
 
 def _rng(seed: int, phase: int, purpose: int, block: int, cls: int = 0) -> np.random.Generator:
     return np.random.default_rng(
@@ -299,7 +305,7 @@ def build_plan(profile: Profile, seed: int | None = None) -> Plan:
     """The schedule of `profile` for `seed` (default: the profile's own seed)."""
     seed = profile.seed if seed is None else seed
     check_int("seed", seed, minimum=0)
-    bounds = _phase_bounds([p.duration_s for p in profile.phases])
+    bounds = _phase_bounds([p.length_s for p in profile.phases])
     phases: list[PhasePlan] = []
     num_open = 0
     for i, (phase, (start, end)) in enumerate(zip(profile.phases, bounds, strict=True)):
@@ -322,7 +328,7 @@ def build_plan(profile: Profile, seed: int | None = None) -> Plan:
 
 def _phase_may_have_arrivals(phase: Phase) -> bool:
     if phase.trace is not None:
-        return bool(phase.trace.num_requests) and float(phase.trace.offsets_s[0]) < phase.duration_s
+        return bool(phase.trace.num_requests) and float(phase.trace.offsets_s[0]) < phase.length_s
     return True
 
 
@@ -340,7 +346,7 @@ def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[R
         raise ProfileError(f"phases: profile {profile.name!r} has no open-loop (`rate`) phase")
     if n == 0:
         return []
-    durations = [profile.phases[i].duration_s for i in open_phases]
+    durations = [profile.phases[i].length_s for i in open_phases]
     if not any(_phase_may_have_arrivals(profile.phases[i]) for i in open_phases):
         raise ProfileError(f"phases: profile {profile.name!r} has no arrivals to cycle")
     period = float(sum(durations))

@@ -14,8 +14,9 @@ import polars as pl
 
 from engine.core.decisions import Decision
 from engine.records.step_record import StepRecord
+from harness.records.polars_types import Schema
 
-SCHEMA = {
+SCHEMA: Schema = {
     "kind": pl.String,
     "time": pl.Float64,
     "step": pl.Int64,

@@ -38,6 +38,7 @@ from typing import Protocol
 import polars as pl
 
 from engine.records.step_record import StepRecord
+from harness.records.polars_types import Schema
 from harness.records.requests import write_parquet
 
 log = logging.getLogger("schedscope.records")
@@ -144,7 +145,7 @@ class Merged:
     kept: list[Path] = field(default_factory=list)
 
 
-def merge(path: Path, schema: dict[str, pl.DataType] | None = None) -> Merged:
+def merge(path: Path, schema: Schema | None = None) -> Merged:
     """Merge the parts of ``path`` into ``path`` (in order; an empty file of ``schema``
     when there are none) through a temporary file renamed over ``path``, then remove the
     server's files (module docstring). Raises :class:`RecordMergeError` (a part that
@@ -170,7 +171,7 @@ def merge(path: Path, schema: dict[str, pl.DataType] | None = None) -> Merged:
     return Merged(num_rows, len(parts), replaced, _remove_server_files(path, parts))
 
 
-def _write_merged(parts: list[Path], schema: dict | None, out: Path) -> int:
+def _write_merged(parts: list[Path], schema: Schema | None, out: Path) -> int:
     """``parts`` concatenated into ``out`` (streamed: one part in memory at a time), or
     an empty file of ``schema`` when there are none; the number of rows."""
     if not parts:
@@ -180,7 +181,7 @@ def _write_merged(parts: list[Path], schema: dict | None, out: Path) -> int:
     return sum(pl.scan_parquet(p, glob=False).select(pl.len()).collect().item() for p in parts)
 
 
-def merge_parts(path: Path, schema: dict[str, pl.DataType] | None = None) -> int:
+def merge_parts(path: Path, schema: Schema | None = None) -> int:
     """:func:`merge`, returning the number of rows."""
     return merge(path, schema).num_rows
 
@@ -214,7 +215,7 @@ class IncrementalRecordWriter:
         self,
         collector: RowCollector,
         path: Path,
-        schema: dict[str, pl.DataType],
+        schema: Schema,
         flush_interval_s: float = FLUSH_INTERVAL_S,
     ) -> None:
         self.collector = collector

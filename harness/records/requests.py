@@ -17,6 +17,7 @@ import polars as pl
 from engine.core.sequence import Sequence
 from engine.core.token_timing import STALL_FLOOR_S
 from engine.records.step_record import StepRecord
+from harness.records.polars_types import Schema
 
 #: One stall: when the gap began (engine time) and how long it lasted.
 STALL_TYPE = pl.Struct({"start_s": pl.Float64, "duration_s": pl.Float64})
@@ -26,7 +27,7 @@ STALL_TYPE = pl.Struct({"start_s": pl.Float64, "duration_s": pl.Float64})
 #: simulator's and the engine's rows alike; the report and the gate refuse any other.
 STATUSES = ("ok", "error", "rejected", "aborted")
 
-REQUEST_SCHEMA: dict[str, pl.DataType] = {
+REQUEST_SCHEMA: Schema = {
     "request_id": pl.String,
     "policy": pl.String,
     "profile": pl.String,
@@ -74,7 +75,11 @@ def sequence_record(seq: Sequence, policy: str, profile: str) -> dict:
     num_output = seq.num_output_tokens
     ttft = None if first is None else first - arrival
     e2e = None if last is None else last - arrival
-    tpot = (e2e - ttft) / (num_output - 1) if num_output > 1 and ttft is not None else None
+    tpot = (
+        (e2e - ttft) / (num_output - 1)
+        if num_output > 1 and ttft is not None and e2e is not None
+        else None
+    )
     return {
         "request_id": seq.request_id,
         "policy": policy,

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.records.polars_types import Schema
+
 KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 STATUS_CODES = {0: "unset", 1: "ok", 2: "error"}
 
@@ -40,7 +42,7 @@ VLLM_REQUEST_ID = "gen_ai.request.id"
 #: ``-<digits>`` is vLLM's, the rest is the client's.
 _VLLM_ID = re.compile(r"^(?:cmpl-(?P<completion>.+)-\d+|chatcmpl-(?P<chat>.+))$")
 
-FIXED_SCHEMA: dict[str, pl.DataType] = {
+FIXED_SCHEMA: Schema = {
     "name": pl.String,
     "trace_id": pl.String,
     "span_id": pl.String,

@@ -17,12 +17,13 @@ import numpy as np
 import polars as pl
 
 from engine.records.step_record import StepRecord
+from harness.records.polars_types import Schema, as_float, as_int
 
 if TYPE_CHECKING:
     from engine.sim.decode_runs import DecodeSteps
 
 #: steps.parquet columns, in order, with their Polars types.
-STEP_SCHEMA: dict[str, pl.DataType] = {
+STEP_SCHEMA: Schema = {
     "step": pl.Int64,
     "schedule_start": pl.Float64,
     "execute_start": pl.Float64,
@@ -130,7 +131,7 @@ class StepLog:
         # Each column converted once, constants repeated as machine numbers.
         starts, num_seqs = array("d", steps.starts), array("q", steps.num_seqs)
         zero_seconds = array("d", [0.0]) * k
-        given = {
+        given: dict[str, array] = {
             "step": array("q", range(steps.first_step, steps.first_step + k)),
             "schedule_start": starts,
             "execute_start": starts,
@@ -172,7 +173,7 @@ class StepLog:
         busy = f.select((pl.col("execute_end") - pl.col("schedule_start")).sum()).item()
 
         def mean(name: str) -> float:
-            return float(f[name].mean())
+            return as_float(f[name].mean())
 
         return {
             "num_steps": n,
@@ -188,11 +189,11 @@ class StepLog:
             "steps_with_idle_running": int((f["num_idle_running"] > 0).sum()),
             "mixed_steps": int(((f["num_prefill_tokens"] > 0) & (f["num_decode_seqs"] > 0)).sum()),
             "mean_waiting": mean("num_waiting"),
-            "max_waiting": int(f["num_waiting"].max()),
+            "max_waiting": as_int(f["num_waiting"].max()),
             "mean_running": mean("num_running"),
-            "max_swapped": int(f["num_swapped"].max()),
-            "min_free_device_blocks": int(f["num_free_device_blocks"].min()),
+            "max_swapped": as_int(f["num_swapped"].max()),
+            "min_free_device_blocks": as_int(f["num_free_device_blocks"].min()),
             "blocks_swapped_out": int(f["num_blocks_swapped_out"].sum()),
             "blocks_swapped_in": int(f["num_blocks_swapped_in"].sum()),
-            "swap_s": float(f["swap_out_s"].sum() + f["swap_in_s"].sum()),
+            "swap_s": as_float(f["swap_out_s"].sum()) + as_float(f["swap_in_s"].sum()),
         }

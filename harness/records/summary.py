@@ -22,6 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles import Profile
+from harness.records.polars_types import as_float
 from harness.records.request_stats import clean, group_statistics, slo_met_expr
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -91,7 +92,7 @@ def policy_summary(
 
 def _mean_job_tokens(frame: pl.DataFrame, class_name: str) -> float:
     rows = frame.filter(pl.col("class") == class_name)
-    return float((rows["prompt_tokens"] + rows["max_tokens"]).mean() or 0.0)
+    return as_float((rows["prompt_tokens"] + rows["max_tokens"]).mean() or 0.0)
 
 
 def policy_run_info(

@@ -12,6 +12,7 @@ its simulation), ``build`` (assembling), ``summary`` (summary.json) and ``render
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from harness.report.build import Report, ReportOptions, build_report
@@ -22,7 +23,9 @@ __all__ = ["Report", "ReportInputError", "ReportOptions", "build_report", "gener
 
 
 def generate_report(
-    run_dirs: list[Path | str], out: Path | str | None = None, options: ReportOptions | None = None
+    run_dirs: Sequence[Path | str],
+    out: Path | str | None = None,
+    options: ReportOptions | None = None,
 ) -> dict[str, Path]:
     """Build the report of ``run_dirs`` and write it to ``out`` (default: the first run
     directory). Returns the written paths (``html``, ``markdown``, ``summary``,

@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -62,7 +64,9 @@ class RunReport:
 class Report:
     runs: list[RunReport]
     options: ReportOptions
-    figures: list[tuple[str, str, object]] = field(default_factory=list)  # (section, title, fig)
+    figures: list[tuple[str, str, Any]] = field(
+        default_factory=list
+    )  # (section, title, plotly fig)
     missing: list[str] = field(default_factory=list)
     #: Cells left out because their records cannot be used (harness/report/validate.py).
     broken: list[BrokenCell] = field(default_factory=list)
@@ -106,7 +110,7 @@ def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
     return {}, "none found (goodput counts finished requests only; pass --profile)"
 
 
-def build_report(run_dirs: list[Path | str], options: ReportOptions | None = None) -> Report:
+def build_report(run_dirs: Sequence[Path | str], options: ReportOptions | None = None) -> Report:
     """The report of ``run_dirs``. Cells that cannot be used are left out and listed in
     ``broken``; :class:`ReportInputError` when no cell of any run can be used."""
     options = options or ReportOptions()
@@ -189,8 +193,9 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
     for group, names in groups.items():
         base = baseline(names, identities)
         fcfs_long = None
-        if base is not None and policies[base].starvation:
-            fcfs_long = policies[base].starvation.get("long_p99_queue_s")
+        base_starvation = policies[base].starvation if base is not None else None
+        if base_starvation:
+            fcfs_long = base_starvation.get("long_p99_queue_s")
         for name in names:
             p = policies[name]
             try:
@@ -223,9 +228,10 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
                     "sentence": f"[{group.lstrip('-') or 'base'}] {entry['sentence']}",
                 }
             v[objective + group if len(groups) > 1 else objective] = entry
-        vs += verdict.against_fcfs(
-            inputs, short_class, long_class, options.resamples, options.seed, baseline=base
-        )
+        if base is not None:
+            vs += verdict.against_fcfs(
+                inputs, short_class, long_class, options.resamples, options.seed, baseline=base
+            )
     check = simulator_check.for_cells(
         {n: (p.data.path, p.frame) for n, p in policies.items()}, identities
     )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from harness.records.polars_types import as_float
 from harness.report.stall_causes import CAUSE_LABELS, STALL_CAUSES
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ def queue_timeline(
                     series = series.with_columns(pl.lit(None, pl.Float64).alias(c))
     if series is None or series.height == 0:
         return None
-    t0, t1 = float(series["t"].min()), float(series["t"].max())
+    t0, t1 = as_float(series["t"].min()), as_float(series["t"].max())
     if origin is None:
         origin = clock_origin(arrivals if arrivals.size else series["t"].to_numpy())
     width = _bins(t0, t1)
@@ -307,7 +308,7 @@ def stalls_timeline(
     )
     for row, key in enumerate(keys, 1):
         frame = stalls[key]
-        t0, t1 = float(frame["start_s"].min()), float(frame["start_s"].max())
+        t0, t1 = as_float(frame["start_s"].min()), as_float(frame["start_s"].max())
         origin = (origins or {}).get(key)
         if origin is None:
             origin = clock_origin(frame["start_s"].to_numpy())
@@ -375,7 +376,7 @@ def request_intervals(spans: pl.LazyFrame | None, requests: pl.DataFrame) -> pl.
                 .group_by("request_id")
                 .agg(pl.col("start").min().alias("origin"))
             )
-            kind = (
+            interval_kind = (
                 pl.when(pl.col("name") == "schedule")
                 .then(pl.lit("queued"))
                 .when((pl.col("name") == "prefill") & (pl.col("pkind") == "recompute"))
@@ -392,7 +393,7 @@ def request_intervals(spans: pl.LazyFrame | None, requests: pl.DataFrame) -> pl.
             )
             intervals = (
                 s.join(origin, on="request_id")
-                .with_columns(kind=kind)
+                .with_columns(kind=interval_kind)
                 .filter(pl.col("kind").is_not_null())
                 .select(
                     "request_id",

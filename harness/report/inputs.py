@@ -19,6 +19,7 @@ whose ``policies`` is not an object, a negative ``duration_s``) is ignored, and 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -388,7 +389,7 @@ def open_run(root: Path | str, label: str | None = None) -> RunData:
     return run
 
 
-def open_runs(roots: list[Path | str]) -> list[RunData]:
+def open_runs(roots: Sequence[Path | str]) -> list[RunData]:
     """Several runs side by side, labelled by directory name (made unique if repeated)."""
     runs: list[RunData] = []
     seen: dict[str, int] = {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from itertools import combinations
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 import polars as pl
 
@@ -142,6 +143,14 @@ def order_text(order: list[str], values: dict[str, float]) -> str:
     return text
 
 
+class CheckedCell(TypedDict):
+    """One cell of :func:`compare`'s ``cells``."""
+
+    model: dict | None  # its run.json entry
+    classes: dict[str, dict]  # class_rows
+    speed_band: NotRequired[dict[str, dict]]  # the band's time_ratios and sources
+
+
 def compare(
     served: dict[str, pl.DataFrame],
     simulated: dict[str, pl.DataFrame],
@@ -157,7 +166,7 @@ def compare(
     :func:`ranking`). ``identities``: each cell's policy and group (default: one group)."""
     bands = bands or {}
     identities = identities or {}
-    cells = {}
+    cells: dict[str, CheckedCell] = {}
     for name in served:
         if name not in simulated:
             continue

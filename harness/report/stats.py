@@ -78,7 +78,7 @@ def paired_block_bootstrap(
     vb, bb = prepare(*b)
     if len(va) == 0 or len(vb) == 0:
         return None
-    diffs = []
+    diffs: list[float] = []
     for _ in range(resamples):
         chosen = rng.integers(0, num_blocks, num_blocks)
         ia = np.concatenate([np.arange(ba[k], ba[k + 1]) for k in chosen])
@@ -105,7 +105,8 @@ def _percentile_interval(diffs: list, resamples: int, confidence: float):
         return None
     tail = (1 - confidence) / 2 * 100
     low, high = percentile(diffs, tail), percentile(diffs, 100 - tail)
-    return float(low), float(high)
+    assert low is not None and high is not None  # diffs is not empty
+    return low, high
 
 
 def _two_stage(a, b, statistic, num_blocks, resamples, rng, max_rows, confidence, contrast):
@@ -147,7 +148,7 @@ def _two_stage(a, b, statistic, num_blocks, resamples, rng, max_rows, confidence
     vb, runs_b, bounds_b = prepare(*b)
     if len(va) == 0 or len(vb) == 0:
         return None
-    diffs = []
+    diffs: list[float] = []
     for _ in range(resamples):
         chosen_a = rng.integers(0, runs_a, runs_a)
         chosen_b = rng.integers(0, runs_b, runs_b)

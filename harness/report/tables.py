@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from harness.records.polars_types import as_float
 from harness.records.request_stats import (
     PERCENTILES,
     clean,
@@ -164,7 +165,7 @@ def _lag(frame: pl.DataFrame) -> dict | None:
     generator that stamps both the same)."""
     lag = frame.select((pl.col("sent_at") - pl.col("scheduled_at")).alias("lag")).to_series()
     lag = lag.drop_nulls()
-    if lag.len() == 0 or float(lag.abs().max()) == 0.0:
+    if lag.len() == 0 or as_float(lag.abs().max()) == 0.0:
         return None
     values = lag.to_numpy()
     return {

@@ -212,8 +212,8 @@ def bad_values(frame: pl.LazyFrame | pl.DataFrame, id_column: str = "request_id"
     for n, (column, _, _) in enumerate(checks):
         count = int(row[f"n{n}"] or 0)
         if count:
-            value = _value_text(row[f"v{n}"])
-            what = f"a gap of {value} in itl_s" if column == "itl_s" else f"{column} {value}"
+            shown = _value_text(row[f"v{n}"])
+            what = f"a gap of {shown} in itl_s" if column == "itl_s" else f"{column} {shown}"
             rows = f"{count} such row{'s' if count > 1 else ''}"
             out.append(f"request {row[f'id{n}']} has {what} ({rows})")
     return out

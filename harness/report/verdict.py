@@ -213,6 +213,8 @@ def against_fcfs(
                 continue
             va, vb = a[metric].to_numpy(), b[metric].to_numpy()
             sa, sb = stat(va), stat(vb)
+            # rows on both sides, no NaN (report.validate refuses it): both are defined
+            assert sa is not None and sb is not None
             ci = paired_block_bootstrap(
                 (va, time_blocks(arrival_offsets(a), start, end)),
                 (vb, time_blocks(arrival_offsets(b), start, end)),

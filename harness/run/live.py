@@ -68,7 +68,7 @@ def figures_line(
     p95 = tail.ttft_p95
     waiting = latest.get("vllm:num_requests_waiting")
     running = latest.get("vllm:num_requests_running")
-    parts = [
+    parts: list[str | tuple[str, str]] = [
         (cell, "bold"),
         f"{time.monotonic() - started:5.0f} s",
         f"done {tail.done}/{scheduled if scheduled is not None else '?'}",

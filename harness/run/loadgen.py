@@ -160,17 +160,22 @@ class LocustRun:
             stdin=subprocess.DEVNULL,
         )
 
+    def _started(self) -> subprocess.Popen:
+        assert self.process is not None, "start() first"
+        return self.process
+
     def poll(self) -> int | None:
-        return self.process.poll()
+        return self._started().poll()
 
     def wait(self, deadline: float) -> int:
         """Wait until it ends or ``deadline`` (monotonic); then SIGTERM, SIGKILL."""
-        while self.process.poll() is None and time.monotonic() < deadline:
+        process = self._started()
+        while process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        if self.process.poll() is None:
+        if process.poll() is None:
             self.timed_out = True
-            self._terminate()
-        self.exit_code = self.process.returncode
+            self._terminate(process)
+        self.exit_code = process.returncode
         self._log.close()
         return self.exit_code
 
@@ -181,11 +186,11 @@ class LocustRun:
         if self.process is None:
             return
         if self.process.poll() is None:
-            self._terminate()
+            self._terminate(self.process)
         self._log.close()
 
-    def _terminate(self) -> None:
-        stop_process(self.process, 20.0)
+    def _terminate(self, process: subprocess.Popen) -> None:
+        stop_process(process, 20.0)
 
     def log_tail(self, lines: int = 25) -> str:
         try:

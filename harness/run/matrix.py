@@ -27,6 +27,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -222,7 +223,7 @@ def build_cells(
     times (:func:`repeated`)."""
     _check_policies(policies)
     _check_rate_scales(rate_scales)
-    sets = knob_sets or [(None, {})]
+    sets: Sequence[tuple[str | None, dict]] = knob_sets if knob_sets else [(None, {})]
     cells = []
     for policy in policies:
         for set_name, overrides in sets:

@@ -21,6 +21,7 @@ import gzip
 import json
 import threading
 from pathlib import Path
+from typing import TextIO
 
 from aiohttp import web
 
@@ -71,7 +72,7 @@ class SpanLines:
         self.num_requests = 0
         self.num_spans = 0
         self._lock = threading.Lock()
-        self._file = None
+        self._file: TextIO | None = None
 
     def __enter__(self) -> SpanLines:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from harness.processes.stop import stop_process
 
@@ -102,11 +103,13 @@ class PrometheusServer:
         return self
 
     def _wait_for_targets(self) -> None:
+        process = self.process
+        assert process is not None, "called by __enter__, after the Popen"
         deadline = time.monotonic() + self.start_timeout_s
         while True:
-            if self.process.poll() is not None:
+            if process.poll() is not None:
                 raise PrometheusError(
-                    f"prometheus exited with {self.process.returncode}:\n{self.log_tail()}"
+                    f"prometheus exited with {process.returncode}:\n{self.log_tail()}"
                 )
             try:
                 active = self.api("/api/v1/targets")["activeTargets"]
@@ -128,7 +131,9 @@ class PrometheusServer:
             else ""
         )
 
-    def api(self, path: str, **params) -> dict | list:
+    def api(self, path: str, **params: str) -> Any:
+        """The ``data`` of an API answer: JSON whose shape is the endpoint's (an object for
+        ``/api/v1/targets`` and ``/api/v1/query``, an array for ``query_exemplars``)."""
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
         with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=10) as response:
             body = json.load(response)

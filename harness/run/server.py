@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import TextIO
 
 from engine.api.serving_line import serving_url
 from harness.processes.stop import stop_process
@@ -54,6 +55,7 @@ class ServedEngine:
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.process: subprocess.Popen | None = None
+        self._log: TextIO | None = None  # serve.log, open from start to stop
         self.url = ""
         self.health: dict = {}
         self.exit_code: int | None = None
@@ -66,8 +68,10 @@ class ServedEngine:
     def _fail_if_dead_or_late(self, deadline: float, before: str, late: str) -> None:
         """Raise ServerStartError if the server exited (``... exited with N {before}``)
         or the start deadline passed (``{late} within T s``; the server is stopped)."""
-        if self.process.poll() is not None:
-            self.exit_code = self.process.returncode
+        process = self.process
+        assert process is not None, "called by start, after the Popen"
+        if process.poll() is not None:
+            self.exit_code = process.returncode
             raise ServerStartError(
                 f"schedscope serve exited with {self.exit_code} {before}", self.log_tail()
             )
@@ -119,7 +123,7 @@ class ServedEngine:
         if stop_process(self.process, self.stop_timeout_s):
             self.killed = True
         self.exit_code = self.process.returncode
-        if getattr(self, "_log", None) is not None:
+        if self._log is not None:
             self._log.close()
             self._log = None
         return self.exit_code

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from harness.records.polars_types import PolarsType
 from harness.records.spans import ATTR_PREFIX
 
 SPAN_NAME = "llm_request"
@@ -59,7 +60,7 @@ def span_columns(spans: pl.DataFrame) -> pl.DataFrame | None:
     if ours.height == 0:
         return None
 
-    def attr(name: str, dtype: pl.DataType = pl.Float64) -> pl.Expr:
+    def attr(name: str, dtype: PolarsType = pl.Float64) -> pl.Expr:
         column = ATTR_PREFIX + name
         if column not in ours.columns:
             return pl.lit(None, dtype=dtype)

@@ -120,7 +120,9 @@ def with_engine_knobs(exclude: frozenset[str] = frozenset()):
                 kwargs["knob_values"] = values
             return fn(**kwargs)
 
-        wrapper.__signature__ = sig.replace(parameters=own + knobs)
+        # inspect.signature (and so typer) reads a function's __signature__; typeshed's
+        # function type does not declare the attribute.
+        wrapper.__signature__ = sig.replace(parameters=own + knobs)  # type: ignore[attr-defined]
         annotations = {k: v for k, v in typing.get_type_hints(fn).items() if k not in injected}
         annotations.update({p.name: p.annotation for p in knobs})
         wrapper.__annotations__ = annotations

@@ -98,6 +98,10 @@ class BackgroundServer:
         )
         return await self.server.start()
 
+    def _started(self) -> ApiServer:
+        assert self.server is not None, "__enter__ first"
+        return self.server
+
     def call(self, coro, timeout: float = 60):
         """Run a coroutine on the server's loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -106,13 +110,13 @@ class BackgroundServer:
         """The /health body, read directly (no HTTP)."""
 
         async def read() -> dict:
-            return health_body(self.server.state)
+            return health_body(self._started().state)
 
         return self.call(read(), timeout=10)
 
     def __exit__(self, *exc) -> None:
         try:
-            self.call(self.server.stop(), timeout=self.settings.shutdown_timeout_s + 30)
+            self.call(self._started().stop(), timeout=self.settings.shutdown_timeout_s + 30)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
@@ -125,8 +129,10 @@ class HttpClient:
 
     def __init__(self, url: str, timeout: float = 30.0) -> None:
         parts = urlsplit(url)
+        if parts.hostname is None:
+            raise ValueError(f"no host in {url!r}")
         self.host, self.port, self.timeout = parts.hostname, parts.port, timeout
-        self._conn = None
+        self._conn: http.client.HTTPConnection | None = None
 
     def request(
         self,
@@ -138,9 +144,10 @@ class HttpClient:
         for attempt in (0, 1):
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            conn = self._conn
             try:
-                self._conn.request(method, path, body=body, headers=headers or {})
-                response = self._conn.getresponse()
+                conn.request(method, path, body=body, headers=headers or {})
+                response = conn.getresponse()
                 data = response.read()
             except (http.client.RemoteDisconnected, ConnectionError, http.client.BadStatusLine):
                 self.close()
@@ -183,7 +190,7 @@ class CliServer:
         self.env = env
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
-        self.process = None
+        self.process: subprocess.Popen | None = None
         self.url = ""
 
     def __enter__(self) -> CliServer:
@@ -192,7 +199,7 @@ class CliServer:
         # child imports this very copy of schedscope
         root = Path(harness.__file__).resolve().parents[1]
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(
+        process = self.process = subprocess.Popen(
             [sys.executable, "-m", "harness.cli", "serve", "--port", "0", *self.args],
             cwd=root,
             env=env,
@@ -202,10 +209,8 @@ class CliServer:
         deadline = time.monotonic() + self.start_timeout_s
         while not self.url:
             self.url = serving_url(self.output()) or ""
-            if self.process.poll() is not None and not self.url:
-                raise RuntimeError(
-                    f"server exited with {self.process.returncode}:\n{self.output()}"
-                )
+            if process.poll() is not None and not self.url:
+                raise RuntimeError(f"server exited with {process.returncode}:\n{self.output()}")
             if time.monotonic() > deadline:
                 # read before stopping: __exit__ removes the log
                 output = self.output()
@@ -220,11 +225,15 @@ class CliServer:
         with open(self._log.name, errors="replace") as f:
             return f.read()
 
+    def _started(self) -> subprocess.Popen:
+        assert self.process is not None, "__enter__ first"
+        return self.process
+
     def terminate(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
+        self._started().send_signal(signal.SIGTERM)
 
     def wait(self, timeout: float) -> int:
-        return self.process.wait(timeout)
+        return self._started().wait(timeout)
 
     def __exit__(self, *exc) -> None:
         if self.process is not None:

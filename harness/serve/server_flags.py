@@ -64,7 +64,9 @@ def with_server_settings():
                 raise typer.BadParameter(exc.message, param_hint=flag) from None
             return fn(server_settings=settings, **kwargs)
 
-        wrapper.__signature__ = sig.replace(parameters=own + params)
+        # inspect.signature (and so typer) reads a function's __signature__; typeshed's
+        # function type does not declare the attribute.
+        wrapper.__signature__ = sig.replace(parameters=own + params)  # type: ignore[attr-defined]
         annotations = {k: v for k, v in typing.get_type_hints(fn).items() if k != "server_settings"}
         annotations.update({p.name: p.annotation for p in params})
         wrapper.__annotations__ = annotations

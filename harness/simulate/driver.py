@@ -116,8 +116,9 @@ def simulate(
     open_specs, closed_phases = _pending_arrivals(profile, seed, requests)
     # Observers in this order (records, steps, decisions, then spans): each sees a step
     # record after the ones before it, as in a served engine.
-    recorder = engine.observers.add(RequestRecorder(policy, profile.name))
-    step_log = engine.observers.add(StepLog())
+    recorder, step_log = RequestRecorder(policy, profile.name), StepLog()
+    engine.observers.add(recorder)
+    engine.observers.add(step_log)
     decisions: list[Decision] = []
     if record_decisions:
         engine.observers.add(lambda record: decisions.extend(record.decisions))
@@ -222,6 +223,7 @@ class _Arrivals:
         self._phases = dict(enumerate(closed_phases))
         self._user_of: dict[str, int] = {}  # request id -> closed phase number of its user
         for phase_no, phase_plan in self._phases.items():
+            assert phase_plan.concurrency is not None, "a closed phase"
             for _ in range(phase_plan.concurrency):
                 self._push(phase_plan.start_s, phase_no)
 
@@ -546,6 +548,7 @@ def _write_records(
     write_parquet(result.requests, target / "requests.parquet")
     if write_decisions:
         write_parquet(decisions_frame(result.decisions), target / "decisions.parquet")
+    assert result.steps is not None, "simulate() sets the steps"
     write_parquet(result.steps, target / "steps.parquet")
     if result.tracing is None:
         return None

@@ -21,9 +21,12 @@ def pareto_front(evaluations: list[Evaluation], targets: list[Target]) -> list[i
     value of 0 (no rate meets the SLOs) are never on it."""
     import optuna
     from optuna.distributions import FloatDistribution
+    from optuna.study import StudyDirection
 
     axes = front_axes(targets)
-    study = optuna.create_study(directions=["maximize"] + ["minimize"] * len(axes))
+    study = optuna.create_study(
+        directions=[StudyDirection.MAXIMIZE] + [StudyDirection.MINIMIZE] * len(axes)
+    )
     for index, e in enumerate(evaluations):
         if e.skipped or e.value <= 0:
             continue

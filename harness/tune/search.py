@@ -21,9 +21,13 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from harness.tune.objective import Context, Evaluation, evaluate
 from harness.tune.space import Space
+
+if TYPE_CHECKING:
+    import optuna
 
 #: Skipped suggestions allowed per valid trial before the space counts as exhausted.
 MAX_SKIPS_PER_TRIAL = 50
@@ -138,7 +142,7 @@ def _ask_batch(study, space: Space, current: dict, ctx: Context, size: int, skip
     from harness.serve.knobs import build_engine_config
     from harness.tune.space import skip_reason
 
-    asked = []
+    asked: list[tuple[optuna.Trial, dict]] = []
     skips = 0
     while len(asked) < size and skips < MAX_SKIPS_PER_TRIAL * size:
         trial = study.ask()

@@ -63,6 +63,8 @@ class Param:
         if self.kind == "categorical":
             value = trial.suggest_categorical(self.name, list(self.choices))
             return None if value == NONE else value
+        # a numeric knob has both bounds (parse_param checked them)
+        assert self.low is not None and self.high is not None
         if self.kind == "int":
             return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
         return trial.suggest_float(self.name, float(self.low), float(self.high), log=self.log)
@@ -224,12 +226,16 @@ def _param(name: str, spec, where: str, earlier: dict[str, Param]) -> Param:
         if len(set(map(repr, choices))) != len(choices):
             raise SpaceError(f"{where}.choices: a value listed twice")
         return Param(name, kind, tuple(choices), when=when)
-    low, high, log = spec.get("low"), spec.get("high"), spec.get("log", False)
-    for label, value in (("low", low), ("high", high)):
+
+    def bound(label: str) -> float:
+        value = spec.get(label)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpaceError(f"{where}.{label}: a number")
         if kind == "int" and not isinstance(value, int):
             raise SpaceError(f"{where}.{label}: an integer for an int param")
+        return value
+
+    low, high, log = bound("low"), bound("high"), spec.get("log", False)
     if not low < high:
         raise SpaceError(f"{where}: low ({low}) must be below high ({high})")
     if not isinstance(log, bool):
