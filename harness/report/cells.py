@@ -9,7 +9,8 @@ group, named ``""``.
 
 A cell's policy is what its ``run.json`` records (``policy``), else its engine config's
 (``summary.json``: ``config.scheduler.scheduling_policy``, all a simulation has); the name is not
-parsed for it. The group is the rest of the name after that policy.
+parsed for it. Its group is what run.json records (``group``), else, for a run written
+before run.json said it, the rest of the name after that policy.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def cell_identity(name: str, run_json: dict | None, config: dict | None) -> Cell
         policy = scheduler.get("scheduling_policy") if isinstance(scheduler, dict) else None
     if policy not in POLICY_NAMES:
         return CellIdentity(None, "")
-    group = name[len(policy) :] if name.startswith(policy) else ""
+    group = (run_json or {}).get("group")
+    if not isinstance(group, str):
+        group = name[len(policy) :] if name.startswith(policy) else ""
     return CellIdentity(policy, group)
 
 

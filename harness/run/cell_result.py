@@ -100,6 +100,8 @@ def write_cell_info(result: CellResult, settings: CellSettings, info: dict) -> C
         "cell": cell.name,
         "mode": result.mode,
         "policy": cell.policy,
+        # the cells compared with this one share it (the report groups by it)
+        "group": cell.group,
         "knob_set": cell.knob_set,
         "repeat": cell.repeat,
         "rate_scale": cell.rate_scale,

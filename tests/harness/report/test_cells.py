@@ -16,6 +16,14 @@ def test_the_policy_is_the_one_run_json_records():
     assert cell_identity("sjf-big-x2", {"policy": "sjf"}, None) == CellIdentity("sjf", "-big-x2")
 
 
+def test_the_group_is_the_one_run_json_records():
+    # renamed by hand: the group run.json recorded still puts it beside its peers
+    recorded = {"policy": "sjf", "group": "-big-x2"}
+    assert cell_identity("my-sjf", recorded, None) == CellIdentity("sjf", "-big-x2")
+    # not a string: read from the name as for a run written before run.json said it
+    assert cell_identity("sjf-x2", {"policy": "sjf", "group": 2}, None).group == "-x2"
+
+
 def test_without_run_json_the_engine_config_says_it():
     config = {"scheduler": {"scheduling_policy": "priority"}}  # EngineConfig as a dict
     assert cell_identity("priority", None, config) == CellIdentity("priority", "")

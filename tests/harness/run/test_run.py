@@ -428,6 +428,7 @@ def test_run_file_matrix_simulated(tmp_path):
     assert {p.name for p in out.iterdir() if p.is_dir()} == cells
     info = json.loads((out / "sjf-x1.5" / "run.json").read_text())
     assert info["rate_scale"] == 1.5 and info["knobs"]["max_num_seqs"] == 64
+    assert info["policy"] == "sjf" and info["group"] == "-x1.5"
     assert info["config"]["scheduler"]["max_num_seqs"] == 64
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["policies"]) == cells
