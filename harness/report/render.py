@@ -223,18 +223,21 @@ def simulator_lines(report: Report) -> list[str]:
             for cls, by in classes.items():
                 for key, r in by.items():
                     if r["matches"] is None:
-                        continue
-                    verdict = (
-                        "matches"
-                        if r["matches"]
-                        else "differs (reversed: "
-                        + ", ".join(f"{a} vs {b}" for a, b in r["reversed_pairs"])
-                        + ")"
-                    )
+                        if len(r["served_order"]) < 2:
+                            continue  # one policy: there is no ranking to check
+                        verdict = f"ranking undetermined: {r['undetermined']}"
+                    elif r["matches"]:
+                        verdict = "ranking matches"
+                    else:
+                        verdict = (
+                            "ranking differs (reversed: "
+                            + ", ".join(f"{a} vs {b}" for a, b in r["reversed_pairs"])
+                            + ")"
+                        )
                     metric = key.replace("ttft_s_", "TTFT ").replace("e2e_s_", "E2E ")
                     lines.append(
                         f"{prefix} '{cls}' by {metric}: served {r['served']}, "
-                        f"simulated {r['simulated']}: ranking {verdict}"
+                        f"simulated {r['simulated']}: {verdict}"
                     )
     return lines
 

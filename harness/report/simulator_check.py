@@ -8,10 +8,14 @@ percentiles, :mod:`harness.report.stats`), and the relative error
 (simulated - served) / served.
 
 Ranking, per class and metric (TTFT p95, E2E p95), within a group of cells that share
-their load (:mod:`harness.report.cells`): it matches when no pair of policies is
-ordered one way served and the other way simulated. A pair whose two values lie within
-:data:`TIE_TOLERANCE` of each other (relative to the larger) is a tie on that side and
-agrees with any order: a difference that small is within a run's noise.
+their load (:mod:`harness.report.cells`). A pair whose two values lie within
+:data:`TIE_TOLERANCE` of each other (relative to the larger) is a tie on that side: a
+difference that small is within a run's noise, and says nothing about the order. A pair
+is *compared* when both sides order it. The ranking matches when at least one pair is
+compared and no compared pair is ordered one way served and the other way simulated; it
+differs when one is; it is undetermined when no pair is compared (one side ties every
+pair — a simulator whose every figure is 4x off, all within 10% of each other, is not
+evidence that it ranks the policies right — or fewer than two policies have values).
 
 Speed band: when the check's model has seen this machine's steps run at different speeds
 (:mod:`harness.simulate.speed_band`), the counterpart's summary.json carries the same schedule
@@ -112,17 +116,23 @@ def _order(a: float | None, b: float | None) -> int | None:
 
 
 def ranking(values: dict[str, tuple[float | None, float | None]]) -> dict:
-    """Policy -> (served, simulated) of one metric: both orders (lowest first) and
-    whether they match (the module docstring's rule), with the pairs that disagree."""
+    """Policy -> (served, simulated) of one metric: both orders (lowest first), whether
+    they match (True, False, or None: undetermined; the module docstring's rule), the
+    pairs that disagree, how many pairs were compared and, when undetermined, why."""
     known: dict[str, tuple[float, float]] = {
         p: (v[0], v[1]) for p, v in values.items() if v[0] is not None and v[1] is not None
     }
     reversed_pairs = []
+    compared = served_ordered = simulated_ordered = 0
     for a, b in combinations(sorted(known), 2):
         served = _order(known[a][0], known[b][0])
         simulated = _order(known[a][1], known[b][1])
-        if served and simulated and served != simulated:
-            reversed_pairs.append([a, b])
+        served_ordered += bool(served)
+        simulated_ordered += bool(simulated)
+        if served and simulated:
+            compared += 1
+            if served != simulated:
+                reversed_pairs.append([a, b])
     served_order = sorted(known, key=lambda p: (known[p][0], p))
     simulated_order = sorted(known, key=lambda p: (known[p][1], p))
     return {
@@ -130,9 +140,27 @@ def ranking(values: dict[str, tuple[float | None, float | None]]) -> dict:
         "simulated_order": simulated_order,
         "served": order_text(served_order, {p: v[0] for p, v in known.items()}),
         "simulated": order_text(simulated_order, {p: v[1] for p, v in known.items()}),
-        "matches": None if len(known) < 2 else not reversed_pairs,
+        "matches": None if not compared else not reversed_pairs,
         "reversed_pairs": reversed_pairs,
+        "pairs_compared": compared,
+        "undetermined": _undetermined(len(known), served_ordered, simulated_ordered, compared),
     }
+
+
+def _undetermined(policies: int, served: int, simulated: int, compared: int) -> str | None:
+    """Why no pair could be compared (None when one was)."""
+    if compared:
+        return None
+    if policies < 2:
+        return "fewer than two policies have this figure on both sides"
+    within = f"within {TIE_TOLERANCE:.0%}"
+    if not served and not simulated:
+        return f"both sides tie every pair ({within})"
+    if not simulated:
+        return f"the simulated side ties every pair ({within})"
+    if not served:
+        return f"the served side ties every pair ({within})"
+    return f"no pair is ordered on both sides (the others tie, {within}, on one side)"
 
 
 def order_text(order: list[str], values: dict[str, float]) -> str:

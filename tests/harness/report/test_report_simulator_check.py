@@ -62,7 +62,8 @@ def test_identical_served_and_simulated_frames_have_no_error_and_the_same_rankin
             for r in by.values():
                 assert r["served_order"] == r["simulated_order"]
                 assert r["matches"] is not False and not r["reversed_pairs"]
-                assert r["matches"] is (None if len(r["served_order"]) < 2 else True)
+                # a match needs a pair both sides order; all ties is undetermined
+                assert r["matches"] is (True if r["pairs_compared"] else None)
 
 
 def test_figures_per_class_over_ok_requests_only():
@@ -88,13 +89,14 @@ def test_ranking_reversed_matched_and_tied():
     assert reversed_["served"] == "fcfs < sjf" and reversed_["simulated"] == "sjf < fcfs"
     # the same order on both sides, at another scale -> matches
     assert ranking({"fcfs": (1.0, 10.0), "sjf": (2.0, 30.0)})["matches"] is True
-    # served within the tie tolerance: a tie agrees with the simulated order either way
+    # served within the tie tolerance: the only pair is not compared, so nothing matches
     close = 1.0 + TIE_TOLERANCE / 2
     tied = ranking({"fcfs": (close, 2.0), "sjf": (1.0, 1.0)})
-    assert tied["matches"] is True and tied["served"] == "sjf ≈ fcfs"
+    assert tied["matches"] is None and tied["served"] == "sjf ≈ fcfs"
+    assert tied["pairs_compared"] == 0 and "served side ties every pair" in tied["undetermined"]
     # just beyond the tolerance it is an order, and here a reversed one
     apart = 1.0 / (1 - TIE_TOLERANCE) * 1.01
-    assert ranking({"fcfs": (close, 1.0), "sjf": (1.0, 2.0)})["matches"] is True
+    assert ranking({"fcfs": (close, 1.0), "sjf": (1.0, 2.0)})["matches"] is None
     assert ranking({"fcfs": (apart, 1.0), "sjf": (1.0, 2.0)})["matches"] is False
     # one policy (or unknown values): nothing to rank
     assert ranking({"fcfs": (1.0, 2.0), "sjf": (None, 1.0)})["matches"] is None
@@ -121,7 +123,7 @@ def test_rankings_stay_within_a_group_of_cells():
     assert rankings["-x2"]["a"]["ttft_s_p95"]["matches"] is False
 
 
-def _run_dir(tmp_path, with_simulated: bool):
+def _run_dir(tmp_path, with_simulated: bool, simulated_ttft=pl.col("ttft_s") * 1.5):
     root = tmp_path / "run"
     for policy, ttft in (("fcfs", [0.1, 0.2, 0.4, 0.8]), ("sjf", [0.1, 0.1, 0.2, 0.3])):
         cell = root / policy
@@ -132,7 +134,7 @@ def _run_dir(tmp_path, with_simulated: bool):
         frame.write_parquet(cell / "requests.parquet")
         if with_simulated:
             (cell / SIMULATED_DIR).mkdir()
-            frame.with_columns(pl.col("ttft_s") * 1.5).write_parquet(
+            frame.with_columns(simulated_ttft).write_parquet(
                 cell / SIMULATED_DIR / "requests.parquet"
             )
             entry = {"model": "/store/cost-model-abc.json", "fitted_at": "2026-01-01T00:00:00"}
@@ -229,3 +231,44 @@ def test_a_band_that_covers_no_served_figure_says_nothing():
     band = _band({"zz": (0.1, 0.2)})  # a class the run does not have
     cell = compare({"x": served}, {"x": served.clone()}, {}, {"x": band})["cells"]["x"]
     assert speed_band_text(cell["speed_band"], cell["classes"]) is None
+
+
+def test_a_simulator_four_times_off_whose_values_all_tie_matches_no_ranking():
+    # the served run orders three policies clearly; the simulator is 4x low on each
+    # and puts them within 10% of one another: no pair is compared, nothing matches
+    served = {"fcfs": 40.0, "sjf": 48.0, "priority": 60.0}
+    simulated = {"fcfs": 10.0, "sjf": 10.5, "priority": 10.2}
+    r = ranking({p: (served[p], simulated[p]) for p in served})
+    assert r["matches"] is None and r["pairs_compared"] == 0 and not r["reversed_pairs"]
+    assert r["undetermined"] == "the simulated side ties every pair (within 10%)"
+    # the same served order with a simulator that orders them: now it is a check
+    ordered = ranking({p: (served[p], served[p] / 4) for p in served})
+    assert ordered["matches"] is True and ordered["pairs_compared"] == 3
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["fcfs", "sjf", "priority"]),
+        st.tuples(
+            st.floats(min_value=1e-3, max_value=100, allow_nan=False),
+            st.floats(min_value=1.0, max_value=1.0 + TIE_TOLERANCE / 3, allow_nan=False),
+        ),
+        min_size=1,
+    )
+)
+def test_a_side_that_ties_every_pair_never_makes_a_match(values):
+    # the simulated values all lie within the tolerance of each other
+    r = ranking(values)
+    assert r["matches"] is None and r["pairs_compared"] == 0 and r["undetermined"]
+
+
+def test_report_says_undetermined_when_the_simulated_side_ties_every_pair(tmp_path):
+    # every simulated TTFT the same 5 s: off by far, and no order between the policies
+    run = _run_dir(tmp_path / "run", True, simulated_ttft=pl.lit(5.0).alias("ttft_s"))
+    options = ReportOptions(figures=False, resamples=20)
+    md = generate_report([run], tmp_path / "out", options)["markdown"].read_text()
+    assert "ranking undetermined: the simulated side ties every pair (within 10%)" in md
+    ttft_lines = [line for line in md.splitlines() if "by TTFT p95" in line]
+    assert len(ttft_lines) == 3  # all, long, short
+    assert not [line for line in ttft_lines if "ranking matches" in line]
