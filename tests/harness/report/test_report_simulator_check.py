@@ -123,7 +123,7 @@ def test_rankings_stay_within_a_group_of_cells():
     assert rankings["-x2"]["a"]["ttft_s_p95"]["matches"] is False
 
 
-def _run_dir(tmp_path, with_simulated: bool, simulated_ttft=pl.col("ttft_s") * 1.5):
+def _run_dir(tmp_path, with_simulated: bool, simulated_ttft: pl.Expr | None = None):
     root = tmp_path / "run"
     for policy, ttft in (("fcfs", [0.1, 0.2, 0.4, 0.8]), ("sjf", [0.1, 0.1, 0.2, 0.3])):
         cell = root / policy
@@ -134,9 +134,8 @@ def _run_dir(tmp_path, with_simulated: bool, simulated_ttft=pl.col("ttft_s") * 1
         frame.write_parquet(cell / "requests.parquet")
         if with_simulated:
             (cell / SIMULATED_DIR).mkdir()
-            frame.with_columns(simulated_ttft).write_parquet(
-                cell / SIMULATED_DIR / "requests.parquet"
-            )
+            changed = pl.col("ttft_s") * 1.5 if simulated_ttft is None else simulated_ttft
+            frame.with_columns(changed).write_parquet(cell / SIMULATED_DIR / "requests.parquet")
             entry = {"model": "/store/cost-model-abc.json", "fitted_at": "2026-01-01T00:00:00"}
             (cell / "run.json").write_text(
                 json.dumps({"simulator_check": {**entry, "predates_run": True}})
