@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/schedscope run
+	$(VENV)/bin/schedscope run --rate-scale auto
 
 # Debian's prometheus (prometheus + promtool), which the telemetry tests run for real,
 # and Debian's chromium, which opens report.html in tests/harness/report/test_report_e2e.py.

@@ -15,6 +15,7 @@ import typer
 from harness.cli import options
 from harness.cli.app import console, err_console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
+from harness.cli.rate_scale import rate_scale_option
 from harness.costmodel.choice import cell_lines, is_named_choice
 from harness.costmodel.machine import Fingerprint, fingerprint
 from harness.loadgen.options import ENDPOINTS, GRACE_S, PROMPT_MODES
@@ -24,6 +25,8 @@ from harness.serve.knobs import with_engine_knobs
 
 if TYPE_CHECKING:
     from harness.costmodel.choice import Choice
+    from harness.profiles import Profile
+    from harness.profiles.rate_scale import ChosenScale, RateScale
     from harness.run.matrix import Cell
 
 #: `schedscope run`'s default --duration-scale: the `mixed` profile's 120 s schedule cut
@@ -46,8 +49,8 @@ def run(
     duration_scale: float = options.duration_scale_option(
         RUN_DURATION_SCALE, "A few minutes for three policies."
     ),
-    rate_scale: float = typer.Option(
-        1.0, "--rate-scale", help="Multiply every open-loop arrival rate."
+    rate_scale: str = rate_scale_option(
+        "With a run file's rate_scales, each is a multiple of the chosen scale."
     ),
     seed: int | None = options.seed_option(),
     repeats: int = typer.Option(
@@ -190,6 +193,7 @@ def run(
     path last (docs/run.md)."""
     import sys
 
+    from harness.cli import rate_scale as scale_flag
     from harness.run import CellMachine, RunFileError, RunOptions, run_matrix
     from harness.run.plan import plan_run
     from harness.run.termination import sigterm_stops_the_run
@@ -202,8 +206,7 @@ def run(
         )
     if duration_scale <= 0:
         raise typer.BadParameter("must be > 0", param_hint="--duration-scale")
-    if rate_scale <= 0:
-        raise typer.BadParameter("must be > 0", param_hint="--rate-scale")
+    spec = scale_flag.parse(rate_scale)
     if repeats < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--repeats")
     if prompt_mode is not None and prompt_mode not in PROMPT_MODES:
@@ -242,7 +245,7 @@ def run(
         plan = plan_run(
             policies,
             dict(knob_values),
-            rate_scale,
+            spec.factor or 1.0,
             profile,
             duration_scale,
             seed,
@@ -258,8 +261,6 @@ def run(
         _check_shippable(plan.profile)
     try:
         scaled = resolve_profile(plan.profile).with_duration_scale(plan.duration_scale)
-        for rate in {c.rate_scale for c in plan.cells}:
-            scaled.with_rate_scale(rate)  # a rate scale may ask for too many requests
     except ProfileError as exc:
         raise typer.BadParameter(str(exc), param_hint="--profile") from None
     from harness.run.loadgen import distribution_args, worker_line
@@ -281,6 +282,26 @@ def run(
         uses=lambda c: simulate_mode or (c.setting("executor", executor) == "sim" and not target),
     )
     first = plan.cells[0].name
+    chosen = None
+    if spec.auto:
+        if settings.target:
+            chosen = scale_flag.probed_choice(
+                spec, scaled, settings.target, endpoint=endpoint, model=target_model,
+                api_key=settings.api_key or "", prompt_mode=prompt_mode or "auto", seed=seed,
+            )  # fmt: skip
+        else:
+            chosen = _auto_scale(
+                spec, scaled, plan.cells[0], simulate_mode, settings.executor, cost_model,
+                cost_models[first], machines[first], seed,
+            )  # fmt: skip
+        plan.cells = [
+            dataclasses.replace(c, rate_scale=c.rate_scale * chosen.factor) for c in plan.cells
+        ]
+    try:
+        for rate in {c.rate_scale for c in plan.cells}:
+            scaled.with_rate_scale(rate)  # a rate scale may ask for too many requests
+    except ProfileError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--rate-scale") from None
     settings = _settings(
         settings,
         # the run's cost model when every cell reads the same one (run.json says it)
@@ -327,6 +348,7 @@ def run(
         cell_machines={
             name: CellMachine(machines[name].to_dict(), cost_models[name]) for name in machines
         },
+        rate_scale_auto=chosen.to_dict() if chosen is not None else None,
     )
     with sigterm_stops_the_run():
         code, report_path, root = run_matrix(options, console)
@@ -335,6 +357,35 @@ def run(
         # The last line: the report's path alone (`make demo`, `| tail -1`).
         console.print(str(report_path), soft_wrap=True, highlight=False, markup=False)
     raise typer.Exit(code)
+
+
+def _auto_scale(
+    spec: RateScale,
+    profile: Profile,
+    cell: Cell,
+    simulate: bool,
+    executor: str,
+    cost_model: str | None,
+    cell_cost_model: Path | None,
+    machine: Fingerprint,
+    seed: int | None,
+) -> ChosenScale:
+    """``--rate-scale auto[:F]`` for a served or simulated run (harness/cli/rate_scale.py):
+    the first cell's knobs simulated with the cost model of the engine the run serves —
+    the one it simulates or sleeps with, or, for the torch executor, this machine's fit,
+    calibrated first when there is none (``--cost-model`` decides, as everywhere)."""
+    from engine.core.cost_model import CostModel
+    from harness.cli import rate_scale as scale_flag
+
+    assert cell.config is not None, "a served or simulated cell has its engine config"
+    if simulate or cell.setting("executor", executor) == "sim":
+        model = CostModel.load(cell_cost_model) if cell_cost_model else CostModel()
+        name = str(cell_cost_model or "the built-in cost model")
+    else:
+        lookup = dataclasses.replace(machine, executor="torch")
+        choice = choose_cost_model(cost_model if cost_model is not None else "auto", lookup)
+        model, name = choice.model, str(choice.path or "the built-in cost model")
+    return scale_flag.simulated_choice(spec, profile, cell.config, model, name, seed)
 
 
 def _settings(base: RunSettings | None = None, **values: Any) -> RunSettings:

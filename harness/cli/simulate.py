@@ -12,6 +12,7 @@ from engine.config import ConfigError, EngineConfig
 from harness.cli import options
 from harness.cli.app import console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
+from harness.cli.rate_scale import rate_scale_option
 from harness.costmodel.machine import fingerprint
 from harness.profiles import Profile, ProfileError, resolve_profile
 from harness.serve.knobs import build_engine_config, with_engine_knobs
@@ -30,11 +31,7 @@ def simulate(
     out: Path = typer.Option(Path("runs/simulate"), "--out", help="Directory for the records."),
     cost_model: str | None = options.cost_model_option(),
     seed: int | None = options.seed_option(),
-    rate_scale: float = typer.Option(
-        1.0,
-        "--rate-scale",
-        help="Multiply every open-loop arrival rate of the profile (a replayed trace: its speed).",
-    ),
+    rate_scale: str = rate_scale_option(),
     duration_scale: float = options.duration_scale_option(
         1.0, "0.1: a tenth of the run; a trace keeps the arrivals inside its shortened window."
     ),
@@ -67,14 +64,25 @@ def simulate(
     policy), or DIR/<policy>/... plus a combined DIR/summary.json (several), and
     prints a comparison table. Same profile, seed and knobs: same bytes.
     """
+    from harness.cli import rate_scale as scale_flag
     from harness.simulate.driver import run_simulations
 
     policies = parse_policies(policy)
     check_faults()
-    prof = _scaled_profile(profile, rate_scale, duration_scale)
+    spec = scale_flag.parse(rate_scale)
+    prof = _scaled_profile(profile, spec.factor or 1.0, duration_scale)
     configs = _policy_configs(knob_values, policies)
-    machine = fingerprint(next(iter(configs.values())).model)
-    model = choose_cost_model(cost_model, machine).model
+    first = next(iter(configs.values()))
+    machine = fingerprint(first.model)
+    choice = choose_cost_model(cost_model, machine)
+    model = choice.model
+    extra = None
+    if spec.auto:
+        chosen = scale_flag.simulated_choice(
+            spec, prof, first, model, str(choice.path or "the built-in cost model"), seed
+        )
+        prof = _rescaled(prof, chosen.factor)
+        extra = {"rate_scale_auto": chosen.to_dict()}
     if num_requests is not None and num_requests < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--num-requests")
     _check_kv_plan(next(iter(configs.values())))
@@ -94,12 +102,23 @@ def simulate(
         trace_file=trace_file,
         machine=machine.to_dict(),
         speed_band=speed_band,
+        extra=extra,
     )
     print_comparison(summary, console)
     print_speed_band(summary, console)
     console.print(f"records: {out}", soft_wrap=True)
     if trace_file is not None:
         print_span_counts(summary, trace_file, console)
+
+
+def _rescaled(prof: Profile, factor: float) -> Profile:
+    """``prof`` at the factor ``auto`` chose; a schedule too large to run names the flag."""
+    try:
+        return prof.with_rate_scale(factor)
+    except ProfileError as exc:
+        raise typer.BadParameter(
+            f"auto chose {factor:.3g}x: {exc}", param_hint="--rate-scale"
+        ) from None
 
 
 def _scaled_profile(profile: str, rate_scale: float, duration_scale: float) -> Profile:

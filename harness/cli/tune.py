@@ -16,6 +16,7 @@ from engine.config import ConfigError
 from harness.cli import options
 from harness.cli.app import console, err_console
 from harness.cli.options import check_faults, choose_cost_model, writable_dir
+from harness.cli.rate_scale import rate_scale_option
 from harness.costmodel.machine import fingerprint
 from harness.profiles import ProfileError, resolve_profile
 from harness.serve.knobs import build_engine_config, config_error, with_engine_knobs
@@ -95,6 +96,10 @@ def tune(
         help="Confirm against this external server (started with the winner's flags) instead "
         "of serving the bundled engine.",
     ),
+    rate_scale: str = rate_scale_option(
+        "The search's capacities are multiples of the scaled profile; auto: of the current "
+        "knobs' capacity."
+    ),
     cost_model: str | None = options.cost_model_option(),
     torch_threads: int | None = options.torch_threads_option(
         "Passed to schedscope serve in the confirm step."
@@ -108,11 +113,13 @@ def tune(
     """Search the scheduler's knobs for the most load every class's SLOs allow, in the
     simulator with this machine's cost model (Optuna TPE), then serve the best K and
     the current configuration to confirm; writes DIR/tune.json, tune.md, tune.html."""
+    from harness.cli import rate_scale as scale_flag
     from harness.tune.objective import OBJECTIVES, Context
     from harness.tune.slo import SloError, parse_slos, profile_targets
     from harness.tune.space import Space, SpaceError, load_space
 
     check_faults()
+    spec = scale_flag.parse(rate_scale)
     if objective not in OBJECTIVES:
         raise typer.BadParameter(f"expected {' or '.join(OBJECTIVES)}", param_hint="--objective")
     if confirm_executor not in ("torch", "sim"):
@@ -157,6 +164,16 @@ def tune(
     chosen_space = chosen_space.for_current(current)
     out = writable_dir(out or _default_out())  # before the search, not after it
     choice = choose_cost_model(cost_model, fingerprint(config.model))
+    chosen = None
+    if spec.auto:
+        name = str(choice.path or "the built-in cost model")
+        chosen = scale_flag.simulated_choice(spec, prof, config, choice.model, name, seed)
+    factor = chosen.factor if chosen is not None else (spec.factor or 1.0)
+    if factor != 1.0:
+        try:
+            prof = prof.with_rate_scale(factor)
+        except ProfileError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--rate-scale") from None
     ctx = Context(prof, seed, tuple(targets), choice.model, objective, precision)
     summary = _run(
         ctx,
@@ -177,7 +194,10 @@ def tune(
             target=target,
             margin=confirm_margin,
             extend=confirm_extend,
+            base_rate_scale=factor,
         ),
+        rate_scale=factor,
+        rate_scale_auto=chosen.to_dict() if chosen is not None else None,
         cost_model_text=str(choice.path) if choice.path else "built-in",
         out=out,
     )
@@ -258,6 +278,8 @@ def _run(ctx, space, current, profile_name, duration_scale, **kw) -> dict[str, P
         front=front,
         finalists=finalists,
         traps=traps,
+        rate_scale=kw["rate_scale"],
+        rate_scale_auto=kw["rate_scale_auto"],
     )
     settings = ConfirmSettings(**kw["confirm_settings"])
     if kw["confirm"] > 0:

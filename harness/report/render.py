@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.loadgen.prompt_choice import PromptChoice
+from harness.profiles.rate_scale import ChosenScale
 from harness.report import errors
 from harness.report.build import Report
 from harness.report.stall_causes import CAUSE_LABELS, EXTERNAL_UNKNOWN, STALL_CAUSES
@@ -387,6 +388,23 @@ def _prompt_lines(report: Report) -> list[str]:
     return [f"prompts ({cell}): {line}" for cell, line in known.items()]
 
 
+def _rate_scale_lines(report: Report) -> list[str]:
+    """``load: auto:0.8 -> 0.31x ...`` per run whose rates ``--rate-scale auto`` chose
+    (its run.json, or a simulation's summary.json, recorded the choice)."""
+    lines = []
+    for rr in report.runs:
+        info = rr.run.info
+        recorded = info.get("rate_scale_auto")
+        if recorded is None and isinstance(info.get("run_config"), dict):
+            recorded = info["run_config"].get("rate_scale_auto")
+        chosen = ChosenScale.from_dict(recorded)
+        if chosen is not None:
+            profile = info.get("profile")
+            profile = profile if isinstance(profile, str) else "the profile"
+            lines.append(f"load ({rr.run.label}): {chosen.line(profile)}")
+    return lines
+
+
 def _load_lines(report: Report) -> list[str]:
     """Distributed load the report must not hide: a lost worker, an uncertain clock."""
     return [
@@ -463,7 +481,7 @@ def write_markdown(report: Report, path: Path) -> None:
         "Runs: " + ", ".join(f"**{md(rr.run.label)}** ({md(rr.run.path)})" for rr in report.runs),
         "",
     ]
-    prompts = _prompt_lines(report)
+    prompts = _rate_scale_lines(report) + _prompt_lines(report)
     if prompts:
         parts += [*[f"- {md(line)}" for line in prompts], ""]
     load = _load_lines(report)
@@ -577,6 +595,8 @@ def write_html(report: Report, path: Path) -> int:
         + ", ".join(f"<code>{e(rr.run.label)}</code> ({e(str(rr.run.path))})" for rr in report.runs)
         + "</p>"
     ]
+    for line in _rate_scale_lines(report):
+        body.append(f'<p class="rate-scale">{e(line)}</p>')
     for line in _prompt_lines(report):
         body.append(f'<p class="prompts">{e(line)}</p>')
     for line in _load_lines(report):

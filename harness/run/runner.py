@@ -55,6 +55,8 @@ class RunOptions:
     #: a cell whose error rate (harness/report/errors.py) exceeds this makes the run exit
     #: ERROR_RATE_EXIT (None: no limit)
     max_error_rate: float | None = HIGH_ERROR_RATE
+    #: what ``--rate-scale auto`` chose (ChosenScale.to_dict; None: an absolute scale)
+    rate_scale_auto: dict | None = None
 
     def cell_machine(self, name: str) -> CellMachine:
         """Cell ``name``'s fingerprint and cost model."""
@@ -191,6 +193,7 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
         "profile": plan.profile,
         "seed": plan.seed,
         "duration_scale": plan.duration_scale,
+        "rate_scale_auto": options.rate_scale_auto,
         "cells": [
             {
                 "name": c.name,

@@ -441,6 +441,7 @@ def run_simulations(
     trace_file=None,
     machine: dict | None = None,
     speed_band: bool = False,
+    extra: dict | None = None,
 ) -> dict:
     """Simulate each policy's config, write its records, return the combined summary.
 
@@ -453,7 +454,8 @@ def run_simulations(
     (:mod:`harness.costmodel.machine`), the summary's ``machine``. ``speed_band``: also simulate
     every policy at the slowest and fastest speed the model's sources ran at, into the
     summary's ``speed_band`` (:mod:`harness.simulate.speed_band`; nothing when the model has no
-    observed range).
+    observed range). ``extra``: keys added to the combined summary (the rate scale
+    ``auto`` chose).
     """
     from harness.records.summary import policy_run_info, policy_summary, run_summary, write_summary
 
@@ -464,6 +466,7 @@ def run_simulations(
     combined = run_summary(
         "simulate", profile.name, used_seed, {}, cost_model.to_dict(), machine=machine
     )
+    combined.update(extra or {})
     for number, (name, config) in enumerate(configs.items()):
         result = simulate(
             profile,

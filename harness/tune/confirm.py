@@ -57,6 +57,9 @@ class ConfirmSettings:
     grace_s: float = GRACE_S
     start_timeout_s: float = START_TIMEOUT_S
     report: bool = True
+    #: the factor the searched profile's rates already carry (``tune --rate-scale``): a
+    #: confirming cell at rate r is served at r x this, its name keeps r
+    base_rate_scale: float = 1.0
 
     def run_settings(self) -> RunSettings:
         """What every confirming cell runs with (harness/run/settings.py)."""
@@ -151,15 +154,16 @@ def plan_cells(
             else confirm_rates(cand.evaluation, objective, settings.margin)
         )
         for rate in chosen:
+            served_rate = rate * settings.base_rate_scale
             if settings.target:
-                cell = Cell(f"target-{cand.label}-x{rate:g}", "target", cand.label, rate, {})
+                cell = Cell(f"target-{cand.label}-x{rate:g}", "target", cand.label, served_rate, {})
             else:
                 policy = knobs["scheduling_policy"]
                 cell = Cell(
                     f"{policy}-{cand.label}-x{rate:g}",
                     policy,
                     cand.label,
-                    rate,
+                    served_rate,
                     dict(knobs),
                     build_engine_config(knobs),
                     {"executor": settings.executor},

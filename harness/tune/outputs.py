@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.profiles.rate_scale import ChosenScale
 from harness.serve.knobs import flag_name, knob_defaults, knob_flags
 from harness.tune.confirm import Confirmed
 from harness.tune.front import front_axes
@@ -58,6 +59,10 @@ class Outcome:
     traps: dict[str, list[dict]] = field(default_factory=dict)
     confirmed: list[Confirmed] = field(default_factory=list)
     confirm_root: str | None = None
+    #: the factor the searched profile's rates carry (--rate-scale; 1: its own rates)
+    rate_scale: float = 1.0
+    #: what --rate-scale auto chose (ChosenScale.to_dict; None: an absolute scale)
+    rate_scale_auto: dict | None = None
 
     @property
     def searched(self) -> list[str]:
@@ -253,6 +258,8 @@ def to_json(outcome: Outcome) -> dict:
         "kind": "schedscope-tune",
         "profile": outcome.profile,
         "duration_scale": outcome.duration_scale,
+        "rate_scale": outcome.rate_scale,
+        "rate_scale_auto": outcome.rate_scale_auto,
         "seed": outcome.seed,
         "search_seed": outcome.search_seed,
         "objective": outcome.objective,
@@ -314,6 +321,23 @@ def _winner_lines(outcome: Outcome) -> list[str]:
     return lines
 
 
+def _rate_scale_lines(outcome: Outcome) -> list[str]:
+    """The load the rates are multiples of, when it is not the profile's own."""
+    chosen = ChosenScale.from_dict(outcome.rate_scale_auto)
+    if chosen is not None:
+        return [
+            f"Rates are multiples of the profile at {chosen.factor:.3g}x: "
+            + chosen.line(outcome.profile),
+            "",
+        ]
+    if outcome.rate_scale != 1.0:
+        return [
+            f"Rates are multiples of the profile at {outcome.rate_scale:g}x (--rate-scale).",
+            "",
+        ]
+    return []
+
+
 def write_markdown(outcome: Outcome, path: Path) -> None:
     from harness.report.render import _md_table
 
@@ -325,6 +349,7 @@ def write_markdown(outcome: Outcome, path: Path) -> None:
         + f"; {len(outcome.search.trials)} trials in {outcome.search.elapsed_s:.0f} s "
         f"(stopped by {outcome.search.stopped_by}); cost model: {outcome.cost_model}.",
         "",
+        *_rate_scale_lines(outcome),
         "## Winner",
         "",
         *[f"- {line}" for line in _winner_lines(outcome)],

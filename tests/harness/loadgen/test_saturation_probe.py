@@ -1,0 +1,61 @@
+"""The saturation probe (``run --target URL --rate-scale auto``) against a served engine
+whose capacity is known: the ``sim`` executor sleeping a constant step time."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig, SchedulerConfig
+from engine.core.cost_model import CostModel
+from harness.loadgen.saturation_probe import ProbeError, probe_capacity
+from harness.profiles import LengthDistribution, Phase, Profile, RequestClass
+from harness.serve.local_server import CliServer
+from harness.simulate.capacity import simulated_capacity
+
+pytestmark = [pytest.mark.slow]
+
+STEP_S = 0.03
+MAX_NUM_SEQS = 32
+
+PROFILE = Profile(
+    name="known",
+    seed=5,
+    classes=(
+        RequestClass(
+            name="only",
+            prompt_tokens=LengthDistribution.fixed(8),
+            output_tokens=LengthDistribution.uniform(10, 30),
+        ),
+    ),
+    phases=(Phase(name="base", duration_s=60.0, rate=5.0),),
+)
+
+
+def test_the_probe_measures_the_capacity_the_simulator_predicts(tmp_path):
+    # 32 sequences at a time, 30 ms a step, 20 tokens a request on average: about
+    # 32 / (20 x 30 ms) = 53 requests/s; the probe's 32 streams fill the batch.
+    cost = tmp_path / "cost.json"
+    model = CostModel.constant(STEP_S)
+    model.save(cost)
+    args = ["--executor", "sim", "--cost-model", str(cost), "--max-num-seqs", str(MAX_NUM_SEQS)]
+    config = EngineConfig(model="tiny", scheduler=SchedulerConfig(max_num_seqs=MAX_NUM_SEQS))
+    predicted = simulated_capacity(PROFILE, config, model).requests_per_s
+    assert predicted == pytest.approx(MAX_NUM_SEQS / (20 * STEP_S), rel=0.1)
+    with CliServer(args) as server:
+        measured = probe_capacity(
+            server.url, PROFILE, prompt_mode="token_ids", streams=MAX_NUM_SEQS,
+            warmup_s=2.0, measure_s=6.0, drain_s=15.0,
+        )  # fmt: skip
+    print(f"predicted {predicted:.1f} req/s, probed {measured.requests_per_s:.1f} req/s")
+    assert measured.method == "probe"
+    assert f"{MAX_NUM_SEQS} concurrent streams" in measured.how
+    # the served steps take a little more than the sleep (the server's own work)
+    assert measured.requests_per_s == pytest.approx(predicted, rel=0.15)
+
+
+def test_a_target_that_answers_nothing_is_no_capacity(tmp_path):
+    with pytest.raises(ProbeError):
+        probe_capacity(
+            "http://127.0.0.1:9", PROFILE, prompt_mode="token_ids", streams=2,
+            warmup_s=0.2, measure_s=0.5, drain_s=1.0, timeout_s=2.0,
+        )  # fmt: skip
