@@ -18,7 +18,7 @@ from harness.cli.options import check_faults, choose_cost_model, parse_policies
 from harness.cli.rate_scale import rate_scale_option
 from harness.costmodel.choice import cell_lines, is_named_choice
 from harness.costmodel.machine import Fingerprint, fingerprint
-from harness.loadgen.options import ENDPOINTS, GRACE_S, PROMPT_MODES
+from harness.loadgen.options import ENDPOINTS, PROMPT_MODES
 from harness.profiles import ProfileError, resolve_profile
 from harness.run.settings import START_TIMEOUT_S, RunSettings, RunSettingsError
 from harness.serve.knobs import with_engine_knobs
@@ -109,10 +109,12 @@ def run(
         help="Scrape with a real Prometheus (Debian's binary) and export its series at the end, "
         "instead of scraping /metrics directly.",
     ),
-    grace: float = typer.Option(
-        GRACE_S,
+    grace: float | None = typer.Option(
+        None,
         "--grace",
-        help="Locust waits this long after the schedule for the last responses.",
+        help="Seconds Locust waits after the schedule for the last responses (then what is "
+        "still in flight is cut, and censored in the statistics). Default: each served cell's "
+        "own, 30 s + 3x the drain its cost model predicts, at most 900 s; a --target's 120 s.",
     ),
     start_timeout: float = typer.Option(
         START_TIMEOUT_S, "--start-timeout", help="Seconds the server may take to become healthy."

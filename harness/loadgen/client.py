@@ -388,6 +388,7 @@ class OpenAIClient:
             "worker": self.worker,
             "in_flight_capped": in_flight_capped,
             "retried": False,
+            "cut_at": None,
         }
 
     def send(self, row: dict, spec) -> float | None:

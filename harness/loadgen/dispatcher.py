@@ -148,6 +148,9 @@ class Dispatcher:
         except gevent.GreenletExit:
             cut = True
             self.cut_in_flight += 1
+            # when it was cut: its latencies are at least the time from its arrival to
+            # here (censored, not dropped: harness/records/request_stats.py)
+            row["cut_at"] = unix_now()
             row["status"] = "aborted"
             row["error"] = row["error"] or IN_FLIGHT_WHEN_STOPPED
             if row["first_token_at"] is not None:

@@ -54,6 +54,7 @@ RECORD_KINDS: dict[str, str] = {
     "worker": "int",
     "in_flight_capped": "bool",
     "retried": "bool",
+    "cut_at": "float",
 }
 RECORD_COLUMNS = tuple(RECORD_KINDS)
 

@@ -5,6 +5,15 @@ summarised by and how a percentile is computed, JSON-clean numbers, whether a re
 met its class's SLOs, Jain's fairness index (docs/metrics.md), engine counts that may be
 unknown, and the statistics of a group of requests (:func:`group_statistics`).
 
+Censoring: a request the end of a run cut in flight (the load generator's ``cut_at``:
+when it was cut) is not dropped. It never met its SLOs (``slo_met_expr`` needs ``ok``);
+its TTFT is at least the time from its arrival to the cut (its measured TTFT when its
+first token came) and its E2E at least that time (:data:`CENSORED_METRICS`). The
+distributions of those two metrics take the cut requests in at those lower bounds; a
+statistic the bounds can move (were the cut requests to have taken longer) is a lower
+bound, named in the distribution's ``lower_bound`` ("p99 >= 54 s"), and one they cannot
+move (the cut requests lie above it) is exact. Without cut requests nothing changes.
+
 Percentiles: :mod:`harness.records.percentiles` (numpy only, for the load generator's
 processes too), re-exported here.
 """
@@ -42,6 +51,13 @@ METRIC_COLUMNS = {
 #: The per-request latency columns every group summarises as a distribution
 #: (:func:`distributions`); ``itl_s`` is a list per request, summarised apart.
 LATENCY_METRICS = tuple(c for c in METRIC_COLUMNS.values() if c != "itl_s")
+#: The load generator's column: when a request was cut in flight (null: it was not).
+CUT_AT = "cut_at"
+#: The metrics a cut request bounds from below (module docstring); the others of a cut
+#: request are unknown (its TPOT, its engine-side queue and stalls).
+CENSORED_METRICS = ("ttft_s", "e2e_s")
+#: What stands for "longer than anything" when a statistic is tested for exactness.
+_UNBOUNDED = 1e30
 
 
 def distribution(values) -> dict:
@@ -55,6 +71,40 @@ def distribution(values) -> dict:
     for p, value in zip(PERCENTILES, np.percentile(array, PERCENTILES), strict=True):
         out[f"p{p}"] = clean(value)
     return out
+
+
+def censored_distribution(values, bounds) -> dict:
+    """:func:`distribution` of ``values`` (measured) and ``bounds`` (lower bounds of the
+    cut requests') together, with ``censored`` (how many bounds) and ``lower_bound`` (the
+    statistics the bounds can move, in :data:`STATISTICS` order: those are at least their
+    value; the rest are exact). No bounds: :func:`distribution` as it is."""
+    measured = np.asarray(values, dtype=float)
+    measured = measured[~np.isnan(measured)]
+    low = np.asarray(bounds, dtype=float)
+    low = low[~np.isnan(low)]
+    if low.size == 0:
+        return distribution(measured)
+    out = distribution(np.concatenate([measured, low]))
+    high = distribution(np.concatenate([measured, np.full(low.size, _UNBOUNDED)]))
+    out["censored"] = int(low.size)
+    out["lower_bound"] = [s for s in STATISTICS if out.get(s) != high.get(s)]
+    return out
+
+
+def cut_rows(frame: pl.DataFrame) -> pl.DataFrame:
+    """The requests of ``frame`` cut in flight by the end of the run (none when the
+    records have no :data:`CUT_AT`: a simulation's, or an older load generator's)."""
+    if CUT_AT not in frame.columns:
+        return frame.clear()
+    return frame.filter((pl.col("status") == "aborted") & pl.col(CUT_AT).is_not_null())
+
+
+def censored_bounds(cut: pl.DataFrame, metric: str) -> np.ndarray:
+    """The lower bound of ``metric`` (one of :data:`CENSORED_METRICS`) of each cut
+    request: the time from its arrival to the cut, or its TTFT when its first token came."""
+    elapsed = pl.col(CUT_AT) - pl.col("scheduled_at")
+    bound = pl.coalesce(pl.col(metric), elapsed) if metric == "ttft_s" else elapsed
+    return cut.select(bound.cast(pl.Float64)).to_series().to_numpy()
 
 
 def distributions(ok: pl.DataFrame) -> dict[str, dict]:
@@ -82,6 +132,17 @@ def group_statistics(frame: pl.DataFrame, duration_s: float, slo_met: pl.Series)
     counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
     good = int(slo_met.sum()) if frame.height else 0
     normalized = ok.select(pl.col("e2e_s") / pl.col("output_tokens").cast(pl.Float64))
+    metrics = distributions(ok)
+    censored: dict = {}
+    if CUT_AT in frame.columns:  # a load generator's records: cut requests are counted
+        cut = cut_rows(frame)
+        censored["cut_in_flight"] = cut.height
+        for m in CENSORED_METRICS:
+            if cut.height and m in ok.columns:
+                metrics[m] = censored_distribution(
+                    ok[m].cast(pl.Float64).fill_null(float("nan")).to_numpy(),
+                    censored_bounds(cut, m),
+                )
     return {
         "requests": frame.height,
         "counts": counts,
@@ -90,7 +151,8 @@ def group_statistics(frame: pl.DataFrame, duration_s: float, slo_met: pl.Series)
         "goodput_rps": rate(good, duration_s),
         "slo_attainment": clean(good / frame.height) if frame.height else None,
         "slo_met": good,
-        "metrics": distributions(ok),
+        **censored,
+        "metrics": metrics,
         # None where the rows carry no value (an external engine's): unknown, not 0
         "preemptions": {
             "swap": known_sum(frame, "preempt_swaps"),

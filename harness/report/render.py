@@ -61,6 +61,14 @@ def _ms(value) -> str:
     return f"{value * 1000:.0f} ms" if abs(value) < 1 else f"{value:.2f} s"
 
 
+def _stat(distribution: dict, statistic: str) -> str:
+    """A latency statistic, ``≥`` before one that requests cut in flight bound from below
+    (harness/records/request_stats.py, censoring)."""
+    text = _ms(distribution.get(statistic))
+    bounded = distribution.get("lower_bound") or ()
+    return f"≥ {text}" if statistic in bounded and text != "–" else text
+
+
 def _num(value, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -91,10 +99,10 @@ def class_rows(report: Report) -> list[list[str]]:
                         _num(g["output_tokens_per_s"], 0),
                         _num(g["goodput_rps"]),
                         "–" if g["slo_attainment"] is None else f"{g['slo_attainment']:.0%}",
-                        *[_ms(m["ttft_s"].get(k)) for k in ("p50", "p95", "p99")],
+                        *[_stat(m["ttft_s"], k) for k in ("p50", "p95", "p99")],
                         *[_ms(m["tpot_s"].get(k)) for k in ("p50", "p95", "p99")],
                         *[_ms(g["itl_s"].get(k)) for k in ("p50", "p95", "p99")],
-                        *[_ms(m["e2e_s"].get(k)) for k in ("p50", "p95", "p99")],
+                        *[_stat(m["e2e_s"], k) for k in ("p50", "p95", "p99")],
                         _ms(m["queue_s"].get("p99")),
                         _ms(m["queue_s"].get("max")),
                         _count(g["preemptions"]["swap"]),
@@ -428,6 +436,30 @@ def _error_cells(report: Report, high_only: bool) -> list[tuple[str, dict]]:
     return sorted(cells, key=lambda c: -c[1]["error_rate"])
 
 
+def _cut_lines(report: Report) -> list[str]:
+    """What the verdicts say first too: the cells whose run ended with requests still in
+    flight, by class (those requests are censored, not dropped: their TTFT and E2E enter
+    the statistics as lower bounds, shown with ``≥``)."""
+    lines = []
+    for rr in report.runs:
+        for n, p in rr.policies.items():
+            overall = p.groups["overall"]
+            if not overall.get("cut_in_flight"):
+                continue
+            by_class = ", ".join(
+                f"{g['cut_in_flight']} of {g['requests']} '{cls}'"
+                for cls, g in p.groups["classes"].items()
+                if g.get("cut_in_flight")
+            )
+            lines.append(
+                f"CUT: {rr.run.label}/{n}: {overall['cut_in_flight']} of {overall['requests']} "
+                f"requests were still in flight when the run stopped ({by_class}); they count "
+                "as SLO misses and their TTFT and E2E as at least the time they had waited, so "
+                "a statistic they can move is a lower bound (≥)"
+            )
+    return lines
+
+
 def _high_error_lines(report: Report) -> list[str]:
     """What the verdicts say first: the cells whose error rate is high."""
     return [
@@ -493,7 +525,7 @@ def write_markdown(report: Report, path: Path) -> None:
     if report.missing:
         parts += ["## Missing data", "", *[f"- {md(m)}" for m in report.missing], ""]
     parts += ["## Verdicts", ""]
-    high = _high_error_lines(report)
+    high = _high_error_lines(report) + _cut_lines(report)
     if high:  # before any verdict: the verdicts stand on the requests that succeeded
         parts += [*[f"- **{md(line)}**" for line in high], ""]
     for label, lines in _verdict_lines(report):
@@ -618,6 +650,8 @@ def write_html(report: Report, path: Path) -> int:
     body.append('<h2 id="verdicts">Verdicts</h2>')
     for line in _high_error_lines(report):
         body.append(f'<div class="finding" data-errors="high"><b>{e(line)}</b></div>')
+    for line in _cut_lines(report):
+        body.append(f'<div class="finding" data-cut="in-flight"><b>{e(line)}</b></div>')
     for label, lines in _verdict_lines(report):
         body.append(
             f"<p><b>{e(label)}</b></p><ul>" + "".join(f"<li>{e(x)}</li>" for x in lines) + "</ul>"
@@ -724,7 +758,11 @@ def write_outputs(report: Report, out: Path) -> dict[str, Path]:
     pl.concat(stall_frames).select("run", "policy", pl.exclude("run", "policy")).write_parquet(
         paths["stalls"]
     )
-    pl.DataFrame(flat_rows(report), infer_schema_length=None).write_parquet(paths["classes"])
+    pl.DataFrame(flat_rows(report), infer_schema_length=None).with_columns(
+        # typed even when no row has a value (a simulation's: nothing cut, nothing bounded)
+        pl.col("n_cut_in_flight").cast(pl.Int64),
+        pl.col("lower_bounds").cast(pl.List(pl.String)),
+    ).write_parquet(paths["classes"])
     paths["summary"].write_text(json.dumps(summary_json(report), indent=2, sort_keys=True) + "\n")
     write_markdown(report, paths["markdown"])
     write_html(report, paths["html"])

@@ -104,10 +104,15 @@ def flat_rows(report: Report) -> list[dict]:
                     "stalls": g["stalls"],
                     "stall_time_s": g["stall_time_s"],
                     "jain_index": g["jain_index"],
+                    # requests cut in flight (None: records that cannot say, a simulation's)
+                    "n_cut_in_flight": g.get("cut_in_flight"),
+                    # "<metric>_<stat>" values that the cut requests bound from below
+                    "lower_bounds": [],
                 }
                 for metric, dist in [*g["metrics"].items(), ("itl_s", g["itl_s"])]:
                     for stat in STATISTICS:
                         row[f"{metric}_{stat}"] = dist.get(stat)
+                    row["lower_bounds"] += [f"{metric}_{s}" for s in dist.get("lower_bound", [])]
                 for cause, v in g["stalls_by_cause"].items():
                     row[f"stall_s_{cause}"] = v["time_s"]
                 rows.append(row)

@@ -14,6 +14,7 @@ import polars as pl
 
 from harness.records.polars_types import as_float
 from harness.records.request_stats import (
+    CUT_AT,
     PERCENTILES,
     clean,
     group_statistics,
@@ -90,6 +91,8 @@ def load_requests(lazy: pl.LazyFrame, slos: dict[str, dict]) -> pl.DataFrame:
         else:
             exprs.append(pl.lit(None, dtype=dtype).alias(name))
     exprs += [pl.col(c).cast(pl.Float64) for c in SLO_COLUMNS if c in present]
+    if CUT_AT in present:  # a load generator's: its cut requests are censored, not dropped
+        exprs.append(pl.col(CUT_AT).cast(pl.Float64))
     if "itl_s" in present:  # every gap, as the load generator measured it
         exprs.append(pl.col("itl_s").cast(pl.List(pl.Float64)))
     frame = lazy.select(exprs).with_columns(pl.col("class").fill_null("default"))

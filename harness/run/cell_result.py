@@ -112,6 +112,8 @@ def write_cell_info(result: CellResult, settings: CellSettings, info: dict) -> C
         "executor": settings.executor if result.mode == "serve" else None,
         "torch_threads": settings.torch_threads if result.mode == "serve" else None,
         "settings": cell.settings,
+        # how long it waited for its last requests, and why (harness/run/drain.py)
+        "grace": settings.grace,
         # the file the served sim executor slept or the simulation used (None: built-in)
         "cost_model": str(settings.cost_model) if settings.cost_model is not None else None,
         "knobs": cell.knobs,

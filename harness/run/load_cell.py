@@ -17,7 +17,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from harness.loadgen.options import env_var
+from harness.loadgen.options import GRACE_S, env_var
 from harness.records.redact import redact_argv, redact_url
 from harness.run.cell_result import CellResult, LoadCell, Show, note_files, write_cell_info
 from harness.run.cell_telemetry import (
@@ -201,6 +201,7 @@ def _run_locust(stack: ExitStack, run: LoadCell, url: str, metrics: MetricsSourc
     crashed Locust is the cell's infrastructure failure. Returns when it ended (Unix s).
     """
     cell, settings = run.cell, run.settings
+    grace_s = settings.grace_s if settings.grace_s is not None else GRACE_S
     locust = LocustRun(
         profile_file(settings.profile_name, run.cell_dir, ship=settings.ship_profile),
         url,
@@ -210,14 +211,14 @@ def _run_locust(stack: ExitStack, run: LoadCell, url: str, metrics: MetricsSourc
         settings.duration_scale,
         settings.seed,
         extra=list(settings.locust_args),
-        grace_s=settings.grace_s,
+        grace_s=grace_s,
         secrets={env_var("--api-key"): settings.api_key} if settings.api_key else None,
     )
     run.info["locust_command"] = redact_argv(["locust", *locust.args])
     locust.start()
     stack.callback(locust.stop)
     tail = RecordsTail(run.records)
-    limit_s = run.duration_s + settings.grace_s + LOCUST_SLACK_S + settings.workers_wait_s
+    limit_s = run.duration_s + grace_s + LOCUST_SLACK_S + settings.workers_wait_s
     deadline = time.monotonic() + limit_s
     locust_started = time.monotonic()
     while locust.poll() is None and time.monotonic() < deadline:

@@ -4,7 +4,8 @@ A cell is ``failed`` when something kept it from measuring the load it asked for
 infrastructure failure: a server that did not come up, Locust crashed or hung, a worker
 that ran another schedule, fewer load-generator workers than expected, or **no request
 completed**), ``degraded`` when it measured the load with failures that are not
-infrastructure (failed requests, generator lag, a lost worker), else ``ok``. The run
+infrastructure (failed requests, generator lag, a lost worker, requests cut in flight
+when the run stopped), else ``ok``. The run
 exits 1 on an infrastructure failure (a cell in which no request was even answered
 included), else 3 when a cell's error rate exceeds ``--max-error-rate`` or a cell's
 requests all failed (whatever the limit), else 0 (docs/run.md, "Exit codes").
@@ -47,6 +48,9 @@ WORKER_SHORTFALL = "worker_shortfall"
 #: The failure of a cell whose rows are fewer than its scheduled open-loop requests,
 #: with no worker failure to account for them.
 ROWS_MISSING = "rows_missing"
+#: The failure (not infrastructure: the cell measured, with requests it could not wait
+#: for) of a cell whose run ended with requests still in flight.
+CUT_IN_FLIGHT = "cut_in_flight"
 #: Failures that already count the rows their worker did not send.
 _WORKER_FAILURES = ("worker_lost", "worker_failed", "worker_plan_mismatch", WORKER_SHORTFALL)
 
@@ -74,6 +78,15 @@ def judge_load(result: CellResult, loadgen: dict, open_rows: int | None) -> None
             f"no request completed ({counts}; {scheduled} scheduled): the cell measured "
             + ("only failures" if answered else "nothing"),
             infrastructure=not answered,
+        )
+    cut = loadgen.get("cut_in_flight")
+    if isinstance(cut, int) and cut > 0:
+        result.fail(
+            CUT_IN_FLIGHT,
+            f"{cut} request(s) still in flight when the run stopped were cut: censored, not "
+            "dropped (SLO misses; their TTFT and E2E at least the time they had waited, so the "
+            "statistics they can move are lower bounds, '>='); a longer --grace or a lower "
+            "--rate-scale measures them",
         )
     explained = any(f["kind"] in _WORKER_FAILURES for f in result.failures)
     if open_rows is not None and open_rows < scheduled and not explained:

@@ -7,11 +7,13 @@ Layout: ``RUN_ROOT/run.json`` (the whole run: command line, cells, versions, fai
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -26,12 +28,16 @@ from harness.report import errors as error_lines
 from harness.report.errors import HIGH_ERROR_RATE
 from harness.run.cell_result import CellResult, remove_raw
 from harness.run.load_cell import run_load_cell
-from harness.run.matrix import RunPlan
+from harness.run.matrix import Cell, RunPlan
 from harness.run.outcome import ERROR_RATE_EXIT, exit_code, run_status
 from harness.run.outcome import status as cell_status
 from harness.run.settings import CellMachine, CellSettings, RunSettings
 from harness.run.simulated_cell import run_simulated_cell
 from harness.run.versions import versions
+
+if TYPE_CHECKING:
+    from harness.run.drain import Grace
+    from harness.run.simulator_check import CheckModel
 
 
 @dataclass
@@ -62,6 +68,26 @@ class RunOptions:
         """Cell ``name``'s fingerprint and cost model."""
         default = CellMachine(self.machine, self.settings.cost_model)
         return self.cell_machines.get(name, default)
+
+
+def _grace(cell: Cell, settings: CellSettings, check: CheckModel | None) -> Grace:
+    """How long the served cell waits for its last requests (harness/run/drain.py):
+    ``--grace`` when given, else from the drain its cost model predicts."""
+    from engine.core.cost_model import CostModel
+    from harness.run import drain
+
+    if settings.grace_s is not None:
+        return drain.given_grace(settings.grace_s)
+    if settings.target or cell.config is None:
+        return drain.target_grace()
+    if settings.executor == "sim":
+        model = CostModel.load(settings.cost_model) if settings.cost_model else CostModel()
+        name = str(settings.cost_model or "the built-in cost model")
+    elif check is not None:
+        model, name = check.model, str(check.path or "the built-in cost model")
+    else:
+        model, name = CostModel(), "the built-in cost model"
+    return drain.predicted_grace(settings.profile, settings.seed, cell.config, model, name)
 
 
 def default_root(base: Path = Path("runs")) -> Path:
@@ -251,6 +277,14 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
                 simulator_check=checks.get(cell.name),
                 max_error_rate=options.max_error_rate,
             )
+            if not options.simulate:
+                grace = _grace(cell, settings, checks.get(cell.name))
+                settings = dataclasses.replace(
+                    settings, grace_s=grace.grace_s, grace=grace.to_dict()
+                )
+                console.print(
+                    f"{cell.name}: grace {grace.how}", soft_wrap=True, highlight=False, markup=False
+                )
             cell_dir = root / cell.name
             cell_dir.mkdir(parents=True, exist_ok=True)
             if options.simulate:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.loadgen.options import GRACE_S
 from harness.profiles import Profile, build_plan
 from harness.records.redact import redact_url
 
@@ -61,8 +60,9 @@ class RunSettings:
     api_key: str | None = None
     #: scrape with a real Prometheus instead of reading /metrics directly
     prometheus: bool = False
-    #: seconds Locust waits after the schedule for the last responses
-    grace_s: float = GRACE_S
+    #: seconds Locust waits after the schedule for the last responses (None: each served
+    #: cell's own, sized from its predicted drain: harness/run/drain.py)
+    grace_s: float | None = None
     #: seconds a served engine may take to become healthy
     start_timeout_s: float = START_TIMEOUT_S
     #: the load generator's own arguments, passed to every cell's Locust
@@ -97,7 +97,7 @@ class RunSettings:
             raise RunSettingsError(
                 "--target-otlp-grpc-port", "OTLP/HTTP and OTLP/gRPC need ports of their own"
             )
-        if self.grace_s < 0:
+        if self.grace_s is not None and self.grace_s < 0:
             raise RunSettingsError("--grace", f"{self.grace_s:g}: must be >= 0")
         if self.start_timeout_s <= 0:
             raise RunSettingsError("--start-timeout", f"{self.start_timeout_s:g}: must be > 0")
@@ -146,6 +146,8 @@ class CellSettings(RunSettings):
     #: an error rate above this degrades the cell (an ``error_rate`` failure, not
     #: infrastructure; the run then exits 3); None: no limit
     max_error_rate: float | None = None
+    #: how the cell's ``grace_s`` was chosen (harness/run/drain.py ``Grace.to_dict``)
+    grace: dict | None = None
 
     @classmethod
     def for_cell(

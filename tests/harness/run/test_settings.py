@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from harness.cli import app
 from harness.loadgen.options import GRACE_S, LoadgenOptions
 from harness.profiles import resolve_profile
+from harness.run.drain import MIN_GRACE_S
 from harness.run.plan import plan_run
 from harness.run.settings import (
     START_TIMEOUT_S,
@@ -76,12 +77,15 @@ def test_each_default_has_one_home():
     """The command line's, tune's confirmation's and the load generator's defaults are
     the settings' own."""
     defaults = RunSettings()
-    assert defaults.grace_s == GRACE_S == LoadgenOptions().grace
+    # run's grace is each cell's own (harness/run/drain.py) unless --grace gives one;
+    # the load generator's own default, and tune's confirmation's, is the minimum of it
+    assert defaults.grace_s is None
+    assert GRACE_S == LoadgenOptions().grace == MIN_GRACE_S
     assert defaults.start_timeout_s == START_TIMEOUT_S
     confirm = ConfirmSettings()
     assert (confirm.grace_s, confirm.start_timeout_s) == (GRACE_S, START_TIMEOUT_S)
     options = {p.name: p for p in _command("run").params}
-    assert options["grace"].default == GRACE_S
+    assert options["grace"].default is None
     assert options["start_timeout"].default == START_TIMEOUT_S
     assert options["executor"].default == defaults.executor
 
