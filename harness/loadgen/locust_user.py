@@ -17,8 +17,9 @@ facts in a ``schedscope_split`` message; a worker whose own plan differs sends n
 and the master fails the run naming it: ``plan_check``; the master takes a message's
 worker from its sender's connection, never from the message: ``master_guard``), the
 per-request Locust events
-(``TTFT``/``TPOT``/``E2E``, named ``ttft <class>`` ...), and the end (rows for whatever
-was left, the summary, the generator-limited warning).
+(``TTFT``/``TPOT``/``E2E``, named ``ttft <class>`` ...: ``request_events``), and the end
+(rows for whatever was left, the summary, the generator-limited warning: ``process_run``,
+``run_end``).
 
 The end of a run that stops before its schedule has been answered (``-t`` shorter than
 the profile, the web UI's stop, Ctrl-C): sending stops at once (``test_stopping``); what
@@ -36,36 +37,25 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
 import gevent
 import gevent.event
-from gevent.lock import Semaphore
 from locust import LoadTestShape, User, constant, events, task
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
-from harness.loadgen import clock
+from harness.loadgen import clock, run_end
 from harness.loadgen import options as opts_mod
-from harness.loadgen.client import TRANSPORTS, OpenAIClient, probe
-from harness.loadgen.dispatcher import Dispatcher
-from harness.loadgen.forward import ROWS_MESSAGE, Collector, ForwardingWriter
+from harness.loadgen.forward import ROWS_MESSAGE, Collector
 from harness.loadgen.intake import Intake, summary_problem
 from harness.loadgen.master_guard import HELLO, TOKEN_ENV, MasterGuard, worker_token
-from harness.loadgen.plan_check import (
-    PlanMismatch,
-    check_plan,
-    failure_message,
-    plan_facts,
-    worker_failure,
-)
-from harness.loadgen.prompts import DEFAULT_ID_RANGE
-from harness.loadgen.records import RecordWriter
-from harness.loadgen.split import Share, share
-from harness.profiles import Plan, build_plan
-from harness.records.redact import redact_url, strip_credentials, worker_host
+from harness.loadgen.plan_check import failure_message, plan_facts, worker_failure
+from harness.loadgen.process_run import ProcessRun, cut_notice, plan_of
+from harness.loadgen.split import share
+from harness.profiles import Plan
+from harness.records.redact import strip_credentials, worker_host
 
 log = logging.getLogger("schedscope.loadgen")
 
@@ -74,321 +64,8 @@ DISTRIBUTED_LEAD_S = 1.5
 #: The master's record of its workers (expected, connected, started, refused), in its
 #: --records-dir; ``merge.py`` reads it into the summary.
 WORKERS_FILE = "workers.json"
-#: Locust's request type of a request cut in flight by the end of the run (not a failure).
-CUT = "CUT"
 
 _arguments_added = False
-
-
-class RequestFailure(Exception):
-    """A request's failure as Locust shows it (status, HTTP status, message)."""
-
-
-def _plan(profile, options: opts_mod.LoadgenOptions):
-    """The profile as the options scale it, and its plan."""
-    if options.rate_scale != 1.0:
-        profile = profile.with_rate_scale(options.rate_scale)
-    profile = profile.with_duration_scale(options.duration_scale)
-    seed = profile.seed if options.seed < 0 else options.seed
-    return build_plan(profile, seed)
-
-
-def cut_notice(profile, options: opts_mod.LoadgenOptions, run_time: float | None) -> str | None:
-    """What ``-t run_time`` cuts from the schedule (None when it cuts nothing): the
-    open-loop requests scheduled at or after ``run_time`` will not be sent."""
-    if not run_time:
-        return None
-    scaled = profile.with_duration_scale(options.duration_scale)
-    if run_time >= scaled.duration_s:
-        return None
-    plan = _plan(profile, options)
-    specs = plan.open_loop_requests()
-    unsent = sum(1 for s in specs if s.scheduled_at >= run_time)
-    closed = [p.phase.name for p in plan.phases if p.kind == "closed" and p.end_s > run_time]
-    msg = (
-        f"schedscope: -t {run_time:g}s is shorter than the {plan.duration_s:g} s schedule of "
-        f"{plan.profile.name}: the run will be cut, and {unsent} of its {len(specs)} scheduled "
-        f"open-loop requests (those scheduled at or after {run_time:g} s) will not be sent"
-    )
-    if closed:
-        msg += f"; closed-loop phase(s) {', '.join(closed)} cut short or not run"
-    return msg + " (their rows: status aborted; not failures)"
-
-
-def _fire_row(environment, row: dict, cut: bool = False) -> None:
-    """Locust's events for one row; ``cut``: killed in flight by the end of the run,
-    counted as a ``CUT`` request (not a failure)."""
-    fire = environment.events.request.fire
-    cls = row["class"]
-    if row["status"] == "ok":
-        context = {"request_id": row["request_id"]}
-        if row["ttft_s"] is not None:
-            fire(
-                request_type="TTFT",
-                name=f"ttft {cls}",
-                response_time=row["ttft_s"] * 1e3,
-                response_length=0,
-                exception=None,
-                context=context,
-            )
-        if row["tpot_s"] is not None:
-            fire(
-                request_type="TPOT",
-                name=f"tpot {cls}",
-                response_time=row["tpot_s"] * 1e3,
-                response_length=0,
-                exception=None,
-                context=context,
-            )
-        fire(
-            request_type="E2E",
-            name=f"e2e {cls}",
-            response_time=(row["e2e_s"] or 0.0) * 1e3,
-            response_length=row["output_tokens"] or 0,
-            exception=None,
-            context=context,
-        )
-    elif cut:
-        fire(
-            request_type=CUT,
-            name=f"cut {cls}",
-            response_time=max(0.0, clock.unix_now() - row["scheduled_at"]) * 1e3,
-            response_length=0,
-            exception=None,
-            context={"request_id": row["request_id"]},
-        )
-    else:
-        elapsed = max(0.0, clock.unix_now() - row["scheduled_at"]) * 1e3
-        http = f" {row['http_status']}" if row["http_status"] else ""
-        fire(
-            request_type="E2E",
-            name=f"e2e {cls}",
-            response_time=elapsed,
-            response_length=0,
-            exception=RequestFailure(f"{row['status']}{http}: {row['error']}"),
-            context={"request_id": row["request_id"]},
-        )
-
-
-class _Run:
-    """One process's run of the profile: its share, client, writer and dispatcher."""
-
-    def __init__(
-        self,
-        state,
-        environment,
-        index: int,
-        count: int,
-        start_at: float | None,
-        options: opts_mod.LoadgenOptions,
-        host: str,
-        run_id: str,
-        master_plan: dict | None = None,
-    ) -> None:
-        self.state = state
-        self.environment = environment
-        self.index, self.count = index, count
-        self.options = options
-        self.host = host
-        self.run_id = run_id
-        self.start_at = start_at
-        #: The master's plan facts (plan_check.plan_facts); None: one process, no check.
-        self.master_plan = master_plan
-        self.plan_mismatch: dict | None = None
-        # None until built: a run whose plan cannot be built still writes its summary
-        self.plan: Plan | None = None
-        self.share: Share | None = None
-        self.dispatcher: Dispatcher | None = None
-        self.writer: RecordWriter | None = None
-        self.summary: dict | None = None
-        self.error: str | None = None
-        self.draining = False
-        #: Requests cut in flight count as failures (the stop came from --grace running out).
-        self.cut_is_failure = False
-        self.ended = gevent.event.Event()  # set when the summary has been written
-        self._finishing = Semaphore()
-        self.greenlet = gevent.spawn(self._main)
-
-    def _on_row(self, row: dict, cut: bool) -> None:
-        _fire_row(self.environment, row, cut and not self.cut_is_failure)
-
-    def _main(self) -> None:
-        o = self.options
-        try:
-            self.plan = plan = _plan(self.state.profile, o)
-            profile, seed = plan.profile, plan.seed
-            self.share = mine = share(plan, self.index, self.count)
-            # before the probes: a worker whose schedule is not the master's sends nothing
-            check_plan(plan, self.master_plan)
-            transport = TRANSPORTS[o.http_client](
-                self.host, o.max_in_flight + 16, o.request_timeout
-            )
-            self.info, sizer = probe(
-                transport,
-                endpoint=o.endpoint,
-                model=o.model,
-                api_key=o.api_key,
-                prompt_mode=o.prompt_mode,
-                continuous=o.continuous_usage,
-            )
-            if self.index == 0:
-                print(f"schedscope: prompts: {self.info.prompts.line()}", file=sys.stderr)
-            if sizer is not None:  # size every distinct open-loop length before the start
-                for length in sorted({s.prompt_tokens for s in mine.open_requests}):
-                    sizer.num_words(length)
-            client = OpenAIClient(
-                transport,
-                endpoint=o.endpoint,
-                model=self.info.model,
-                api_key=o.api_key,
-                prompt_mode=self.info.prompts.mode,
-                id_range=self.info.prompts.id_range or DEFAULT_ID_RANGE,
-                continuous_usage=self.info.continuous_usage,
-                sizer=sizer,
-                profile_name=profile.name,
-                run_id=self.run_id,
-                worker=self.index,
-            )
-            runner = self.environment.runner
-            if isinstance(runner, WorkerRunner):  # rows go to the master (forward.py)
-                local = Path(self.state.local_records_dir or o.records_dir)
-                self.writer = ForwardingWriter(
-                    local / f"worker-{self.index}-{os.getpid()}", self.index, runner.send_message
-                )
-            else:
-                self.writer = RecordWriter(o.records_dir, self.index)
-            start = self.start_at if self.start_at is not None else clock.unix_now() + 0.1
-            if clock.unix_now() > start:
-                log.warning(
-                    "worker %d was ready %.3f s after the common start instant",
-                    self.index,
-                    clock.unix_now() - start,
-                )
-            self.start_at = start
-            self.dispatcher = Dispatcher(
-                client,
-                self.writer,
-                plan,
-                mine,
-                start,
-                o.max_in_flight,
-                on_row=self._on_row,
-            )
-            if self.draining:  # stopped while it was starting: nothing will be sent
-                self.dispatcher.drain()
-            log.info(
-                "schedscope: worker %d/%d sends %d open-loop requests and %d closed loops "
-                "of %s (seed %d) to %s",
-                self.index,
-                self.count,
-                mine.num_open,
-                len(mine.closed_loops),
-                profile.name,
-                seed,
-                self.host,
-            )
-            self.dispatcher.run()
-        except gevent.GreenletExit:
-            raise
-        except PlanMismatch as e:
-            log.error("schedscope: worker %d: %s", self.index, e)
-            self.plan_mismatch = e.facts
-            self.error = str(e)
-        except Exception as e:  # noqa: BLE001 - reported, and the run ends
-            log.exception("schedscope: the run could not start")
-            self.error = f"{type(e).__name__}: {e}"
-        self.finish()
-
-    # -- stopping -------------------------------------------------------------------
-    def drain(self) -> None:
-        """Send nothing more; what is in flight goes on (``ended`` is set when it has)."""
-        self.draining = True
-        if self.dispatcher is not None:
-            self.dispatcher.drain()
-
-    def stop(self, timeout_s: float = 0.0) -> dict | None:
-        """Stop sending, let what is in flight finish within ``timeout_s``, cut the rest."""
-        self.drain()
-        if timeout_s > 0:
-            self.ended.wait(timeout_s)
-        if not self.ended.is_set():
-            self.greenlet.kill(block=True, timeout=15)
-        return self.finish()
-
-    def finish(self) -> dict | None:
-        """Rows for whatever is left, then the summary (once)."""
-        with self._finishing:
-            if self.summary is None:
-                self._finish()
-        return self.summary
-
-    def _finish(self) -> None:
-        if self.dispatcher is not None:
-            self.dispatcher.stop()
-        s = {
-            "run_id": self.run_id,
-            "worker": self.index,
-            "workers": self.count,
-            "pid": os.getpid(),
-            "host": redact_url(self.host),
-            "error": self.error,
-            "options": self.options.public(),
-        }
-        if self.plan_mismatch is not None:
-            s["plan_mismatch"] = self.plan_mismatch
-        if self.share is not None:  # known before the probe: a run that never sent has it
-            s.update(
-                num_open_requests=self.share.num_open,
-                num_closed_loops=len(self.share.closed_loops),
-            )
-        if self.writer is not None:
-            w, d = self.writer, self.dispatcher
-            s.update(
-                profile=self.plan.profile.name,
-                seed=self.plan.seed,
-                duration_s=self.plan.duration_s,
-                run_start_unix=self.start_at,
-                run_end_unix=clock.unix_now(),
-                rows=w.num_rows,
-                status_counts=w.status_counts,
-                records_file=w.path.name,
-                model=self.info.model,
-                continuous_usage=self.info.continuous_usage,
-                tokenize=self.info.tokenize,
-                probe_requests=self.info.probe_requests,
-                prompts=self.info.prompts.to_dict(),
-                retried=w.num_retried,
-                server_clock_epoch_unix=self.info.clock_epoch_unix,
-                http_client=self.options.http_client,
-                max_in_flight=self.options.max_in_flight,
-                stopped_sending_unix=d.stopped_at if d else None,
-                cut_in_flight=d.cut_in_flight if d else 0,
-                not_sent=d.not_sent if d else 0,
-                cut_is_failure=self.cut_is_failure,
-                **w.lag_stats(self.options.lag_limit_ms / 1e3),
-            )
-            w.write_summary(s)
-            w.close()
-            if s["generator_limited"]:
-                _warn_generator_limited([s])
-        self.summary = s
-        self.ended.set()
-        self.state.on_run_finished(self, s)
-
-
-def _warn_generator_limited(summaries: list[dict]) -> None:
-    for s in summaries:
-        if not s.get("generator_limited"):
-            continue
-        p99 = s.get("send_lag_p99_s")
-        msg = (
-            f"schedscope: GENERATOR-LIMITED (worker {s['worker']}): p99 send lag "
-            f"{(p99 or 0) * 1e3:.1f} ms > {(s.get('lag_limit_s') or 0) * 1e3:.0f} ms, "
-            f"{s.get('in_flight_capped', 0)} requests waited for --max-in-flight; latencies "
-            f"include the generator's delay. Lower the rate or add --processes."
-        )
-        log.warning(msg)
-        print(msg, file=sys.stderr, flush=True)
 
 
 class _State:
@@ -397,7 +74,7 @@ class _State:
     def __init__(self, profile) -> None:
         self.profile = profile
         self.environment = None
-        self.run: _Run | None = None
+        self.run: ProcessRun | None = None
         self.users = None  # user count the shape keeps: one per process
         self.deadline = None
         self.workers = 0
@@ -485,7 +162,7 @@ class _State:
             self.run_id = run_id
             facts = None  # each worker checks its own plan against the master's facts
             try:
-                self.plan = _plan(self.profile, options)
+                self.plan = plan_of(self.profile, options)
                 facts = plan_facts(self.plan)
             except Exception:  # noqa: BLE001 - the workers fail alike, and say why
                 log.exception("schedscope: the master could not build the plan")
@@ -518,7 +195,17 @@ class _State:
         else:
             self.workers = 1
             start = None
-            self.run = _Run(self, environment, 0, 1, None, options, environment.host or "", run_id)
+            self.run = ProcessRun(
+                self.profile,
+                environment,
+                0,
+                1,
+                None,
+                options,
+                environment.host or "",
+                run_id,
+                on_finished=self.on_run_finished,
+            )
         self.deadline = (start or clock.unix_now()) + duration + options.grace + 5.0
 
     def _number_workers(self, runner) -> list:
@@ -609,8 +296,8 @@ class _State:
                 "schedscope: the master's run sends an API key and this worker has none: "
                 "give it with `schedscope worker --api-key` or $SCHEDSCOPE_API_KEY"
             )
-        self.run = _Run(
-            self,
+        self.run = ProcessRun(
+            self.profile,
             environment,
             d["index"],
             d["count"],
@@ -619,6 +306,8 @@ class _State:
             worker_host(d["host"], environment.host),
             d["run_id"],
             d.get("plan"),
+            on_finished=self.on_run_finished,
+            local_records_dir=self.local_records_dir,
         )
 
     def _on_done_message(self, environment, msg, **_kw) -> None:
@@ -730,7 +419,7 @@ class _State:
         elif self.run is not None:
             self.run.drain()
 
-    def on_run_finished(self, run: _Run, summary: dict) -> None:
+    def on_run_finished(self, run: ProcessRun, summary: dict) -> None:
         runner = self.environment.runner if self.environment else None
         if isinstance(runner, WorkerRunner):
             runner.send_message("schedscope_done", summary)
@@ -809,49 +498,14 @@ class _State:
         print(msg, file=sys.stderr, flush=True)
 
     def _report(self) -> None:
-        if not self.done:
-            return
-        rows = sum(s.get("rows", 0) for s in self.done.values())
-        records = {s.get("options", {}).get("records_dir") for s in self.done.values()}
-        if self.collector is not None:  # distributed: the workers' rows came to the master
-            records = {str(self.collector.directory)}
-        print(
-            f"schedscope: {rows} request rows from {len(self.done)} of {self.workers} "
-            f"process(es) in {', '.join(sorted(r for r in records if r))}; merge with "
-            f"`python -m harness.loadgen.merge DIR`",
-            file=sys.stderr,
-            flush=True,
+        exit_code = run_end.report(
+            self.done,
+            self.workers,
+            self.collector.directory if self.collector is not None else None,
+            isinstance(self.environment.runner, MasterRunner),
         )
-        cut = sum(s.get("cut_in_flight", 0) for s in self.done.values())
-        unsent = sum(s.get("not_sent", 0) for s in self.done.values())
-        if cut or unsent:
-            failures = any(s.get("cut_is_failure") for s in self.done.values())
-            how = "counted as failures: --grace ran out" if failures else f"Locust's {CUT} requests"
-            print(
-                f"schedscope: the run stopped before its schedule was answered: {cut} request(s) "
-                f"cut in flight ({how}) and {unsent} scheduled request(s) not sent; their rows "
-                f"have status aborted",
-                file=sys.stderr,
-                flush=True,
-            )
-        if any(s.get("error") for s in self.done.values()):
-            self.environment.process_exit_code = 1  # a process did not run its share
-        ok = sum(s.get("status_counts", {}).get("ok", 0) for s in self.done.values())
-        scheduled = sum(
-            s.get("num_open_requests", 0) + s.get("num_closed_loops", 0) for s in self.done.values()
-        )
-        if scheduled and not ok:
-            # Cut or unsent requests are not failures, but a run in which none completed
-            # measured nothing: a hung or far too slow server must not pass as healthy.
-            print(
-                f"schedscope: no request completed before the run stopped ({rows} request "
-                f"rows, {cut} cut in flight; the server answered none); exit code 1",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.environment.process_exit_code = 1
-        if isinstance(self.environment.runner, MasterRunner):
-            _warn_generator_limited(list(self.done.values()))
+        if exit_code is not None:
+            self.environment.process_exit_code = exit_code
 
     def tick(self, shape) -> tuple[int, float] | None:
         runner = shape.runner
