@@ -13,7 +13,15 @@ merge records without importing gevent or Locust:
 - ``dispatcher``  open-loop dispatch at the scheduled instants, closed-loop loops (gevent)
 - ``expose``      ``expose(PROFILE, globals())``: the line a profile file ends with
                   (no Locust import)
-- ``locust_user`` ``define(profile, namespace)``: the Locust user, shape and listeners
+- ``locust_user`` ``define(profile, namespace)``: the Locust user, shape and listeners,
+                  routing Locust's events to the parts below
+- ``process_run`` one process's run of its share (``ProcessRun``), ``cut_notice`` (gevent)
+- ``request_events`` a row as Locust's request events (``TTFT``, ``E2E``, ``CUT``, ...)
+- ``run_end``     the end-of-run report lines and exit code from the processes' summaries
+- ``master_side`` a distributed run's master: numbering, splits, summaries, lost workers,
+                  ``workers.json``
+- ``worker_side`` a distributed run's worker: its hello, the master's split and stop
+- ``clock_probes`` the master's clock-offset probes of its workers, the worker's answer
 - ``merge``       a records directory -> ``requests.parquet`` + ``summary.json`` (polars)
 - ``row_types``   the merge's check of each row's types (a bad value: null, the row an error)
 """

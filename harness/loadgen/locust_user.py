@@ -13,382 +13,51 @@ into the file's namespace:
 and registers the listeners: the custom arguments (``options``), the start (one
 process: at once; distributed: the master numbers the ready workers 0..W-1 and sends
 each its index, W, the options but the secrets, a common start instant and its plan's
-facts in a ``schedscope_split`` message; a worker whose own plan differs sends nothing,
-and the master fails the run naming it: ``plan_check``; the master takes a message's
-worker from its sender's connection, never from the message: ``master_guard``), the
-per-request Locust events
-(``TTFT``/``TPOT``/``E2E``, named ``ttft <class>`` ...), and the end (rows for whatever
-was left, the summary, the generator-limited warning).
+facts in a ``schedscope_split`` message: ``master_side``, ``worker_side``), the
+per-request Locust events (``TTFT``/``TPOT``/``E2E``, named ``ttft <class>`` ...:
+``request_events``), and the end (rows for whatever was left, the summary, the
+generator-limited warning: ``process_run``, ``run_end``).
+
+The parts, one module each: the process's run of its share (``process_run``), the
+master's side of a distributed run (``master_side``; its clock probes:
+``clock_probes``), the worker's (``worker_side``) and the end-of-run report
+(``run_end``). ``_State`` routes Locust's events to them and holds what they share:
+the summaries, the current run, the deadline, whether the run is stopping.
 
 The end of a run that stops before its schedule has been answered (``-t`` shorter than
 the profile, the web UI's stop, Ctrl-C): sending stops at once (``test_stopping``); what
 is in flight may finish within Locust's ``--stop-timeout``, because the placeholder user's
 task (which Locust waits for that long) returns when the process's last request has
 ended; what is still in flight then is cut. A cut request's row is ``aborted`` as before,
-but Locust counts it as a ``CUT`` request (``cut <class>``), not a failure, so a healthy
-server's run exits 0; the start says how many scheduled requests ``-t`` leaves unsent, the
-end how many were cut and left unsent. Only a run stopped because ``--grace`` ran out
-counts its requests still in flight as failures (the server did not answer in time).
+but Locust counts it as a ``CUT`` request (``cut <class>``: ``request_events``), not a
+failure, so a healthy server's run exits 0; the start says how many scheduled requests
+``-t`` leaves unsent, the end how many were cut and left unsent. Only a run stopped
+because ``--grace`` ran out counts its requests still in flight as failures (the server
+did not answer in time).
 """
 
 from __future__ import annotations
 
-import atexit
-import json
 import logging
-import os
 import sys
 import time
-from pathlib import Path
+from typing import Any
 
-import gevent
-import gevent.event
-from gevent.lock import Semaphore
+import gevent.event  # type: ignore[import-untyped]  # gevent ships no type information
 from locust import LoadTestShape, User, constant, events, task
-from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
+from locust.runners import MasterRunner, WorkerRunner
 
-from harness.loadgen import clock
+from harness.loadgen import clock, run_end
 from harness.loadgen import options as opts_mod
-from harness.loadgen.client import TRANSPORTS, OpenAIClient, probe
-from harness.loadgen.dispatcher import Dispatcher
-from harness.loadgen.forward import ROWS_MESSAGE, Collector, ForwardingWriter
-from harness.loadgen.intake import Intake, summary_problem
-from harness.loadgen.master_guard import HELLO, TOKEN_ENV, MasterGuard, worker_token
-from harness.loadgen.plan_check import (
-    PlanMismatch,
-    check_plan,
-    failure_message,
-    plan_facts,
-    worker_failure,
-)
-from harness.loadgen.prompts import DEFAULT_ID_RANGE
-from harness.loadgen.records import RecordWriter
-from harness.loadgen.split import Share, share
-from harness.profiles import Plan, build_plan
-from harness.records.redact import redact_url, strip_credentials, worker_host
+from harness.loadgen.master_guard import MasterGuard, worker_token
+from harness.loadgen.master_side import WORKERS_FILE as WORKERS_FILE  # tests import it here
+from harness.loadgen.master_side import MasterSide
+from harness.loadgen.process_run import ProcessRun, cut_notice
+from harness.loadgen.worker_side import WorkerSide
 
 log = logging.getLogger("schedscope.loadgen")
 
-#: Seconds between the master's start message and the common start instant.
-DISTRIBUTED_LEAD_S = 1.5
-#: The master's record of its workers (expected, connected, started, refused), in its
-#: --records-dir; ``merge.py`` reads it into the summary.
-WORKERS_FILE = "workers.json"
-#: Locust's request type of a request cut in flight by the end of the run (not a failure).
-CUT = "CUT"
-
 _arguments_added = False
-
-
-class RequestFailure(Exception):
-    """A request's failure as Locust shows it (status, HTTP status, message)."""
-
-
-def _plan(profile, options: opts_mod.LoadgenOptions):
-    """The profile as the options scale it, and its plan."""
-    if options.rate_scale != 1.0:
-        profile = profile.with_rate_scale(options.rate_scale)
-    profile = profile.with_duration_scale(options.duration_scale)
-    seed = profile.seed if options.seed < 0 else options.seed
-    return build_plan(profile, seed)
-
-
-def cut_notice(profile, options: opts_mod.LoadgenOptions, run_time: float | None) -> str | None:
-    """What ``-t run_time`` cuts from the schedule (None when it cuts nothing): the
-    open-loop requests scheduled at or after ``run_time`` will not be sent."""
-    if not run_time:
-        return None
-    scaled = profile.with_duration_scale(options.duration_scale)
-    if run_time >= scaled.duration_s:
-        return None
-    plan = _plan(profile, options)
-    specs = plan.open_loop_requests()
-    unsent = sum(1 for s in specs if s.scheduled_at >= run_time)
-    closed = [p.phase.name for p in plan.phases if p.kind == "closed" and p.end_s > run_time]
-    msg = (
-        f"schedscope: -t {run_time:g}s is shorter than the {plan.duration_s:g} s schedule of "
-        f"{plan.profile.name}: the run will be cut, and {unsent} of its {len(specs)} scheduled "
-        f"open-loop requests (those scheduled at or after {run_time:g} s) will not be sent"
-    )
-    if closed:
-        msg += f"; closed-loop phase(s) {', '.join(closed)} cut short or not run"
-    return msg + " (their rows: status aborted; not failures)"
-
-
-def _fire_row(environment, row: dict, cut: bool = False) -> None:
-    """Locust's events for one row; ``cut``: killed in flight by the end of the run,
-    counted as a ``CUT`` request (not a failure)."""
-    fire = environment.events.request.fire
-    cls = row["class"]
-    if row["status"] == "ok":
-        context = {"request_id": row["request_id"]}
-        if row["ttft_s"] is not None:
-            fire(
-                request_type="TTFT",
-                name=f"ttft {cls}",
-                response_time=row["ttft_s"] * 1e3,
-                response_length=0,
-                exception=None,
-                context=context,
-            )
-        if row["tpot_s"] is not None:
-            fire(
-                request_type="TPOT",
-                name=f"tpot {cls}",
-                response_time=row["tpot_s"] * 1e3,
-                response_length=0,
-                exception=None,
-                context=context,
-            )
-        fire(
-            request_type="E2E",
-            name=f"e2e {cls}",
-            response_time=(row["e2e_s"] or 0.0) * 1e3,
-            response_length=row["output_tokens"] or 0,
-            exception=None,
-            context=context,
-        )
-    elif cut:
-        fire(
-            request_type=CUT,
-            name=f"cut {cls}",
-            response_time=max(0.0, clock.unix_now() - row["scheduled_at"]) * 1e3,
-            response_length=0,
-            exception=None,
-            context={"request_id": row["request_id"]},
-        )
-    else:
-        elapsed = max(0.0, clock.unix_now() - row["scheduled_at"]) * 1e3
-        http = f" {row['http_status']}" if row["http_status"] else ""
-        fire(
-            request_type="E2E",
-            name=f"e2e {cls}",
-            response_time=elapsed,
-            response_length=0,
-            exception=RequestFailure(f"{row['status']}{http}: {row['error']}"),
-            context={"request_id": row["request_id"]},
-        )
-
-
-class _Run:
-    """One process's run of the profile: its share, client, writer and dispatcher."""
-
-    def __init__(
-        self,
-        state,
-        environment,
-        index: int,
-        count: int,
-        start_at: float | None,
-        options: opts_mod.LoadgenOptions,
-        host: str,
-        run_id: str,
-        master_plan: dict | None = None,
-    ) -> None:
-        self.state = state
-        self.environment = environment
-        self.index, self.count = index, count
-        self.options = options
-        self.host = host
-        self.run_id = run_id
-        self.start_at = start_at
-        #: The master's plan facts (plan_check.plan_facts); None: one process, no check.
-        self.master_plan = master_plan
-        self.plan_mismatch: dict | None = None
-        # None until built: a run whose plan cannot be built still writes its summary
-        self.plan: Plan | None = None
-        self.share: Share | None = None
-        self.dispatcher: Dispatcher | None = None
-        self.writer: RecordWriter | None = None
-        self.summary: dict | None = None
-        self.error: str | None = None
-        self.draining = False
-        #: Requests cut in flight count as failures (the stop came from --grace running out).
-        self.cut_is_failure = False
-        self.ended = gevent.event.Event()  # set when the summary has been written
-        self._finishing = Semaphore()
-        self.greenlet = gevent.spawn(self._main)
-
-    def _on_row(self, row: dict, cut: bool) -> None:
-        _fire_row(self.environment, row, cut and not self.cut_is_failure)
-
-    def _main(self) -> None:
-        o = self.options
-        try:
-            self.plan = plan = _plan(self.state.profile, o)
-            profile, seed = plan.profile, plan.seed
-            self.share = mine = share(plan, self.index, self.count)
-            # before the probes: a worker whose schedule is not the master's sends nothing
-            check_plan(plan, self.master_plan)
-            transport = TRANSPORTS[o.http_client](
-                self.host, o.max_in_flight + 16, o.request_timeout
-            )
-            self.info, sizer = probe(
-                transport,
-                endpoint=o.endpoint,
-                model=o.model,
-                api_key=o.api_key,
-                prompt_mode=o.prompt_mode,
-                continuous=o.continuous_usage,
-            )
-            if self.index == 0:
-                print(f"schedscope: prompts: {self.info.prompts.line()}", file=sys.stderr)
-            if sizer is not None:  # size every distinct open-loop length before the start
-                for length in sorted({s.prompt_tokens for s in mine.open_requests}):
-                    sizer.num_words(length)
-            client = OpenAIClient(
-                transport,
-                endpoint=o.endpoint,
-                model=self.info.model,
-                api_key=o.api_key,
-                prompt_mode=self.info.prompts.mode,
-                id_range=self.info.prompts.id_range or DEFAULT_ID_RANGE,
-                continuous_usage=self.info.continuous_usage,
-                sizer=sizer,
-                profile_name=profile.name,
-                run_id=self.run_id,
-                worker=self.index,
-            )
-            runner = self.environment.runner
-            if isinstance(runner, WorkerRunner):  # rows go to the master (forward.py)
-                local = Path(self.state.local_records_dir or o.records_dir)
-                self.writer = ForwardingWriter(
-                    local / f"worker-{self.index}-{os.getpid()}", self.index, runner.send_message
-                )
-            else:
-                self.writer = RecordWriter(o.records_dir, self.index)
-            start = self.start_at if self.start_at is not None else clock.unix_now() + 0.1
-            if clock.unix_now() > start:
-                log.warning(
-                    "worker %d was ready %.3f s after the common start instant",
-                    self.index,
-                    clock.unix_now() - start,
-                )
-            self.start_at = start
-            self.dispatcher = Dispatcher(
-                client,
-                self.writer,
-                plan,
-                mine,
-                start,
-                o.max_in_flight,
-                on_row=self._on_row,
-            )
-            if self.draining:  # stopped while it was starting: nothing will be sent
-                self.dispatcher.drain()
-            log.info(
-                "schedscope: worker %d/%d sends %d open-loop requests and %d closed loops "
-                "of %s (seed %d) to %s",
-                self.index,
-                self.count,
-                mine.num_open,
-                len(mine.closed_loops),
-                profile.name,
-                seed,
-                self.host,
-            )
-            self.dispatcher.run()
-        except gevent.GreenletExit:
-            raise
-        except PlanMismatch as e:
-            log.error("schedscope: worker %d: %s", self.index, e)
-            self.plan_mismatch = e.facts
-            self.error = str(e)
-        except Exception as e:  # noqa: BLE001 - reported, and the run ends
-            log.exception("schedscope: the run could not start")
-            self.error = f"{type(e).__name__}: {e}"
-        self.finish()
-
-    # -- stopping -------------------------------------------------------------------
-    def drain(self) -> None:
-        """Send nothing more; what is in flight goes on (``ended`` is set when it has)."""
-        self.draining = True
-        if self.dispatcher is not None:
-            self.dispatcher.drain()
-
-    def stop(self, timeout_s: float = 0.0) -> dict | None:
-        """Stop sending, let what is in flight finish within ``timeout_s``, cut the rest."""
-        self.drain()
-        if timeout_s > 0:
-            self.ended.wait(timeout_s)
-        if not self.ended.is_set():
-            self.greenlet.kill(block=True, timeout=15)
-        return self.finish()
-
-    def finish(self) -> dict | None:
-        """Rows for whatever is left, then the summary (once)."""
-        with self._finishing:
-            if self.summary is None:
-                self._finish()
-        return self.summary
-
-    def _finish(self) -> None:
-        if self.dispatcher is not None:
-            self.dispatcher.stop()
-        s = {
-            "run_id": self.run_id,
-            "worker": self.index,
-            "workers": self.count,
-            "pid": os.getpid(),
-            "host": redact_url(self.host),
-            "error": self.error,
-            "options": self.options.public(),
-        }
-        if self.plan_mismatch is not None:
-            s["plan_mismatch"] = self.plan_mismatch
-        if self.share is not None:  # known before the probe: a run that never sent has it
-            s.update(
-                num_open_requests=self.share.num_open,
-                num_closed_loops=len(self.share.closed_loops),
-            )
-        if self.writer is not None:
-            w, d = self.writer, self.dispatcher
-            s.update(
-                profile=self.plan.profile.name,
-                seed=self.plan.seed,
-                duration_s=self.plan.duration_s,
-                run_start_unix=self.start_at,
-                run_end_unix=clock.unix_now(),
-                rows=w.num_rows,
-                status_counts=w.status_counts,
-                records_file=w.path.name,
-                model=self.info.model,
-                continuous_usage=self.info.continuous_usage,
-                tokenize=self.info.tokenize,
-                probe_requests=self.info.probe_requests,
-                prompts=self.info.prompts.to_dict(),
-                retried=w.num_retried,
-                server_clock_epoch_unix=self.info.clock_epoch_unix,
-                http_client=self.options.http_client,
-                max_in_flight=self.options.max_in_flight,
-                stopped_sending_unix=d.stopped_at if d else None,
-                cut_in_flight=d.cut_in_flight if d else 0,
-                not_sent=d.not_sent if d else 0,
-                cut_is_failure=self.cut_is_failure,
-                **w.lag_stats(self.options.lag_limit_ms / 1e3),
-            )
-            w.write_summary(s)
-            w.close()
-            if s["generator_limited"]:
-                _warn_generator_limited([s])
-        self.summary = s
-        self.ended.set()
-        self.state.on_run_finished(self, s)
-
-
-def _warn_generator_limited(summaries: list[dict]) -> None:
-    for s in summaries:
-        if not s.get("generator_limited"):
-            continue
-        p99 = s.get("send_lag_p99_s")
-        msg = (
-            f"schedscope: GENERATOR-LIMITED (worker {s['worker']}): p99 send lag "
-            f"{(p99 or 0) * 1e3:.1f} ms > {(s.get('lag_limit_s') or 0) * 1e3:.0f} ms, "
-            f"{s.get('in_flight_capped', 0)} requests waited for --max-in-flight; latencies "
-            f"include the generator's delay. Lower the rate or add --processes."
-        )
-        log.warning(msg)
-        print(msg, file=sys.stderr, flush=True)
 
 
 class _State:
@@ -396,32 +65,22 @@ class _State:
 
     def __init__(self, profile) -> None:
         self.profile = profile
-        self.environment = None
-        self.run: _Run | None = None
-        self.users = None  # user count the shape keeps: one per process
-        self.deadline = None
-        self.workers = 0
-        self.done: dict[int, dict] = {}
+        self.environment: Any = None  # Locust's Environment, from its init event
+        self.run: ProcessRun | None = None
+        self.users: int | None = None  # user count the shape keeps: one per process
+        self.deadline: float | None = None
+        self.done: dict[int, dict] = {}  # the processes' summaries by worker index
         self.local_done = False
-        self.clients: dict[int, str] = {}  # the master's workers: index -> client id
-        self.worker_of: dict[str, int] = {}  # the master's: client id -> worker index
-        self.guard: MasterGuard | None = None  # the master's: what reaches its port
-        self.expected: int | None = None  # the master's: workers it was told to wait for
-        self.connected: set[str] = set()  # the master's: clients that registered
-        self.excluded: list[str] = []  # the master's: connected, not numbered (no token)
-        self.started = False  # the master's: the test started and its workers were numbered
-        self._pings: dict[int, dict[int, float]] = {}  # the master's: worker -> seq -> t0
-        self.collector: Collector | None = None  # the master's: the workers' rows
-        self.offsets: dict[int, dict] = {}  # the master's: worker -> clock.best()
-        self.plan: Plan | None = None  # the master's plan (the one its workers must build)
-        self._pongs: dict[int, list] = {}
-        self.lost: dict[int, dict] = {}
-        self.local_records_dir: str | None = None  # a worker's own --records-dir
-        self.local_api_key = ""  # a worker's own --api-key (never sent by the master)
-        self.options = None
-        self.run_id = None
+        self.master: MasterSide | None = None  # the master's side of a distributed run
+        self.worker: WorkerSide | None = None  # a worker's side
         self.stopping = gevent.event.Event()  # set by test_stopping, cleared at test_start
         self.grace_over = False  # the run stops because --grace ran out
+
+    @property
+    def workers(self) -> int:
+        """The processes that share the schedule: the master's numbered workers, or this
+        one alone."""
+        return self.master.workers if self.master is not None else 1
 
     # -- the placeholder user's task ------------------------------------------------------
     def hold(self) -> None:
@@ -438,38 +97,23 @@ class _State:
         self.environment = environment
         if isinstance(runner, MasterRunner):
             # before any message of ours: the guard names each message's sender
-            self.guard = MasterGuard(runner, worker_token()).install()
-            runner.register_message("schedscope_done", self._on_done_message)
-            runner.register_message(ROWS_MESSAGE, self._on_rows_message)
-            runner.register_message("schedscope_pong", self._on_pong_message)
-            environment.events.worker_connect.add_listener(self._on_worker_connect)
-            parsed = environment.parsed_options
-            # --processes N sets it to N; Locust's default without --expect-workers is 1
-            self.expected = getattr(parsed, "expect_workers", None)
-            self._write_workers()
-            # Locust may give up waiting for its workers and exit before any test starts
-            atexit.register(self._write_workers)
+            guard = MasterGuard(runner, worker_token()).install()
+            self.master = MasterSide(environment, guard, self.done)
+            self.master.listen(runner)
         elif isinstance(runner, WorkerRunner):
-            clock.install_test_offset()
-            parsed = environment.parsed_options
-            # its own --records-dir, read before the master's options replace its own
-            self.local_records_dir = getattr(parsed, "records_dir", None)
-            self.local_api_key = getattr(parsed, "api_key", "") or ""
-            # first of its messages: a master with a worker token numbers only those that
-            # presented it (master_guard.py)
-            runner.send_message(HELLO, {"token": worker_token()})
-            runner.register_message("schedscope_ping", self._on_ping_message)
-            runner.register_message("schedscope_split", self._on_split_message)
-            runner.register_message("schedscope_stop", self._on_stop_message)
+            self.worker = WorkerSide(environment, self.profile, self._on_worker_run)
+            self.worker.listen(runner)
+
+    def _on_worker_run(self, run: ProcessRun) -> None:
+        """A worker: the run the master's split started is this process's run."""
+        self.run = run
 
     def on_test_start(self, environment, **_kw) -> None:
-        runner = environment.runner
         self.stopping.clear()
-        if isinstance(runner, WorkerRunner):
+        if self.worker is not None:
             return  # a worker starts on the master's schedscope_split
         options = opts_mod.LoadgenOptions.from_parsed(environment.parsed_options)
-        self.done = {}
-        self.lost = {}
+        self.done.clear()  # the master's side holds this dict: cleared, never replaced
         self.local_done = False
         self.grace_over = False
         notice = cut_notice(
@@ -479,379 +123,56 @@ class _State:
             print(notice, file=sys.stderr, flush=True)
         run_id = f"{self.profile.name}-{int(time.time() * 1000)}"
         duration = self.profile.with_duration_scale(options.duration_scale).duration_s
-        if isinstance(runner, MasterRunner):
-            clients = self._number_workers(runner)
-            self.options = options
-            self.run_id = run_id
-            facts = None  # each worker checks its own plan against the master's facts
-            try:
-                self.plan = _plan(self.profile, options)
-                facts = plan_facts(self.plan)
-            except Exception:  # noqa: BLE001 - the workers fail alike, and say why
-                log.exception("schedscope: the master could not build the plan")
-                self.plan = None
-            self.offsets = self._estimate_clocks(runner)
-            self.collector = Collector(
-                options.records_dir, self.offsets, Intake(run_id, self.plan, self.workers)
+        if self.master is not None:
+            start: float | None = self.master.start(
+                environment.runner, self.profile, options, run_id
             )
-            self._write_workers()
-            start = clock.unix_now() + DISTRIBUTED_LEAD_S
-            for i, c in enumerate(clients):
-                runner.send_message(
-                    "schedscope_split",
-                    {
-                        "index": i,
-                        "count": self.workers,
-                        # the common start instant on the worker's own clock
-                        "start_at": start + self.offsets.get(i, {}).get("offset_s", 0.0),
-                        "run_id": run_id,
-                        # never a secret: each worker has its own API key (options.py)
-                        "options": options.shareable(),
-                        "api_key_set": bool(options.api_key),
-                        # a URL's credentials never travel: a worker has its own
-                        "host": strip_credentials(environment.host or ""),
-                        "plan": facts,
-                    },
-                    client_id=c.id,
-                )
-            log.info("schedscope: split the schedule between %d workers", self.workers)
         else:
-            self.workers = 1
             start = None
-            self.run = _Run(self, environment, 0, 1, None, options, environment.host or "", run_id)
+            self.run = ProcessRun(
+                self.profile,
+                environment,
+                0,
+                1,
+                None,
+                options,
+                environment.host or "",
+                run_id,
+                on_finished=self.on_run_finished,
+            )
         self.deadline = (start or clock.unix_now()) + duration + options.grace + 5.0
-
-    def _number_workers(self, runner) -> list:
-        """The master, at the start: number the connected workers 0..W-1 in Locust's
-        worker-index order (with a worker token, those that presented it), and say so
-        when fewer than it was told to expect came (exit code 1)."""
-        active = sorted(
-            runner.clients.ready + runner.clients.running + runner.clients.spawning,
-            key=lambda c: runner.get_worker_index(c.id),
-        )
-        self.guard.wait_for_hellos([c.id for c in active])
-        clients = [c for c in active if self.guard.trusted(c.id)]
-        self.excluded = [c.id for c in active if not self.guard.trusted(c.id)]
-        for cid in self.excluded:
-            msg = (
-                f"schedscope: client {cid} did not present the worker token (${TOKEN_ENV}): "
-                "it gets no share of the schedule"
-            )
-            log.warning(msg)
-            print(msg, file=sys.stderr, flush=True)
-        self.workers = len(clients)
-        self.clients = {i: c.id for i, c in enumerate(clients)}
-        self.worker_of = {c.id: i for i, c in enumerate(clients)}
-        self.guard.lock(list(self.worker_of))
-        self.started = True
-        if self.expected is not None and self.workers < self.expected:
-            msg = (
-                f"schedscope: WORKERS MISSING: {self.workers} of the {self.expected} expected "
-                f"load-generator workers started"
-                + (
-                    f" ({len(self.excluded)} came without the worker token)"
-                    if self.excluded
-                    else ""
-                )
-                + "; the schedule is split between those that did; exit code 1"
-            )
-            log.error(msg)
-            print(msg, file=sys.stderr, flush=True)
-            self.environment.process_exit_code = 1
-        return clients
-
-    def _on_worker_connect(self, client_id, **_kw) -> None:
-        self.connected.add(client_id)
-        self._write_workers()
-
-    def _write_workers(self) -> None:
-        """The master: workers.json in its --records-dir (the merge puts ``expected`` and
-        ``started`` into the run's summary: ``workers_expected``, ``workers_started``)."""
-        parsed = self.environment.parsed_options if self.environment else None
-        directory = self.options.records_dir if self.options else None
-        directory = directory or getattr(parsed, "records_dir", None)
-        if not directory or self.guard is None:
-            return
-        facts = {
-            "run_id": self.run_id,
-            "expected": self.expected,
-            "connected": len(self.connected),
-            "started": self.workers if self.started else 0,
-            "clients": {str(i): cid for i, cid in self.clients.items()},
-            "excluded_clients": self.excluded,
-            "rows_refused": sum(self.collector.refused.values()) if self.collector else 0,
-            **self.guard.facts(),
-        }
-        try:
-            path = Path(directory) / WORKERS_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
-            tmp.replace(path)
-        except OSError as e:  # a record of the run, not the run: say so and go on
-            log.warning("schedscope: could not write %s: %s", WORKERS_FILE, e)
-
-    def _sender(self, msg) -> int | None:
-        """The master: the worker index of a message's sender (the guard made
-        ``msg.node_id`` its connection's identity); None, counted and logged, for a
-        client that is not one of the workers numbered at the start."""
-        i = self.worker_of.get(msg.node_id)
-        if i is None and self.guard is not None:
-            self.guard.refuse(msg.node_id, f"a {msg.type} message (not a worker of this run)")
-        return i
-
-    def _on_split_message(self, environment, msg, **_kw) -> None:
-        d = msg.data
-        # the master sends no secret: this worker's own API key
-        options = opts_mod.LoadgenOptions(**{**d["options"], "api_key": self.local_api_key})
-        if d.get("api_key_set") and not self.local_api_key:
-            log.warning(
-                "schedscope: the master's run sends an API key and this worker has none: "
-                "give it with `schedscope worker --api-key` or $SCHEDSCOPE_API_KEY"
-            )
-        self.run = _Run(
-            self,
-            environment,
-            d["index"],
-            d["count"],
-            d["start_at"],
-            options,
-            worker_host(d["host"], environment.host),
-            d["run_id"],
-            d.get("plan"),
-        )
-
-    def _on_done_message(self, environment, msg, **_kw) -> None:
-        i = self._sender(msg)
-        if i is None or self.collector is None:
-            return
-        if i in self.done:
-            self.guard.refuse(msg.node_id, f"a second summary of worker {i}")
-            return
-        why = summary_problem(msg.data, self.run_id)
-        if why is not None:
-            self.guard.refuse(msg.node_id, f"a summary of worker {i} ({why})")
-            return
-        summary = {**msg.data, "worker": i}
-        if summary.get("error"):
-            summary = self._worker_failed(summary)
-        summary = self.collector.add_summary(i, summary)
-        if summary is not None:
-            self.done[i] = summary
-
-    def _worker_failed(self, summary: dict) -> dict:
-        """The master: a worker that did not run its share (its plan was not the
-        master's, or its run could not start) fails the run, at once and by name."""
-        i = int(summary["worker"])
-        failure = {**summary, "client_id": self.clients.get(i)}
-        if self.plan is not None:  # what of its share has no row
-            mine = share(self.plan, i, self.workers)
-            failure = worker_failure(
-                failure,
-                [s.request_id for s in mine.open_requests],
-                self.collector.received.get(i, set()) if self.collector else set(),
-                len(mine.closed_loops),
-            )
-        msg = f"schedscope: WORKER FAILED: {failure_message(failure)}"
-        log.error(msg)
-        print(msg, file=sys.stderr, flush=True)
-        self.environment.process_exit_code = 1
-        return failure
-
-    def _on_rows_message(self, environment, msg, **_kw) -> None:
-        i = self._sender(msg)
-        if i is not None and self.collector is not None:
-            self.collector.add_rows(i, msg.data)
-
-    # -- clock offsets (clock.py) ------------------------------------------------------
-    def _on_ping_message(self, environment, msg, **_kw) -> None:
-        """A worker: answer the master's clock probe at once (t1, t2 on this clock)."""
-        t1 = clock.unix_now()
-        environment.runner.send_message(
-            "schedscope_pong", {**msg.data, "t1": t1, "t2": clock.unix_now()}
-        )
-
-    def _on_pong_message(self, environment, msg, **_kw) -> None:
-        t3 = clock.unix_now()
-        i = self._sender(msg)
-        if i is None:
-            return
-        try:  # a pong of the worker pinged, answering a ping of the master's, possible
-            probe = clock.probe(self._pings.get(i, {}), msg.data, t3)
-        except clock.BadProbe as e:
-            self.guard.refuse(msg.node_id, f"a clock probe of worker {i}: {e}")
-            return
-        self._pongs.setdefault(i, []).append(probe)
-
-    def _estimate_clocks(self, runner) -> dict[int, dict]:
-        """The master: each worker's clock offset, best of clock.NUM_PROBES round trips."""
-        self._pongs = {}
-        self._pings = {i: {} for i in self.clients}
-        for n in range(clock.NUM_PROBES):
-            for i, cid in self.clients.items():
-                t0 = self._pings[i][n] = clock.unix_now()
-                runner.send_message("schedscope_ping", {"seq": n, "t0": t0}, client_id=cid)
-            deadline = clock.unix_now() + 1.0
-            while clock.unix_now() < deadline and any(
-                len(self._pongs.get(i, ())) <= n for i in self.clients
-            ):
-                gevent.sleep(0.002)
-        offsets = {}
-        for i in self.clients:
-            if self._pongs.get(i):
-                offsets[i] = clock.best(self._pongs[i])
-            else:
-                log.warning("schedscope: worker %d answered no clock probe; offset taken as 0", i)
-        for i, est in sorted(offsets.items()):
-            log.info(
-                "schedscope: worker %d clock offset %+.4f s ± %.4f s",
-                i,
-                est["offset_s"],
-                est["uncertainty_s"],
-            )
-        return offsets
-
-    def _on_stop_message(self, environment, msg, **_kw) -> None:
-        """A worker: the master is stopping the run (its ``test_stopping``)."""
-        if self.run is not None and self.run.summary is None:
-            self.run.cut_is_failure = bool(msg.data["cut_is_failure"])
-            gevent.spawn(self.run.stop, float(msg.data["stop_timeout"]))
 
     def on_test_stopping(self, environment, **_kw) -> None:
         """Sending stops here; what is in flight may finish until Locust's stop timeout."""
-        runner = environment.runner
         self.stopping.set()
-        if isinstance(runner, MasterRunner):
-            if self.workers and len(self.done) < self.workers:
-                runner.send_message(
-                    "schedscope_stop",
-                    {"cut_is_failure": self.grace_over, "stop_timeout": environment.stop_timeout},
-                )
+        if self.master is not None:
+            self.master.stop_workers(environment.runner, self.grace_over, environment.stop_timeout)
         elif self.run is not None:
             self.run.drain()
 
-    def on_run_finished(self, run: _Run, summary: dict) -> None:
-        runner = self.environment.runner if self.environment else None
-        if isinstance(runner, WorkerRunner):
-            runner.send_message("schedscope_done", summary)
-        else:
-            self.done[0] = summary
-            self.local_done = True
+    def on_run_finished(self, run: ProcessRun, summary: dict) -> None:
+        """One process: its summary is the run's."""
+        self.done[0] = summary
+        self.local_done = True
 
     def on_test_stop(self, environment, **_kw) -> None:
-        runner = environment.runner
-        if self.run is not None and not isinstance(runner, MasterRunner):
+        if self.run is not None and self.master is None:
             self.run.stop()  # Locust's stop timeout is over: cut what is still in flight
-        if isinstance(runner, MasterRunner):
-            self._wait_for_workers(runner, environment.stop_timeout + 20.0)
-            if self.collector is not None:
-                self.collector.close()
-            self._write_workers()
-            self._report_refused()
-            if self.guard is not None:
-                self.guard.unlock()  # a later run (Locust's web UI) numbers workers anew
-        if not isinstance(runner, WorkerRunner):
+        if self.master is not None:
+            self.master.finish(environment.runner, environment.stop_timeout + 20.0)
+        if self.worker is None:
             self._report()
 
-    def _wait_for_workers(self, runner, timeout_s: float) -> None:
-        """The master: wait for the summaries of the workers still connected (each has
-        ``--stop-timeout`` to let its requests finish after the schedscope_stop message)."""
-        deadline = clock.unix_now() + timeout_s
-        while clock.unix_now() < deadline and self._waiting_for(runner):
-            gevent.sleep(0.1)
-        self._report_lost()
-
-    def _waiting_for(self, runner) -> list[int]:
-        """The master: the workers still connected whose summary has not come."""
-        nodes = {i: runner.clients.get(cid) for i, cid in self.clients.items()}
-        return [
-            i
-            for i, node in nodes.items()
-            if i not in self.done and node is not None and node.state != STATE_MISSING
-        ]
-
-    def _report_lost(self) -> None:
-        """The master: every worker without a summary is lost; say how many of its
-        scheduled requests have no record (forward.Collector.add_lost)."""
-        missing = sorted(set(self.clients) - set(self.done) - set(self.lost))
-        if not missing or self.collector is None or self.plan is None:
-            return
-        for i in missing:
-            mine = share(self.plan, i, self.workers)
-            lost = self.collector.add_lost(
-                self.run_id, i, [s.request_id for s in mine.open_requests], len(mine.closed_loops)
-            )
-            self.lost[i] = lost
-            msg = (
-                f"schedscope: WORKER LOST: worker {i} sent no summary (it died or lost the "
-                f"master): {lost['missing_open']} of its {lost['num_open_requests']} scheduled "
-                f"open-loop requests have no record, and its {lost['num_closed_loops']} closed "
-                f"loop(s) ended early ({lost['rows_received']} rows received; "
-                f"{self.collector.directory}/lost-{i}.json)"
-            )
-            log.warning(msg)
-            print(msg, file=sys.stderr, flush=True)
-        self.environment.process_exit_code = 1
-
-    def _report_refused(self) -> None:
-        """The master: one line for what it refused (each sender was named once already)."""
-        guard, collector = self.guard, self.collector
-        rows = sum(collector.refused.values()) if collector else 0
-        if guard is None or not (guard.refused or rows):
-            return
-        msg = (
-            f"schedscope: ignored {guard.refused} message(s) from {len(guard.refused_by)} "
-            f"sender(s) that are not this run's workers, or not of the form they send, and "
-            f"refused {rows} forwarded row(s) (not this run's, not the worker's share, "
-            f"received twice, or malformed); see {WORKERS_FILE} in the records directory"
-        )
-        log.warning(msg)
-        print(msg, file=sys.stderr, flush=True)
-
     def _report(self) -> None:
-        if not self.done:
-            return
-        rows = sum(s.get("rows", 0) for s in self.done.values())
-        records = {s.get("options", {}).get("records_dir") for s in self.done.values()}
-        if self.collector is not None:  # distributed: the workers' rows came to the master
-            records = {str(self.collector.directory)}
-        print(
-            f"schedscope: {rows} request rows from {len(self.done)} of {self.workers} "
-            f"process(es) in {', '.join(sorted(r for r in records if r))}; merge with "
-            f"`python -m harness.loadgen.merge DIR`",
-            file=sys.stderr,
-            flush=True,
+        collector = self.master.collector if self.master is not None else None
+        exit_code = run_end.report(
+            self.done,
+            self.workers,
+            collector.directory if collector is not None else None,
+            self.master is not None,
         )
-        cut = sum(s.get("cut_in_flight", 0) for s in self.done.values())
-        unsent = sum(s.get("not_sent", 0) for s in self.done.values())
-        if cut or unsent:
-            failures = any(s.get("cut_is_failure") for s in self.done.values())
-            how = "counted as failures: --grace ran out" if failures else f"Locust's {CUT} requests"
-            print(
-                f"schedscope: the run stopped before its schedule was answered: {cut} request(s) "
-                f"cut in flight ({how}) and {unsent} scheduled request(s) not sent; their rows "
-                f"have status aborted",
-                file=sys.stderr,
-                flush=True,
-            )
-        if any(s.get("error") for s in self.done.values()):
-            self.environment.process_exit_code = 1  # a process did not run its share
-        ok = sum(s.get("status_counts", {}).get("ok", 0) for s in self.done.values())
-        scheduled = sum(
-            s.get("num_open_requests", 0) + s.get("num_closed_loops", 0) for s in self.done.values()
-        )
-        if scheduled and not ok:
-            # Cut or unsent requests are not failures, but a run in which none completed
-            # measured nothing: a hung or far too slow server must not pass as healthy.
-            print(
-                f"schedscope: no request completed before the run stopped ({rows} request "
-                f"rows, {cut} cut in flight; the server answered none); exit code 1",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.environment.process_exit_code = 1
-        if isinstance(self.environment.runner, MasterRunner):
-            _warn_generator_limited(list(self.done.values()))
+        if exit_code is not None:
+            self.environment.process_exit_code = exit_code
 
     def tick(self, shape) -> tuple[int, float] | None:
         runner = shape.runner
@@ -866,9 +187,9 @@ class _State:
             if len(self.done) >= max(self.workers, 1):
                 return None
             if (
-                isinstance(runner, MasterRunner)
-                and (self.done or not self.clients)
-                and not self._waiting_for(runner)
+                self.master is not None
+                and (self.done or not self.master.clients)
+                and not self.master.waiting_for(runner)
             ):
                 return None  # the others are lost (reported at the end), or none started
             if clock.unix_now() > self.deadline:

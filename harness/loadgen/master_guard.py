@@ -19,7 +19,7 @@ a message from a peer that never registered (other than Locust's registration,
 killing the listener. The sender of every message that passes is its connection's
 identity (libzmq refuses a second connection with an identity already connected, so a
 peer cannot take a worker's), and ``msg.node_id`` is that identity: the schedscope
-handlers (``locust_user.py``) take the worker from it, never from the message's data.
+handlers (``master_side.py``) take the worker from it, never from the message's data.
 
 Each drop is counted, and its first per sender logged as a warning naming the sender.
 

@@ -4,7 +4,7 @@ Unit tests of the refusals (no Locust process): clock probes that answer no ping
 cannot have happened (harness/loadgen/clock.py), rows that are not this run's, not the
 sender's share, received already or of another form (harness/loadgen/intake.py,
 forward.Collector), the custom messages of a client that is not a numbered worker
-(locust_user._State), frames that are not Locust's or that lie about their sender
+(master_side.MasterSide), frames that are not Locust's or that lie about their sender
 (harness/loadgen/master_guard.py), and the options sent to workers (no API key).
 The real master, worker and rogue peer: tests/harness/loadgen/test_distributed_rogue.py.
 """
@@ -26,6 +26,7 @@ from harness.loadgen.forward import Collector
 from harness.loadgen.intake import COLUMN_KINDS, Intake, row_problem, summary_problem
 from harness.loadgen.locust_user import WORKERS_FILE, _State
 from harness.loadgen.master_guard import HELLO, MasterGuard, decode, stats_problem
+from harness.loadgen.master_side import MasterSide
 from harness.loadgen.merge import SCHEMA, merge_records
 from harness.loadgen.options import LoadgenOptions
 from harness.loadgen.split import share
@@ -216,69 +217,69 @@ class FakeRunner:
         pass
 
 
-def master_state(tmp_path, plan, workers=("w0", "w1")) -> _State:
-    state = _State(load_profile(PROFILE_FILE))
-    state.environment = SimpleNamespace(process_exit_code=None, parsed_options=None)
-    state.guard = MasterGuard(FakeRunner(workers))
-    state.worker_of = {cid: i for i, cid in enumerate(workers)}
-    state.clients = dict(enumerate(workers))
-    state.workers = len(workers)
-    state.run_id = RUN
-    state.plan = plan
-    state.collector = Collector(tmp_path, {}, Intake(RUN, plan, len(workers)))
-    return state
+def master_side(tmp_path, plan, workers=("w0", "w1")) -> MasterSide:
+    env = SimpleNamespace(process_exit_code=None, parsed_options=None)
+    master = MasterSide(env, MasterGuard(FakeRunner(workers)), {})
+    master.worker_of = {cid: i for i, cid in enumerate(workers)}
+    master.clients = dict(enumerate(workers))
+    master.workers = len(workers)
+    master.run_id = RUN
+    master.plan = plan
+    master.collector = Collector(tmp_path, {}, Intake(RUN, plan, len(workers)))
+    return master
 
 
 def test_custom_messages_of_a_client_that_is_not_a_numbered_worker_are_ignored(
     plan, tmp_path, caplog
 ):
-    state = master_state(tmp_path, plan)
+    master = master_side(tmp_path, plan)
     mine = share(plan, 0, 2).open_requests[0].request_id
-    env = state.environment
+    env = master.environment
     # the forged end of the run that stopped every distributed run early
-    state._on_done_message(env, Message("schedscope_done", {"worker": 0}, "rogue"))
+    master._on_done_message(env, Message("schedscope_done", {"worker": 0}, "rogue"))
     rows = {"worker": 0, "pid": 9, "rows": [row(mine, 0)]}
-    state._on_rows_message(env, Message("schedscope_rows", rows, "rogue"))
+    master._on_rows_message(env, Message("schedscope_rows", rows, "rogue"))
     pong = {"worker": 0, "seq": 0, "t0": 1.0, "t1": 2.0, "t2": 3.0}
-    state._pings = {0: {0: 1.0}}
-    state._on_pong_message(env, Message("schedscope_pong", pong, "rogue"))
-    assert state.done == {} and state._pongs == {} and not list(tmp_path.iterdir())
-    assert state.guard.refused == 3 and state.guard.refused_by == {"rogue": 3}
+    master.probes.pings = {0: {0: 1.0}}
+    master._on_pong_message(env, Message("schedscope_pong", pong, "rogue"))
+    assert master.done == {} and master.probes.pongs == {} and not list(tmp_path.iterdir())
+    assert master.guard.refused == 3 and master.guard.refused_by == {"rogue": 3}
     warned = [r.getMessage() for r in caplog.records if "rogue" in r.getMessage()]
     assert len(warned) == 1 and "client 'rogue'" in warned[0]  # once per sender
 
 
 def test_the_worker_index_is_the_senders_never_the_messages(plan, tmp_path):
-    state = master_state(tmp_path, plan)
-    env = state.environment
+    master = master_side(tmp_path, plan)
+    env = master.environment
     theirs = share(plan, 1, 2).open_requests[0].request_id
     # w1 says it is worker 0: its rows and summary are worker 1's all the same
     rows = {"worker": 0, "pid": 9, "rows": [row(theirs, 1)]}
-    state._on_rows_message(env, Message("schedscope_rows", rows, "w1"))
+    master._on_rows_message(env, Message("schedscope_rows", rows, "w1"))
     summary = {"worker": 0, "run_id": RUN, "pid": 9, "rows": 1, "error": None}
-    state._on_done_message(env, Message("schedscope_done", summary, "w1"))
-    assert set(state.done) == {1} and state.done[1]["worker"] == 1
+    master._on_done_message(env, Message("schedscope_done", summary, "w1"))
+    assert set(master.done) == {1} and master.done[1]["worker"] == 1
     assert (tmp_path / "client-1-9.jsonl").is_file() and (tmp_path / "summary-1-9.json").is_file()
     # a second summary, one of another run, one of another form: ignored
-    state._on_done_message(env, Message("schedscope_done", summary, "w1"))
-    state._on_done_message(env, Message("schedscope_done", {**summary, "run_id": "x"}, "w0"))
-    state._on_done_message(env, Message("schedscope_done", "done", "w0"))
-    assert set(state.done) == {1} and state.guard.refused == 3
+    master._on_done_message(env, Message("schedscope_done", summary, "w1"))
+    master._on_done_message(env, Message("schedscope_done", {**summary, "run_id": "x"}, "w0"))
+    master._on_done_message(env, Message("schedscope_done", "done", "w0"))
+    assert set(master.done) == {1} and master.guard.refused == 3
 
 
 def test_a_pong_from_the_pinged_worker_is_its_probe(plan, tmp_path):
-    state = master_state(tmp_path, plan)
+    master = master_side(tmp_path, plan)
+    probes = master.probes
     t0 = clock.unix_now()
-    state._pings = {0: {0: t0}, 1: {0: t0}}
+    probes.pings = {0: {0: t0}, 1: {0: t0}}
     pong = {"seq": 0, "t0": t0, "t1": t0 + 0.25, "t2": t0 + 0.25}
-    state._on_pong_message(state.environment, Message("schedscope_pong", pong, "w1"))
-    assert list(state._pongs) == [1] and abs(state._pongs[1][0].offset_s - 0.25) < 0.01
+    master._on_pong_message(master.environment, Message("schedscope_pong", pong, "w1"))
+    assert list(probes.pongs) == [1] and abs(probes.pongs[1][0].offset_s - 0.25) < 0.01
     # the same pong again, and an impossible one: refused
-    state._on_pong_message(state.environment, Message("schedscope_pong", pong, "w1"))
-    state._pings[0][0] = t0
+    master._on_pong_message(master.environment, Message("schedscope_pong", pong, "w1"))
+    probes.pings[0][0] = t0
     late = {"seq": 0, "t0": t0, "t1": t0 + 10.0, "t2": t0 + 3610.0}
-    state._on_pong_message(state.environment, Message("schedscope_pong", late, "w0"))
-    assert list(state._pongs) == [1] and state.guard.refused == 2
+    master._on_pong_message(master.environment, Message("schedscope_pong", late, "w0"))
+    assert list(probes.pongs) == [1] and master.guard.refused == 2
 
 
 # -- frames -------------------------------------------------------------------------------
@@ -403,7 +404,7 @@ class FakeMaster(MasterRunner):
         if msg_type == "schedscope_ping":
             t = clock.unix_now()
             pong = Message("schedscope_pong", {**data, "t1": t, "t2": t}, client_id)
-            self.state._on_pong_message(None, pong)
+            self.state.master._on_pong_message(None, pong)
 
 
 def parsed(tmp_path, **values) -> argparse.Namespace:
@@ -419,17 +420,17 @@ def test_the_split_message_carries_no_api_key(tmp_path):
         runner=runner, parsed_options=options, host="http://t", process_exit_code=None
     )
     state.environment = env
-    state.guard = MasterGuard(runner)
-    state.expected = 2
+    state.master = MasterSide(env, MasterGuard(runner), state.done)
+    state.master.expected = 2
     state.on_test_start(env)
     splits = [data for kind, data, _ in runner.sent if kind == "schedscope_split"]
     assert len(splits) == 2 and env.process_exit_code is None
     for data in splits:
         assert "api_key" not in data["options"] and data["api_key_set"] is True
         assert KEY not in json.dumps(data)
-    assert set(state.offsets) == {0, 1}
+    assert set(state.master.offsets) == {0, 1}
     facts = json.loads((tmp_path / WORKERS_FILE).read_text())
-    assert (facts["expected"], facts["started"], facts["run_id"]) == (2, 2, state.run_id)
+    assert (facts["expected"], facts["started"], facts["run_id"]) == (2, 2, state.master.run_id)
     for path in tmp_path.rglob("*"):
         assert KEY not in path.read_text()
     assert LoadgenOptions(api_key=KEY).shareable() == {
@@ -444,8 +445,8 @@ def test_fewer_workers_than_expected_exit_1_and_are_recorded(tmp_path):
         runner=runner, parsed_options=parsed(tmp_path), host="http://t", process_exit_code=None
     )
     state.environment = env
-    state.guard = MasterGuard(runner)
-    state.expected = 2
+    state.master = MasterSide(env, MasterGuard(runner), state.done)
+    state.master.expected = 2
     state.on_test_start(env)
     assert env.process_exit_code == 1
     facts = json.loads((tmp_path / WORKERS_FILE).read_text())
