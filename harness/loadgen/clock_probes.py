@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-import gevent  # type: ignore[import-untyped]  # gevent ships no type information
+import gevent
 
 from harness.loadgen import clock
 

@@ -43,7 +43,7 @@ import sys
 import time
 from typing import Any
 
-import gevent.event  # type: ignore[import-untyped]  # gevent ships no type information
+import gevent.event
 from locust import LoadTestShape, User, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
@@ -112,6 +112,8 @@ class _State:
         self.stopping.clear()
         if self.worker is not None:
             return  # a worker starts on the master's schedscope_split
+        if not self._resolve_rate_scale(environment):
+            return
         options = opts_mod.LoadgenOptions.from_parsed(environment.parsed_options)
         self.done.clear()  # the master's side holds this dict: cleared, never replaced
         self.local_done = False
@@ -141,6 +143,27 @@ class _State:
                 on_finished=self.on_run_finished,
             )
         self.deadline = (start or clock.unix_now()) + duration + options.grace + 5.0
+
+    def _resolve_rate_scale(self, environment) -> bool:
+        """``--rate-scale auto[:F]``: the host probed, the factor put in the parsed
+        options (harness/loadgen/relative_rate.py); False, the run not started and the exit
+        code 1, when the probe cannot measure the host."""
+        from harness.loadgen.relative_rate import resolve_auto
+        from harness.loadgen.saturation_probe import ProbeError
+
+        try:
+            resolve_auto(environment.parsed_options, self.profile, environment.host or "")
+        except ProbeError as exc:
+            print(
+                f"schedscope: --rate-scale auto: the host's capacity could not be measured: "
+                f"{exc}; the run does not start",
+                file=sys.stderr,
+                flush=True,
+            )
+            environment.process_exit_code = 1
+            gevent.spawn(environment.runner.quit)
+            return False
+        return True
 
     def on_test_stopping(self, environment, **_kw) -> None:
         """Sending stops here; what is in flight may finish until Locust's stop timeout."""

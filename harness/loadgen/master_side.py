@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import cast
 
-import gevent  # type: ignore[import-untyped]  # gevent ships no type information
+import gevent
 from locust.runners import STATE_MISSING
 
 from harness.loadgen import clock

@@ -60,8 +60,15 @@ class _WithEnvVars:
 
 def add_arguments(parser) -> None:
     group = _WithEnvVars(parser)  # Locust's own add_argument (an argument group drops is_secret)
+    from harness.loadgen.relative_rate import rate_scale_arg
+
     group.add_argument(
-        "--rate-scale", type=float, default=1.0, help="multiply every open-loop rate (default 1)"
+        "--rate-scale",
+        type=rate_scale_arg,
+        default=1.0,
+        help="multiply every open-loop rate (default 1); auto[:F]: so the mean offered load "
+        "is F (0.8) of the host's capacity on the profile's mix, measured at the start by a "
+        "30-second saturation probe",
     )
     group.add_argument(
         "--duration-scale",

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-import gevent  # type: ignore[import-untyped]  # gevent ships no type information
-import gevent.event  # type: ignore[import-untyped]  # gevent ships no type information
-from gevent.lock import Semaphore  # type: ignore[import-untyped]  # no type information
+import gevent
+import gevent.event
+from gevent.lock import Semaphore
 from locust.runners import WorkerRunner
 
 from harness.loadgen import clock

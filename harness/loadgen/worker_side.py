@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import gevent  # type: ignore[import-untyped]  # gevent ships no type information
+import gevent
 
 from harness.loadgen import clock
 from harness.loadgen import options as opts_mod

@@ -59,3 +59,30 @@ def test_a_target_that_answers_nothing_is_no_capacity(tmp_path):
             "http://127.0.0.1:9", PROFILE, prompt_mode="token_ids", streams=2,
             warmup_s=0.2, measure_s=0.5, drain_s=1.0, timeout_s=2.0,
         )  # fmt: skip
+
+
+def test_locusts_auto_rate_scale_becomes_the_factor_every_process_uses(tmp_path):
+    import argparse
+
+    from harness.loadgen.relative_rate import rate_scale_arg, resolve_auto
+    from harness.profiles.rate_scale import offered_rate
+
+    assert rate_scale_arg("1.5") == 1.5 and rate_scale_arg("auto") == "auto:0.8"
+    with pytest.raises(argparse.ArgumentTypeError, match="F must be in"):
+        rate_scale_arg("auto:0")
+    cost = tmp_path / "cost.json"
+    CostModel.constant(STEP_S).save(cost)
+    args = ["--executor", "sim", "--cost-model", str(cost), "--max-num-seqs", str(MAX_NUM_SEQS)]
+    parsed = argparse.Namespace(rate_scale="auto:0.5", prompt_mode="token_ids", seed=-1)
+    with CliServer(args) as server:
+        chosen = resolve_auto(
+            parsed, PROFILE, server.url, streams=MAX_NUM_SEQS, warmup_s=2.0, measure_s=4.0,
+            drain_s=15.0,
+        )  # fmt: skip
+    assert chosen is not None and chosen.method == "probe"
+    assert parsed.rate_scale == chosen.factor
+    assert offered_rate(PROFILE.with_rate_scale(parsed.rate_scale)) == pytest.approx(
+        0.5 * chosen.capacity_rps
+    )
+    # a factor is left as it is, and nothing is probed
+    assert resolve_auto(argparse.Namespace(rate_scale=2.0), PROFILE, "http://127.0.0.1:9") is None
