@@ -98,7 +98,9 @@ def figures(tune: dict, args, wall: float | None) -> list[Figure]:
     confirmed = {c["label"]: c for c in (tune["confirm"] or {}).get("configurations", [])}
     current = confirmed.get("current")
     finalists = {k: c for k, c in confirmed.items() if k != "current"}
-    best = max((c["measured_capacity"] or 0.0 for c in finalists.values()), default=None)
+    # a finalist not measured (no served cell gave data: None) is not a capacity of 0
+    measured_finalists = [c["measured_capacity"] for c in finalists.values()]
+    best = max((m for m in measured_finalists if m is not None), default=None)
     base = current["measured_capacity"] if current else None
     gain = ratio(best, base)
     winner = ratio(finalists["c1"]["measured_capacity"], base) if "c1" in finalists else None
@@ -111,7 +113,8 @@ def figures(tune: dict, args, wall: float | None) -> list[Figure]:
         bounds.append(worst_bound(low, high))
         below = c.get("measured_capacity_below")
         print(
-            f"{label:8}: predicted {predicted or 0:.3g}x, measured {measured or 0:.3g}x"
+            f"{label:8}: predicted {predicted or 0:.3g}x, "
+            + ("not measured" if measured is None else f"measured {measured:.3g}x")
             + (f" (missed at {below:.3g}x)" if below else "")
             + f", off by {span(low, high)}: {verdict}"
             + (f"; missed at {c['missed']}" if c["missed"] else "")
@@ -160,7 +163,10 @@ def bracket(c: dict) -> tuple[float | None, float | None]:
     """tune.json's off_by_range, from its served rates (for files written before it)."""
     capacity = c["predicted"].get("capacity")
     measured = c["measured_capacity"] or 0.0
-    above = [float(r) for r, v in c["measured"].items() if float(r) > measured and not v["meets"]]
+    # a cell with no data (meets null) is not a miss
+    above = [
+        float(r) for r, v in c["measured"].items() if float(r) > measured and v["meets"] is False
+    ]
     if not capacity:
         return None, None
     return (capacity / min(above) - 1 if above else None), c["off_by"]
