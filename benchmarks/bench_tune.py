@@ -136,7 +136,13 @@ def figures(tune: dict, args, wall: float | None) -> list[Figure]:
     print(
         f"best served finalist / defaults: {'-' if gain is None else f'{gain:.2f}x'}, "
         f"target >= {TARGET_GAIN:g}x: "
-        f"{'MET' if gain is not None and gain >= TARGET_GAIN else 'MISSED'}"
+        + (
+            f"not measured ({no_ratio(best, base)})"
+            if gain is None
+            else "MET"
+            if gain >= TARGET_GAIN
+            else "MISSED"
+        )
     )
     print(
         f"worst simulator capacity error (bound): "
@@ -144,8 +150,12 @@ def figures(tune: dict, args, wall: float | None) -> list[Figure]:
         f"target within {TARGET_ERROR:.0%}: {overall}"
     )
     note = f"{args.executor} executor, duration scale {args.duration_scale:g}"
+    unmeasured = no_ratio(best, base)
+    gain_note = f"{note}; not measured: {unmeasured}" if unmeasured else note
     return [
-        Figure("served capacity, winner / defaults", gain, "x", TARGET_GAIN, "higher", note=note),
+        Figure(
+            "served capacity, winner / defaults", gain, "x", TARGET_GAIN, "higher", note=gain_note
+        ),
         Figure(
             "simulator capacity error, worst finalist",
             None if worst is None or worst == float("inf") else worst * 100,
@@ -201,12 +211,22 @@ def span(low: float | None, high: float | None) -> str:
     return f"{low:+.1%} to {high:+.1%}"
 
 
-def ratio(value: float | None, base: float | None) -> float | None:
-    """value / base; infinity when only the base met no rate served."""
-    if value is None or base is None:
-        return None
+def no_ratio(value: float | None, base: float | None) -> str:
+    """Why value / base has no value ("" when it has one)."""
     if base == 0:
-        return float("inf") if value > 0 else None
+        return "the defaults met no rate served (capacity 0): no ratio"
+    if base is None:
+        return "the defaults' capacity was not measured"
+    if value is None:
+        return "no finalist's capacity was measured"
+    return ""
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    """value / base; None when either was not measured, or the base met no rate served
+    (0: no finite ratio, not a gain)."""
+    if value is None or base is None or base == 0:
+        return None
     return value / base
 
 

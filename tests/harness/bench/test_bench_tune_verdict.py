@@ -67,3 +67,18 @@ def test_a_finalist_not_measured_is_no_capacity_of_0():
     assert gain.value is None and gain.verdict == "not measured"
     (gain, *_) = figures(_tune(1.0, {"c1": None, "c2": 1.5}), args, None)
     assert gain.value == 1.5 and gain.verdict == "met"
+
+
+def test_a_gain_over_defaults_that_met_no_rate_is_not_measured():
+    """The defaults' measured capacity 0 (they met no rate served): finalists / defaults
+    has no finite value. It used to be inf, a figure "met" against its target; now it is
+    not measured, and its note says why."""
+    from types import SimpleNamespace
+
+    from benchmarks.bench_tune import figures, ratio
+
+    assert ratio(1.5, 0.0) is None and ratio(0.0, 0.0) is None and ratio(1.5, 1.0) == 1.5
+    args = SimpleNamespace(executor="sim", duration_scale=0.1)
+    (gain, *_) = figures(_tune(0.0, {"c1": 1.5}), args, None)
+    assert gain.value is None and gain.verdict == "not measured"
+    assert "the defaults met no rate served" in gain.note
