@@ -98,7 +98,9 @@ def figures(tune: dict, args, wall: float | None) -> list[Figure]:
     confirmed = {c["label"]: c for c in (tune["confirm"] or {}).get("configurations", [])}
     current = confirmed.get("current")
     finalists = {k: c for k, c in confirmed.items() if k != "current"}
-    best = max((c["measured_capacity"] or 0.0 for c in finalists.values()), default=None)
+    # a finalist not measured (no served cell gave data: None) is not a capacity of 0
+    measured_finalists = [c["measured_capacity"] for c in finalists.values()]
+    best = max((m for m in measured_finalists if m is not None), default=None)
     base = current["measured_capacity"] if current else None
     gain = ratio(best, base)
     winner = ratio(finalists["c1"]["measured_capacity"], base) if "c1" in finalists else None
@@ -111,7 +113,8 @@ def figures(tune: dict, args, wall: float | None) -> list[Figure]:
         bounds.append(worst_bound(low, high))
         below = c.get("measured_capacity_below")
         print(
-            f"{label:8}: predicted {predicted or 0:.3g}x, measured {measured or 0:.3g}x"
+            f"{label:8}: predicted {predicted or 0:.3g}x, "
+            + ("not measured" if measured is None else f"measured {measured:.3g}x")
             + (f" (missed at {below:.3g}x)" if below else "")
             + f", off by {span(low, high)}: {verdict}"
             + (f"; missed at {c['missed']}" if c["missed"] else "")
@@ -133,7 +136,13 @@ def figures(tune: dict, args, wall: float | None) -> list[Figure]:
     print(
         f"best served finalist / defaults: {'-' if gain is None else f'{gain:.2f}x'}, "
         f"target >= {TARGET_GAIN:g}x: "
-        f"{'MET' if gain is not None and gain >= TARGET_GAIN else 'MISSED'}"
+        + (
+            f"not measured ({no_ratio(best, base)})"
+            if gain is None
+            else "MET"
+            if gain >= TARGET_GAIN
+            else "MISSED"
+        )
     )
     print(
         f"worst simulator capacity error (bound): "
@@ -141,8 +150,12 @@ def figures(tune: dict, args, wall: float | None) -> list[Figure]:
         f"target within {TARGET_ERROR:.0%}: {overall}"
     )
     note = f"{args.executor} executor, duration scale {args.duration_scale:g}"
+    unmeasured = no_ratio(best, base)
+    gain_note = f"{note}; not measured: {unmeasured}" if unmeasured else note
     return [
-        Figure("served capacity, winner / defaults", gain, "x", TARGET_GAIN, "higher", note=note),
+        Figure(
+            "served capacity, winner / defaults", gain, "x", TARGET_GAIN, "higher", note=gain_note
+        ),
         Figure(
             "simulator capacity error, worst finalist",
             None if worst is None or worst == float("inf") else worst * 100,
@@ -160,7 +173,10 @@ def bracket(c: dict) -> tuple[float | None, float | None]:
     """tune.json's off_by_range, from its served rates (for files written before it)."""
     capacity = c["predicted"].get("capacity")
     measured = c["measured_capacity"] or 0.0
-    above = [float(r) for r, v in c["measured"].items() if float(r) > measured and not v["meets"]]
+    # a cell with no data (meets null) is not a miss
+    above = [
+        float(r) for r, v in c["measured"].items() if float(r) > measured and v["meets"] is False
+    ]
     if not capacity:
         return None, None
     return (capacity / min(above) - 1 if above else None), c["off_by"]
@@ -195,12 +211,22 @@ def span(low: float | None, high: float | None) -> str:
     return f"{low:+.1%} to {high:+.1%}"
 
 
-def ratio(value: float | None, base: float | None) -> float | None:
-    """value / base; infinity when only the base met no rate served."""
-    if value is None or base is None:
-        return None
+def no_ratio(value: float | None, base: float | None) -> str:
+    """Why value / base has no value ("" when it has one)."""
     if base == 0:
-        return float("inf") if value > 0 else None
+        return "the defaults met no rate served (capacity 0): no ratio"
+    if base is None:
+        return "the defaults' capacity was not measured"
+    if value is None:
+        return "no finalist's capacity was measured"
+    return ""
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    """value / base; None when either was not measured, or the base met no rate served
+    (0: no finite ratio, not a gain)."""
+    if value is None or base is None or base == 0:
+        return None
     return value / base
 
 

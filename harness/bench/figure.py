@@ -3,7 +3,8 @@
 
 A figure is met when its value is on the right side of its target (``better``: lower
 or higher is better; equal counts as met), missed when not, and has no verdict when it
-has no target or was not measured (``value`` None or NaN). The aim, where a benchmark
+has no target or was not measured (``value`` None, NaN or infinite: a ratio over a base
+of 0 measured nothing). The aim, where a benchmark
 states one, is a second, harder bound judged the same way.
 """
 
@@ -55,7 +56,8 @@ class Figure:
 
     @property
     def measured(self) -> bool:
-        return self.value is not None and not math.isnan(self.value)
+        """A finite value: None, NaN and infinity read as not measured."""
+        return self.value is not None and math.isfinite(self.value)
 
     @property
     def met(self) -> bool | None:
@@ -81,8 +83,8 @@ class Figure:
     def to_dict(self) -> dict:
         """The fields, plus ``met``, ``aim_met`` and ``verdict`` (recomputed on load)."""
         out = asdict(self)
-        if self.value is not None and math.isnan(self.value):
-            out["value"] = None  # JSON has no NaN
+        if self.value is not None and not math.isfinite(self.value):
+            out["value"] = None  # JSON has no NaN nor infinity
         return {**out, "met": self.met, "aim_met": self.aim_met, "verdict": self.verdict}
 
     @classmethod

@@ -13,7 +13,8 @@ from harness.cli.app import console, err_console
 
 ALLOW_HELP = (
     "Compare although the baseline differs in this identity key (profile, seed, schedule, "
-    "schema_version, machine); repeatable. For a deliberate comparison only."
+    "schema_version, machine), or it is not known on both sides; repeatable. For a "
+    "deliberate comparison only."
 )
 
 

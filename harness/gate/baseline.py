@@ -18,8 +18,10 @@ One request per line (sorted by schedule offset), so a diff of a baseline shows 
 requests whose outcome changed.
 
 A baseline compared with a run of another profile, seed, schedule, summary schema
-version or machine fingerprint is refused (:func:`check_compatible`), unless that
-mismatch is allowed by name (``--allow-mismatch``).
+version or machine fingerprint is refused (:func:`check_compatible`), and so is one
+where the profile, seed or schedule is not known on both sides, or a real run's machine
+is known on one side only, unless that mismatch is allowed by name
+(``--allow-mismatch``).
 """
 
 from __future__ import annotations
@@ -213,42 +215,83 @@ def side_from_baseline(path: Path, body: dict, label: str) -> Side:
     return Side(label, path, "requests", body.get("mode"), dict(identity), cells)
 
 
-def mismatches(baseline: Side, current: Side) -> dict[str, str]:
-    """Identity key -> what differs, for every :data:`IDENTITY_KEYS` entry that does."""
+#: What a mismatch of something not known on both sides says after its values.
+NOT_KNOWN = "not known on both sides"
+#: How to make a key known, for the refusal of one that is not.
+_RECORD_IT = {
+    "profile": "gate runs whose run.json or summary.json names their profile",
+    "seed": "run both with --seed N",
+    "schedule": "write the baseline again with `schedscope baseline update`",
+    "machine": "gate runs recorded with their machine's fingerprint (run.json `machine`)",
+}
+
+
+def _identity_problems(baseline: Side, current: Side) -> tuple[dict[str, str], list[str]]:
+    """(identity key -> what differs or is not known, notes). A :data:`REQUIRED_KEYS`
+    entry unknown on either side (both included) is a mismatch: nothing says the runs
+    share it. ``machine`` unknown on one side only is a mismatch between real runs, and
+    a note between simulated ones (a simulated run's machine is its cost model's, and
+    the built-in model has none); unknown on both sides, it is not compared."""
     out: dict[str, str] = {}
+    notes: list[str] = []
+    simulated = baseline.simulated and current.simulated
     for key in ("profile", "seed", "schema_version", "machine"):
         a, b = baseline.identity.get(key), current.identity.get(key)
-        unknown = key in REQUIRED_KEYS and (a is None) != (b is None)
-        if unknown or (a is not None and b is not None and a != b):
-            out[key] = f"baseline {a!r}, current {b!r}"
+        values = f"baseline {a!r}, current {b!r}"
+        if key in REQUIRED_KEYS and (a is None or b is None):
+            out[key] = f"{values}: {NOT_KNOWN}"
+        elif key == "machine" and (a is None) != (b is None):
+            if simulated:
+                notes.append(
+                    f"machine known on one side only ({values}): simulated runs, whose "
+                    "machine is their cost model's (the built-in model has none)"
+                )
+            else:
+                out[key] = f"{values}: {NOT_KNOWN}"
+        elif a is not None and b is not None and a != b:
+            out[key] = values
+    rows = baseline.kind == current.kind == "requests"  # a summary.json holds no schedule
     for name in sorted(set(baseline.cells) & set(current.cells)):
         left, right = baseline.cells[name], current.cells[name]
         a, b = left.schedule, right.schedule
-        if (a is None) != (b is None) and baseline.kind == current.kind == "requests":
-            out.setdefault("schedule", f"cell {name}: baseline {a}, current {b}")
+        if rows and (a is None or b is None):
+            out.setdefault("schedule", f"cell {name}: baseline {a}, current {b}: {NOT_KNOWN}")
         elif a is not None and b is not None and a != b:
             out.setdefault("schedule", f"cell {name}: baseline {a}, current {b}")
         if left.repeats != right.repeats:
             out.setdefault(
                 "repeats", f"cell {name}: baseline {left.repeats}, current {right.repeats}"
             )
-    return out
+    return out, notes
+
+
+def mismatches(baseline: Side, current: Side) -> dict[str, str]:
+    """Identity key -> what differs (or is not known where it must be), for every
+    :data:`IDENTITY_KEYS` entry that does (:func:`_identity_problems`)."""
+    return _identity_problems(baseline, current)[0]
 
 
 def check_compatible(baseline: Side, current: Side, allowed: set[str]) -> list[str]:
     """Raise :class:`GateInputError` for a mismatch not in ``allowed``; return the
-    allowed ones as notes."""
+    allowed ones, and what is known on one side only where that is no mismatch, as
+    notes."""
     unknown = sorted(allowed - set(IDENTITY_KEYS))
     if unknown:
         raise GateInputError(
             f"--allow-mismatch {unknown[0]}: unknown (known: {', '.join(IDENTITY_KEYS)})"
         )
-    found = mismatches(baseline, current)
+    found, notes = _identity_problems(baseline, current)
     refused = {k: v for k, v in found.items() if k not in allowed}
     if refused:
         key, what = next(iter(refused.items()))
+        if what.endswith(NOT_KNOWN):
+            raise GateInputError(
+                f"the {key} is {NOT_KNOWN} ({what.removesuffix(': ' + NOT_KNOWN)}; the "
+                f"baseline is {baseline.path}): nothing says the runs share one; "
+                f"{_RECORD_IT.get(key, 'record it')}, or pass --allow-mismatch {key}"
+            )
         raise GateInputError(
             f"the baseline {baseline.path} was made from a different {key} ({what}); "
             f"compare runs of one {key}, update the baseline, or pass --allow-mismatch {key}"
         )
-    return [f"allowed mismatch: {k} ({v})" for k, v in found.items()]
+    return [f"allowed mismatch: {k} ({v})" for k, v in found.items()] + notes

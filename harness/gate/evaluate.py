@@ -35,6 +35,22 @@ from harness.report.stats import (
 
 #: Columns two simulated runs must agree on, request by request.
 EXACT_COLUMNS = ("status", "output_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s", "stall_s")
+#: The keys of a summary.json group (``overall``, ``classes.<class>``; dotted below it)
+#: one side may have and the other lack, legitimately, in the exact comparison of two
+#: summary.json: the report's own group keys, which version 1 (a run's) lacks
+#: (harness/report/tables.py, ``group_stats``), and the ones version 1 gained in a
+#: later release, which an older summary.json lacks (docs/records.md). Left out where one
+#: side lacks them; every other key on one side only fails the line, named.
+ONE_SIDED_KEYS = frozenset(
+    {
+        "itl_s",  # version 2: every inter-token gap
+        "stall_time_s",  # version 2: the report's stall attribution
+        "stalls_by_cause",  # version 2
+        "generator_lag_s",  # version 2: sent_at - scheduled_at
+        "slo_met",  # version 1 since a later release
+        "metrics.total_queue_s",  # version 1 since a later release
+    }
+)
 
 
 @dataclass
@@ -366,10 +382,20 @@ def _interval(
 def _exact_results(name: str, baseline: CellData, current: CellData) -> Check:
     """Two simulated cells: the same outcome for every request, or a failing line."""
     if baseline.frame is None or current.frame is None:
-        left, right = _shared(_summary_groups(baseline.summary), _summary_groups(current.summary))
-        same = left == right
-        detail = "summary.json statistics identical" if same else "summary.json statistics differ"
+        left, right, one_sided = _aligned(
+            _summary_groups(baseline.summary), _summary_groups(current.summary)
+        )
         counted = None
+        if one_sided:
+            same = False
+            named = ", ".join(f"{key} (only the {side})" for key, side in one_sided[:5])
+            more = f" and {len(one_sided) - 5} more" if len(one_sided) > 5 else ""
+            detail = f"summary.json keys on one side only: {named}{more}"
+        else:
+            same = left == right
+            detail = (
+                "summary.json statistics identical" if same else "summary.json statistics differ"
+            )
     else:
         a = baseline.frame.select("request_id", *EXACT_COLUMNS).sort(
             "request_id", maintain_order=True
@@ -423,14 +449,31 @@ def _summary_groups(summary: dict | None) -> dict:
     return {"overall": summary.get("overall"), "classes": summary.get("classes")}
 
 
-def _shared(a, b):
-    """``a`` and ``b`` cut to the keys both have, at every level (a version-2 summary
-    carries keys version 1 lacks; they are compared where both have them)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        keys = set(a) & set(b)
-        pairs = {k: _shared(a[k], b[k]) for k in keys}
-        return {k: v[0] for k, v in pairs.items()}, {k: v[1] for k, v in pairs.items()}
-    return a, b
+def _group_key(path: tuple[str, ...]) -> str:
+    """``path`` (from :func:`_summary_groups`'s top) below its group, dotted: what
+    :data:`ONE_SIDED_KEYS` names."""
+    if path[:1] == ("overall",):
+        return ".".join(path[1:])
+    if path[:1] == ("classes",) and len(path) > 2:
+        return ".".join(path[2:])
+    return ""  # a group itself (a class), or the top: never one-sided legitimately
+
+
+def _aligned(a, b, path: tuple[str, ...] = ()) -> tuple:
+    """(``a``, ``b``, one-sided): the two cut to the keys both have, at every level, and
+    (dotted key, "baseline" | "current") for each key only one side has, except those of
+    :data:`ONE_SIDED_KEYS` (a version-2 summary carries keys version 1 lacks)."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return a, b, []
+    left, right, one_sided = {}, {}, []
+    for key in sorted(set(a) | set(b), key=str):
+        here = (*path, str(key))
+        if key in a and key in b:
+            left[key], right[key], below = _aligned(a[key], b[key], here)
+            one_sided += below
+        elif _group_key(here) not in ONE_SIDED_KEYS:
+            one_sided.append((".".join(here), "baseline" if key in a else "current"))
+    return left, right, one_sided
 
 
 def check_usable(side: Side, what: str) -> None:

@@ -206,8 +206,11 @@ def slo_met_expr(columns: list[str], slos: dict[str, dict]) -> pl.Expr:
 
     The SLOs come from per-row columns ``slo_ttft_s``/``slo_tpot_s``/``slo_e2e_s`` when
     the records carry them, else from ``slos`` (class -> {ttft_s, tpot_s, e2e_s}, the
-    profile's). A missing target (null) is no target; a missing measurement (e.g. TPOT
-    of a one-token request) passes that target.
+    profile's). A missing target (null) is no target. A missing measurement fails its
+    target (an ``ok`` stream that ended without a token has no TTFT or E2E: nothing was
+    measured to be within it), except TPOT where it does not exist: a request of one
+    output token or none (``output_tokens`` <= 1; without that column, or with it null,
+    a missing TPOT fails too).
     """
     met = pl.col("status") == "ok"
     for metric in ("ttft_s", "tpot_s", "e2e_s"):
@@ -218,5 +221,9 @@ def slo_met_expr(columns: list[str], slos: dict[str, dict]) -> pl.Expr:
             if not mapping:
                 continue
             limit = pl.col("class").replace_strict(mapping, default=None, return_dtype=pl.Float64)
-        met = met & (limit.is_null() | pl.col(metric).is_null() | (pl.col(metric) <= limit))
+        within = pl.col(metric) <= limit  # null where the metric is missing: not within
+        if metric == "tpot_s" and "output_tokens" in columns:
+            undefined = pl.col(metric).is_null() & (pl.col("output_tokens") <= 1)
+            within = undefined | within
+        met = met & (limit.is_null() | within)
     return met.fill_null(False)

@@ -36,6 +36,10 @@ from harness.run.settings import START_TIMEOUT_S, RunSettings
 from harness.tune.objective import CAPACITY, Context, Evaluation, tails_of
 from harness.tune.slo import meets
 
+#: A served cell's status when it wrote no summary.json (it failed): unknown, neither a
+#: meet nor a miss.
+NO_DATA = "no data"
+
 
 @dataclass
 class Candidate:
@@ -77,8 +81,12 @@ class ConfirmSettings:
 class Confirmed:
     label: str
     predicted: dict
-    #: rate -> {"cell", "meets", "predicted_meets", "tails", "goodput_rps", "status"}
+    #: rate -> {"cell", "meets", "predicted_meets", "tails", "goodput_rps", "status"};
+    #: status "no data" (the cell wrote no summary.json): ``meets`` None, unknown, left
+    #: out of the capacity, its bracket and ``missed``
     measured: dict = field(default_factory=dict)
+    #: The highest rate served that met every SLO (0: every rate with data missed;
+    #: None: not measured, no rate served gave data, or the goodput objective).
     measured_capacity: float | None = None
     #: The lowest rate served above measured_capacity, which missed: the true capacity
     #: lies in [measured_capacity, this) (None: no rate above it was served, or it met).
@@ -119,12 +127,15 @@ def confirm_rates(evaluation: Evaluation, objective: str, margin: float) -> list
 def extension_rate(entry: Confirmed, margin: float) -> float | None:
     """The next rate to serve a capacity candidate at, one step of ``margin`` beyond the
     rates served so far, when they leave its capacity open on one side: above the
-    highest when every rate met, below the lowest when none did; None when bracketed
-    (or nothing can tell: no margin, or a rate already too low to go on)."""
+    highest when every rate with data met, below the lowest when none did (a rate with
+    no data decides nothing); None when bracketed (or nothing can tell: no margin, no
+    rate with data, or a rate already too low to go on)."""
     if margin <= 0 or not entry.measured:
         return None
     rates = sorted(entry.measured)
-    met = [entry.measured[r]["meets"] for r in rates]
+    met = [m for r in rates if (m := entry.measured[r]["meets"]) is not None]
+    if not met:
+        return None
     if all(met):
         higher = float(f"{rates[-1] * (1 + margin):.3g}")
         return higher if higher > rates[-1] else None  # a margin lost to 3-digit rounding
@@ -294,7 +305,8 @@ def _measured(cell_dir: Path, cell: Cell, rate: float, e: Evaluation, ctx: Conte
         summary = json.loads((cell_dir / "summary.json").read_text())
         policy = summary["policies"][cell.name]
     except (OSError, ValueError, KeyError):
-        return {**entry, "status": "no data", "meets": False, "tails": {}, "goodput_rps": None}
+        # unknown, not a miss: _compare and extension_rate leave it out
+        return {**entry, "status": NO_DATA, "meets": None, "tails": {}, "goodput_rps": None}
     entry["meets"] = meets(list(ctx.targets), policy["classes"])
     entry["tails"] = tails_of(ctx.targets, policy["classes"])
     entry["status"] = "ok"
@@ -312,18 +324,27 @@ def _measured(cell_dir: Path, cell: Cell, rate: float, e: Evaluation, ctx: Conte
 
 
 def _compare(entry: Confirmed, objective: str) -> None:
+    """The comparison of ``entry``'s rates with data (``meets`` True or False); a rate
+    with no data is neither a meet nor a miss."""
     rates = sorted(entry.measured)
+    known = [r for r in rates if entry.measured[r]["meets"] is not None]
     entry.missed = [
-        r for r in rates if entry.measured[r]["predicted_meets"] and not entry.measured[r]["meets"]
+        r
+        for r in known
+        if entry.measured[r]["predicted_meets"] and entry.measured[r]["meets"] is False
     ]
     if objective != CAPACITY:
         measured = entry.measured[rates[0]].get("goodput_rps")
         value = entry.predicted["value"]
         entry.off_by = value / measured - 1 if measured else None
         return
-    meeting = [r for r in rates if entry.measured[r]["meets"]]
+    if not known:  # not measured: no capacity, no bracket, no error
+        entry.measured_capacity = entry.measured_capacity_below = entry.off_by = None
+        entry.off_by_range = None
+        return
+    meeting = [r for r in known if entry.measured[r]["meets"]]
     entry.measured_capacity = max(meeting) if meeting else 0.0
-    above = [r for r in rates if r > entry.measured_capacity and not entry.measured[r]["meets"]]
+    above = [r for r in known if r > entry.measured_capacity and not entry.measured[r]["meets"]]
     entry.measured_capacity_below = min(above) if above else None
     capacity = entry.predicted["capacity"]
     entry.off_by = (

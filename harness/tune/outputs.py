@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.profiles.rate_scale import ChosenScale
 from harness.serve.knobs import flag_name, knob_defaults, knob_flags
-from harness.tune.confirm import Confirmed
+from harness.tune.confirm import NO_DATA, Confirmed
 from harness.tune.front import front_axes
 from harness.tune.objective import CAPACITY, Evaluation
 from harness.tune.search import SearchResult
@@ -193,7 +193,7 @@ def confirm_rows(outcome: Outcome) -> list[list[str]]:
                     f"{rate:g}",
                     m["cell"],
                     "yes" if m["predicted_meets"] else "no",
-                    "yes" if m.get("meets") else "no",
+                    _measured_meets(m),
                     *[
                         f"{_num((tails or {}).get(c, {}).get(n))} / "
                         f"{_num(m.get('tails', {}).get(c, {}).get(n))}"
@@ -205,6 +205,17 @@ def confirm_rows(outcome: Outcome) -> list[list[str]]:
                 ]
             )
     return rows
+
+
+def _measured_meets(m: dict) -> str:
+    """yes, no, or "no data" for a cell that wrote no summary.json (neither)."""
+    if m.get("status") == NO_DATA or m.get("meets") is None:
+        return NO_DATA
+    return "yes" if m["meets"] else "no"
+
+
+def _no_data_rates(c: Confirmed) -> list[float]:
+    return [r for r, m in sorted(c.measured.items()) if _measured_meets(m) == NO_DATA]
 
 
 def off_by_text(c: Confirmed) -> str:
@@ -221,14 +232,24 @@ def confirm_lines(outcome: Outcome) -> list[str]:
     simulator was, and a flag for a missed SLO."""
     lines = []
     for c in outcome.confirmed:
+        no_data = _no_data_rates(c)
+        measured = len(no_data) < len(c.measured)
         if outcome.objective == CAPACITY:
-            line = (
-                f"{c.label}: predicted capacity {_num(c.predicted.get('capacity'))}x, "
+            line = f"{c.label}: predicted capacity {_num(c.predicted.get('capacity'))}x, " + (
                 f"measured {_num(c.measured_capacity)}x (the highest rate served that met "
                 "every SLO)"
+                if measured
+                else "not measured (no cell served gave data)"
             )
         else:
             line = f"{c.label}: predicted goodput {_num(c.predicted.get('value'))} req/s"
+            if not measured:
+                line += ", not measured (no cell served gave data)"
+        if no_data and measured:
+            line += (
+                f"; no data at {', '.join(f'{r:g}x' for r in no_data)} (the cell wrote no "
+                "summary.json: neither met nor missed)"
+            )
         if c.off_by is not None:
             line += f"; the simulator was off by {off_by_text(c)}"
         if c.missed:

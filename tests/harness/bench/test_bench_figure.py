@@ -47,6 +47,18 @@ def test_without_a_target_or_a_value_there_is_no_verdict():
         assert figure.verdict == NOT_MEASURED and figure.met is None
 
 
+def test_an_infinite_value_is_not_measured():
+    """An infinite ratio (bench_tune's winner / defaults when the defaults met no rate)
+    measured nothing: it used to be "met" against any higher-is-better target."""
+    for infinite in (math.inf, -math.inf):
+        figure = Figure("f", infinite, "x", 1.0, "higher", 2.0)
+        assert not figure.measured and figure.verdict == NOT_MEASURED
+        assert figure.met is None and figure.aim_met is None
+        assert value_text(figure) == "-"
+        data = figure.to_dict()
+        assert data["value"] is None and data["verdict"] == NOT_MEASURED  # JSON has no inf
+
+
 def test_the_aim_is_judged_on_its_own():
     # bench_report: target <= 30 s, aim <= 10 s; bench_telemetry: >= 0.97, aim >= 0.99
     assert Figure("r", 12.0, "s", 30.0, "lower", 10.0).aim_met is False

@@ -31,3 +31,54 @@ def test_files_written_before_the_range_have_it_derived_from_their_rates():
     assert bracket(c) == (0.0, 2.0 / 1.7 - 1)
     assert span(*bracket(c)) == "+0.0% to +17.6%"
     assert span(0.2, None) == "more than +20.0%" and span(None, -0.1) == "-10.0% or less"
+
+
+def _tune(current: float | None, finalists: dict[str, float | None]) -> dict:
+    def configuration(label: str, measured: float | None) -> dict:
+        return {
+            "label": label,
+            "predicted": {"capacity": 1.0},
+            "measured": {},
+            "measured_capacity": measured,
+            "measured_capacity_below": None,
+            "off_by": None,
+            "off_by_range": None,
+            "missed": [],
+        }
+
+    configurations = [configuration(k, v) for k, v in finalists.items()]
+    configurations.append(configuration("current", current))
+    return {
+        "confirm": {"configurations": configurations},
+        "search": {"trials": 3, "simulations": 9, "elapsed_s": 1.0, "stopped_by": "trials"},
+    }
+
+
+def test_a_finalist_not_measured_is_no_capacity_of_0():
+    """tune's confirm step reads a configuration whose served cells gave no data as not
+    measured (measured_capacity null): the best finalist over the defaults is then not
+    measured either, never 0x."""
+    from types import SimpleNamespace
+
+    from benchmarks.bench_tune import figures
+
+    args = SimpleNamespace(executor="sim", duration_scale=0.1)
+    (gain, *_) = figures(_tune(1.0, {"c1": None, "c2": None}), args, None)
+    assert gain.value is None and gain.verdict == "not measured"
+    (gain, *_) = figures(_tune(1.0, {"c1": None, "c2": 1.5}), args, None)
+    assert gain.value == 1.5 and gain.verdict == "met"
+
+
+def test_a_gain_over_defaults_that_met_no_rate_is_not_measured():
+    """The defaults' measured capacity 0 (they met no rate served): finalists / defaults
+    has no finite value. It used to be inf, a figure "met" against its target; now it is
+    not measured, and its note says why."""
+    from types import SimpleNamespace
+
+    from benchmarks.bench_tune import figures, ratio
+
+    assert ratio(1.5, 0.0) is None and ratio(0.0, 0.0) is None and ratio(1.5, 1.0) == 1.5
+    args = SimpleNamespace(executor="sim", duration_scale=0.1)
+    (gain, *_) = figures(_tune(0.0, {"c1": 1.5}), args, None)
+    assert gain.value is None and gain.verdict == "not measured"
+    assert "the defaults met no rate served" in gain.note

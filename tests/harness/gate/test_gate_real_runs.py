@@ -202,6 +202,89 @@ def test_allow_mismatch_compares_deliberately(tmp_path):
     assert gate(tmp_path, base, cur, "--allow-mismatch", "colour").exit_code == 2
 
 
+def _with_machine(run, key: str):
+    """``run`` as recorded on the machine whose fingerprint key is ``key``."""
+    info = json.loads((run / "run.json").read_text())
+    info["machine"] = {"machine_key": key}
+    (run / "run.json").write_text(json.dumps(info))
+    return run
+
+
+@pytest.mark.parametrize("key", ["seed", "profile"])
+def test_a_required_key_unknown_on_both_sides_is_a_mismatch(tmp_path, key):
+    """docs/gate.md: profile, seed and schedule must be known on both sides. Two runs
+    that both say nothing of their seed (or profile) used to be accepted as one."""
+    unknown = {key: None}
+    base = write_run(tmp_path / "a", {"fcfs": requests_frame(1)}, **unknown)
+    cur = write_run(tmp_path / "b", {"fcfs": requests_frame(2)}, **unknown)
+    with pytest.raises(GateInputError, match=f"{key} is not known on both sides"):
+        run_gate(base, cur, parse_config(TTFT_P95))
+    known = write_run(tmp_path / "c", {"fcfs": requests_frame(2)})  # seed 1, profile mixed
+    with pytest.raises(GateInputError, match=f"{key} is not known on both sides"):
+        run_gate(base, known, parse_config(TTFT_P95))
+    allowed = gate(tmp_path, base, cur, "--allow-mismatch", key)
+    assert allowed.exit_code == 0, allowed.output
+    assert f"allowed mismatch: {key} (baseline None, current None" in allowed.output
+
+
+def test_a_schedule_unknown_on_both_sides_is_a_mismatch(tmp_path):
+    """Two baseline files whose cells record no schedule digest: nothing says they are
+    one schedule (a summary.json holds none at all, and is not asked for one)."""
+    base_run = write_run(tmp_path / "a", {"fcfs": requests_frame(1)})
+    baseline = tmp_path / "baseline.json"
+    made = runner.invoke(
+        app, ["baseline", "update", "--from", str(base_run), "--out", str(baseline)]
+    )
+    assert made.exit_code == 0, made.output
+    body = json.loads(baseline.read_text())
+    body["cells"]["fcfs"]["schedule"] = None
+    baseline.write_text(json.dumps(body))
+    with pytest.raises(GateInputError, match="schedule is not known on both sides"):
+        run_gate(baseline, baseline, parse_config(TTFT_P95))
+    allowed = run_gate(baseline, baseline, parse_config(TTFT_P95), {"schedule"})
+    assert allowed.exit_code == 0
+    assert any(n.startswith("allowed mismatch: schedule (cell fcfs") for n in allowed.notes)
+
+
+def test_a_real_run_s_machine_unknown_on_one_side_is_a_mismatch(tmp_path):
+    """A baseline file whose identity.machine is null, against a run recorded on a
+    machine: nothing says they ran on one machine. It used to raise no mismatch."""
+    base_run = write_run(tmp_path / "a", {"fcfs": requests_frame(1)})
+    baseline = tmp_path / "baseline.json"
+    made = runner.invoke(
+        app, ["baseline", "update", "--from", str(base_run), "--out", str(baseline)]
+    )
+    assert made.exit_code == 0 and json.loads(baseline.read_text())["identity"]["machine"] is None
+    cur = _with_machine(write_run(tmp_path / "b", {"fcfs": requests_frame(2)}), "epyc-1")
+    with pytest.raises(GateInputError, match="machine is not known on both sides"):
+        run_gate(baseline, cur, parse_config(TTFT_P95))
+    with pytest.raises(GateInputError, match="machine is not known on both sides"):
+        run_gate(cur, baseline, parse_config(TTFT_P95))
+    allowed = gate(tmp_path, baseline, cur, "--allow-mismatch", "machine")
+    assert allowed.exit_code == 0, allowed.output
+    assert "allowed mismatch: machine (baseline None, current 'epyc-1'" in allowed.output
+    # unknown on both sides: nothing to compare, as before
+    assert run_gate(baseline, base_run, parse_config(TTFT_P95)).exit_code == 0
+
+
+def test_a_simulated_run_s_machine_unknown_on_one_side_is_a_note(tmp_path):
+    """A simulated run's machine is the one its cost model was fitted on; the built-in
+    model has none. Known on one side only, the gate says so and compares."""
+    frame = requests_frame(1)
+    base = write_run(tmp_path / "a", {"fcfs": frame}, mode="simulate", durations={"fcfs": 60.0})
+    cur = write_run(tmp_path / "b", {"fcfs": frame}, mode="simulate", durations={"fcfs": 60.0})
+    summary = json.loads((cur / "summary.json").read_text())
+    summary["cost_model"] = {"fingerprint": {"machine_key": "epyc-1"}}
+    (cur / "summary.json").write_text(json.dumps(summary))
+    result = run_gate(base, cur, parse_config(TTFT_P95))
+    assert result.exit_code == 0
+    assert result.current.identity["machine"] == "epyc-1"
+    assert any(
+        n.startswith("machine known on one side only (baseline None, current 'epyc-1')")
+        for n in result.notes
+    ), result.notes
+
+
 def test_summary_json_cannot_carry_a_relative_rule_between_real_runs(tmp_path):
     base = write_run(tmp_path / "a", {"fcfs": requests_frame(1)})
     summary = tmp_path / "summary.json"

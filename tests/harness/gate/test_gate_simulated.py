@@ -88,6 +88,54 @@ def test_simulated_summary_json_sides_compare_deterministically(runs):
         run_gate(runs["a"] / "summary.json", runs["b"] / "summary.json", odd)
 
 
+def _edited_summary(run: Path, out: Path, edit) -> Path:
+    """``run``'s summary.json with ``edit`` applied to each policy, written to ``out``."""
+    body = json.loads((run / "summary.json").read_text())
+    for policy in body["policies"].values():
+        edit(policy)
+    out.write_text(json.dumps(body))
+    return out
+
+
+def test_a_summary_json_key_on_one_side_only_fails_the_exact_check(runs, tmp_path):
+    """The exact comparison of two summary.json used to cut both to the keys they share:
+    a current run that lost a class, or a group that lost its metrics, read "summary.json
+    statistics identical" under class-"all" rules. Now only keys known to differ
+    legitimately are left out; any other key on one side only fails, named."""
+    config = parse_config({"rule": [{"metric": "error_rate", "max": 0.5}]})
+    baseline = runs["a"] / "summary.json"
+    one_class = _edited_summary(
+        runs["b"], tmp_path / "one_class.json", lambda p: p["classes"].pop("long_generation")
+    )
+    result = run_gate(baseline, one_class, config)
+    assert result.exit_code == 1
+    exact = [c for c in result.checks if c.kind == "exact"]
+    assert exact and not any(c.passed for c in exact)
+    assert all("classes.long_generation (only the baseline)" in c.message for c in exact)
+    no_metrics = _edited_summary(
+        runs["b"], tmp_path / "no_metrics.json", lambda p: p["overall"].pop("metrics")
+    )
+    exact = [c for c in run_gate(baseline, no_metrics, config).checks if c.kind == "exact"]
+    assert exact and all(not c.passed and "overall.metrics (only the baseline)" in c.message
+                         for c in exact)  # fmt: skip
+    # the other way round too
+    exact = [c for c in run_gate(no_metrics, baseline, config).checks if c.kind == "exact"]
+    assert all(not c.passed and "overall.metrics (only the current)" in c.message for c in exact)
+
+
+def test_a_report_s_summary_json_compares_exactly_with_a_run_s(runs, tmp_path):
+    """Version 2 (the report's) carries group keys version 1 lacks (ONE_SIDED_KEYS): left
+    out, the rest compared; the same simulation passes."""
+    report = runner.invoke(app, ["report", str(runs["b"]), "--out", str(tmp_path / "r")])
+    assert report.exit_code == 0, report.output
+    config = parse_config({"rule": [{"metric": "error_rate", "max": 0.5}]})
+    result = run_gate(runs["a"] / "summary.json", tmp_path / "r" / "summary.json", config)
+    assert result.exit_code == 0, [c.message for c in result.checks]
+    exact = [c for c in result.checks if c.kind == "exact"]
+    assert {c.cell for c in exact} == {"fcfs", "sjf"}
+    assert all(c.message == "summary.json statistics identical" for c in exact)
+
+
 def test_the_simulated_gate_of_ci_passes_on_this_tree(tmp_path):
     """ci/gate-simulated.sh against ci/baselines/simulated.json: if this fails, a change
     moved scheduling results; rerun `bash ci/gate-simulated.sh --update` in that change."""

@@ -184,3 +184,134 @@ def test_the_confirm_step_serves_further_rounds_until_each_capacity_is_bracketed
     none = ConfirmSettings(executor="sim", margin=0.12, extend=0)
     results, _ = confirm(cands, ctx, "mixed", 0.1, none, tmp_path / "confirm0", _Quiet())
     assert sorted(results[1].measured) == [1.0, 1.14, 1.28]
+
+
+# -- a cell with no data (no summary.json: the cell failed) is unknown, never a miss -------
+
+NO_DATA = None  # in _confirmed's rates: a cell that left no summary.json
+
+
+def _with_no_data(capacity: float, measured: dict[float, bool | None]) -> Confirmed:
+    c = Confirmed("c1", {"capacity": capacity, "value": capacity})
+    c.measured = {
+        r: {"meets": m, "predicted_meets": r <= capacity, "status": "ok"}
+        if m is not None
+        else {"meets": None, "predicted_meets": r <= capacity, "status": "no data"}
+        for r, m in measured.items()
+    }
+    _compare(c, "capacity")
+    return c
+
+
+def test_a_cell_with_no_data_is_neither_a_meet_nor_a_miss():
+    """Met at 1.7; 2.0 and 2.3 left no data. It used to read as two misses: capacity in
+    [1.7, 2.0), "off by +0% to +18%", 2.0 flagged MISSED, no extension round."""
+    from harness.tune.confirm import extension_rate
+
+    c = _with_no_data(2.0, {1.7: True, 2.0: NO_DATA, 2.3: NO_DATA})
+    assert c.measured_capacity == 1.7 and c.missed == []
+    assert c.measured_capacity_below is None  # nothing above 1.7 was seen to miss
+    assert c.off_by_range == (None, 2.0 / 1.7 - 1)
+    assert extension_rate(c, 0.15) == 2.64  # open above: 2.3 x 1.15, 3 digits, is served
+    # a miss measured above a no-data cell still closes the bracket
+    closed = _with_no_data(2.0, {1.7: True, 2.0: NO_DATA, 2.3: False})
+    assert closed.measured_capacity_below == 2.3 and extension_rate(closed, 0.15) is None
+    # below: every known rate missed, so the capacity is open below
+    low = _with_no_data(2.0, {1.7: NO_DATA, 2.0: False, 2.3: False})
+    assert low.measured_capacity == 0.0 and low.measured_capacity_below == 2.0
+    assert low.missed == [2.0] and extension_rate(low, 0.15) == 1.44
+
+
+def test_a_configuration_with_no_data_at_all_is_not_measured():
+    from harness.tune.confirm import extension_rate
+
+    c = _with_no_data(2.0, {1.7: NO_DATA, 2.0: NO_DATA, 2.3: NO_DATA})
+    assert c.measured_capacity is None and c.measured_capacity_below is None
+    assert c.off_by is None and c.off_by_range is None and c.missed == []
+    assert extension_rate(c, 0.15) is None  # nothing to step from
+    assert c.to_dict()["measured_capacity"] is None and not c.to_dict()["flagged"]
+
+
+def test_the_table_and_the_sentences_say_no_data():
+    from types import SimpleNamespace
+
+    from harness.tune.outputs import confirm_lines, confirm_rows
+    from harness.tune.slo import Target
+
+    partial = _with_no_data(2.0, {1.7: True, 2.0: NO_DATA})
+    none = _with_no_data(2.0, {1.7: NO_DATA, 2.0: NO_DATA})
+    none.label = "current"
+    for c in (partial, none):
+        for rate, m in c.measured.items():
+            m.update(cell=f"fcfs-{c.label}-x{rate:g}", tails={}, goodput_rps=None)
+    outcome = SimpleNamespace(
+        objective="capacity",
+        targets=[Target("short_chat", "ttft", "p95", 0.5)],
+        confirmed=[partial, none],
+    )
+    rows = confirm_rows(outcome)
+    measured_meets = [(row[0], row[1], row[4], row[-1]) for row in rows]
+    assert measured_meets == [
+        ("c1", "1.7", "yes", ""),
+        ("c1", "2", "no data", ""),
+        ("current", "1.7", "no data", ""),
+        ("current", "2", "no data", ""),
+    ]
+    first, second = confirm_lines(outcome)
+    assert "measured 1.7x" in first and "no data at 2x" in first
+    assert "not measured" in second and "off by" not in second
+
+
+def test_the_confirm_step_reads_a_cell_without_summary_json_as_no_data(tmp_path, monkeypatch):
+    """The served run's cells that wrote no summary.json (failed): c1's 2.24x, and every
+    cell of the current configuration. c1 met at 1.76 and 2.0, so its capacity is still
+    open above and a round serves 2.51x (missed): in [2.0, 2.51). It used to read 2.24x
+    as a miss, bracket [2.0, 2.24) and serve no more; the current configuration's
+    measured capacity read 0, now None (not measured)."""
+    import json
+
+    import harness.run
+    from engine.core.cost_model import CostModel
+    from harness.profiles import resolve_profile
+    from harness.serve.knobs import knob_defaults
+    from harness.tune.confirm import Candidate, ConfirmSettings, confirm
+    from harness.tune.objective import Context
+    from harness.tune.slo import Target
+
+    served: list[tuple[str, float]] = []
+
+    def stand_in_run(options, console):
+        for cell in options.plan.cells:
+            served.append((cell.knob_set, cell.rate_scale))
+            (options.out / cell.name).mkdir(parents=True)
+            if cell.knob_set == "current" or cell.rate_scale == 2.24:
+                continue  # the cell failed: no summary.json
+            ttft = 0.4 if cell.rate_scale <= 2.0 else 0.9
+            classes = {
+                "short_chat": {
+                    "requests": 3,
+                    "counts": {"ok": 3},
+                    "metrics": {"ttft_s": {"p95": ttft}},
+                }
+            }
+            summary = {"policies": {cell.name: {"classes": classes, "overall": {}}}}
+            (options.out / cell.name / "summary.json").write_text(json.dumps(summary))
+        return 0, None, options.out
+
+    monkeypatch.setattr(harness.run, "run_matrix", stand_in_run)
+    ctx = Context(
+        resolve_profile("mixed"), None, (Target("short_chat", "ttft", "p95", 0.5),), CostModel()
+    )
+    cands = [
+        Candidate("c1", Evaluation(knobs=knob_defaults(), value=2.0, capacity=2.0)),
+        Candidate("current", Evaluation(knobs=knob_defaults(), value=1.14, capacity=1.14)),
+    ]
+    settings = ConfirmSettings(executor="sim", margin=0.12)
+    (c1, current), _ = confirm(cands, ctx, "mixed", 0.1, settings, tmp_path / "c", _Quiet())
+    assert c1.measured[2.24]["status"] == "no data" and c1.measured[2.24]["meets"] is None
+    assert sorted(c1.measured) == [1.76, 2.0, 2.24, 2.51]
+    assert c1.measured_capacity == 2.0 and c1.measured_capacity_below == 2.51
+    assert c1.missed == []
+    assert [r for label, r in served if label == "current"] == [1.0, 1.14, 1.28]
+    assert current.measured_capacity is None and current.off_by is None
+    assert not current.missed  # 1.0x was promised to meet: no data is not a miss
