@@ -265,6 +265,10 @@ def run(
         scaled = resolve_profile(plan.profile).with_duration_scale(plan.duration_scale)
     except ProfileError as exc:
         raise typer.BadParameter(str(exc), param_hint="--profile") from None
+    if plan.seed is None:
+        # the seed the schedule uses, recorded as such: a run without --seed is the
+        # profile's own schedule, and run.json, summary.json and the gate say which
+        plan.seed = scaled.seed
     from harness.run.loadgen import distribution_args, worker_line
 
     try:
