@@ -319,9 +319,11 @@ def _has_speed_band(report: Report) -> bool:
 
 
 SIMULATOR_RULE = (
-    "Ranking: lowest first, ≈ a tie; it matches when no pair of policies is ordered one way served "
-    "and the other way simulated; two values within {tol:.0%} of each other are a tie and "
-    "agree with any order. err = (simulated - served) / served."
+    "Ranking: lowest first, ≈ a tie (two values within {tol:.0%} of each other); a pair of "
+    "policies is compared when both sides order it. The ranking matches when at least one pair "
+    "is compared and none is reversed (ordered one way served and the other way simulated), "
+    "differs when one is, and is undetermined when no pair is compared. "
+    "err = (simulated - served) / served."
 )
 
 

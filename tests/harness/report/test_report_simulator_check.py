@@ -160,7 +160,7 @@ def test_report_section_rendered_only_with_the_simulated_counterpart(tmp_path):
     assert "/store/cost-model-abc.json (fitted 2026-01-01T00:00:00)" in md
     assert "out of sample" in md
     # simulated TTFT is the served one x 1.5 everywhere: +50%, and the same ranking
-    assert "+50%" in md and "ranking matches" in md and "differs" not in md
+    assert "+50%" in md and "ranking matches" in md and "ranking differs" not in md
     assert 'id="simulator-check"' in paths["html"].read_text()
     summary = json.loads(paths["summary"].read_text())
     check = summary["simulator_check"]
@@ -271,3 +271,20 @@ def test_report_says_undetermined_when_the_simulated_side_ties_every_pair(tmp_pa
     ttft_lines = [line for line in md.splitlines() if "by TTFT p95" in line]
     assert len(ttft_lines) == 3  # all, long, short
     assert not [line for line in ttft_lines if "ranking matches" in line]
+
+
+def test_the_printed_rule_is_the_rule_the_check_applies(tmp_path):
+    """The section's rule text used to say a pair 'matches' when no pair is reversed and
+    that a tie 'agrees with any order': the rule before undetermined rankings. It now
+    says what :func:`ranking` does (the module docstring's rule)."""
+    from harness.report.render import SIMULATOR_RULE
+
+    rule = SIMULATOR_RULE.format(tol=TIE_TOLERANCE)
+    assert "agree with any order" not in rule
+    assert "compared when both sides order it" in rule
+    assert "matches when at least one pair is compared and none is reversed" in rule
+    assert "undetermined when no pair is compared" in rule
+    paths = generate_report(
+        [_run_dir(tmp_path / "run", True)], tmp_path / "out", ReportOptions(figures=False)
+    )
+    assert rule in paths["markdown"].read_text()
