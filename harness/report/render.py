@@ -224,7 +224,7 @@ def simulator_lines(report: Report) -> list[str]:
             for cls, by in classes.items():
                 for key, r in by.items():
                     if r["matches"] is None:
-                        if len(r["served_order"]) < 2:
+                        if len(r["served_order"]) + len(r.get("missing", [])) < 2:
                             continue  # one policy: there is no ranking to check
                         verdict = f"ranking undetermined: {r['undetermined']}"
                     elif r["matches"]:
@@ -236,6 +236,10 @@ def simulator_lines(report: Report) -> list[str]:
                             + ")"
                         )
                     metric = key.replace("ttft_s_", "TTFT ").replace("e2e_s_", "E2E ")
+                    said = r["undetermined"] or ""
+                    absent = [p for p in r.get("missing", []) if f"{p} has no " not in said]
+                    if absent:
+                        verdict += f" (left out, no value on either side: {', '.join(absent)})"
                     lines.append(
                         f"{prefix} '{cls}' by {metric}: served {r['served']}, "
                         f"simulated {r['simulated']}: {verdict}"
@@ -322,7 +326,8 @@ SIMULATOR_RULE = (
     "Ranking: lowest first, ≈ a tie (two values within {tol:.0%} of each other); a pair of "
     "policies is compared when both sides order it. The ranking matches when at least one pair "
     "is compared and none is reversed (ordered one way served and the other way simulated), "
-    "differs when one is, and is undetermined when no pair is compared. "
+    "differs when one is, and is undetermined when no pair is compared or a policy has a "
+    "value on one side only. "
     "err = (simulated - served) / served."
 )
 
