@@ -7,7 +7,8 @@ shortest class; lower wins), ``tail_e2e`` (p99 E2E over every finished request; 
 beside it). Noise: a paired block bootstrap of the difference winner − runner-up
 (``stats.paired_block_bootstrap``: 40 arrival-time windows resampled together for both
 policies, 200 resamples, seed 20260101); the difference is "beyond noise" when its 95%
-CI excludes 0.
+CI excludes 0. Fewer than ``stats.MIN_SHARED_BLOCKS`` windows holding requests of both
+policies give no interval: "too few requests to tell".
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from harness.report.stats import (
+    MIN_SHARED_BLOCKS,
     clean,
     jain_index,
     paired_block_bootstrap,
@@ -108,7 +110,14 @@ def verdicts(
         (best_v, best), (next_v, runner) = scored[0], scored[1]
         va, ba, stat = prepared[best]
         vb, bb, _ = prepared[runner]
-        ci = paired_block_bootstrap((va, ba), (vb, bb), stat, resamples=resamples, seed=seed)
+        ci = paired_block_bootstrap(
+            (va, ba),
+            (vb, bb),
+            stat,
+            resamples=resamples,
+            seed=seed,
+            min_shared_blocks=MIN_SHARED_BLOCKS,
+        )
         margin = best_v - next_v
         beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
         entry = {
@@ -221,6 +230,7 @@ def against_fcfs(
                 stat,
                 resamples=resamples,
                 seed=seed,
+                min_shared_blocks=MIN_SHARED_BLOCKS,
             )
             beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
             verb = "lowers" if sa < sb else "raises"
@@ -241,7 +251,12 @@ def against_fcfs(
                         f"{name.upper()} {verb} {label} of '{cls}' against "
                         f"{baseline.upper()}: "
                         f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{rel}, "
-                        + ("beyond run-to-run noise." if beyond else "within run-to-run noise.")
+                        + (
+                            "beyond run-to-run noise."
+                            if beyond
+                            else "within run-to-run noise"
+                            + ("." if ci else " (too few requests to tell).")
+                        )
                     ),
                 }
             )

@@ -1,0 +1,87 @@
+"""The verdicts' checks can fail: an interval needs enough arrival windows holding rows of
+both policies, equal values are a tie with no winner, goodput without SLOs says it is a
+rate of finished requests, a generator-limited cell is said, and verdicts over different
+requests say so (docs/report.md, "Verdicts")."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from harness.report import tables
+from harness.report.stats import MIN_SHARED_BLOCKS, paired_block_bootstrap, time_blocks
+from harness.report.verdict import against_fcfs, verdicts
+
+
+def _frame(
+    e2e: list[float], offsets: list[float] | None = None, classes=None, status=None
+) -> pl.DataFrame:
+    n = len(e2e)
+    offsets = offsets if offsets is not None else [float(i) for i in range(n)]
+    return tables.load_requests(
+        pl.LazyFrame(
+            {
+                "request_id": [f"r{i}" for i in range(n)],
+                "class": classes or ["short" if i % 2 else "long" for i in range(n)],
+                "status": status or ["ok"] * n,
+                "prompt_tokens": [10] * n,
+                "output_tokens": [11] * n,
+                "max_tokens": [20] * n,
+                "schedule_offset_s": offsets,
+                "scheduled_at": [1.7e9 + o for o in offsets],
+                "ttft_s": [e / 10 for e in e2e],
+                "tpot_s": [0.01] * n,
+                "e2e_s": e2e,
+                "queue_s": [e / 20 for e in e2e],
+            }
+        ),
+        {},
+    )
+
+
+def _cell(frame: pl.DataFrame, duration_s: float = 100.0) -> dict:
+    return {"frame": frame, "duration_s": duration_s}
+
+
+def test_one_window_or_one_request_per_side_is_too_few_to_tell():
+    """One ok request per side, or every row in one arrival window: each resample drew
+    the same rows, the interval was (d, d) and the verdict 'beyond run-to-run noise'."""
+    one = np.array([1.0]), np.array([2.0])
+    blocks = time_blocks(np.array([0.0]), 0.0, 1.0)
+    assert paired_block_bootstrap((one[0], blocks), (one[1], blocks), np.mean) is not None
+    assert (
+        paired_block_bootstrap(
+            (one[0], blocks), (one[1], blocks), np.mean, min_shared_blocks=MIN_SHARED_BLOCKS
+        )
+        is None
+    )
+    # one request each
+    policies = {"fcfs": _cell(_frame([1.0])), "sjf": _cell(_frame([2.0]))}
+    tail = verdicts(policies, None)["tail_e2e"]
+    assert tail["ci95_of_difference"] is None and not tail["beyond_noise"]
+    assert "too few requests to tell" in tail["sentence"]
+    assert "beyond run-to-run noise" not in tail["sentence"]
+    # 100 requests a side, all but one (an error at the end) in the first window
+    offsets = [i * 0.001 for i in range(99)] + [100.0]
+    status = ["ok"] * 99 + ["error"]
+    rng = np.random.default_rng(3)
+    fcfs = _frame(list(1.0 + rng.uniform(0, 0.1, 100)), offsets, status=status)
+    sjf = _frame(list(2.0 + rng.uniform(0, 0.1, 100)), offsets, status=status)
+    policies = {"fcfs": _cell(fcfs), "sjf": _cell(sjf)}
+    for entry in verdicts(policies, "short").values():
+        if entry["title"].startswith("best tail") or "TTFT" in entry["title"]:
+            assert entry["ci95_of_difference"] is None, entry
+            assert "beyond run-to-run noise" not in entry["sentence"], entry["sentence"]
+    for entry in against_fcfs(policies, "short", "long"):
+        assert entry["ci95_of_difference"] is None and not entry["beyond_noise"], entry
+        assert "too few requests to tell" in entry["sentence"], entry["sentence"]
+
+
+def test_enough_shared_windows_still_tell_a_real_difference():
+    n = 400
+    offsets = list(np.linspace(0, 100, n))
+    rng = np.random.default_rng(4)
+    fcfs = _frame(list(1.0 + rng.uniform(0, 0.1, n)), offsets)
+    sjf = _frame(list(2.0 + rng.uniform(0, 0.1, n)), offsets)
+    tail = verdicts({"fcfs": _cell(fcfs), "sjf": _cell(sjf)}, None)["tail_e2e"]
+    assert tail["beyond_noise"] and "beyond run-to-run noise" in tail["sentence"]
