@@ -25,6 +25,11 @@ from harness.report.stats import (
     time_blocks,
 )
 
+#: Two values this close (relative to the larger) are equal: a tie, which names no
+#: winner. Not a noise test (that is the bootstrap's): only equal numbers, up to float
+#: rounding.
+TIE_RELATIVE = 1e-9
+
 OBJECTIVES = {
     # name: (title, lower_is_better, unit)
     "short_ttft": ("best short-class TTFT (mean)", True, "s"),
@@ -54,6 +59,16 @@ def _span(policies: dict[str, dict]) -> tuple[float, float]:
         [arrival_offsets(p["frame"].drop_nulls("scheduled_at")) for p in policies.values()]
     )
     return (float(offsets.min()), float(offsets.max())) if offsets.size else (0.0, 1.0)
+
+
+def equal(a: float, b: float) -> bool:
+    """Whether ``a`` and ``b`` are the same value (within :data:`TIE_RELATIVE`)."""
+    return a == b or abs(a - b) <= TIE_RELATIVE * max(abs(a), abs(b))
+
+
+def _names(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
 
 
 def _series(frame: pl.DataFrame, objective: str, short_class: str | None, duration: float):
@@ -119,11 +134,17 @@ def verdicts(
             min_shared_blocks=MIN_SHARED_BLOCKS,
         )
         margin = best_v - next_v
-        beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
+        # Equal values: a tie, no winner (and nothing beyond noise to claim).
+        level = {n for v, n in scored if equal(v, best_v)}
+        tied = [n for n in policies if n in level]  # in the run's order
+        tie = len(tied) >= 2
+        beyond = not tie and ci is not None and (ci[0] > 0 or ci[1] < 0)
         entry = {
             "title": title,
-            "winner": best,
-            "runner_up": runner,
+            "winner": None if tie else best,
+            "runner_up": None if tie else runner,
+            "tie": tie,
+            "tied": tied if tie else [],
             "unit": unit,
             "value": clean(best_v),
             "runner_up_value": clean(next_v),
@@ -157,6 +178,8 @@ def _sentence(objective: str, e: dict, short_class: str | None) -> str:
         "goodput": "goodput",
         "fairness": "Jain's index",
     }[objective]
+    if e.get("tie"):
+        return f"{_names(e['tied'])} tie on {what}: {_fmt(e['value'], e['unit'])} each."
     rel = f" ({abs(e['relative_margin']):.0%})" if e.get("relative_margin") is not None else ""
     noise = (
         "beyond run-to-run noise (95% CI of the difference "
@@ -232,9 +255,17 @@ def against_fcfs(
                 seed=seed,
                 min_shared_blocks=MIN_SHARED_BLOCKS,
             )
-            beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
-            verb = "lowers" if sa < sb else "raises"
+            tie = equal(sa, sb)
+            beyond = not tie and ci is not None and (ci[0] > 0 or ci[1] < 0)
+            verb = "leaves" if tie else "lowers" if sa < sb else "raises"
             rel = f" ({abs(sa - sb) / sb:.0%})" if sb else ""
+            noise = (
+                ""
+                if tie
+                else ", beyond run-to-run noise"
+                if beyond
+                else ", within run-to-run noise" + ("" if ci else " (too few requests to tell)")
+            )
             out.append(
                 {
                     "policy": name,
@@ -245,18 +276,14 @@ def against_fcfs(
                     "difference": clean(sa - sb),
                     "ci95_of_difference": [clean(ci[0]), clean(ci[1])] if ci else None,
                     "beyond_noise": beyond,
-                    "lower_than_fcfs": sa < sb,
+                    "lower_than_fcfs": not tie and sa < sb,
+                    "tie": tie,
                     "baseline": baseline,
                     "sentence": (
-                        f"{name.upper()} {verb} {label} of '{cls}' against "
-                        f"{baseline.upper()}: "
-                        f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{rel}, "
-                        + (
-                            "beyond run-to-run noise."
-                            if beyond
-                            else "within run-to-run noise"
-                            + ("." if ci else " (too few requests to tell).")
-                        )
+                        f"{name.upper()} {verb} {label} of '{cls}' "
+                        + ("unchanged " if tie else "")
+                        + f"against {baseline.upper()}: "
+                        f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{'' if tie else rel}{noise}."
                     ),
                 }
             )

@@ -85,3 +85,42 @@ def test_enough_shared_windows_still_tell_a_real_difference():
     sjf = _frame(list(2.0 + rng.uniform(0, 0.1, n)), offsets)
     tail = verdicts({"fcfs": _cell(fcfs), "sjf": _cell(sjf)}, None)["tail_e2e"]
     assert tail["beyond_noise"] and "beyond run-to-run noise" in tail["sentence"]
+
+
+def test_equal_values_are_a_tie_that_names_no_winner():
+    """Goodput 0.000 for both policies printed 'fcfs has the best goodput: 0.000 req/s
+    against sjf's 0.000 req/s'; equal values against FCFS printed 'raises'."""
+    n = 40
+    failed = ["error"] * n
+    offsets = list(np.linspace(0, 100, n))
+    same = [1.0 + (i % 7) / 10 for i in range(n)]
+    policies = {
+        "fcfs": _cell(_frame(same, offsets, status=failed)),
+        "sjf": _cell(_frame(same, offsets, status=failed)),
+    }
+    goodput = verdicts(policies, None)["goodput"]
+    assert goodput["tie"] and goodput["tied"] == ["fcfs", "sjf"], goodput
+    assert goodput["winner"] is None and not goodput["beyond_noise"]
+    assert goodput["sentence"].startswith("fcfs and sjf tie on goodput: 0.000 req/s each")
+    assert "has the best" not in goodput["sentence"]
+    # equal to FCFS: unchanged, neither lowered nor raised
+    policies = {"fcfs": _cell(_frame(same, offsets)), "sjf": _cell(_frame(same, offsets))}
+    tail = verdicts(policies, "short")["tail_e2e"]
+    assert tail["sentence"].startswith("fcfs and sjf tie on p99 E2E: ")
+    for entry in against_fcfs(policies, "short", "long"):
+        assert entry["tie"] and not entry["lower_than_fcfs"] and not entry["beyond_noise"]
+        assert entry["sentence"].startswith("SJF leaves "), entry["sentence"]
+        assert "unchanged against FCFS" in entry["sentence"]
+        assert "raises" not in entry["sentence"] and "lowers" not in entry["sentence"]
+    # a difference in the 9th significant digit is a tie; a real one is not
+    close = {
+        "fcfs": _cell(_frame(same, offsets)),
+        "sjf": _cell(_frame([v * (1 + 1e-12) for v in same], offsets)),
+    }
+    assert verdicts(close, None)["tail_e2e"]["tie"]
+    apart = {
+        "fcfs": _cell(_frame(same, offsets)),
+        "sjf": _cell(_frame([v * 1.01 for v in same], offsets)),
+    }
+    assert not verdicts(apart, None)["tail_e2e"]["tie"]
+    assert verdicts(apart, None)["tail_e2e"]["winner"] == "fcfs"
