@@ -110,6 +110,17 @@ def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
     return {}, "none found (goodput counts finished requests only; pass --profile)"
 
 
+def slos_known(slos: dict, frames: list[pl.DataFrame]) -> bool:
+    """Whether any SLO applies to the rows' ``slo_met``: a target of the profile, or a
+    per-row ``slo_*`` value (:func:`harness.records.request_stats.slo_met_expr`). Without
+    one, ``slo_met`` is ``status == ok`` and goodput is the rate of finished requests."""
+    if any(v is not None for s in slos.values() for v in s.values()):
+        return True
+    return any(
+        c in f.columns and f[c].null_count() < f.height for f in frames for c in tables.SLO_COLUMNS
+    )
+
+
 def build_report(run_dirs: Sequence[Path | str], options: ReportOptions | None = None) -> Report:
     """The report of ``run_dirs``. Cells that cannot be used are left out and listed in
     ``broken``; :class:`ReportInputError` when no cell of any run can be used."""
@@ -218,8 +229,9 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
             }
             for n in names
         }
+        known = slos_known(slos, [policies[n].frame for n in names])
         for objective, entry in verdict.verdicts(
-            inputs, short_class, options.resamples, options.seed
+            inputs, short_class, options.resamples, options.seed, slos_known=known
         ).items():
             if len(groups) > 1:
                 entry = {

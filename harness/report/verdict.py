@@ -30,6 +30,9 @@ from harness.report.stats import (
 #: rounding.
 TIE_RELATIVE = 1e-9
 
+#: What a goodput verdict says when no SLO applied (``slo_met`` is ``status == ok``).
+NO_SLOS = "(no SLOs known: goodput here is finished requests per second)"
+
 OBJECTIVES = {
     # name: (title, lower_is_better, unit)
     "short_ttft": ("best short-class TTFT (mean)", True, "s"),
@@ -101,9 +104,15 @@ def _series(frame: pl.DataFrame, objective: str, short_class: str | None, durati
 
 
 def verdicts(
-    policies: dict[str, dict], short_class: str | None, resamples: int = 200, seed: int = 20260101
+    policies: dict[str, dict],
+    short_class: str | None,
+    resamples: int = 200,
+    seed: int = 20260101,
+    slos_known: bool = True,
 ) -> dict:
-    """``policies``: name -> {"frame": requests, "duration_s": float, "starvation": {...}}."""
+    """``policies``: name -> {"frame": requests, "duration_s": float, "starvation": {...}}.
+    ``slos_known``: whether any SLO applied to the rows' ``slo_met``; without one, goodput
+    is the rate of finished requests, and its verdict says so."""
     out: dict = {}
     if len(policies) < 2:
         return out
@@ -154,6 +163,8 @@ def verdicts(
             "beyond_noise": beyond,
             "values": {n: clean(v) for v, n in scored},
         }
+        if objective == "goodput":
+            entry["slos_known"] = slos_known
         if objective == "fairness":
             entry["starvation_ratio"] = {
                 n: (p.get("starvation") or {}).get("ratio_p99_queue") for n, p in policies.items()
@@ -175,7 +186,7 @@ def _sentence(objective: str, e: dict, short_class: str | None) -> str:
     what = {
         "short_ttft": f"mean TTFT of '{short_class}'",
         "tail_e2e": "p99 E2E",
-        "goodput": "goodput",
+        "goodput": "goodput" + ("" if e.get("slos_known", True) else f" {NO_SLOS}"),
         "fairness": "Jain's index",
     }[objective]
     if e.get("tie"):

@@ -124,3 +124,27 @@ def test_equal_values_are_a_tie_that_names_no_winner():
     }
     assert not verdicts(apart, None)["tail_e2e"]["tie"]
     assert verdicts(apart, None)["tail_e2e"]["winner"] == "fcfs"
+
+
+def test_goodput_without_slos_says_it_is_a_rate_of_finished_requests(tmp_path):
+    """With no profile resolved, slo_met is just status == ok: 'the best goodput' was
+    throughput under another name."""
+    import json
+
+    from harness.report import ReportOptions, generate_report
+    from tests.support.gate_runs import requests_frame, write_run
+
+    said = "(no SLOs known: goodput here is finished requests per second)"
+    cells = {"fcfs": requests_frame(seed=1, n=200), "sjf": requests_frame(seed=2, n=200, errors=50)}
+    options = ReportOptions(figures=False, resamples=20)
+    unknown = write_run(tmp_path / "unknown", cells, profile="no-such-profile")
+    summary = json.loads(generate_report([unknown], unknown, options)["summary"].read_text())
+    goodput = summary["verdicts"]["goodput"]
+    assert goodput["slos_known"] is False
+    assert goodput["sentence"].startswith(f"fcfs has the best goodput {said}: "), goodput
+    # the other verdicts are not about SLOs
+    assert said not in summary["verdicts"]["tail_e2e"]["sentence"]
+    known = write_run(tmp_path / "known", cells, profile="mixed")
+    summary = json.loads(generate_report([known], known, options)["summary"].read_text())
+    assert summary["verdicts"]["goodput"]["slos_known"] is True
+    assert said not in summary["verdicts"]["goodput"]["sentence"]
