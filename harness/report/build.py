@@ -43,6 +43,10 @@ class PolicyReport:
     findings: list[dict] = field(default_factory=list)
     #: why requests failed (harness/report/errors.py)
     errors: dict = field(default_factory=dict)
+    #: whether the trap rules were applied (False: see ``undiagnosed``, or they failed)
+    diagnosed: bool = False
+    #: why the trap rules cannot be applied (diagnosis.unknown_facts); None when they can
+    undiagnosed: str | None = None
 
 
 @dataclass
@@ -209,6 +213,9 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
             fcfs_long = base_starvation.get("long_p99_queue_s")
         for name in names:
             p = policies[name]
+            p.undiagnosed = diagnosis.unknown_facts(p.data)
+            if p.undiagnosed is not None:
+                continue  # not a clean cell: one whose facts are unknown
             try:
                 p.findings = diagnosis.diagnose(
                     p.data,
@@ -219,6 +226,7 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
                     p.facts,
                     None if name == base else fcfs_long,
                 )
+                p.diagnosed = True
             except Exception as exc:  # the engine's records, not the report, are at fault
                 p.data.missing.append(f"trap diagnosis not possible: {_first_line(exc)}")
         inputs = {

@@ -368,6 +368,22 @@ def _findings(report: Report) -> list[dict]:
     return [f for rr in report.runs for p in rr.policies.values() for f in p.findings]
 
 
+def _undiagnosed_lines(report: Report) -> list[str]:
+    """One line per cell the trap rules could not be applied to (its facts unknown)."""
+    return [
+        f"trap diagnosis not possible for {rr.run.label}/{n}: {p.undiagnosed}"
+        for rr in report.runs
+        for n, p in rr.policies.items()
+        if p.undiagnosed is not None
+    ]
+
+
+def _all_clean(report: Report) -> bool:
+    """Whether to say "No known trap flagged": some cell was diagnosed, none flagged."""
+    diagnosed = any(p.diagnosed for rr in report.runs for p in rr.policies.values())
+    return diagnosed and not _findings(report)
+
+
 def _verdict_lines(report: Report) -> list[tuple[str, list[str]]]:
     out = []
     for rr in report.runs:
@@ -512,8 +528,11 @@ def write_markdown(report: Report, path: Path) -> None:
         if e.get("other_groups"):
             parts.append(f"- ... and {e['other_groups']} other kind(s) of error")
         parts.append("")
+    undiagnosed = _undiagnosed_lines(report)
+    if undiagnosed:
+        parts += [*[f"- **{md(line)}**" for line in undiagnosed], ""]
     found = _findings(report)
-    if not found:
+    if _all_clean(report):
         parts += ["No known trap flagged (rules: docs/report.md).", ""]
     for f in found:
         parts += [
@@ -638,8 +657,10 @@ def write_html(report: Report, path: Path) -> int:
             f'<div class="finding" data-errors="{e(cell)}"><b>{e(errors.headline(cell, errs))}</b>'
             "<ul>" + "".join(f"<li>{e(x)}</li>" for x in groups) + "</ul></div>"
         )
+    for line in _undiagnosed_lines(report):
+        body.append(f'<div class="missing" data-undiagnosed="cell">{e(line)}</div>')
     found = _findings(report)
-    if not found:
+    if _all_clean(report):
         body.append('<div class="ok">No known trap flagged.</div>')
     for f in found:
         worst = "".join(
