@@ -234,6 +234,7 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
                 "frame": policies[n].frame,
                 "duration_s": policies[n].duration_s,
                 "starvation": policies[n].starvation,
+                "generator_limited": policies[n].data.generator_limited,
             }
             for n in names
         }

@@ -8,7 +8,9 @@ beside it). Noise: a paired block bootstrap of the difference winner − runner-
 (``stats.paired_block_bootstrap``: 40 arrival-time windows resampled together for both
 policies, 200 resamples, seed 20260101); the difference is "beyond noise" when its 95%
 CI excludes 0. Fewer than ``stats.MIN_SHARED_BLOCKS`` windows holding requests of both
-policies give no interval: "too few requests to tell".
+policies give no interval: "too few requests to tell". Equal values are a tie, with no
+winner. A verdict on a generator-limited cell says its latencies include the load
+generator's delay.
 """
 
 from __future__ import annotations
@@ -163,6 +165,8 @@ def verdicts(
             "beyond_noise": beyond,
             "values": {n: clean(v) for v, n in scored},
         }
+        # the cells whose values the verdict stands on that a limited generator delayed
+        entry["generator_limited"] = _limited(policies, [n for _, n in scored])
         if objective == "goodput":
             entry["slos_known"] = slos_known
         if objective == "fairness":
@@ -171,6 +175,22 @@ def verdicts(
             }
         entry["sentence"] = _sentence(objective, entry, short_class)
         out[objective] = entry
+    return out
+
+
+def _limited(policies: dict[str, dict], names: list[str]) -> list[str]:
+    """Those of ``names`` whose load generator could not keep to the schedule."""
+    return [n for n in names if policies[n].get("generator_limited")]
+
+
+def _caveats(e: dict) -> str:
+    """What the verdict stands on that its numbers do not show, as `` (...)`` each."""
+    out = ""
+    if e.get("generator_limited"):
+        out += (
+            f" ({_names(e['generator_limited'])}: generator-limited, latencies include the "
+            "load generator's delay)"
+        )
     return out
 
 
@@ -190,7 +210,9 @@ def _sentence(objective: str, e: dict, short_class: str | None) -> str:
         "fairness": "Jain's index",
     }[objective]
     if e.get("tie"):
-        return f"{_names(e['tied'])} tie on {what}: {_fmt(e['value'], e['unit'])} each."
+        return (
+            f"{_names(e['tied'])} tie on {what}: {_fmt(e['value'], e['unit'])} each{_caveats(e)}."
+        )
     rel = f" ({abs(e['relative_margin']):.0%})" if e.get("relative_margin") is not None else ""
     noise = (
         "beyond run-to-run noise (95% CI of the difference "
@@ -208,7 +230,7 @@ def _sentence(objective: str, e: dict, short_class: str | None) -> str:
     return (
         f"{e['winner']} has the best {what}: {_fmt(e['value'], e['unit'])} against "
         f"{e['runner_up']}'s {_fmt(e['runner_up_value'], e['unit'])}, a margin of "
-        f"{_fmt(abs(e['margin']), e['unit'])}{rel}, {noise}."
+        f"{_fmt(abs(e['margin']), e['unit'])}{rel}, {noise}{_caveats(e)}."
     )
 
 
@@ -277,6 +299,9 @@ def against_fcfs(
                 if beyond
                 else ", within run-to-run noise" + ("" if ci else " (too few requests to tell)")
             )
+            entry = {
+                "generator_limited": _limited(policies, [name, baseline]),
+            }
             out.append(
                 {
                     "policy": name,
@@ -290,11 +315,13 @@ def against_fcfs(
                     "lower_than_fcfs": not tie and sa < sb,
                     "tie": tie,
                     "baseline": baseline,
+                    **entry,
                     "sentence": (
                         f"{name.upper()} {verb} {label} of '{cls}' "
                         + ("unchanged " if tie else "")
                         + f"against {baseline.upper()}: "
-                        f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{'' if tie else rel}{noise}."
+                        f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{'' if tie else rel}{noise}"
+                        f"{_caveats(entry)}."
                     ),
                 }
             )

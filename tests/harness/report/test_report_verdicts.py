@@ -148,3 +148,43 @@ def test_goodput_without_slos_says_it_is_a_rate_of_finished_requests(tmp_path):
     summary = json.loads(generate_report([known], known, options)["summary"].read_text())
     assert summary["verdicts"]["goodput"]["slos_known"] is True
     assert said not in summary["verdicts"]["goodput"]["sentence"]
+
+
+LIMITED = (
+    "generator-limited: p99 send lag 200.0 ms (limit 100 ms), 0 requests waited for the "
+    "in-flight cap: latencies include the generator's delay"
+)
+
+
+def test_a_generator_limited_cell_is_said_in_a_load_line_and_every_verdict_on_it(tmp_path):
+    """A cell whose run.json has a generator_limited failure got 'beyond run-to-run
+    noise' verdicts with no word that its latencies include the load generator's delay."""
+    import json
+
+    from harness.report import ReportOptions, generate_report
+    from tests.support.gate_runs import requests_frame, write_run
+
+    cells = {
+        "fcfs": requests_frame(seed=1, n=300),
+        "sjf": requests_frame(seed=2, n=300, scale=0.5),
+        "priority": requests_frame(seed=3, n=300, scale=2.0),
+    }
+    root = write_run(tmp_path / "run", cells)
+    info = json.loads((root / "sjf" / "run.json").read_text())
+    info.update(
+        generator_limited=True, failures=[{"kind": "generator_limited", "message": LIMITED}]
+    )
+    (root / "sjf" / "run.json").write_text(json.dumps(info))
+    paths = generate_report([root], root, ReportOptions(figures=False, resamples=50))
+    md = paths["markdown"].read_text()
+    assert f"LOAD (run/sjf): {LIMITED}" in md
+    said = "sjf: generator-limited, latencies include the load generator's delay"
+    summary = json.loads(paths["summary"].read_text())
+    assert summary["verdicts"]
+    for entry in summary["verdicts"].values():  # every one has sjf's value
+        assert entry["generator_limited"] == ["sjf"] and said in entry["sentence"], entry
+    for entry in summary["against_fcfs"]:
+        involved = entry["policy"] == "sjf"
+        assert entry["generator_limited"] == (["sjf"] if involved else [])
+        assert (said in entry["sentence"]) is involved, entry["sentence"]
+    assert "LOAD (run/fcfs)" not in md and "LOAD (run/priority)" not in md
