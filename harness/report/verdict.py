@@ -76,6 +76,24 @@ def _names(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
 
 
+def _counts(frame: pl.DataFrame, cls: str | None) -> dict[str, int]:
+    """``{ok, total}``: the requests of class ``cls`` (None: every class) and how many of
+    them finished ok — what a verdict about that class stands on."""
+    rows = frame if cls is None else frame.filter(pl.col("class") == cls)
+    return {"ok": int((rows["status"] == "ok").sum()), "total": rows.height}
+
+
+def _no_value(objective: str, values: np.ndarray, counts: dict, cls: str | None) -> str:
+    """Why a policy has no value for ``objective``."""
+    if objective == "goodput":
+        return "no request" if not values.size else "no known duration"
+    of = f" of '{cls}'" if cls is not None else ""
+    if not counts["ok"]:
+        return f"no finished request{of}"
+    what = {"short_ttft": "a TTFT", "tail_e2e": "an E2E", "fairness": "output tokens"}
+    return f"no finished request{of} with {what[objective]}"
+
+
 def _series(frame: pl.DataFrame, objective: str, short_class: str | None, duration: float):
     """(values, arrival times, statistic) the objective is computed from."""
     ok = frame.filter(pl.col("status") == "ok")
@@ -122,14 +140,19 @@ def verdicts(
     for objective, (title, lower, unit) in OBJECTIVES.items():
         if objective == "short_ttft" and short_class is None:
             continue
+        cls = short_class if objective == "short_ttft" else None
         scored = []
         prepared = {}
+        no_value = {}
+        counts = {n: _counts(p["frame"], cls) for n, p in policies.items()}
         for name, p in policies.items():
             values, at, stat = _series(p["frame"], objective, short_class, p["duration_s"])
             value = stat(values) if values.size else None
             prepared[name] = (values, time_blocks(at, start, end), stat)
             if value is not None:
                 scored.append((value, name))
+            else:
+                no_value[name] = _no_value(objective, values, counts[name], cls)
         if len(scored) < 2:
             continue
         scored.sort(reverse=not lower)
@@ -164,6 +187,10 @@ def verdicts(
             "ci95_of_difference": [clean(ci[0]), clean(ci[1])] if ci else None,
             "beyond_noise": beyond,
             "values": {n: clean(v) for v, n in scored},
+            # the requests each side's value stands on (the class the verdict is about)
+            "requests": {n: counts[n] for n in (tied if tie else [best, runner])},
+            # the policies left out of the verdict, and why
+            "no_value": no_value,
         }
         # the cells whose values the verdict stands on that a limited generator delayed
         entry["generator_limited"] = _limited(policies, [n for _, n in scored])
@@ -183,9 +210,24 @@ def _limited(policies: dict[str, dict], names: list[str]) -> list[str]:
     return [n for n in names if policies[n].get("generator_limited")]
 
 
-def _caveats(e: dict) -> str:
-    """What the verdict stands on that its numbers do not show, as `` (...)`` each."""
+def _caveats(e: dict, over_ok_rows: bool = True) -> str:
+    """What the verdict stands on that its numbers do not show, as `` (...)`` each.
+    ``over_ok_rows``: the value is a statistic of the finished requests, so different ok
+    counts mean different requests (goodput's is over every request: a failed one counts
+    as missing its SLOs)."""
     out = ""
+    sides = e.get("requests") or {}
+    if over_ok_rows and len({c["ok"] for c in sides.values()}) > 1:
+        out += (
+            " (over different requests: "
+            + ", ".join(
+                f"{n} {c['ok']} of {c['total']}" + (" ok" if i == 0 else "")
+                for i, (n, c) in enumerate(sides.items())
+            )
+            + ")"
+        )
+    for name, why in (e.get("no_value") or {}).items():
+        out += f" ({name}: {why})"
     if e.get("generator_limited"):
         out += (
             f" ({_names(e['generator_limited'])}: generator-limited, latencies include the "
@@ -209,10 +251,9 @@ def _sentence(objective: str, e: dict, short_class: str | None) -> str:
         "goodput": "goodput" + ("" if e.get("slos_known", True) else f" {NO_SLOS}"),
         "fairness": "Jain's index",
     }[objective]
+    caveats = _caveats(e, over_ok_rows=objective != "goodput")
     if e.get("tie"):
-        return (
-            f"{_names(e['tied'])} tie on {what}: {_fmt(e['value'], e['unit'])} each{_caveats(e)}."
-        )
+        return f"{_names(e['tied'])} tie on {what}: {_fmt(e['value'], e['unit'])} each{caveats}."
     rel = f" ({abs(e['relative_margin']):.0%})" if e.get("relative_margin") is not None else ""
     noise = (
         "beyond run-to-run noise (95% CI of the difference "
@@ -230,7 +271,7 @@ def _sentence(objective: str, e: dict, short_class: str | None) -> str:
     return (
         f"{e['winner']} has the best {what}: {_fmt(e['value'], e['unit'])} against "
         f"{e['runner_up']}'s {_fmt(e['runner_up_value'], e['unit'])}, a margin of "
-        f"{_fmt(abs(e['margin']), e['unit'])}{rel}, {noise}{_caveats(e)}."
+        f"{_fmt(abs(e['margin']), e['unit'])}{rel}, {noise}{caveats}."
     )
 
 
@@ -274,7 +315,18 @@ def against_fcfs(
                 .filter((pl.col("class") == cls) & (pl.col("status") == "ok"))
                 .drop_nulls(metric)
             )
+            sides = {
+                name: _counts(p["frame"], cls),
+                baseline: _counts(base["frame"], cls),
+            }
             if a.height == 0 or b.height == 0:
+                if a.height or b.height:  # one side only: named, not left out
+                    line = _one_sided(name, baseline, cls, metric, label, a.height == 0, sides)
+                    line["value" if a.height else "fcfs_value"] = clean(
+                        stat((a if a.height else b)[metric].to_numpy())
+                    )
+                    line["generator_limited"] = _limited(policies, [name, baseline])
+                    out.append(line)
                 continue
             va, vb = a[metric].to_numpy(), b[metric].to_numpy()
             sa, sb = stat(va), stat(vb)
@@ -300,6 +352,7 @@ def against_fcfs(
                 else ", within run-to-run noise" + ("" if ci else " (too few requests to tell)")
             )
             entry = {
+                "requests": sides,
                 "generator_limited": _limited(policies, [name, baseline]),
             }
             out.append(
@@ -326,3 +379,40 @@ def against_fcfs(
                 }
             )
     return out
+
+
+def _one_sided(
+    name: str,
+    baseline: str,
+    cls: str,
+    metric: str,
+    label: str,
+    policy_lacks: bool,
+    sides: dict[str, dict],
+) -> dict:
+    """The line against FCFS when one side has no value: no comparison, and who lacks it."""
+    lacking = name if policy_lacks else baseline
+    why = (
+        f"no finished request of '{cls}'"
+        if sides[lacking]["ok"] == 0
+        else f"no finished request of '{cls}' with its {metric}"
+    )
+    return {
+        "policy": name,
+        "class": cls,
+        "metric": f"{label} ({metric})",
+        "value": None,
+        "fcfs_value": None,
+        "difference": None,
+        "ci95_of_difference": None,
+        "beyond_noise": False,
+        "lower_than_fcfs": None,
+        "tie": False,
+        "baseline": baseline,
+        "requests": sides,
+        "no_value": {lacking: why},
+        "sentence": (
+            f"{name.upper()} against {baseline.upper()} on {label} of '{cls}': no "
+            f"comparison ({lacking}: {why})."
+        ),
+    }

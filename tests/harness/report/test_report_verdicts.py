@@ -188,3 +188,47 @@ def test_a_generator_limited_cell_is_said_in_a_load_line_and_every_verdict_on_it
         assert entry["generator_limited"] == (["sjf"] if involved else [])
         assert (said in entry["sentence"]) is involved, entry["sentence"]
     assert "LOAD (run/fcfs)" not in md and "LOAD (run/priority)" not in md
+
+
+def test_verdicts_over_different_requests_say_so_and_name_a_policy_without_a_value():
+    """fcfs with 1000 ok requests and sjf with 960 ok and 40 rejected: 'sjf has the best
+    p99 E2E' was over different requests, unsaid; a policy with no value was dropped."""
+    n = 1000
+    offsets = list(np.linspace(0, 100, n))
+    rng = np.random.default_rng(5)
+    rejected = ["rejected" if i % 25 == 0 else "ok" for i in range(n)]  # 40 of 1000
+    no_short = ["error" if i % 2 else "ok" for i in range(n)]  # every 'short' failed
+    policies = {
+        "fcfs": _cell(_frame(list(2.0 + rng.uniform(0, 0.1, n)), offsets)),
+        "sjf": _cell(_frame(list(1.0 + rng.uniform(0, 0.1, n)), offsets, status=rejected)),
+        "priority": _cell(_frame(list(3.0 + rng.uniform(0, 0.1, n)), offsets, status=no_short)),
+    }
+    v = verdicts(policies, "short")
+    tail = v["tail_e2e"]
+    assert tail["winner"] == "sjf" and tail["runner_up"] == "fcfs"
+    assert tail["requests"] == {
+        "sjf": {"ok": 960, "total": 1000},
+        "fcfs": {"ok": 1000, "total": 1000},
+    }
+    assert "(over different requests: sjf 960 of 1000 ok, fcfs 1000 of 1000)" in tail["sentence"]
+    # goodput stands on every request (a failed one misses its SLOs): the same requests
+    goodput = v["goodput"]
+    assert goodput["requests"]["sjf"] == {"ok": 960, "total": 1000}
+    assert "over different requests" not in goodput["sentence"]
+    short = v["short_ttft"]
+    assert short["no_value"] == {"priority": "no finished request of 'short'"}
+    assert "(priority: no finished request of 'short')" in short["sentence"]
+    assert short["requests"]["sjf"] == {"ok": 480, "total": 500}
+    # the same requests on both sides: nothing to say
+    same = verdicts({"fcfs": policies["fcfs"], "sjf": _cell(_frame([1.0] * n, offsets))}, None)
+    assert "over different requests" not in same["tail_e2e"]["sentence"]
+    assert same["tail_e2e"]["no_value"] == {}
+
+    lines = {(c["policy"], c["class"]): c for c in against_fcfs(policies, "short", "long")}
+    sjf = lines[("sjf", "long")]
+    assert sjf["requests"] == {"sjf": {"ok": 480, "total": 500}, "fcfs": {"ok": 500, "total": 500}}
+    assert "(over different requests: sjf 480 of 500 ok, fcfs 500 of 500)" in sjf["sentence"]
+    # priority finished no 'short' request: named, not left out
+    named = lines[("priority", "short")]
+    assert named["value"] is None and not named["beyond_noise"]
+    assert "priority: no finished request of 'short'" in named["sentence"], named["sentence"]
