@@ -43,6 +43,10 @@ class PolicyReport:
     findings: list[dict] = field(default_factory=list)
     #: why requests failed (harness/report/errors.py)
     errors: dict = field(default_factory=dict)
+    #: whether the trap rules were applied (False: see ``undiagnosed``, or they failed)
+    diagnosed: bool = False
+    #: why the trap rules cannot be applied (diagnosis.unknown_facts); None when they can
+    undiagnosed: str | None = None
 
 
 @dataclass
@@ -108,6 +112,17 @@ def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
             f"profile '{profile.name}' ({source})",
         )
     return {}, "none found (goodput counts finished requests only; pass --profile)"
+
+
+def slos_known(slos: dict, frames: list[pl.DataFrame]) -> bool:
+    """Whether any SLO applies to the rows' ``slo_met``: a target of the profile, or a
+    per-row ``slo_*`` value (:func:`harness.records.request_stats.slo_met_expr`). Without
+    one, ``slo_met`` is ``status == ok`` and goodput is the rate of finished requests."""
+    if any(v is not None for s in slos.values() for v in s.values()):
+        return True
+    return any(
+        c in f.columns and f[c].null_count() < f.height for f in frames for c in tables.SLO_COLUMNS
+    )
 
 
 def build_report(run_dirs: Sequence[Path | str], options: ReportOptions | None = None) -> Report:
@@ -198,6 +213,9 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
             fcfs_long = base_starvation.get("long_p99_queue_s")
         for name in names:
             p = policies[name]
+            p.undiagnosed = diagnosis.unknown_facts(p.data)
+            if p.undiagnosed is not None:
+                continue  # not a clean cell: one whose facts are unknown
             try:
                 p.findings = diagnosis.diagnose(
                     p.data,
@@ -208,6 +226,7 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
                     p.facts,
                     None if name == base else fcfs_long,
                 )
+                p.diagnosed = True
             except Exception as exc:  # the engine's records, not the report, are at fault
                 p.data.missing.append(f"trap diagnosis not possible: {_first_line(exc)}")
         inputs = {
@@ -215,11 +234,13 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
                 "frame": policies[n].frame,
                 "duration_s": policies[n].duration_s,
                 "starvation": policies[n].starvation,
+                "generator_limited": policies[n].data.generator_limited,
             }
             for n in names
         }
+        known = slos_known(slos, [policies[n].frame for n in names])
         for objective, entry in verdict.verdicts(
-            inputs, short_class, options.resamples, options.seed
+            inputs, short_class, options.resamples, options.seed, slos_known=known
         ).items():
             if len(groups) > 1:
                 entry = {

@@ -16,6 +16,10 @@ run flags nothing), and states its evidence, the worst requests and the knob:
 4. ``memory_pressure`` — any ``exceeds_kv_pool`` rejection, or ``out_of_blocks``
    preemptions of ≥ ``PREEMPT_SHARE`` of the requests. Knob:
    ``--gpu-memory-utilization`` / ``--num-gpu-blocks-override``, ``--max-num-seqs``.
+
+A cell whose engine recorded none of the facts the rules read (:func:`unknown_facts`: an
+external engine's ``--target`` cell) is not diagnosed: its facts would all read 0 for
+want of a record, and no trap found there is not evidence that none happened.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import polars as pl
 
 from harness.report.inputs import PolicyData
 from harness.report.stats import clean
+from harness.report.tables import ENGINE_COUNTS
 
 IDLE_SHARE = 0.05
 IDLE_MIN_SEQ_STEPS = 100
@@ -39,6 +44,30 @@ AGING_EXAMPLES = {
 }
 PREEMPT_SHARE = 0.02
 WORST = 5
+
+
+#: Why a cell is not diagnosed (:func:`unknown_facts`).
+NO_ENGINE_FACTS = "no engine-side records (decisions, steps)"
+
+
+def unknown_facts(data: PolicyData) -> str | None:
+    """Why the trap rules cannot be applied to the cell, or None when they can: it has no
+    steps.parquet, no decisions (decisions.parquet, or spans carrying the engine's
+    decisions) and no engine count in its request rows (preemptions, idle running steps:
+    :data:`harness.report.tables.ENGINE_COUNTS`), so every fact :func:`engine_facts`
+    reads would be 0 for want of a record (an external engine's cell)."""
+    if data.steps is not None or data.decisions is not None:
+        return None
+    if data.spans is not None and "attr.schedscope.decision" in data.columns("spans"):
+        return None
+    counted = [c for c in ENGINE_COUNTS if c in data.columns("requests")]
+    if counted:
+        recorded = data.requests.select(
+            pl.any_horizontal([pl.col(c).is_not_null().any() for c in counted])
+        ).collect()
+        if recorded.item():
+            return None
+    return NO_ENGINE_FACTS
 
 
 def engine_facts(data: PolicyData, frame: pl.DataFrame) -> dict:

@@ -97,8 +97,11 @@ class PolicyData:
     #: harness/run/target_spans.py); None: not from spans.
     server_source: dict | None = None
     #: Distributed load: workers lost mid-run, clock offsets beyond the join's tolerance
-    #: (from the cell's run.json; harness/loadgen/clock.py).
+    #: (from the cell's run.json; harness/loadgen/clock.py), a generator-limited load.
     load_notes: list[str] = field(default_factory=list)
+    #: The load generator could not keep to the schedule (the cell's run.json
+    #: ``generator_limited``): the latencies include its delay.
+    generator_limited: bool = False
     #: Run info the summary.json gave in a shape the report cannot use (key -> the value,
     #: dropped from ``info``: :func:`clean_policy_info`).
     refused_info: dict = field(default_factory=dict)
@@ -231,14 +234,31 @@ def clean_policy_info(info: dict) -> tuple[dict, dict, list[str]]:
 
 #: The cell failures of a load-generator worker (harness/run/collect.py): a ``LOAD`` line each.
 WORKER_FAILURES = ("worker_plan_mismatch", "worker_failed", "worker_lost")
+#: The cell failure of a load generator that could not keep to the schedule (its p99
+#: send lag over the limit, or requests held by the in-flight cap: harness/run/collect.py):
+#: a ``LOAD`` line, and every verdict on the cell says its latencies include that delay.
+GENERATOR_LIMITED = "generator_limited"
+#: What the LOAD line says for a run.json that flags the cell without the failure's message.
+GENERATOR_LIMITED_NOTE = "generator-limited: latencies include the generator's delay"
+
+
+def _generator_limited(cell_run: dict) -> bool:
+    failures = cell_run.get("failures") or []
+    return cell_run.get(GENERATOR_LIMITED) is True or any(
+        f.get("kind") == GENERATOR_LIMITED for f in failures
+    )
 
 
 def _load_notes(cell_run: dict) -> list[str]:
     from harness.loadgen.clock import clock_warnings
 
     failures = cell_run.get("failures") or []
-    workers = [f["message"] for f in failures if f.get("kind") in WORKER_FAILURES]
-    return workers + clock_warnings((cell_run.get("loadgen") or {}).get("clock") or {})
+    notes = [f["message"] for f in failures if f.get("kind") in WORKER_FAILURES]
+    limited = [f["message"] for f in failures if f.get("kind") == GENERATOR_LIMITED]
+    if not limited and _generator_limited(cell_run):
+        limited = [GENERATOR_LIMITED_NOTE]
+    notes += limited
+    return notes + clock_warnings((cell_run.get("loadgen") or {}).get("clock") or {})
 
 
 def _cell_run_json(data: PolicyData, cell_run: dict) -> None:
@@ -263,6 +283,7 @@ def _cell_run_json(data: PolicyData, cell_run: dict) -> None:
         data.missing.append(f"{where}: server_columns_source not readable: ignored")
     try:
         data.load_notes = [str(n) for n in _load_notes(cell_run)]
+        data.generator_limited = _generator_limited(cell_run)
     except Exception:  # failures / loadgen.clock of another shape
         data.missing.append(f"{where}: failures or loadgen.clock not readable: ignored")
 

@@ -232,7 +232,7 @@ def simulator_lines(report: Report) -> list[str]:
             for cls, by in classes.items():
                 for key, r in by.items():
                     if r["matches"] is None:
-                        if len(r["served_order"]) < 2:
+                        if len(r["served_order"]) + len(r.get("missing", [])) < 2:
                             continue  # one policy: there is no ranking to check
                         verdict = f"ranking undetermined: {r['undetermined']}"
                     elif r["matches"]:
@@ -244,6 +244,10 @@ def simulator_lines(report: Report) -> list[str]:
                             + ")"
                         )
                     metric = key.replace("ttft_s_", "TTFT ").replace("e2e_s_", "E2E ")
+                    said = r["undetermined"] or ""
+                    absent = [p for p in r.get("missing", []) if f"{p} has no " not in said]
+                    if absent:
+                        verdict += f" (left out, no value on either side: {', '.join(absent)})"
                     lines.append(
                         f"{prefix} '{cls}' by {metric}: served {r['served']}, "
                         f"simulated {r['simulated']}: {verdict}"
@@ -327,9 +331,12 @@ def _has_speed_band(report: Report) -> bool:
 
 
 SIMULATOR_RULE = (
-    "Ranking: lowest first, ≈ a tie; it matches when no pair of policies is ordered one way served "
-    "and the other way simulated; two values within {tol:.0%} of each other are a tie and "
-    "agree with any order. err = (simulated - served) / served."
+    "Ranking: lowest first, ≈ a tie (two values within {tol:.0%} of each other); a pair of "
+    "policies is compared when both sides order it. The ranking matches when at least one pair "
+    "is compared and none is reversed (ordered one way served and the other way simulated), "
+    "differs when one is, and is undetermined when no pair is compared or a policy has a "
+    "value on one side only. "
+    "err = (simulated - served) / served."
 )
 
 
@@ -367,6 +374,22 @@ def _html_table(headers: list[str], rows: list[list[str]], cls: str) -> str:
 
 def _findings(report: Report) -> list[dict]:
     return [f for rr in report.runs for p in rr.policies.values() for f in p.findings]
+
+
+def _undiagnosed_lines(report: Report) -> list[str]:
+    """One line per cell the trap rules could not be applied to (its facts unknown)."""
+    return [
+        f"trap diagnosis not possible for {rr.run.label}/{n}: {p.undiagnosed}"
+        for rr in report.runs
+        for n, p in rr.policies.items()
+        if p.undiagnosed is not None
+    ]
+
+
+def _all_clean(report: Report) -> bool:
+    """Whether to say "No known trap flagged": some cell was diagnosed, none flagged."""
+    diagnosed = any(p.diagnosed for rr in report.runs for p in rr.policies.values())
+    return diagnosed and not _findings(report)
 
 
 def _verdict_lines(report: Report) -> list[tuple[str, list[str]]]:
@@ -537,8 +560,11 @@ def write_markdown(report: Report, path: Path) -> None:
         if e.get("other_groups"):
             parts.append(f"- ... and {e['other_groups']} other kind(s) of error")
         parts.append("")
+    undiagnosed = _undiagnosed_lines(report)
+    if undiagnosed:
+        parts += [*[f"- **{md(line)}**" for line in undiagnosed], ""]
     found = _findings(report)
-    if not found:
+    if _all_clean(report):
         parts += ["No known trap flagged (rules: docs/report.md).", ""]
     for f in found:
         parts += [
@@ -665,8 +691,10 @@ def write_html(report: Report, path: Path) -> int:
             f'<div class="finding" data-errors="{e(cell)}"><b>{e(errors.headline(cell, errs))}</b>'
             "<ul>" + "".join(f"<li>{e(x)}</li>" for x in groups) + "</ul></div>"
         )
+    for line in _undiagnosed_lines(report):
+        body.append(f'<div class="missing" data-undiagnosed="cell">{e(line)}</div>')
     found = _findings(report)
-    if not found:
+    if _all_clean(report):
         body.append('<div class="ok">No known trap flagged.</div>')
     for f in found:
         worst = "".join(

@@ -15,7 +15,10 @@ is *compared* when both sides order it. The ranking matches when at least one pa
 compared and no compared pair is ordered one way served and the other way simulated; it
 differs when one is; it is undetermined when no pair is compared (one side ties every
 pair — a simulator whose every figure is 4x off, all within 10% of each other, is not
-evidence that it ranks the policies right — or fewer than two policies have values).
+evidence that it ranks the policies right — or fewer than two policies have values), and
+when a policy has a value on one side only (no ok request of the class on the other:
+where that side would put it is unknown, and the others alone are not the ranking). A
+policy without a value is never dropped silently: it is listed in ``missing``.
 
 Speed band: when the check's model has seen this machine's steps run at different speeds
 (:mod:`harness.simulate.speed_band`), the counterpart's summary.json carries the same schedule
@@ -118,10 +121,19 @@ def _order(a: float | None, b: float | None) -> int | None:
 def ranking(values: dict[str, tuple[float | None, float | None]]) -> dict:
     """Policy -> (served, simulated) of one metric: both orders (lowest first), whether
     they match (True, False, or None: undetermined; the module docstring's rule), the
-    pairs that disagree, how many pairs were compared and, when undetermined, why."""
+    pairs that disagree, how many pairs were compared, the policies left out for want of
+    a value (``missing``) and, when undetermined, why."""
     known: dict[str, tuple[float, float]] = {
         p: (v[0], v[1]) for p, v in values.items() if v[0] is not None and v[1] is not None
     }
+    missing = sorted(p for p in values if p not in known)
+    # A value on one side only: what that side did with the policy is unknown, so no
+    # order of the policies can be said to match (dropping it would check the others only).
+    one_sided = [
+        f"{p} has no {'served' if values[p][0] is None else 'simulated'} value (no ok request)"
+        for p in missing
+        if (values[p][0] is None) != (values[p][1] is None)
+    ]
     reversed_pairs = []
     compared = served_ordered = simulated_ordered = 0
     for a, b in combinations(sorted(known), 2):
@@ -140,10 +152,12 @@ def ranking(values: dict[str, tuple[float | None, float | None]]) -> dict:
         "simulated_order": simulated_order,
         "served": order_text(served_order, {p: v[0] for p, v in known.items()}),
         "simulated": order_text(simulated_order, {p: v[1] for p, v in known.items()}),
-        "matches": None if not compared else not reversed_pairs,
+        "matches": None if not compared or one_sided else not reversed_pairs,
         "reversed_pairs": reversed_pairs,
         "pairs_compared": compared,
-        "undetermined": _undetermined(len(known), served_ordered, simulated_ordered, compared),
+        "missing": missing,
+        "undetermined": "; ".join(one_sided)
+        or _undetermined(len(known), served_ordered, simulated_ordered, compared),
     }
 
 

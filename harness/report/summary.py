@@ -70,6 +70,13 @@ def summary_json(report: Report) -> dict:
             for p in rr.policies.values()
             for f in p.findings
         ],
+        # cells the trap rules could not be applied to: [{run, policy, why}]
+        undiagnosed=[
+            {"run": rr.run.label, "policy": n, "why": p.undiagnosed}
+            for rr in report.runs
+            for n, p in rr.policies.items()
+            if p.undiagnosed is not None
+        ],
         missing=report.missing,
         # cells left out because their records cannot be used: [{run, policy, path, problems}]
         broken=[b.to_dict() for b in report.broken],

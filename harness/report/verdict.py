@@ -7,7 +7,10 @@ shortest class; lower wins), ``tail_e2e`` (p99 E2E over every finished request; 
 beside it). Noise: a paired block bootstrap of the difference winner − runner-up
 (``stats.paired_block_bootstrap``: 40 arrival-time windows resampled together for both
 policies, 200 resamples, seed 20260101); the difference is "beyond noise" when its 95%
-CI excludes 0.
+CI excludes 0. Fewer than ``stats.MIN_SHARED_BLOCKS`` windows holding requests of both
+policies give no interval: "too few requests to tell". Equal values are a tie, with no
+winner. A verdict on a generator-limited cell says its latencies include the load
+generator's delay.
 """
 
 from __future__ import annotations
@@ -16,12 +19,21 @@ import numpy as np
 import polars as pl
 
 from harness.report.stats import (
+    MIN_SHARED_BLOCKS,
     clean,
     jain_index,
     paired_block_bootstrap,
     percentile,
     time_blocks,
 )
+
+#: Two values this close (relative to the larger) are equal: a tie, which names no
+#: winner. Not a noise test (that is the bootstrap's): only equal numbers, up to float
+#: rounding.
+TIE_RELATIVE = 1e-9
+
+#: What a goodput verdict says when no SLO applied (``slo_met`` is ``status == ok``).
+NO_SLOS = "(no SLOs known: goodput here is finished requests per second)"
 
 OBJECTIVES = {
     # name: (title, lower_is_better, unit)
@@ -54,6 +66,34 @@ def _span(policies: dict[str, dict]) -> tuple[float, float]:
     return (float(offsets.min()), float(offsets.max())) if offsets.size else (0.0, 1.0)
 
 
+def equal(a: float, b: float) -> bool:
+    """Whether ``a`` and ``b`` are the same value (within :data:`TIE_RELATIVE`)."""
+    return a == b or abs(a - b) <= TIE_RELATIVE * max(abs(a), abs(b))
+
+
+def _names(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+
+
+def _counts(frame: pl.DataFrame, cls: str | None) -> dict[str, int]:
+    """``{ok, total}``: the requests of class ``cls`` (None: every class) and how many of
+    them finished ok — what a verdict about that class stands on."""
+    rows = frame if cls is None else frame.filter(pl.col("class") == cls)
+    return {"ok": int((rows["status"] == "ok").sum()), "total": rows.height}
+
+
+def _no_value(objective: str, values: np.ndarray, counts: dict, cls: str | None) -> str:
+    """Why a policy has no value for ``objective``."""
+    if objective == "goodput":
+        return "no request" if not values.size else "no known duration"
+    of = f" of '{cls}'" if cls is not None else ""
+    if not counts["ok"]:
+        return f"no finished request{of}"
+    what = {"short_ttft": "a TTFT", "tail_e2e": "an E2E", "fairness": "output tokens"}
+    return f"no finished request{of} with {what[objective]}"
+
+
 def _series(frame: pl.DataFrame, objective: str, short_class: str | None, duration: float):
     """(values, arrival times, statistic) the objective is computed from."""
     ok = frame.filter(pl.col("status") == "ok")
@@ -84,9 +124,15 @@ def _series(frame: pl.DataFrame, objective: str, short_class: str | None, durati
 
 
 def verdicts(
-    policies: dict[str, dict], short_class: str | None, resamples: int = 200, seed: int = 20260101
+    policies: dict[str, dict],
+    short_class: str | None,
+    resamples: int = 200,
+    seed: int = 20260101,
+    slos_known: bool = True,
 ) -> dict:
-    """``policies``: name -> {"frame": requests, "duration_s": float, "starvation": {...}}."""
+    """``policies``: name -> {"frame": requests, "duration_s": float, "starvation": {...}}.
+    ``slos_known``: whether any SLO applied to the rows' ``slo_met``; without one, goodput
+    is the rate of finished requests, and its verdict says so."""
     out: dict = {}
     if len(policies) < 2:
         return out
@@ -94,27 +140,45 @@ def verdicts(
     for objective, (title, lower, unit) in OBJECTIVES.items():
         if objective == "short_ttft" and short_class is None:
             continue
+        cls = short_class if objective == "short_ttft" else None
         scored = []
         prepared = {}
+        no_value = {}
+        counts = {n: _counts(p["frame"], cls) for n, p in policies.items()}
         for name, p in policies.items():
             values, at, stat = _series(p["frame"], objective, short_class, p["duration_s"])
             value = stat(values) if values.size else None
             prepared[name] = (values, time_blocks(at, start, end), stat)
             if value is not None:
                 scored.append((value, name))
+            else:
+                no_value[name] = _no_value(objective, values, counts[name], cls)
         if len(scored) < 2:
             continue
         scored.sort(reverse=not lower)
         (best_v, best), (next_v, runner) = scored[0], scored[1]
         va, ba, stat = prepared[best]
         vb, bb, _ = prepared[runner]
-        ci = paired_block_bootstrap((va, ba), (vb, bb), stat, resamples=resamples, seed=seed)
+        ci = paired_block_bootstrap(
+            (va, ba),
+            (vb, bb),
+            stat,
+            resamples=resamples,
+            seed=seed,
+            min_shared_blocks=MIN_SHARED_BLOCKS,
+        )
         margin = best_v - next_v
-        beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
+        # Equal values: a tie, no winner (and nothing beyond noise to claim).
+        level = {n for v, n in scored if equal(v, best_v)}
+        tied = [n for n in policies if n in level]  # in the run's order
+        tie = len(tied) >= 2
+        beyond = not tie and ci is not None and (ci[0] > 0 or ci[1] < 0)
         entry = {
             "title": title,
-            "winner": best,
-            "runner_up": runner,
+            "winner": None if tie else best,
+            "runner_up": None if tie else runner,
+            "tie": tie,
+            "tied": tied if tie else [],
             "unit": unit,
             "value": clean(best_v),
             "runner_up_value": clean(next_v),
@@ -123,13 +187,52 @@ def verdicts(
             "ci95_of_difference": [clean(ci[0]), clean(ci[1])] if ci else None,
             "beyond_noise": beyond,
             "values": {n: clean(v) for v, n in scored},
+            # the requests each side's value stands on (the class the verdict is about)
+            "requests": {n: counts[n] for n in (tied if tie else [best, runner])},
+            # the policies left out of the verdict, and why
+            "no_value": no_value,
         }
+        # the cells whose values the verdict stands on that a limited generator delayed
+        entry["generator_limited"] = _limited(policies, [n for _, n in scored])
+        if objective == "goodput":
+            entry["slos_known"] = slos_known
         if objective == "fairness":
             entry["starvation_ratio"] = {
                 n: (p.get("starvation") or {}).get("ratio_p99_queue") for n, p in policies.items()
             }
         entry["sentence"] = _sentence(objective, entry, short_class)
         out[objective] = entry
+    return out
+
+
+def _limited(policies: dict[str, dict], names: list[str]) -> list[str]:
+    """Those of ``names`` whose load generator could not keep to the schedule."""
+    return [n for n in names if policies[n].get("generator_limited")]
+
+
+def _caveats(e: dict, over_ok_rows: bool = True) -> str:
+    """What the verdict stands on that its numbers do not show, as `` (...)`` each.
+    ``over_ok_rows``: the value is a statistic of the finished requests, so different ok
+    counts mean different requests (goodput's is over every request: a failed one counts
+    as missing its SLOs)."""
+    out = ""
+    sides = e.get("requests") or {}
+    if over_ok_rows and len({c["ok"] for c in sides.values()}) > 1:
+        out += (
+            " (over different requests: "
+            + ", ".join(
+                f"{n} {c['ok']} of {c['total']}" + (" ok" if i == 0 else "")
+                for i, (n, c) in enumerate(sides.items())
+            )
+            + ")"
+        )
+    for name, why in (e.get("no_value") or {}).items():
+        out += f" ({name}: {why})"
+    if e.get("generator_limited"):
+        out += (
+            f" ({_names(e['generator_limited'])}: generator-limited, latencies include the "
+            "load generator's delay)"
+        )
     return out
 
 
@@ -145,9 +248,12 @@ def _sentence(objective: str, e: dict, short_class: str | None) -> str:
     what = {
         "short_ttft": f"mean TTFT of '{short_class}'",
         "tail_e2e": "p99 E2E",
-        "goodput": "goodput",
+        "goodput": "goodput" + ("" if e.get("slos_known", True) else f" {NO_SLOS}"),
         "fairness": "Jain's index",
     }[objective]
+    caveats = _caveats(e, over_ok_rows=objective != "goodput")
+    if e.get("tie"):
+        return f"{_names(e['tied'])} tie on {what}: {_fmt(e['value'], e['unit'])} each{caveats}."
     rel = f" ({abs(e['relative_margin']):.0%})" if e.get("relative_margin") is not None else ""
     noise = (
         "beyond run-to-run noise (95% CI of the difference "
@@ -165,7 +271,7 @@ def _sentence(objective: str, e: dict, short_class: str | None) -> str:
     return (
         f"{e['winner']} has the best {what}: {_fmt(e['value'], e['unit'])} against "
         f"{e['runner_up']}'s {_fmt(e['runner_up_value'], e['unit'])}, a margin of "
-        f"{_fmt(abs(e['margin']), e['unit'])}{rel}, {noise}."
+        f"{_fmt(abs(e['margin']), e['unit'])}{rel}, {noise}{caveats}."
     )
 
 
@@ -209,7 +315,18 @@ def against_fcfs(
                 .filter((pl.col("class") == cls) & (pl.col("status") == "ok"))
                 .drop_nulls(metric)
             )
+            sides = {
+                name: _counts(p["frame"], cls),
+                baseline: _counts(base["frame"], cls),
+            }
             if a.height == 0 or b.height == 0:
+                if a.height or b.height:  # one side only: named, not left out
+                    line = _one_sided(name, baseline, cls, metric, label, a.height == 0, sides)
+                    line["value" if a.height else "fcfs_value"] = clean(
+                        stat((a if a.height else b)[metric].to_numpy())
+                    )
+                    line["generator_limited"] = _limited(policies, [name, baseline])
+                    out.append(line)
                 continue
             va, vb = a[metric].to_numpy(), b[metric].to_numpy()
             sa, sb = stat(va), stat(vb)
@@ -221,10 +338,23 @@ def against_fcfs(
                 stat,
                 resamples=resamples,
                 seed=seed,
+                min_shared_blocks=MIN_SHARED_BLOCKS,
             )
-            beyond = ci is not None and (ci[0] > 0 or ci[1] < 0)
-            verb = "lowers" if sa < sb else "raises"
+            tie = equal(sa, sb)
+            beyond = not tie and ci is not None and (ci[0] > 0 or ci[1] < 0)
+            verb = "leaves" if tie else "lowers" if sa < sb else "raises"
             rel = f" ({abs(sa - sb) / sb:.0%})" if sb else ""
+            noise = (
+                ""
+                if tie
+                else ", beyond run-to-run noise"
+                if beyond
+                else ", within run-to-run noise" + ("" if ci else " (too few requests to tell)")
+            )
+            entry = {
+                "requests": sides,
+                "generator_limited": _limited(policies, [name, baseline]),
+            }
             out.append(
                 {
                     "policy": name,
@@ -235,14 +365,54 @@ def against_fcfs(
                     "difference": clean(sa - sb),
                     "ci95_of_difference": [clean(ci[0]), clean(ci[1])] if ci else None,
                     "beyond_noise": beyond,
-                    "lower_than_fcfs": sa < sb,
+                    "lower_than_fcfs": not tie and sa < sb,
+                    "tie": tie,
                     "baseline": baseline,
+                    **entry,
                     "sentence": (
-                        f"{name.upper()} {verb} {label} of '{cls}' against "
-                        f"{baseline.upper()}: "
-                        f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{rel}, "
-                        + ("beyond run-to-run noise." if beyond else "within run-to-run noise.")
+                        f"{name.upper()} {verb} {label} of '{cls}' "
+                        + ("unchanged " if tie else "")
+                        + f"against {baseline.upper()}: "
+                        f"{_fmt(sa, 's')} vs {_fmt(sb, 's')}{'' if tie else rel}{noise}"
+                        f"{_caveats(entry)}."
                     ),
                 }
             )
     return out
+
+
+def _one_sided(
+    name: str,
+    baseline: str,
+    cls: str,
+    metric: str,
+    label: str,
+    policy_lacks: bool,
+    sides: dict[str, dict],
+) -> dict:
+    """The line against FCFS when one side has no value: no comparison, and who lacks it."""
+    lacking = name if policy_lacks else baseline
+    why = (
+        f"no finished request of '{cls}'"
+        if sides[lacking]["ok"] == 0
+        else f"no finished request of '{cls}' with its {metric}"
+    )
+    return {
+        "policy": name,
+        "class": cls,
+        "metric": f"{label} ({metric})",
+        "value": None,
+        "fcfs_value": None,
+        "difference": None,
+        "ci95_of_difference": None,
+        "beyond_noise": False,
+        "lower_than_fcfs": None,
+        "tie": False,
+        "baseline": baseline,
+        "requests": sides,
+        "no_value": {lacking: why},
+        "sentence": (
+            f"{name.upper()} against {baseline.upper()} on {label} of '{cls}': no "
+            f"comparison ({lacking}: {why})."
+        ),
+    }

@@ -249,7 +249,8 @@ def test_a_worker_killed_mid_run_is_reported_with_its_missing_count(tmp_path):
     [failure] = [f for f in result.failures if f["kind"] == "worker_lost"]
     assert f"{lost['missing_open']} of its {lost['num_open_requests']}" in failure["message"]
     notes = _load_notes({"failures": result.failures, "loadgen": info["loadgen"]})
-    assert notes == [failure["message"]]
+    # (a generator-limited load, on a busy machine, is a LOAD line of its own)
+    assert [n for n in notes if not n.startswith("generator-limited:")] == [failure["message"]]
 
 
 def _open_ids(worker: int, workers: int) -> list[str]:

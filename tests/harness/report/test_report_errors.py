@@ -95,7 +95,9 @@ def test_the_report_says_a_high_error_rate_before_its_verdicts_and_diagnosis(tmp
     assert "9x error 400: Token id 2000 is out of vocabulary (numbers vary)" in first
     diagnosis = md.split("## Diagnosis", 1)[1].split("## Per policy", 1)[0]
     assert diagnosis.strip().splitlines()[0] == "### run/fcfs: 9 of 10 requests failed (90.0%)"
-    assert "run/sjf" not in diagnosis  # nothing failed there
+    assert "### run/sjf" not in diagnosis  # nothing failed there
+    # client rows only (no engine record): no trap diagnosis, and said
+    assert "trap diagnosis not possible for run/sjf: no engine-side records" in diagnosis
     summary = json.loads(paths["summary"].read_text())
     errs = summary["policies"]["fcfs"]["errors"]
     assert errs["failed"] == 9 and errs["error_rate"] > HIGH_ERROR_RATE

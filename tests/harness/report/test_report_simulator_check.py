@@ -160,7 +160,7 @@ def test_report_section_rendered_only_with_the_simulated_counterpart(tmp_path):
     assert "/store/cost-model-abc.json (fitted 2026-01-01T00:00:00)" in md
     assert "out of sample" in md
     # simulated TTFT is the served one x 1.5 everywhere: +50%, and the same ranking
-    assert "+50%" in md and "ranking matches" in md and "differs" not in md
+    assert "+50%" in md and "ranking matches" in md and "ranking differs" not in md
     assert 'id="simulator-check"' in paths["html"].read_text()
     summary = json.loads(paths["summary"].read_text())
     check = summary["simulator_check"]
@@ -271,3 +271,54 @@ def test_report_says_undetermined_when_the_simulated_side_ties_every_pair(tmp_pa
     ttft_lines = [line for line in md.splitlines() if "by TTFT p95" in line]
     assert len(ttft_lines) == 3  # all, long, short
     assert not [line for line in ttft_lines if "ranking matches" in line]
+
+
+def test_the_printed_rule_is_the_rule_the_check_applies(tmp_path):
+    """The section's rule text used to say a pair 'matches' when no pair is reversed and
+    that a tie 'agrees with any order': the rule before undetermined rankings. It now
+    says what :func:`ranking` does (the module docstring's rule)."""
+    from harness.report.render import SIMULATOR_RULE
+
+    rule = SIMULATOR_RULE.format(tol=TIE_TOLERANCE)
+    assert "agree with any order" not in rule
+    assert "compared when both sides order it" in rule
+    assert "matches when at least one pair is compared and none is reversed" in rule
+    assert "undetermined when no pair is compared" in rule
+    paths = generate_report(
+        [_run_dir(tmp_path / "run", True)], tmp_path / "out", ReportOptions(figures=False)
+    )
+    assert rule in paths["markdown"].read_text()
+
+
+def test_a_policy_with_a_value_on_one_side_only_leaves_the_ranking_undetermined(tmp_path):
+    """The review's case: the simulation has no ok 'long' request under priority while
+    the served run had some; the ranking used to drop priority and 'match' over fcfs and
+    sjf, with no word about it."""
+    r = ranking({"fcfs": (1.0, 2.0), "sjf": (3.0, 6.0), "priority": (5.0, None)})
+    assert r["matches"] is None and r["missing"] == ["priority"]
+    assert r["undetermined"] == "priority has no simulated value (no ok request)"
+    both = ranking({"fcfs": (1.0, 2.0), "sjf": (3.0, 6.0), "priority": (None, 4.0)})
+    assert both["matches"] is None and "priority has no served value" in both["undetermined"]
+    # a policy with no value on either side is left out and named; the rest still rank
+    none = ranking({"fcfs": (1.0, 2.0), "sjf": (3.0, 6.0), "priority": (None, None)})
+    assert none["matches"] is True and none["missing"] == ["priority"]
+    assert ranking({"fcfs": (1.0, 2.0), "sjf": (3.0, 6.0)})["missing"] == []
+
+    # the report says so: priority's simulated 'long' requests all failed
+    root = _run_dir(tmp_path / "run", True)
+    cell = root / "priority"
+    (cell / SIMULATED_DIR).mkdir(parents=True)
+    served = _frame([0.2, 0.2, 0.6, 0.9], classes=["short", "short", "long", "long"])
+    served.with_columns(pl.lit("priority").alias("policy")).write_parquet(cell / "requests.parquet")
+    served.with_columns(
+        pl.lit("priority").alias("policy"),
+        pl.when(pl.col("class") == "long")
+        .then(pl.lit("error"))
+        .otherwise(pl.col("status"))
+        .alias("status"),
+    ).write_parquet(cell / SIMULATED_DIR / "requests.parquet")
+    options = ReportOptions(figures=False, resamples=20)
+    md = generate_report([root], tmp_path / "out", options)["markdown"].read_text()
+    (line,) = [x for x in md.splitlines() if "'long' by TTFT p95" in x]
+    assert "ranking matches" not in line
+    assert "ranking undetermined: priority has no simulated value (no ok request)" in line

@@ -128,3 +128,40 @@ def test_a_count_is_unknown_only_when_no_row_has_it():
     assert known_sum(frame.with_columns(pl.Series("n", [None, 0])), "n") == 0
     assert known_sum(frame.with_columns(pl.Series("n", [2, 3])), "n") == 5
     assert known_sum(frame.head(0), "n") == 0
+
+
+def test_no_trap_is_claimed_for_a_cell_whose_engine_facts_are_unknown(tmp_path):
+    """A --target cell has no decisions, steps or engine counts: its facts summed to 0
+    and the report said 'No known trap flagged' in a green box, as if it were clean."""
+    said = "trap diagnosis not possible for run/target: no engine-side records (decisions, steps)"
+    root = tmp_path / "run"
+    _write_run(root)
+    paths = generate_report([root], root, ReportOptions(resamples=20, figures=False))
+    md = paths["markdown"].read_text()
+    diagnosis = md.split("## Diagnosis", 1)[1].split("\n## ", 1)[0]
+    assert said in diagnosis
+    assert "run/fcfs: KV pool full" in diagnosis  # fcfs was diagnosed: its preemption
+    summary = json.loads(paths["summary"].read_text())
+    assert summary["undiagnosed"] == [
+        {"run": "run", "policy": "target", "why": "no engine-side records (decisions, steps)"}
+    ]
+    # the target alone: nothing was diagnosed, so nothing is said to be clean
+    alone = tmp_path / "alone"
+    (alone / "target").mkdir(parents=True)
+    for name in ("requests.parquet", "run.json"):
+        (alone / "target" / name).write_bytes((root / "target" / name).read_bytes())
+    paths = generate_report([alone], alone, ReportOptions(resamples=20, figures=False))
+    md = paths["markdown"].read_text()
+    assert "trap diagnosis not possible for alone/target" in md
+    assert "No known trap flagged" not in md
+    page = paths["html"].read_text()
+    assert "No known trap flagged" not in page and "trap diagnosis not possible" in page
+    # beside a served cell that is diagnosed and clean: that one is said to be clean
+    served = root / "fcfs" / "requests.parquet"
+    pl.read_parquet(served).with_columns(
+        pl.lit(0).alias(c) for c in ("preemptions", "preempt_recomputes", "recomputed_tokens")
+    ).write_parquet(served)
+    md = generate_report([root], root, ReportOptions(resamples=20, figures=False))[
+        "markdown"
+    ].read_text()
+    assert said in md and "No known trap flagged" in md
