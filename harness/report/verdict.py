@@ -11,13 +11,22 @@ CI excludes 0. Fewer than ``stats.MIN_SHARED_BLOCKS`` windows holding requests o
 policies give no interval: "too few requests to tell". Equal values are a tie, with no
 winner. A verdict on a generator-limited cell says its latencies include the load
 generator's delay.
+
+Requests cut in flight by the end of a run (censored: harness/records/request_stats.py)
+are work a policy's value does not cover. When the two sides' counts of cut requests
+differ by more than their noise (Poisson: by more than :data:`CUT_NOISE_SIGMAS` x
+sqrt(a + b)), the policies were not measured on the same work: the verdict names no
+winner and says so. Counts within that noise leave the verdict, which names them.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import polars as pl
 
+from harness.records.request_stats import CUT_AT, cut_rows
 from harness.report.stats import (
     MIN_SHARED_BLOCKS,
     clean,
@@ -31,6 +40,10 @@ from harness.report.stats import (
 #: winner. Not a noise test (that is the bootstrap's): only equal numbers, up to float
 #: rounding.
 TIE_RELATIVE = 1e-9
+
+#: Cut counts a and b differ beyond noise when |a - b| > this x sqrt(a + b) (each count
+#: taken as Poisson, so the variance of their difference is about a + b).
+CUT_NOISE_SIGMAS = 2.0
 
 #: What a goodput verdict says when no SLO applied (``slo_met`` is ``status == ok``).
 NO_SLOS = "(no SLOs known: goodput here is finished requests per second)"
@@ -80,7 +93,15 @@ def _counts(frame: pl.DataFrame, cls: str | None) -> dict[str, int]:
     """``{ok, total}``: the requests of class ``cls`` (None: every class) and how many of
     them finished ok — what a verdict about that class stands on."""
     rows = frame if cls is None else frame.filter(pl.col("class") == cls)
-    return {"ok": int((rows["status"] == "ok").sum()), "total": rows.height}
+    out = {"ok": int((rows["status"] == "ok").sum()), "total": rows.height}
+    if CUT_AT in rows.columns:  # a load generator's rows say which were cut in flight
+        out["cut"] = cut_rows(rows).height
+    return out
+
+
+def cut_differs(a: int, b: int) -> bool:
+    """Whether cut counts ``a`` and ``b`` differ by more than their noise."""
+    return a != b and abs(a - b) > CUT_NOISE_SIGMAS * math.sqrt(a + b)
 
 
 def _no_value(objective: str, values: np.ndarray, counts: dict, cls: str | None) -> str:
@@ -194,6 +215,10 @@ def verdicts(
         }
         # the cells whose values the verdict stands on that a limited generator delayed
         entry["generator_limited"] = _limited(policies, [n for _, n in scored])
+        cuts = {n: c["cut"] for n, c in entry["requests"].items() if c.get("cut") is not None}
+        if len(cuts) == 2 and cut_differs(*cuts.values()):
+            # not the same work: no winner (the sentence says why)
+            entry.update(winner=None, runner_up=None, beyond_noise=False, cut_differs=True)
         if objective == "goodput":
             entry["slos_known"] = slos_known
         if objective == "fairness":
@@ -226,6 +251,13 @@ def _caveats(e: dict, over_ok_rows: bool = True) -> str:
             )
             + ")"
         )
+    cut = {n: c["cut"] for n, c in sides.items() if c.get("cut")}
+    if cut:
+        out += (
+            " ("
+            + ", ".join(f"{n} {k} of {sides[n]['total']}" for n, k in cut.items())
+            + " cut in flight: censored)"
+        )
     for name, why in (e.get("no_value") or {}).items():
         out += f" ({name}: {why})"
     if e.get("generator_limited"):
@@ -252,6 +284,16 @@ def _sentence(objective: str, e: dict, short_class: str | None) -> str:
         "fairness": "Jain's index",
     }[objective]
     caveats = _caveats(e, over_ok_rows=objective != "goodput")
+    if e.get("cut_differs"):
+        sides = e["requests"]
+        of = f" '{short_class}'" if objective == "short_ttft" else ""
+        cut = ", ".join(f"{n} {c['cut']} of {c['total']}{of}" for n, c in sides.items())
+        return (
+            f"no verdict on {what}: the runs stopped with different numbers of requests cut "
+            f"in flight ({cut}), beyond their noise, so the policies' values cover different "
+            "work; wait longer for them (--grace) or load less (--rate-scale auto)"
+            f"{_caveats({**e, 'requests': {}})}."
+        )
     if e.get("tie"):
         return f"{_names(e['tied'])} tie on {what}: {_fmt(e['value'], e['unit'])} each{caveats}."
     rel = f" ({abs(e['relative_margin']):.0%})" if e.get("relative_margin") is not None else ""

@@ -232,3 +232,46 @@ def test_verdicts_over_different_requests_say_so_and_name_a_policy_without_a_val
     named = lines[("priority", "short")]
     assert named["value"] is None and not named["beyond_noise"]
     assert "priority: no finished request of 'short'" in named["sentence"], named["sentence"]
+
+
+def _with_cuts(n_ok: int, n_cut: int, seconds: float) -> pl.DataFrame:
+    """``n_ok`` finished requests of ``seconds`` E2E, then ``n_cut`` cut in flight."""
+    n = n_ok + n_cut
+    offsets = [float(i) for i in range(n)]
+    return tables.load_requests(
+        pl.LazyFrame(
+            {
+                "request_id": [f"r{i}" for i in range(n)],
+                "class": ["long"] * n,
+                "status": ["ok"] * n_ok + ["aborted"] * n_cut,
+                "prompt_tokens": [10] * n,
+                "output_tokens": [11] * n_ok + [3] * n_cut,
+                "max_tokens": [20] * n,
+                "schedule_offset_s": offsets,
+                "scheduled_at": [1.7e9 + o for o in offsets],
+                "ttft_s": [0.1] * n,
+                "tpot_s": [0.01] * n,
+                "e2e_s": [seconds] * n_ok + [None] * n_cut,
+                "cut_at": [None] * n_ok + [1.7e9 + o + 60 for o in offsets[n_ok:]],
+            }
+        ),
+        {},
+    )
+
+
+def test_cut_counts_beyond_their_noise_name_no_winner():
+    # fcfs: 18 of 52 finished (34 cut); sjf: 45 finished (7 cut), each slower: the
+    # survivors' p99 would crown fcfs, over different work
+    policies = {"fcfs": _cell(_with_cuts(18, 34, 5.0)), "sjf": _cell(_with_cuts(45, 7, 9.0))}
+    tail = verdicts(policies, None)["tail_e2e"]
+    assert tail["cut_differs"] and tail["winner"] is None and not tail["beyond_noise"]
+    assert tail["requests"]["fcfs"]["cut"] == 34 and tail["requests"]["sjf"]["cut"] == 7
+    assert tail["sentence"].startswith("no verdict on p99 E2E")
+    assert "fcfs 34 of 52" in tail["sentence"] and "sjf 7 of 52" in tail["sentence"]
+
+
+def test_cut_counts_within_their_noise_keep_the_verdict_and_name_them():
+    policies = {"fcfs": _cell(_with_cuts(45, 7, 5.0)), "sjf": _cell(_with_cuts(44, 8, 9.0))}
+    tail = verdicts(policies, None)["tail_e2e"]
+    assert not tail.get("cut_differs") and tail["winner"] == "fcfs"
+    assert "fcfs 7 of 52, sjf 8 of 52 cut in flight: censored" in tail["sentence"]
