@@ -204,7 +204,7 @@ def test_sigterm_with_many_open_streams_ends_every_one_and_exits_0(tmp_path):
                 for i in range(num_short + num_long)
             ]
             deadline = time.monotonic() + 30
-            while (await asyncio.to_thread(health, server.url))["num_running"] < len(tasks):
+            while (await asyncio.to_thread(health, server.url))[1]["num_running"] < len(tasks):
                 assert time.monotonic() < deadline, "the streams did not all start"
                 await asyncio.sleep(0.02)
             server.terminate()

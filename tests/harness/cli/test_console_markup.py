@@ -73,14 +73,30 @@ import harness
 app = importlib.import_module("harness.cli.app")  # harness.cli.app is the Typer app
 
 # Locust's modules monkey-patch the process when imported: they print through Locust's
-# logging, not a Console, and are left out.
+# logging, not a Console, and are left out, as is every module that imports one of them
+# (at its top: the Locust file's parts import each other).
 LOCUST = re.compile(r"^\\s*(import locust|from locust)", re.M)
+IMPORTS = re.compile(r"^(?:from (harness[\\w.]*) import|import (harness[\\w.]*))", re.M)
+sources = {
+    m.name: Path(importlib.util.find_spec(m.name).origin).read_text()
+    for m in pkgutil.walk_packages(harness.__path__, "harness.")
+}
+patching = {name for name, source in sources.items() if LOCUST.search(source)}
+while True:
+    more = {
+        name
+        for name, source in sources.items()
+        if name not in patching
+        and any((a or b) in patching for a, b in IMPORTS.findall(source))
+    }
+    if not more:
+        break
+    patching |= more
 consoles = []
-for module in pkgutil.walk_packages(harness.__path__, "harness."):
-    spec = importlib.util.find_spec(module.name)
-    if module.name.endswith("__main__") or LOCUST.search(Path(spec.origin).read_text()):
+for name in sources:
+    if name.endswith("__main__") or name in patching:
         continue
-    loaded = importlib.import_module(module.name)
+    loaded = importlib.import_module(name)
     consoles += [v for v in vars(loaded).values() if isinstance(v, Console)]
 assert app.console in consoles and app.err_console in consoles, "the app's consoles"
 print(len(consoles), [c._markup for c in consoles])
