@@ -27,6 +27,7 @@ import polars as pl
 from harness.gate.config import ALL_REQUESTS, EVERY, METRICS, GateConfig, Rule
 from harness.gate.sides import RUN_COLUMN, CellData, GateInputError, Side
 from harness.report.stats import (
+    MIN_SHARED_BLOCKS,
     paired_block_bootstrap,
     percentile,
     time_blocks,
@@ -375,6 +376,9 @@ def _interval(
         seed=config.seed,
         confidence=config.confidence,
         contrast=contrast,
+        # fewer shared windows make an interval of one repeated value ([+50%, +50%] from
+        # one request a side), which 'clears' any tolerance: no interval, a FAIL saying so
+        min_shared_blocks=MIN_SHARED_BLOCKS,
     )
     return ci
 

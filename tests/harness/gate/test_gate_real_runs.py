@@ -43,6 +43,17 @@ def test_identical_noise_makes_the_interval_a_point(tmp_path):
         assert not check.passed
 
 
+def test_one_request_a_side_is_too_few_for_an_interval(tmp_path):
+    """Two requests, one of each class: every resample repeats the same values, so the
+    interval was the point +50%, 'clearing' the tolerance whatever the noise; now no
+    interval is drawn from fewer than MIN_SHARED_BLOCKS windows, and the line says so."""
+    base = write_run(tmp_path / "a", {"fcfs": requests_frame(seed=1, n=2)})
+    slower = write_run(tmp_path / "b", {"fcfs": requests_frame(seed=1, n=2, scale=1.5)})
+    result = run_gate(base, slower, parse_config(TTFT_P95))
+    assert result.checks and all(c.interval is None and not c.passed for c in result.checks)
+    assert all("too few requests for an interval" in c.message for c in result.checks)
+
+
 def test_same_engine_other_noise_passes_and_a_planted_regression_fails(tmp_path):
     base = write_run(tmp_path / "a", {"fcfs": requests_frame(seed=1)})
     same = write_run(tmp_path / "b", {"fcfs": requests_frame(seed=2)})
