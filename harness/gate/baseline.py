@@ -33,7 +33,9 @@ from pathlib import Path
 import polars as pl
 
 from harness.gate.sides import (
+    CENSORED_COLUMN,
     GATE_COLUMNS,
+    OPTIONAL_COLUMNS,
     RUN_COLUMN,
     CellData,
     GateInputError,
@@ -66,6 +68,7 @@ _SCHEMA: Schema = {
     "slo_met": pl.Boolean,
     "itl_s": pl.List(pl.Float64),
     RUN_COLUMN: pl.Int64,
+    CENSORED_COLUMN: pl.Boolean,
 }
 
 
@@ -88,7 +91,7 @@ def baseline_document(side: Side) -> dict:
     for name, cell in sorted(side.cells.items()):
         frame = cell.frame if cell.frame is not None else pl.DataFrame(schema=_SCHEMA)
         # A pooled cell keeps which run each row came from (optional: one run has none).
-        columns = [*GATE_COLUMNS, *([RUN_COLUMN] if RUN_COLUMN in frame.columns else [])]
+        columns = [*GATE_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in frame.columns)]
         order = ["offset_s", "request_id", *columns[len(GATE_COLUMNS) :]]
         cells[name] = {
             "duration_s": cell.duration_s,
@@ -183,7 +186,7 @@ def side_from_baseline(path: Path, body: dict, label: str) -> Side:
                 cell.get("rows") or [],
                 schema={c: _SCHEMA.get(c, pl.Null) for c in columns},
                 orient="row",
-            ).select([*GATE_COLUMNS, *([RUN_COLUMN] if RUN_COLUMN in columns else [])])
+            ).select([*GATE_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in columns)])
         except (pl.exceptions.PolarsError, TypeError, ValueError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise GateInputError(

@@ -25,7 +25,8 @@ import numpy as np
 import polars as pl
 
 from harness.gate.config import ALL_REQUESTS, EVERY, METRICS, GateConfig, Rule
-from harness.gate.sides import RUN_COLUMN, CellData, GateInputError, Side
+from harness.gate.sides import CENSORED_COLUMN, RUN_COLUMN, CellData, GateInputError, Side
+from harness.records.request_stats import CENSORED_METRICS
 from harness.report.stats import (
     MIN_SHARED_BLOCKS,
     paired_block_bootstrap,
@@ -127,9 +128,41 @@ def _series(rule: Rule, cell: CellData, klass: str, estimate_itl: bool = False):
             values = np.column_stack([est["tpot_s"].to_numpy(), weights])
             return values, est["offset_s"].to_numpy(), _weighted_statistic(rule), _runs(est)
     else:
+        if column in CENSORED_METRICS and CENSORED_COLUMN in rows.columns:
+            # cut requests at their lower bounds, never dropped (sides.CENSORED_COLUMN)
+            ok = rows.filter((pl.col("status") == "ok") | pl.col(CENSORED_COLUMN))
         present = ok.drop_nulls(column)
         values, offsets = present[column].to_numpy(), present["offset_s"].to_numpy()
     return np.asarray(values, dtype=float), offsets, _statistic(rule), _runs(present)
+
+
+def num_censored(rule: Rule, cell: CellData, klass: str) -> int:
+    """How many of the class's requests entered ``rule``'s metric at a lower bound (cut
+    in flight by the end of the run); 0 for a metric they do not bound."""
+    if cell.frame is None or CENSORED_COLUMN not in cell.frame.columns:
+        return 0
+    if METRICS[rule.metric][0] not in CENSORED_METRICS:
+        return 0
+    return int(_rows(cell, klass)[CENSORED_COLUMN].sum())
+
+
+def _censoring(passed: bool, message: str, current: int, baseline: int) -> tuple[bool, str]:
+    """A line's outcome with cut requests on either side (their values are lower
+    bounds): a pass cannot be shown when the current run's value is a lower bound; a
+    regression against a baseline whose value is one may be smaller than shown."""
+    if current and passed:
+        return False, (
+            f"{message}; but {current} request(s) of the current run were cut in flight, so "
+            "its value is a lower bound: a pass cannot be shown (wait for them: --grace)"
+        )
+    if current:
+        message += f" ({current} cut request(s) in the current run: its value is at least this)"
+    if baseline and not passed:
+        message += (
+            f" ({baseline} request(s) of the baseline were cut in flight: its value is a lower "
+            "bound, and the regression may be smaller than shown)"
+        )
+    return passed, message
 
 
 def _runs(frame: pl.DataFrame) -> np.ndarray | None:
@@ -250,6 +283,8 @@ def _absolute(rule: Rule, name: str, klass: str, current: CellData, baseline_val
         else:
             passed = value >= limit
             message = f"{value:.6g} {'>=' if passed else '<'} floor {limit:g}"
+        if kind == "ceiling" and value is not None:
+            passed, message = _censoring(passed, message, num_censored(rule, current, klass), 0)
         out.append(
             Check(
                 rule.name,
@@ -328,6 +363,9 @@ def _regression(
                 f"{change:+.2%}, interval [{interval[0]:+.2%}, {interval[1]:+.2%}] "
                 f"{'clears' if not passed else 'below'} tolerance {tolerance_text(tolerance)}"
             )
+    passed, message = _censoring(
+        passed, message, num_censored(rule, a, klass), num_censored(rule, b, klass)
+    )
     return Check(
         rule.name,
         name,

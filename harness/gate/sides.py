@@ -26,6 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles.digest import schedule_digest as digest_rows
+from harness.records.request_stats import CUT_AT
 from harness.records.requests import STATUSES
 
 #: The per-request columns the gate keeps (the normalised form of every side).
@@ -48,6 +49,12 @@ GATE_COLUMNS = (
 #: Which run of a pooled cell a row came from (0, 1, ...): present only on cells pooled
 #: from several runs, so that the interval resamples runs too (harness/report/stats.py).
 RUN_COLUMN = "run"
+#: Whether a request was cut in flight by the end of its run (present only on cells that
+#: have one): its ``ttft_s`` and ``e2e_s`` then hold lower bounds (the time to the cut,
+#: or its measured TTFT), never dropped (harness/records/request_stats.py, censoring).
+CENSORED_COLUMN = "censored"
+#: Columns a cell's rows carry only when they have something to say.
+OPTIONAL_COLUMNS = (RUN_COLUMN, CENSORED_COLUMN)
 REPEAT_RE = re.compile(r"^(?P<cell>.+)-r(?P<repeat>\d+)$")
 #: The version of the gate's per-request rows (GATE_COLUMNS and their meaning): a side's
 #: ``schema_version`` identity for run directories and baseline files alike.
@@ -176,7 +183,29 @@ def normalise(frame: pl.DataFrame) -> pl.DataFrame:
     out = frame.with_columns(offsets)
     if "itl_s" not in out.columns:
         out = out.with_columns(pl.lit(None, dtype=pl.List(pl.Float64)).alias("itl_s"))
-    return out.select(GATE_COLUMNS)
+    columns = list(GATE_COLUMNS)
+    if CUT_AT in out.columns:
+        cut = (pl.col("status") == "aborted") & pl.col(CUT_AT).is_not_null()
+        if out.select(cut.any()).item():
+            elapsed = pl.col(CUT_AT) - pl.col("scheduled_at")
+            out = out.with_columns(
+                pl.when(cut)
+                .then(pl.coalesce("ttft_s", elapsed))
+                .otherwise("ttft_s")
+                .alias("ttft_s"),
+                pl.when(cut).then(elapsed).otherwise("e2e_s").alias("e2e_s"),
+                cut.fill_null(False).alias(CENSORED_COLUMN),
+            )
+            columns.append(CENSORED_COLUMN)
+    return out.select(columns)
+
+
+def _pooled(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The frames of a pooled cell as one; a request of a frame without cut requests
+    was not cut."""
+    if not any(CENSORED_COLUMN in f.columns for f in frames):
+        return pl.concat(frames)
+    return pl.concat(frames, how="diagonal").with_columns(pl.col(CENSORED_COLUMN).fill_null(False))
 
 
 def _numbered_runs(frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
@@ -221,7 +250,7 @@ def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
         lags = [m.send_lag_p99_s for m in members if m.send_lag_p99_s is not None]
         out[name] = CellData(
             name=name,
-            frame=pl.concat(frames) if frames else None,
+            frame=_pooled(frames) if frames else None,
             duration_s=sum(m.duration_s for m in members),
             generator_limited=any(bool(m.generator_limited) for m in members),
             send_lag_p99_s=max(lags) if lags else None,

@@ -526,3 +526,54 @@ def test_several_runs_given_are_pooled_as_repeats(tmp_path):
         ["gate", "--baseline", str(bases[0]), "--baseline", str(other), "--current", str(heads[0])],
     )
     assert refused.exit_code == 2 and "cannot be pooled" in " ".join(refused.output.split())
+
+
+def _cut_last(frame: pl.DataFrame, n: int, after_s: float) -> pl.DataFrame:
+    """The last ``n`` requests cut in flight ``after_s`` seconds after their arrival."""
+    cut = pl.int_range(pl.len()) >= pl.len() - n
+    return frame.with_columns(
+        pl.when(cut).then(pl.lit("aborted")).otherwise(pl.col("status")).alias("status"),
+        pl.when(cut).then(None).otherwise(pl.col("e2e_s")).alias("e2e_s"),
+        pl.when(cut).then(pl.col("scheduled_at") + after_s).otherwise(None).alias("cut_at"),
+    )
+
+
+E2E_P95 = {"rule": [{"name": "e2e", "class": "*", "metric": "e2e", "max_regression": 0.05}]}
+
+
+def test_a_current_run_with_cut_requests_cannot_show_a_pass(tmp_path):
+    """30 requests of the current run cut in flight: their survivors alone match the
+    baseline's (the pass a survivor-only gate gave), but their E2E is only known to be at
+    least 1 s, so no line can pass; the baseline file keeps which rows were censored."""
+    base = write_run(tmp_path / "a", {"fcfs": requests_frame(seed=1)})
+    cut = write_run(tmp_path / "b", {"fcfs": _cut_last(requests_frame(seed=1), 30, 1.0)})
+    result = run_gate(base, cut, parse_config(E2E_P95))
+    assert result.checks and not any(c.passed for c in result.checks)
+    assert all("cut in flight" in c.message for c in result.checks)
+    assert result.exit_code == 1
+    # the cut requests enter at their bounds, as the censored column says
+    frame = result.current.cells["fcfs"].frame
+    assert frame["censored"].sum() == 30
+    assert (frame.filter(pl.col("censored"))["e2e_s"] == 1.0).all()
+
+
+def test_a_regression_shown_over_lower_bounds_still_fails(tmp_path):
+    """Cut after 60 s (far above every finished E2E): the current run's p95 is at least
+    that, a regression that no completion of the cut requests can undo."""
+    base = write_run(tmp_path / "a", {"fcfs": requests_frame(seed=1)})
+    cut = write_run(tmp_path / "b", {"fcfs": _cut_last(requests_frame(seed=1), 60, 60.0)})
+    checks = run_gate(base, cut, parse_config(E2E_P95)).checks
+    assert checks and all(not c.passed and c.interval[0] > 0.05 for c in checks)
+
+
+def test_a_baseline_file_keeps_which_rows_were_censored(tmp_path):
+    run = write_run(tmp_path / "a", {"fcfs": _cut_last(requests_frame(seed=1), 30, 1.0)})
+    path = tmp_path / "baseline.json"
+    made = runner.invoke(app, ["baseline", "update", "--from", str(run), "--out", str(path)])
+    assert made.exit_code == 0, made.output
+    cell = json.loads(path.read_text())["cells"]["fcfs"]
+    assert "censored" in cell["columns"]
+    # read back, the baseline's censored rows are counted as the run's were
+    result = run_gate(path, run, parse_config(E2E_P95))
+    assert result.baseline.cells["fcfs"].frame["censored"].sum() == 30
+    assert all("were cut in flight" in c.message for c in result.checks)
