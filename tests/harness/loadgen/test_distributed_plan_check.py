@@ -34,6 +34,9 @@ import os
 from harness.loadgen.expose import expose
 from harness.profiles import LengthDistribution, Phase, Profile, ProfileError, RequestClass
 
+# served engines and Locust processes: the full suite's, not test-fast's
+pytestmark = [pytest.mark.slow]
+
 
 class OnlyOnSomeMachines(Profile):
     def with_duration_scale(self, factor):

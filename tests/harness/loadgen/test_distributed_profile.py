@@ -16,6 +16,7 @@ import sys
 import time
 
 import polars as pl
+import pytest
 
 from harness.loadgen.clock import TEST_OFFSET_ENV
 from harness.profiles import build_plan, load_profile
@@ -23,6 +24,9 @@ from tests.harness.loadgen.test_distributed import schedscope_worker, stop_all
 from tests.harness.profiles.test_bundle import write_profile
 from tests.support.paths import REPO
 from tests.support.ports import free_port
+
+# served engines and Locust processes: the full suite's, not test-fast's
+pytestmark = [pytest.mark.slow]
 
 #: What the schedule fixes in a row (not the worker, nor timing).
 SCHEDULE = [

@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import pytest
 
 from engine.core.cost_model import CostModel
 from tests.support.run_cli import schedscope_run
+
+# served engines and Locust processes: the full suite's, not test-fast's
+pytestmark = [pytest.mark.slow]
 
 
 def test_a_short_grace_cuts_requests_that_the_statistics_count_as_censored(tmp_path):
