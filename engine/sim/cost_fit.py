@@ -81,17 +81,29 @@ def step_cycles(frame) -> tuple[np.ndarray, np.ndarray]:
     return np.array(x, dtype=np.float64).reshape(-1, len(FEATURES)), cycles
 
 
-def client_latency_from_requests(frames) -> tuple[float, int] | None:
+def client_latency_from_requests(
+    frames, max_send_lag_s: float | None = None
+) -> tuple[float, int] | None:
     """(median seconds a request and its first token spend outside the engine, rows):
     ``ttft_from_sent_s - engine_ttft_s`` over the finished requests of run records that
     carry both the client's and the engine's columns (a ``schedscope run`` cell's
     requests.parquet) — the client's send to the engine's arrival stamp, plus the
-    engine's first token to the client's. None when no row has both."""
+    engine's first token to the client's. None when no row has both.
+
+    ``max_send_lag_s``: leave out the requests the load generator sent later than this
+    after their scheduled instant, or held for its in-flight cap (``send_lag_s``,
+    ``in_flight_capped``): at those moments the generator was busy, and its own delay in
+    reading the first token is the generator's, not the path to the engine (a lagging
+    generator on a slow machine made a fit's client latency 10x the measured one)."""
     parts: list[np.ndarray] = []
     for frame in frames:
         if not {"ttft_from_sent_s", "engine_ttft_s", "status"} <= set(frame.columns):
             continue
         rows = frame.filter(frame["status"] == "ok")
+        if max_send_lag_s is not None and "send_lag_s" in rows.columns:
+            rows = rows.filter(rows["send_lag_s"].fill_null(0.0) <= max_send_lag_s)
+        if max_send_lag_s is not None and "in_flight_capped" in rows.columns:
+            rows = rows.filter(~rows["in_flight_capped"].fill_null(False))
         gap = (rows["ttft_from_sent_s"] - rows["engine_ttft_s"]).drop_nulls().to_numpy()
         parts.append(gap[np.isfinite(gap)])
     gaps = np.concatenate(parts) if parts else np.array([])

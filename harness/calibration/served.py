@@ -492,6 +492,7 @@ def calibrate_served(
 
     from engine.sim.cost_fit import CalibrationError, client_latency_from_requests, fit_from_steps
     from harness.profiles.schedule_file import write_schedule_profile
+    from harness.records.send_lag import LAG_LIMIT_S
     from harness.run.join import join_requests
     from harness.run.loadgen import LoadDriveError, drive_to_end
     from harness.run.server import ServedEngine, ServerStartError, get_json
@@ -586,7 +587,7 @@ def calibrate_served(
     # the client's and the engine's times of each request, as a run cell's records
     # give them (the same definition as a refit of a cell: calibrate --from-steps)
     joined = join_requests(client, engine_requests, epoch, config.scheduler.scheduling_policy, "")
-    latency = client_latency_from_requests([joined])
+    latency = client_latency_from_requests([joined], max_send_lag_s=LAG_LIMIT_S)
     coverage = shape_coverage(steps, max_model_len)
     noise = step_noise(steps)
     drift = step_drift(steps)

@@ -49,6 +49,7 @@ def calibrate_from_steps(
     import polars as pl
 
     from engine.sim.cost_fit import CalibrationError, client_latency_from_requests, fit_from_steps
+    from harness.records.send_lag import LAG_LIMIT_S
 
     frames, request_frames = [], []
     for path in paths:
@@ -69,7 +70,7 @@ def calibrate_from_steps(
                 raise CalibrateInputError(
                     f"{requests_file}: cannot read request records ({exc})", "--from-steps"
                 ) from None
-    latency = client_latency_from_requests(request_frames)
+    latency = client_latency_from_requests(request_frames, max_send_lag_s=LAG_LIMIT_S)
     if latency is None:
         echo(
             "client latency: 0 (no client records beside the step records; "

@@ -34,9 +34,10 @@ from pathlib import Path
 import polars as pl
 
 from harness.loadgen.plan_check import failure_message
-from harness.loadgen.records import LAG_LIMIT_S, RECORD_KINDS
+from harness.loadgen.records import RECORD_KINDS
 from harness.loadgen.row_types import checker
 from harness.records.percentiles import percentile
+from harness.records.send_lag import LAG_LIMIT_S
 
 #: The Polars type of each record kind (records.RECORD_KINDS).
 _POLARS_TYPES: dict[str, pl.DataType] = {

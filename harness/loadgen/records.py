@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from harness.records.percentiles import percentile
+from harness.records.send_lag import LAG_LIMIT_S
 
 #: The row's keys, in order, with their kinds (docs/loadgen.md describes each; times are
 #: Unix seconds): ``str``, ``int``, ``float``, ``bool`` or ``floats`` (a list of floats).
@@ -57,10 +58,6 @@ RECORD_KINDS: dict[str, str] = {
     "cut_at": "float",
 }
 RECORD_COLUMNS = tuple(RECORD_KINDS)
-
-#: A run whose p99 send lag exceeds this is generator-limited (its latencies are the
-#: generator's as much as the server's).
-LAG_LIMIT_S = 0.010
 
 
 class RecordWriter:

@@ -229,3 +229,24 @@ def test_serve_records_its_requests_at_shutdown(tmp_path, core):
     assert rows["class"].to_list() == ["chat", "batch"]
     assert rows["output_tokens"].to_list() == [3, 4] and set(rows["status"]) == {"ok"}
     assert (rows["first_token_at"] >= rows["scheduled_at"]).all()
+
+
+def test_client_latency_leaves_out_what_a_lagging_generator_sent():
+    """Requests the load generator sent late or held for its in-flight cap carry its own
+    delay in reading their first token: with a lag limit they are left out, so a busy
+    generator on a slow machine does not make the client latency ten times too long."""
+    from engine.sim.cost_fit import client_latency_from_requests
+
+    frame = pl.DataFrame(
+        {
+            "status": ["ok"] * 6,
+            "engine_ttft_s": [0.01] * 6,
+            # three quiet requests 3 ms outside the engine, three behind a busy generator
+            "ttft_from_sent_s": [0.013, 0.013, 0.013, 0.05, 0.05, 0.05],
+            "send_lag_s": [0.001, 0.002, 0.001, 0.2, 0.001, 0.3],
+            "in_flight_capped": [False, False, False, False, True, False],
+        }
+    )
+    assert client_latency_from_requests([frame])[0] == pytest.approx(0.0215)
+    latency, rows = client_latency_from_requests([frame], max_send_lag_s=0.010)
+    assert latency == pytest.approx(0.003) and rows == 3
