@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from harness.loadgen.split import share
 from harness.profiles import build_plan, load_profile, resolve_profile
@@ -24,6 +25,9 @@ from tests.harness.loadgen.test_distributed_profile import _env, _wait_for_port
 from tests.support.paths import REPO
 from tests.support.ports import free_port
 
+# served engines and Locust processes: the full suite's, not test-fast's
+pytestmark = [pytest.mark.slow]
+
 BROKEN_ENV = "SCHEDSCOPE_TEST_BROKEN_HERE"
 
 #: A user's .py profile whose schedule cannot be built on a machine that lacks what it
@@ -33,9 +37,6 @@ import os
 
 from harness.loadgen.expose import expose
 from harness.profiles import LengthDistribution, Phase, Profile, ProfileError, RequestClass
-
-# served engines and Locust processes: the full suite's, not test-fast's
-pytestmark = [pytest.mark.slow]
 
 
 class OnlyOnSomeMachines(Profile):
