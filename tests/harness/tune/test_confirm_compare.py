@@ -122,16 +122,22 @@ def test_an_open_capacity_is_extended_one_margin_step_beyond_the_rates_served():
     assert extension_rate(all_met, 0.001) is None
 
 
-def test_the_confirm_step_serves_further_rounds_until_each_capacity_is_bracketed(
-    tmp_path, monkeypatch
-):
-    """A stand-in for the served run (the real one is tested in test_tune_confirm.py):
-    a cell meets the SLO when its rate is at most the configuration's true capacity.
-    The defaults, predicted 1.14x and truly 1.5x, met at 1-1.28x (the case measured on
-    an AMD EPYC, where the comparison said only "-11% or less"); two more rounds
-    serve 1.43x (met) and 1.6x (missed): the capacity is in [1.43, 1.6)."""
+def _write_summary(cell_dir, name: str, ttft: float) -> None:
+    """The cell's summary.json as a served cell writes it: 3 short_chat requests, all ok,
+    at TTFT p95 ``ttft``."""
     import json
 
+    classes = {
+        "short_chat": {"requests": 3, "counts": {"ok": 3}, "metrics": {"ttft_s": {"p95": ttft}}}
+    }
+    summary = {"policies": {name: {"classes": classes, "overall": {}}}}
+    (cell_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def _confirm_c1_and_current(monkeypatch, stand_in_run, out, extend: int | None = None):
+    """``confirm`` of c1 (predicted 2x) and the current configuration (1.14x) on ``mixed``
+    against a 0.5 s short_chat TTFT p95, the served run replaced by ``stand_in_run``
+    (``extend``: the rounds of further rates, default ConfirmSettings'): (results, root)."""
     import harness.run
     from engine.core.cost_model import CostModel
     from harness.profiles import resolve_profile
@@ -139,25 +145,6 @@ def test_the_confirm_step_serves_further_rounds_until_each_capacity_is_bracketed
     from harness.tune.confirm import Candidate, ConfirmSettings, confirm
     from harness.tune.objective import Context
     from harness.tune.slo import Target
-
-    true_capacity = {"c1": 2.0, "current": 1.5}
-    served: list[tuple[str, float]] = []
-
-    def stand_in_run(options, console):
-        for cell in options.plan.cells:
-            served.append((cell.knob_set, cell.rate_scale))
-            ttft = 0.4 if cell.rate_scale <= true_capacity[cell.knob_set] else 0.9
-            classes = {
-                "short_chat": {
-                    "requests": 3,
-                    "counts": {"ok": 3},
-                    "metrics": {"ttft_s": {"p95": ttft}},
-                }
-            }
-            (options.out / cell.name).mkdir(parents=True)
-            summary = {"policies": {cell.name: {"classes": classes, "overall": {}}}}
-            (options.out / cell.name / "summary.json").write_text(json.dumps(summary))
-        return 0, None, options.out
 
     monkeypatch.setattr(harness.run, "run_matrix", stand_in_run)
     ctx = Context(
@@ -168,7 +155,31 @@ def test_the_confirm_step_serves_further_rounds_until_each_capacity_is_bracketed
         Candidate("current", Evaluation(knobs=knob_defaults(), value=1.14, capacity=1.14)),
     ]
     settings = ConfirmSettings(executor="sim", margin=0.12)
-    results, root = confirm(cands, ctx, "mixed", 0.1, settings, tmp_path / "confirm", _Quiet())
+    if extend is not None:
+        settings = ConfirmSettings(executor="sim", margin=0.12, extend=extend)
+    return confirm(cands, ctx, "mixed", 0.1, settings, out, _Quiet())
+
+
+def test_the_confirm_step_serves_further_rounds_until_each_capacity_is_bracketed(
+    tmp_path, monkeypatch
+):
+    """A stand-in for the served run (the real one is tested in test_tune_confirm.py):
+    a cell meets the SLO when its rate is at most the configuration's true capacity.
+    The defaults, predicted 1.14x and truly 1.5x, met at 1-1.28x (the case measured on
+    an AMD EPYC, where the comparison said only "-11% or less"); two more rounds
+    serve 1.43x (met) and 1.6x (missed): the capacity is in [1.43, 1.6)."""
+    true_capacity = {"c1": 2.0, "current": 1.5}
+    served: list[tuple[str, float]] = []
+
+    def stand_in_run(options, console):
+        for cell in options.plan.cells:
+            served.append((cell.knob_set, cell.rate_scale))
+            ttft = 0.4 if cell.rate_scale <= true_capacity[cell.knob_set] else 0.9
+            (options.out / cell.name).mkdir(parents=True)
+            _write_summary(options.out / cell.name, cell.name, ttft)
+        return 0, None, options.out
+
+    results, root = _confirm_c1_and_current(monkeypatch, stand_in_run, tmp_path / "confirm")
     c1, current = results
     assert sorted(c1.measured) == [1.76, 2.0, 2.24]  # bracketed at once: no more rounds
     assert c1.measured_capacity == 2.0 and c1.measured_capacity_below == 2.24
@@ -181,8 +192,7 @@ def test_the_confirm_step_serves_further_rounds_until_each_capacity_is_bracketed
     assert extended.startswith("extend-1/") and (root / extended / "summary.json").is_file()
     assert (root / current.measured[1.6]["cell"]).parent.name == "extend-2"
 
-    none = ConfirmSettings(executor="sim", margin=0.12, extend=0)
-    results, _ = confirm(cands, ctx, "mixed", 0.1, none, tmp_path / "confirm0", _Quiet())
+    results, _ = _confirm_c1_and_current(monkeypatch, stand_in_run, tmp_path / "confirm0", 0)
     assert sorted(results[1].measured) == [1.0, 1.14, 1.28]
 
 
@@ -268,16 +278,6 @@ def test_the_confirm_step_reads_a_cell_without_summary_json_as_no_data(tmp_path,
     open above and a round serves 2.51x (missed): in [2.0, 2.51). It used to read 2.24x
     as a miss, bracket [2.0, 2.24) and serve no more; the current configuration's
     measured capacity read 0, now None (not measured)."""
-    import json
-
-    import harness.run
-    from engine.core.cost_model import CostModel
-    from harness.profiles import resolve_profile
-    from harness.serve.knobs import knob_defaults
-    from harness.tune.confirm import Candidate, ConfirmSettings, confirm
-    from harness.tune.objective import Context
-    from harness.tune.slo import Target
-
     served: list[tuple[str, float]] = []
 
     def stand_in_run(options, console):
@@ -287,27 +287,10 @@ def test_the_confirm_step_reads_a_cell_without_summary_json_as_no_data(tmp_path,
             if cell.knob_set == "current" or cell.rate_scale == 2.24:
                 continue  # the cell failed: no summary.json
             ttft = 0.4 if cell.rate_scale <= 2.0 else 0.9
-            classes = {
-                "short_chat": {
-                    "requests": 3,
-                    "counts": {"ok": 3},
-                    "metrics": {"ttft_s": {"p95": ttft}},
-                }
-            }
-            summary = {"policies": {cell.name: {"classes": classes, "overall": {}}}}
-            (options.out / cell.name / "summary.json").write_text(json.dumps(summary))
+            _write_summary(options.out / cell.name, cell.name, ttft)
         return 0, None, options.out
 
-    monkeypatch.setattr(harness.run, "run_matrix", stand_in_run)
-    ctx = Context(
-        resolve_profile("mixed"), None, (Target("short_chat", "ttft", "p95", 0.5),), CostModel()
-    )
-    cands = [
-        Candidate("c1", Evaluation(knobs=knob_defaults(), value=2.0, capacity=2.0)),
-        Candidate("current", Evaluation(knobs=knob_defaults(), value=1.14, capacity=1.14)),
-    ]
-    settings = ConfirmSettings(executor="sim", margin=0.12)
-    (c1, current), _ = confirm(cands, ctx, "mixed", 0.1, settings, tmp_path / "c", _Quiet())
+    (c1, current), _ = _confirm_c1_and_current(monkeypatch, stand_in_run, tmp_path / "c")
     assert c1.measured[2.24]["status"] == "no data" and c1.measured[2.24]["meets"] is None
     assert sorted(c1.measured) == [1.76, 2.0, 2.24, 2.51]
     assert c1.measured_capacity == 2.0 and c1.measured_capacity_below == 2.51
