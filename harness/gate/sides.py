@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.profiles.digest import schedule_digest as digest_rows
-from harness.records.request_stats import CUT_AT
+from harness.records.request_stats import CENSORED_METRICS, CUT_AT, censored_bound, is_cut
 from harness.records.requests import STATUSES
 
 #: The per-request columns the gate keeps (the normalised form of every side).
@@ -185,15 +185,13 @@ def normalise(frame: pl.DataFrame) -> pl.DataFrame:
         out = out.with_columns(pl.lit(None, dtype=pl.List(pl.Float64)).alias("itl_s"))
     columns = list(GATE_COLUMNS)
     if CUT_AT in out.columns:
-        cut = (pl.col("status") == "aborted") & pl.col(CUT_AT).is_not_null()
+        cut = is_cut()
         if out.select(cut.any()).item():
-            elapsed = pl.col(CUT_AT) - pl.col("scheduled_at")
             out = out.with_columns(
-                pl.when(cut)
-                .then(pl.coalesce("ttft_s", elapsed))
-                .otherwise("ttft_s")
-                .alias("ttft_s"),
-                pl.when(cut).then(elapsed).otherwise("e2e_s").alias("e2e_s"),
+                *[
+                    pl.when(cut).then(censored_bound(m)).otherwise(pl.col(m)).alias(m)
+                    for m in CENSORED_METRICS
+                ],
                 cut.fill_null(False).alias(CENSORED_COLUMN),
             )
             columns.append(CENSORED_COLUMN)

@@ -91,20 +91,29 @@ def censored_distribution(values, bounds) -> dict:
     return out
 
 
+def is_cut() -> pl.Expr:
+    """Per row of records with :data:`CUT_AT`: whether it was cut in flight."""
+    return (pl.col("status") == "aborted") & pl.col(CUT_AT).is_not_null()
+
+
+def censored_bound(metric: str) -> pl.Expr:
+    """A cut request's lower bound of ``metric`` (one of :data:`CENSORED_METRICS`): the
+    time from its arrival to the cut, or its TTFT when its first token came."""
+    elapsed = pl.col(CUT_AT) - pl.col("scheduled_at")
+    return pl.coalesce(pl.col(metric), elapsed) if metric == "ttft_s" else elapsed
+
+
 def cut_rows(frame: pl.DataFrame) -> pl.DataFrame:
     """The requests of ``frame`` cut in flight by the end of the run (none when the
     records have no :data:`CUT_AT`: a simulation's, or an older load generator's)."""
     if CUT_AT not in frame.columns:
         return frame.clear()
-    return frame.filter((pl.col("status") == "aborted") & pl.col(CUT_AT).is_not_null())
+    return frame.filter(is_cut())
 
 
 def censored_bounds(cut: pl.DataFrame, metric: str) -> np.ndarray:
-    """The lower bound of ``metric`` (one of :data:`CENSORED_METRICS`) of each cut
-    request: the time from its arrival to the cut, or its TTFT when its first token came."""
-    elapsed = pl.col(CUT_AT) - pl.col("scheduled_at")
-    bound = pl.coalesce(pl.col(metric), elapsed) if metric == "ttft_s" else elapsed
-    return cut.select(bound.cast(pl.Float64)).to_series().to_numpy()
+    """:func:`censored_bound` of ``metric`` for each of the cut requests ``cut``."""
+    return cut.select(censored_bound(metric).cast(pl.Float64)).to_series().to_numpy()
 
 
 def distributions(ok: pl.DataFrame) -> dict[str, dict]:
