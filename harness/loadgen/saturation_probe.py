@@ -19,6 +19,7 @@ window, fails with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -165,10 +166,4 @@ def _turns(specs: list[RequestSpec]) -> Iterator[RequestSpec]:
     while True:
         for spec in specs:
             n += 1
-            yield _renamed(spec, f"probe-{n}")
-
-
-def _renamed(spec: RequestSpec, request_id: str) -> RequestSpec:
-    import dataclasses
-
-    return dataclasses.replace(spec, request_id=request_id)
+            yield dataclasses.replace(spec, request_id=f"probe-{n}")
