@@ -5,6 +5,7 @@ the API key, so load balancers and scrapers keep working."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 from aiohttp import web
@@ -84,7 +85,17 @@ def health_body(state: ServerState) -> dict:
         "num_engine_errors": len(stats.errors),
         "last_engine_error": stats.errors[-1] if stats.errors else None,
         "faults": stats.faults,
+        "cpus": _cpus(),
     }
+
+
+def _cpus() -> list[int] | None:
+    """The CPU ids this server may run on (its affinity); None where the platform does
+    not say."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
 
 
 def _serving_state(state: ServerState, without_progress_s: float | None) -> str:

@@ -52,6 +52,7 @@ from engine.config import EngineConfig, SchedulerConfig
 from engine.core.cost_model import CostModel, CostModelError
 from engine.factory import EXECUTORS
 from harness.costmodel.fit import CalibrateInputError
+from harness.processes.cpu_split import CpuSplit, split_of
 from harness.profiles import (
     LengthDistribution,
     Phase,
@@ -471,13 +472,15 @@ def calibrate_served(
     echo: Callable[[str], object] = print,
     console=None,
     torch_threads: int | None = None,
+    cpu_split: CpuSplit | None = None,
 ) -> CostModel:
     """Serve the engine, drive the calibration schedule against it with Locust, fit its
     steps.
 
     ``config``: the served engine's knobs (default: the engine's defaults; its model,
     its ``max_model_len`` bounding the schedule's long contexts); ``torch_threads``:
-    serve's ``--torch-threads`` (None: serve's default). ``executor``: ``torch`` (the
+    serve's ``--torch-threads`` (None: serve's default); ``cpu_split``: the server's and
+    Locust's cores (harness/processes/cpu_split.py; None: not pinned). ``executor``: ``torch`` (the
     model computes) or ``sim`` (each step sleeps what ``cost_model`` predicts, the
     built-in without one: a known truth, for tests). The run's records (steps, engine
     and client requests, the server's log, the schedule as a profile, Locust's records
@@ -512,7 +515,9 @@ def calibrate_served(
         description="schedscope calibrate's served schedule, request for request",
     )
     server = ServedEngine(
-        serve_args(executor, config, cost_model, records, torch_threads), records / "serve.log"
+        serve_args(executor, config, cost_model, records, torch_threads),
+        records / "serve.log",
+        cpus=cpu_split.serve if cpu_split is not None else None,
     )
     knobs = dict(_given_knobs(config))
     (records / RUN_JSON).write_text(
@@ -521,6 +526,7 @@ def calibrate_served(
                 "kind": "schedscope-calibrate",
                 "executor": executor,
                 "torch_threads": torch_threads,
+                "cpu_split": cpu_split.to_dict() if cpu_split is not None else None,
                 "model": model,
                 "knobs": knobs,
                 "serve_command": server.command[1:],
@@ -557,6 +563,7 @@ def calibrate_served(
                     limit_s=max(s.open_at for s in specs) + DRAIN_LIMIT_S + 60.0,
                     on_progress=lambda done: progress.update(task, completed=done),
                     grace_s=DRAIN_LIMIT_S,
+                    cpus=cpu_split.load_generator if cpu_split is not None else None,
                 )
                 epoch = get_json(url + "/health")["clock_epoch_unix"]
             except (LoadDriveError, OSError) as exc:
@@ -681,8 +688,8 @@ def _check_all_served(client: pl.DataFrame, server) -> None:
 def calibrate_quickly(fingerprint: Fingerprint) -> CostModel:
     """A quick served calibration for the fingerprint's model, executor and torch threads
     (``schedscope calibrate --quick``: the engine served here with the calibration
-    schedule, its step cycles fitted; about a minute on 2 CPU cores), its progress on
-    stderr."""
+    schedule, its step cycles fitted; about a minute on 2 CPU cores), its server pinned
+    to the fingerprint's ``serve_cores``, its progress on stderr."""
     import sys
 
     from rich.console import Console
@@ -698,6 +705,7 @@ def calibrate_quickly(fingerprint: Fingerprint) -> CostModel:
             echo=lambda line: print(line, file=sys.stderr),
             console=console,
             torch_threads=fingerprint.torch_threads,
+            cpu_split=split_of(fingerprint.serve_cores),
         )
     except (ServedCalibrationError, CalibrateInputError) as exc:
         raise ValueError(f"--cost-model auto: cannot calibrate: {exc}") from None

@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.core.cost_model import CostModel
 from harness.calibration.served import ServedCalibrationError, calibrate_served, resolve_method
 from harness.cli.app import console
+from harness.cli.options import cpu_split_option, parse_cpu_split_option
 from harness.costmodel import evidence as cost_evidence
 from harness.costmodel import store as cost_store
 from harness.costmodel.fit import (
@@ -25,8 +26,10 @@ from harness.costmodel.fit import (
     fit_summary,
     resolve_steps_origin,
     save_cost_model,
+    steps_origin,
 )
 from harness.costmodel.machine import Fingerprint, fingerprint
+from harness.processes.cpu_split import serve_cores
 from harness.serve.knobs import flag_name, knob_defaults, with_engine_knobs
 
 
@@ -95,6 +98,7 @@ def calibrate(
         "fit's fingerprint. --from-steps: the threads the steps ran with, when nothing "
         "beside them says.",
     ),
+    cpu_split: str = cpu_split_option(),
     cost_model: Path | None = typer.Option(
         None,
         "--cost-model",
@@ -138,6 +142,8 @@ def calibrate(
             )
         )
         return
+    split = parse_cpu_split_option(cpu_split)
+    served_on: int | None = serve_cores(split)
     try:
         refuse_planted_faults()
         chosen = resolve_method(
@@ -159,6 +165,8 @@ def calibrate(
                 from_steps, executor, torch_threads, model
             )
             console.print(origin, soft_wrap=True, highlight=False, markup=False)
+            pinned = {steps_origin(p).serve_cores for p in from_steps} - {None}
+            served_on = pinned.pop() if pinned else None  # what the records say
             fitted = calibrate_from_steps(from_steps, model, echo=console.print)
         elif chosen == "profile":
             fitted = calibrate_by_profiling(model, device, block_size, repeats or 5, quick)
@@ -173,6 +181,7 @@ def calibrate(
                 echo=console.print,
                 console=console,
                 torch_threads=torch_threads,
+                cpu_split=split,
             )
     except CalibrateInputError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.param_hint) from None
@@ -180,7 +189,9 @@ def calibrate(
         # the server's log is text, not rich markup (it has "[core]" and the like)
         console.print(f"calibration failed: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    machine = _fit_fingerprint(fitted, model, device, chosen, executor or "torch", torch_threads)
+    machine = _fit_fingerprint(
+        fitted, model, device, chosen, executor or "torch", torch_threads, served_on
+    )
     if out is None:
         # The store keeps the steps the fit came from: served runs' cells refit from them.
         pool = cost_evidence.of_calibration(fitted, from_steps if chosen == "steps" else None)
@@ -213,14 +224,20 @@ def _fit_fingerprint(
     method: str,
     executor: str,
     torch_threads: int | None,
+    serve_cores: int | None,
 ) -> Fingerprint:
     """The machine the fit stands for: a profiling fit's own device and torch threads;
     a fit of served steps (a served calibration, or --from-steps), the served engine's
-    executor and torch threads (a sim-executor fit never stands in for the torch
-    engine's; ``torch_threads`` None or 0: serve's default here)."""
+    executor, torch threads and pinned cores (a sim-executor fit never stands in for the
+    torch engine's; ``torch_threads`` None or 0: serve's default here; ``serve_cores``
+    None: the automatic --cpu-split's)."""
     if method in ("served", "steps"):
         return fingerprint(
-            model, executor=executor, device=device, torch_threads=torch_threads or None
+            model,
+            executor=executor,
+            device=device,
+            torch_threads=torch_threads or None,
+            serve_cores=serve_cores,
         )
     threads = fitted.fit.get("threads")
     return fingerprint(

@@ -19,6 +19,7 @@ from engine.faults import ENV_VAR, FaultError, Faults
 if TYPE_CHECKING:
     from harness.costmodel.choice import Choice
     from harness.costmodel.machine import Fingerprint
+    from harness.processes.cpu_split import CpuSplit
 
 
 #: The profile a command runs without --profile (``default`` is its alias).
@@ -94,6 +95,29 @@ def torch_threads_option(there: str = ""):
             there,
         ),
     )
+
+
+def cpu_split_option():
+    """``--cpu-split``: the served engine's and the load generator's cores."""
+    return typer.Option(
+        "auto",
+        "--cpu-split",
+        help="Pin the engine this command serves and its load generator to disjoint "
+        "cores, so a step's cost is the engine's and not its neighbour's: auto (the "
+        "default: the first half of the cores, rounded up, to the server, the rest to "
+        "the load generator; nothing on a 1-core machine), off (nothing pinned), or "
+        "SERVE:LOAD as CPU lists (0:1, 0-5:6,7). Recorded in each cell's run.json.",
+    )
+
+
+def parse_cpu_split_option(value: str) -> CpuSplit | None:
+    """``--cpu-split``'s value as a split; a usage error naming the flag when unusable."""
+    from harness.processes.cpu_split import CpuSplitError, parse_cpu_split
+
+    try:
+        return parse_cpu_split(value)
+    except CpuSplitError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cpu-split") from None
 
 
 def parse_policies(value: str) -> list[str]:

@@ -14,11 +14,17 @@ import typer
 
 from harness.cli import options
 from harness.cli.app import console, err_console
-from harness.cli.options import check_faults, choose_cost_model, parse_policies
+from harness.cli.options import (
+    check_faults,
+    choose_cost_model,
+    parse_cpu_split_option,
+    parse_policies,
+)
 from harness.cli.rate_scale import rate_scale_option
 from harness.costmodel.choice import cell_lines, is_named_choice
 from harness.costmodel.machine import Fingerprint, fingerprint
 from harness.loadgen.options import ENDPOINTS, PROMPT_MODES
+from harness.processes.cpu_split import CpuSplit, serve_cores
 from harness.profiles import ProfileError, resolve_profile
 from harness.run.settings import START_TIMEOUT_S, RunSettings, RunSettingsError
 from harness.serve.knobs import with_engine_knobs
@@ -103,6 +109,7 @@ def run(
     executor: str = options.executor_option(),
     cost_model: str | None = options.cost_model_option("For --simulate and --executor sim."),
     torch_threads: int | None = options.torch_threads_option(),
+    cpu_split: str = options.cpu_split_option(),
     prometheus: bool = typer.Option(
         False,
         "--prometheus",
@@ -226,6 +233,7 @@ def run(
     settings = _settings(
         executor=executor,
         torch_threads=torch_threads,
+        cpu_split=parse_cpu_split_option(cpu_split),
         target=target,
         target_trace_file=target_trace_file,
         target_otlp_port=target_otlp_port,
@@ -278,7 +286,9 @@ def run(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workers/--expect-workers") from None
     machines = {
-        c.name: _cell_machine(c, simulate_mode, settings.target, executor, torch_threads)
+        c.name: _cell_machine(
+            c, simulate_mode, settings.target, executor, torch_threads, settings.cpu_split
+        )
         for c in plan.cells
     }
     cost_models = _cost_model_files(
@@ -427,17 +437,24 @@ def _check_shippable(profile: str) -> None:
 
 
 def _cell_machine(
-    cell: Cell, simulate: bool, target: str | None, executor: str, torch_threads: int | None
+    cell: Cell,
+    simulate: bool,
+    target: str | None,
+    executor: str,
+    torch_threads: int | None,
+    split: CpuSplit | None,
 ) -> Fingerprint:
     """The fingerprint of one cell's steps: its model, run by its executor (the run's
     unless its knob set sets one; ``torch`` simulated, ``external`` for a --target) with
-    its torch threads (likewise; None or 0: serve's default)."""
+    its torch threads (likewise; None or 0: serve's default), served pinned as ``split``
+    says (a simulated run predicts a served one: the automatic split)."""
     return fingerprint(
         cell.config.model if cell.config is not None else "tiny",
         executor="torch"
         if simulate
         else ("external" if target else cell.setting("executor", executor)),
         torch_threads=cell.setting("torch_threads", torch_threads) or None,
+        serve_cores=None if simulate or target else serve_cores(split),
     )
 
 

@@ -107,6 +107,9 @@ class StepsOrigin:
     model: str | None = None
     #: the planted faults its run recorded (SCHEDSCOPE_FAULT); None: none
     faults: dict | None = None
+    #: the cores its server was pinned to (run.json ``cpu_split``; 0: a record that
+    #: names none, made unpinned); None without a record
+    serve_cores: int | None = None
 
 
 def steps_file(path: Path) -> Path:
@@ -136,6 +139,8 @@ def steps_origin(path: Path) -> StepsOrigin:
     knobs = data.get("knobs")
     model = data.get("model") or (knobs.get("model") if isinstance(knobs, dict) else None)
     faults = data.get("faults")
+    split = data.get("cpu_split")
+    serve = split.get("serve") if isinstance(split, dict) else None
     return StepsOrigin(
         file,
         record,
@@ -143,6 +148,7 @@ def steps_origin(path: Path) -> StepsOrigin:
         (threads or None) if isinstance(threads, int) else None,
         model if isinstance(model, str) else None,
         faults if isinstance(faults, dict) and faults else None,
+        len(serve) if isinstance(serve, list) else 0,
     )
 
 
@@ -173,8 +179,13 @@ def resolve_steps_origin(
             )
         origins.append(steps_origin(path))
     recorded = [o for o in origins if o.record is not None]
-    for name, attr in (("executors", "executor"), ("torch threads", "torch_threads")):
-        seen = [o for o in recorded if attr == "torch_threads" or o.executor is not None]
+    kinds = (
+        ("executors", "executor"),
+        ("torch threads", "torch_threads"),
+        ("server cores (cpu_split)", "serve_cores"),
+    )
+    for name, attr in kinds:
+        seen = [o for o in recorded if attr != "executor" or o.executor is not None]
         if len({getattr(o, attr) for o in seen}) > 1:
             named = ", ".join(f"{o.steps}: {getattr(o, attr) or 'default'}" for o in seen)
             raise CalibrateInputError(

@@ -28,6 +28,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from harness.processes.cpu_split import auto_split
+from harness.processes.cpu_split import serve_cores as cores_of
+
 #: The CPU flags that change which kernels torch runs (its CPU capability, oneDNN's and
 #: MKL's code paths): x86 vector and matrix extensions, Arm's NEON/SVE.
 ISA_FLAGS = (
@@ -72,6 +75,9 @@ class Fingerprint:
     cores: int
     #: torch's intra-op threads the fitted (or predicted) steps run with
     torch_threads: int
+    #: the cores the served engine is pinned to, apart from its load generator's
+    #: (harness/processes/cpu_split.py); 0: not pinned
+    serve_cores: int
     #: torch's version with its build tag (2.13.0+cpu, 2.5.1+cu124)
     torch: str
     #: the commit torch was built from: pins its BLAS (MKL, OpenBLAS) and compile flags
@@ -115,7 +121,8 @@ class Fingerprint:
         )
         return (
             f"{self.cpu_model} ({self.arch}, {isa}), {self.cores} cores, "
-            f"{self.torch_threads} torch thread{'s' if self.torch_threads != 1 else ''}, "
+            + (f"serve pinned to {self.serve_cores}, " if self.serve_cores else "")
+            + f"{self.torch_threads} torch thread{'s' if self.torch_threads != 1 else ''}, "
             f"torch {self.torch}{cap}{gpu}; model {self.model} [{self.model_config}], "
             f"{self.executor} executor on {self.device}; schedscope {self.schedscope} "
             f"[key {self.key}]"
@@ -128,9 +135,11 @@ class Fingerprint:
     @classmethod
     def from_dict(cls, data: dict) -> Fingerprint:
         names = {f.name for f in fields(cls)}
-        missing = sorted(names - set(data))
+        missing = sorted(names - set(data) - {"serve_cores"})
         if missing:
             raise FingerprintError(f"fingerprint lacks {missing}")
+        # a fit stored before servers were pinned ran unpinned: say so, not "unreadable"
+        data = {"serve_cores": 0, **data}
         values = {k: data[k] for k in names}
         values["isa"] = tuple(values["isa"])
         return cls(**values)
@@ -155,13 +164,15 @@ def fingerprint(
     executor: str = "torch",
     device: str | None = None,
     torch_threads: int | None = None,
+    serve_cores: int | None = None,
     **given,
 ) -> Fingerprint:
     """This machine's fingerprint for steps of ``model`` (a preset name or a checkpoint
     directory) run by ``executor`` on ``device`` (default: cuda when torch was built for
     it and an NVIDIA driver is loaded, else cpu) with ``torch_threads`` (default: what
-    ``schedscope serve`` uses here). Any other part may be given instead of read
-    (``given``: tests, or a fit's own facts)."""
+    ``schedscope serve`` uses here) and the server pinned to ``serve_cores`` cores (0:
+    not pinned; default: as the automatic ``--cpu-split`` pins it). Any other part may
+    be given instead of read (``given``: tests, or a fit's own facts)."""
     unknown = sorted(set(given) - {f.name for f in fields(Fingerprint)})
     if unknown:
         raise TypeError(f"fingerprint() got unknown parts {unknown}")
@@ -173,7 +184,10 @@ def fingerprint(
         "arch": lambda: platform.machine() or "unknown",
         "isa": lambda: _cpu()[1],
         "cores": _cores,
-        "torch_threads": lambda: torch_threads or serving_torch_threads(),
+        "serve_cores": lambda: cores_of(auto_split()) if serve_cores is None else serve_cores,
+        "torch_threads": lambda: (
+            torch_threads or serving_torch_threads(values.get("serve_cores") or None)
+        ),
         "torch": lambda: _torch_build()[0],
         "torch_build": lambda: _torch_build()[1],
         "cpu_capability": lambda: os.environ.get("ATEN_CPU_CAPABILITY") or "auto",
@@ -184,7 +198,9 @@ def fingerprint(
         "device": lambda: device or ("cuda" if _nvidia_gpu() and _torch_build()[2] else "cpu"),
         "schedscope": lambda: _version("schedscope"),
     }
-    values = {name: given[name] if name in given else read() for name, read in readers.items()}
+    values: dict[str, Any] = {}
+    for name, read in readers.items():  # in order: torch_threads reads serve_cores
+        values[name] = given[name] if name in given else read()
     values["isa"] = tuple(sorted(values["isa"]))
     return Fingerprint(**values)
 
@@ -238,8 +254,10 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def serving_torch_threads() -> int:
-    """torch's intra-op threads when serving: one core fewer than the machine has.
+def serving_torch_threads(cores: int | None = None) -> int:
+    """torch's intra-op threads when serving: one fewer than ``cores`` (default: the
+    cores this process may run on; a server pinned apart from its load generator runs
+    on those it was given: harness/processes/cpu_split.py).
 
     torch's CPU threads (OpenMP) wait for each other at the end of every parallel
     region; when the event loop, the tokenizer or a co-located load generator takes one
@@ -247,7 +265,7 @@ def serving_torch_threads() -> int:
     cores (tiny model, one stream): a decode step takes 5.3 ms served with 2 threads,
     2.3 ms with 1, and 1.6 ms offline with 2 (benchmarks/bench_serving.py).
     """
-    return max(1, (os.cpu_count() or 1) - 1)
+    return max(1, (cores or _cores()) - 1)
 
 
 @cache

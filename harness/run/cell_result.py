@@ -111,6 +111,12 @@ def write_cell_info(result: CellResult, settings: CellSettings, info: dict) -> C
         "target": redact_url(settings.target) if settings.target else None,
         "executor": settings.executor if result.mode == "serve" else None,
         "torch_threads": settings.torch_threads if result.mode == "serve" else None,
+        # the served engine's and the load generator's cores (None: not pinned)
+        "cpu_split": (
+            settings.cpu_split.to_dict()
+            if settings.cpu_split is not None and result.mode == "serve"
+            else None
+        ),
         "settings": cell.settings,
         # how long it waited for its last requests, and why (harness/run/drain.py)
         "grace": settings.grace,

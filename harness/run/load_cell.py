@@ -149,10 +149,12 @@ def _start_server(stack: ExitStack, run: LoadCell) -> ServedEngine | None:
     server's exit code are then recorded, and the server is already stopped.
     """
     settings = run.settings
+    split = settings.cpu_split
     server = ServedEngine(
         _serve_args(run.cell, settings, run.raw),
         run.cell_dir / "serve.log",
         settings.start_timeout_s,
+        cpus=split.serve if split is not None else None,
     )
     stack.callback(server.stop)
     run.info["serve_command"] = server.command[1:]
@@ -167,6 +169,8 @@ def _start_server(stack: ExitStack, run: LoadCell) -> ServedEngine | None:
     run.info["url"] = url
     run.info["clock_epoch_unix"] = server.health.get("clock_epoch_unix")
     run.info["faults"] = server.health.get("faults", {})
+    # the cores the server says it runs on: the split as it took effect, not as asked
+    run.info["serve_cpus"] = server.health.get("cpus")
     return server
 
 
@@ -213,6 +217,10 @@ def _run_locust(stack: ExitStack, run: LoadCell, url: str, metrics: MetricsSourc
         extra=list(settings.locust_args),
         grace_s=grace_s,
         secrets={env_var("--api-key"): settings.api_key} if settings.api_key else None,
+        # a --target's server is not ours to pin, nor then its load generator
+        cpus=settings.cpu_split.load_generator
+        if settings.cpu_split is not None and run.result.mode == "serve"
+        else None,
     )
     run.info["locust_command"] = redact_argv(["locust", *locust.args])
     locust.start()

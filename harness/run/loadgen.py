@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.processes.cpu_split import pin
 from harness.processes.stop import stop_process
 from harness.profiles.loader import ALIASES, SUFFIXES, shipped_profiles_dir
 from harness.run.server import repo_env
@@ -116,10 +117,13 @@ class LocustRun:
         extra: list[str] | None = None,
         grace_s: float = 30.0,
         secrets: dict[str, str] | None = None,
+        cpus: tuple[int, ...] | None = None,
     ) -> None:
         """``secrets``: environment variables for Locust (``LOCUST_API_KEY``): a secret
-        on its command line would be in every process list."""
+        on its command line would be in every process list. ``cpus``: pin Locust (and
+        the worker processes it starts) to these CPU ids; None: not pinned."""
         self.secrets = dict(secrets or {})
+        self.cpus = cpus
         self.args = [
             "-f",
             str(locustfile),
@@ -159,6 +163,8 @@ class LocustRun:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+        if self.cpus:  # before it forks its workers, which inherit it
+            pin(self.process.pid, self.cpus)
 
     def _started(self) -> subprocess.Popen:
         assert self.process is not None, "start() first"
@@ -289,11 +295,13 @@ def drive_to_end(
     seed: int | None = None,
     on_progress: Callable[[int], object] | None = None,
     grace_s: float = 30.0,
+    cpus: tuple[int, ...] | None = None,
 ) -> DrivenLoad:
     """Run ``profile`` (a file) with Locust against ``url`` until it ends, at most
     ``limit_s`` seconds (then it is stopped and this raises), its records and
     ``locust.log`` into ``records_dir``; ``on_progress`` gets the number of requests
-    ended so far, about twice a second. Raises :class:`LoadDriveError`."""
+    ended so far, about twice a second; ``cpus``: Locust's CPU ids (None: not pinned).
+    Raises :class:`LoadDriveError`."""
     import polars as pl
 
     from harness.loadgen.merge import MergeError, merge_records
@@ -309,6 +317,7 @@ def drive_to_end(
         duration_scale=1.0,
         seed=seed,
         grace_s=grace_s,
+        cpus=cpus,
     )
     tail = RecordsTail(records_dir)
     locust.start()

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from harness.costmodel.choice import cell_lines
 from harness.loadgen.prompt_choice import PromptChoice
+from harness.processes.cpu_split import serve_cores
 from harness.profiles import resolve_profile
 from harness.records.redact import redact_argv
 from harness.report import errors as error_lines
@@ -254,7 +255,12 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
         from harness.run.simulator_check import check_models
 
         # Chosen before any cell serves: every check is out of sample (docs/run.md).
-        checks = check_models(plan.cells, options.settings.executor, options.settings.torch_threads)
+        served = options.settings
+        checks = check_models(
+            plan.cells, served.executor, served.torch_threads, serve_cores(served.cpu_split)
+        )
+        if served.cpu_split is not None:
+            console.print(served.cpu_split.line(), soft_wrap=True, highlight=False, markup=False)
         for line in cell_lines({name: c.line for name, c in checks.items()}):
             console.print(f"simulator check: {line}", soft_wrap=True, highlight=False, markup=False)
     results: list[CellResult] = []

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from engine.api.serving_line import serving_url
+from harness.processes.cpu_split import pin
 from harness.processes.stop import stop_process
 
 
@@ -49,8 +50,12 @@ class ServedEngine:
         log_path: Path,
         start_timeout_s: float = 180.0,
         stop_timeout_s: float = 60.0,
+        cpus: tuple[int, ...] | None = None,
     ) -> None:
+        """``cpus``: pin the server to these CPU ids as it starts (its load generator's
+        are others: harness/processes/cpu_split.py); None: not pinned."""
         self.args = args
+        self.cpus = cpus
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -96,6 +101,8 @@ class ServedEngine:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+        if self.cpus:  # before it starts torch's threads, which inherit it
+            pin(self.process.pid, self.cpus)
         deadline = time.monotonic() + self.start_timeout_s
         while not self.url:
             self.url = serving_url(self.log_path.read_text(errors="replace")) or ""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.processes.cpu_split import CpuSplit, auto_split
 from harness.profiles import Profile, build_plan
 from harness.records.redact import redact_url
 
@@ -48,6 +49,9 @@ class RunSettings:
     cost_model: Path | None = None
     #: a served cell's ``--torch-threads`` (None: serve's default)
     torch_threads: int | None = None
+    #: the served engine's and the load generator's cores (--cpu-split; None: not
+    #: pinned; default: the automatic split): harness/processes/cpu_split.py
+    cpu_split: CpuSplit | None = dataclasses.field(default_factory=auto_split)
     #: an external OpenAI-compatible server's base URL instead of a served engine
     target: str | None = None
     #: with ``target``: the OTLP-JSON lines file the target writes its spans to
@@ -113,6 +117,8 @@ class RunSettings:
             value = getattr(self, f.name)
             if isinstance(value, Path):
                 value = str(value)
+            elif isinstance(value, CpuSplit):
+                value = value.to_dict()
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = redact_url(value) if isinstance(value, str) else value

@@ -70,20 +70,28 @@ class CheckModel:
 
 
 def cell_fingerprint(
-    config: EngineConfig | None, executor: str, torch_threads: int | None
+    config: EngineConfig | None,
+    executor: str,
+    torch_threads: int | None,
+    serve_cores: int | None = None,
 ) -> Fingerprint:
     """The fingerprint of a served cell's steps: its model, run by ``executor`` on this
-    machine with ``torch_threads`` (serve's default when None), as ``schedscope run``
-    and the store build it."""
+    machine with ``torch_threads`` (serve's default when None), its server pinned to
+    ``serve_cores`` cores (0: not pinned; None: as the automatic --cpu-split pins it),
+    as ``schedscope run`` and the store build it."""
     return fingerprint(
         config.model if config is not None else "tiny",
         executor=executor,
         torch_threads=torch_threads,
+        serve_cores=serve_cores,
     )
 
 
 def check_models(
-    cells: Iterable[Cell], executor: str, torch_threads: int | None
+    cells: Iterable[Cell],
+    executor: str,
+    torch_threads: int | None,
+    serve_cores: int | None = None,
 ) -> dict[str, CheckModel]:
     """Cell name -> the model its check uses, chosen now (call it before any cell serves:
     a cell's refit must not be the model a later cell of the same run is checked with).
@@ -97,6 +105,7 @@ def check_models(
             cell.config,
             cell.setting("executor", executor),
             cell.setting("torch_threads", torch_threads),
+            serve_cores,
         )
         if machine.key not in chosen:
             choice = choose(None, machine)

@@ -64,7 +64,8 @@ def test_a_cells_recorded_executor_and_threads_are_the_fits(tmp_path, steps_dir)
     assert code == 0, text
     assert "the steps ran on the sim executor with 3 torch threads" in text, text
     stored = fitted_fingerprint(out)
-    expected = fingerprint("tiny", executor="sim", torch_threads=3)
+    # a record that names no cpu_split was made unpinned
+    expected = fingerprint("tiny", executor="sim", torch_threads=3, serve_cores=0)
     assert stored["executor"] == "sim" and stored["torch_threads"] == 3
     assert stored["key"] == expected.key
     # --executor agreeing with the record is accepted
@@ -86,7 +87,23 @@ def test_a_served_calibrations_records_name_their_executor(tmp_path, steps_dir):
     out = tmp_path / "fit.json"
     code, text = calibrate("--from-steps", str(directory / "steps.parquet"), "--out", str(out))
     assert code == 0, text
-    assert fitted_fingerprint(out)["key"] == fingerprint("tiny", executor="sim").key
+    assert fitted_fingerprint(out)["key"] == fingerprint("tiny", executor="sim", serve_cores=0).key
+
+
+def test_the_recorded_cpu_split_is_the_fits(tmp_path, steps_dir):
+    """A run whose server was pinned to one core (run.json ``cpu_split``) stands for
+    steps served on one core, whatever --cpu-split the refit is given."""
+    split = {"serve": [0], "load_generator": [1], "chosen": "auto"}
+    directory = cell(tmp_path, steps_dir, "fcfs", executor="sim", cpu_split=split)
+    out = tmp_path / "fit.json"
+    code, text = calibrate("--from-steps", str(directory), "--cpu-split", "off", "--out", str(out))
+    assert code == 0, text
+    assert fitted_fingerprint(out)["serve_cores"] == 1
+    other = cell(tmp_path, steps_dir, "sjf", executor="sim")
+    code, text = calibrate(
+        "--from-steps", str(directory), "--from-steps", str(other), "--out", str(out)
+    )
+    assert code == 2 and "different server cores" in text, text
 
 
 def test_steps_nothing_describes_need_executor(tmp_path, steps_dir, monkeypatch):

@@ -28,6 +28,7 @@ PARTS = {
     "isa": ("avx", "avx2", "avx512f", "fma"),
     "cores": 2,
     "torch_threads": 1,
+    "serve_cores": 1,
     "torch": "2.13.0+cpu",
     "torch_build": "cf30153c4c131c8164ee7798e5022d810682e2cb",
     "cpu_capability": "auto",

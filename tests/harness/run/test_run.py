@@ -254,6 +254,33 @@ def test_served_knob_sets_of_other_fingerprints_are_each_checked_with_their_own_
         assert info["cost_fit"]["stored"] == str(path), info["cost_fit"]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin apart")
+def test_the_server_and_the_load_generator_run_on_the_cores_given(tmp_path):
+    """--cpu-split SERVE:LOAD pins the served engine (its /health says where it runs,
+    and run.json keeps it) apart from Locust; the split is printed and recorded."""
+    first, *_, last = sorted(os.sched_getaffinity(0))
+    out = tmp_path / "run"
+    proc = run_cli(
+        ["--executor", "sim", "--policy", "fcfs", "--duration-scale", "0.03"]
+        + ["--cpu-split", f"{last}:{first}", "--grace", "10", "--no-report", "--out", str(out)]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = f"CPU split (given): schedscope serve on CPU {last}, the load generator on CPU {first}"
+    assert said in proc.stdout, proc.stdout
+    info = json.loads((out / "fcfs" / "run.json").read_text())
+    assert info["cpu_split"] == {"serve": [last], "load_generator": [first], "chosen": "given"}
+    assert info["serve_cpus"] == [last]
+    assert info["machine"]["serve_cores"] == 1
+
+
+def test_a_cpu_split_outside_this_machine_is_a_usage_error(tmp_path):
+    beyond = max(os.sched_getaffinity(0)) + 1
+    proc = run_cli(["--simulate", "--cpu-split", f"0:{beyond}", "--out", str(tmp_path / "r")])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--cpu-split" in proc.stderr and f"CPU {beyond} not available" in proc.stderr
+
+
 def test_simulate_runs_have_no_simulator_check(tmp_path):
     out = tmp_path / "sim"
     proc = run_cli(
