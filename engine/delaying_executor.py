@@ -28,7 +28,9 @@ class DelayingExecutor:
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         result = self.inner.execute(out)
-        delay = self.faults.step_delay_s(out.num_prefill_tokens, out.num_decode_seqs)
+        delay = self.faults.step_delay_s(
+            out.num_prefill_tokens, out.num_decode_seqs, result.duration_s
+        )
         if delay > 0:
             if self.sleep:
                 started = time.perf_counter()

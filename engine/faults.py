@@ -54,6 +54,9 @@ class Faults:
     decode_step_delay_s: float = 0.0
     #: ``"reversed"``: sjf serves the longest request first. Empty: sjf as it is.
     sjf_order: str = ""
+    #: Each step's executor time grows by this fraction of itself (0.1: 10% longer): a
+    #: slower model runner, the same for every batch shape.
+    step_slowdown: float = 0.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Faults:
@@ -88,11 +91,16 @@ class Faults:
 
     @property
     def delays_steps(self) -> bool:
-        return self.prefill_token_delay_s > 0 or self.decode_step_delay_s > 0
+        return (
+            self.prefill_token_delay_s > 0 or self.decode_step_delay_s > 0 or self.step_slowdown > 0
+        )
 
-    def step_delay_s(self, num_prefill_tokens: int, num_decode_seqs: int) -> float:
-        """The seconds planted into a step of this composition."""
-        delay = self.prefill_token_delay_s * num_prefill_tokens
+    def step_delay_s(
+        self, num_prefill_tokens: int, num_decode_seqs: int, executed_s: float = 0.0
+    ) -> float:
+        """The seconds planted into a step of this composition whose executor took
+        ``executed_s``."""
+        delay = self.prefill_token_delay_s * num_prefill_tokens + self.step_slowdown * executed_s
         if num_decode_seqs:
             delay += self.decode_step_delay_s
         return delay
@@ -127,6 +135,16 @@ def _seconds(key: str, raw: str) -> float:
     return value
 
 
+def _fraction(key: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise FaultError(key, f"fault key {key!r}: {raw!r} is not a fraction >= 0 (0.1: 10%)")
+    return value
+
+
 def _sjf_order(key: str, raw: str) -> str:
     if raw != REVERSED:
         raise FaultError(key, f"fault key {key!r}: {raw!r} is not {REVERSED!r}, its one value")
@@ -137,6 +155,7 @@ def _sjf_order(key: str, raw: str) -> str:
 _PARSERS: dict[str, Callable[[str, str], float | str]] = {
     "prefill_token_delay_s": _seconds,
     "decode_step_delay_s": _seconds,
+    "step_slowdown": _fraction,
     "sjf_order": _sjf_order,
 }
 _KNOWN = ", ".join(_PARSERS)

@@ -66,7 +66,8 @@ def gate(
         raise typer.Exit(USAGE) from None
     code = result.exit_code
     title = "schedscope gate: " + ", ".join(str(p) for p in current)
-    table = outputs.markdown(result.checks, result.notes, code, title)
+    kind = result.diagnosis.kind if code else None
+    table = outputs.markdown(result.checks, result.notes, code, title, kind)
     console.print(table, markup=False, highlight=False, soft_wrap=True)
     for line in outputs.failure_lines(result.checks):
         err_console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -78,7 +79,9 @@ def gate(
         if junit is not None:
             outputs.junit(result.checks, junit)
         if json_out is not None:
-            body = outputs.as_json(result.checks, result.notes, code, result.sides())
+            body = outputs.as_json(
+                result.checks, result.notes, code, result.sides(), result.diagnosis.to_dict()
+            )
             outputs.write_json(body, json_out)
     except OSError as exc:
         err_console.print(
@@ -86,5 +89,5 @@ def gate(
             soft_wrap=True,
         )
         raise typer.Exit(USAGE) from None
-    console.print(outputs.verdict_line(result.checks, code), markup=False)
+    console.print(outputs.verdict_line(result.checks, code, kind), markup=False)
     raise typer.Exit(code)

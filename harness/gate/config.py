@@ -10,7 +10,7 @@
     [[rule]]
     cell = "*"               # a cell (policy or matrix cell) or "*" (every cell)
     class = "short_chat"     # a request class, "all" (every request) or "*" (each class)
-    metric = "ttft"          # ttft itl tpot e2e queue stall goodput error_rate
+    metric = "ttft"          # ttft itl tpot e2e queue stall goodput error_rate step_cost
     percentile = 95          # latency metrics: 0..100 or "mean"
     max_regression = 0.10    # relative: fail when current is worse by more than 10%
     max = 2.0                # absolute ceiling (seconds; error_rate: a fraction)
@@ -43,6 +43,9 @@ METRICS: dict[str, tuple[str, str, bool]] = {
 }
 #: Metrics that are one number per run (no percentile).
 RATE_METRICS = ("goodput", "error_rate")
+#: The served engine's cost per step, priced over the same batches on both sides
+#: (harness/gate/step_cost.py): a relative rule of real served runs, of every request.
+STEP_COST = "step_cost"
 SIMULATED_MODES = ("exact", "rules")
 GATE_KEYS = {"confidence", "resamples", "seed", "simulated", "num_blocks"}
 RULE_KEYS = {"name", "cell", "class", "metric", "percentile", "max_regression", "max", "min"}
@@ -66,12 +69,12 @@ class Rule:
 
     @property
     def higher_is_better(self) -> bool:
-        return METRICS[self.metric][2]
+        return False if self.metric == STEP_COST else METRICS[self.metric][2]
 
     @property
     def statistic(self) -> str:
         """``p95``, ``mean`` or ``rate``: how the metric is summarised."""
-        if self.metric in RATE_METRICS:
+        if self.metric in RATE_METRICS or self.metric == STEP_COST:
             return "rate"
         if self.percentile is None:
             return "mean"
@@ -120,12 +123,14 @@ def _rule(index: int, table) -> Rule:
     if "metric" not in table:
         raise GateConfigError(f"{where}.metric: missing")
     metric = _text(f"{where}.metric", table["metric"])
-    if metric not in METRICS:
+    if metric not in METRICS and metric != STEP_COST:
         raise GateConfigError(
-            f"{where}.metric: unknown metric {metric!r} (known: {', '.join(METRICS)})"
+            f"{where}.metric: unknown metric {metric!r} (known: {', '.join(METRICS)}, {STEP_COST})"
         )
     percentile: float | None = None
-    if metric in RATE_METRICS:
+    if metric == STEP_COST:
+        _step_cost_rule(where, table)
+    elif metric in RATE_METRICS:
         if "percentile" in table:
             raise GateConfigError(f"{where}.percentile: {metric} is a rate, it has no percentile")
     else:
@@ -153,6 +158,21 @@ def _rule(index: int, table) -> Rule:
         **checked,
     )
     return rule
+
+
+def _step_cost_rule(where: str, table: dict) -> None:
+    """A step_cost rule compares two sides' steps, of every request: a relative
+    tolerance only, no percentile, no class."""
+    for key in ("percentile", "max", "min"):
+        if key in table:
+            raise GateConfigError(
+                f"{where}.{key}: {STEP_COST} is a relative change of the cost per step; it "
+                "takes max_regression only"
+            )
+    if table.get("class", ALL_REQUESTS) != ALL_REQUESTS:
+        raise GateConfigError(
+            f"{where}.class: {STEP_COST} is of every step, not of a class (leave class out)"
+        )
 
 
 def parse_config(data: dict, source: str = "(inline)") -> GateConfig:

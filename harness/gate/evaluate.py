@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from harness.gate.config import ALL_REQUESTS, EVERY, METRICS, GateConfig, Rule
+from harness.gate.config import ALL_REQUESTS, EVERY, METRICS, STEP_COST, GateConfig, Rule
 from harness.gate.sides import CENSORED_COLUMN, RUN_COLUMN, CellData, GateInputError, Side
 from harness.records.request_stats import CENSORED_METRICS
 from harness.report.stats import (
@@ -383,6 +383,59 @@ def _regression(
     )
 
 
+def _step_cost(rule: Rule, name: str, baseline: Side, current: Side, config: GateConfig) -> Check:
+    """The step-cost line of cell ``name`` (harness/gate/step_cost.py)."""
+    from harness.gate import step_cost
+
+    tolerance = rule.max_regression
+    assert tolerance is not None
+    if baseline.simulated:
+        return Check(
+            rule.name, name, ALL_REQUESTS, rule.label, "regression", tolerance, None, None,
+            None, None, "none", True,
+            "no comparison: simulated steps take what the cost model prices them at, so "
+            "their cost cannot regress (the exact comparison sees a scheduling change)",
+            inconclusive=True,
+        )  # fmt: skip
+    sides = ((baseline, "baseline"), (current, "current"))
+    for side, what in sides:
+        if not side.cells[name].steps:
+            raise GateInputError(
+                f"rule {rule.name}: {STEP_COST} needs the served engine's step records "
+                f"(steps.parquet) of every run of cell {name} on both sides; the {what} "
+                f"({side.path}) has none (a --target run, a simulation, a baseline file or "
+                "a summary.json records no steps)"
+            )
+    result = step_cost.step_cost_change(
+        step_cost.read_step_runs(baseline.cells[name].steps),
+        step_cost.read_step_runs(current.cells[name].steps),
+        confidence=config.confidence,
+        resamples=config.resamples,
+        num_blocks=config.num_blocks,
+        seed=config.seed,
+    )
+    low, high = result.interval
+    passed = low <= tolerance
+    how = (
+        f"{result.current_cycles} steps against {result.baseline_cycles}, priced alike; "
+        f"runs drawn {result.runs_drawn}"
+    )
+    if passed and high > tolerance:
+        verdict = f"reaches past the tolerance {tolerance_text(tolerance)}: within noise"
+    else:
+        verdict = f"{'clears' if not passed else 'below'} tolerance {tolerance_text(tolerance)}"
+    message = (
+        f"{result.change:+.2%}, interval [{low:+.2%}, {high:+.2%}] {verdict} "
+        f"(each step took {result.current_ratio:.3f}x the reference price against "
+        f"{result.baseline_ratio:.3f}x; {how})"
+    )
+    return Check(
+        rule.name, name, ALL_REQUESTS, rule.label, "regression", tolerance,
+        result.baseline_ratio, result.current_ratio, result.change, result.interval,
+        "bootstrap", passed, message,
+    )  # fmt: skip
+
+
 def _interval(
     rule: Rule, a: CellData, b: CellData, klass: str, config: GateConfig, estimate_itl: bool
 ):
@@ -567,6 +620,9 @@ def evaluate(config: GateConfig, baseline: Side, current: Side) -> list[Check]:
     checks: list[Check] = []
     for rule in config.rules:
         for name in _cells(rule, baseline, current):
+            if rule.metric == STEP_COST:
+                checks.append(_step_cost(rule, name, baseline, current, config))
+                continue
             for klass in _classes(rule, name, baseline, current):
                 if rule.max_regression is not None:
                     checks.append(_regression(rule, name, klass, baseline, current, config))

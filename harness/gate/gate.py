@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.gate.baseline import BASELINE_KIND, check_compatible, side_from_baseline
 from harness.gate.config import GateConfig
+from harness.gate.diagnosis import NONE, Diagnosis, diagnose
 from harness.gate.evaluate import Check, evaluate
 from harness.gate.sides import (
     GateInputError,
@@ -32,6 +33,8 @@ class GateResult:
     baseline: Side
     current: Side
     notes: list[str] = field(default_factory=list)
+    #: which kind of regression the failed lines show (harness/gate/diagnosis.py)
+    diagnosis: Diagnosis = field(default_factory=lambda: Diagnosis(NONE))
 
     @property
     def exit_code(self) -> int:
@@ -120,4 +123,7 @@ def run_gate(
                 f"{side.label}: repeats pooled: "
                 + ", ".join(f"{n} x{side.cells[n].repeats}" for n in pooled)
             )
-    return GateResult(checks, base, cur, notes)
+    diagnosis = diagnose(checks, base, cur)
+    if diagnosis.kind != NONE:
+        notes += [f"regression kind: {diagnosis.kind}", *diagnosis.lines]
+    return GateResult(checks, base, cur, notes, diagnosis)

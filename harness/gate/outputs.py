@@ -52,18 +52,22 @@ def _interval(check: Check) -> str:
     return f"[{check.interval[0]:+.1%}, {check.interval[1]:+.1%}]"
 
 
-def verdict_line(checks: list[Check], exit_code: int) -> str:
+def verdict_line(checks: list[Check], exit_code: int, kind: str | None = None) -> str:
+    """The gate's last line; ``kind``: the regression kind of a failure (diagnosis.py)."""
     failed = sum(not c.passed for c in checks)
     open_lines = sum(c.inconclusive for c in checks)
     if exit_code == 0:
         also = f"; {open_lines} with no baseline value" if open_lines else ""
         return f"gate: PASS ({len(checks)} checks{also})"
-    return f"gate: FAIL ({failed} of {len(checks)} checks failed)"
+    what = f"; regression kind: {kind}" if kind else ""
+    return f"gate: FAIL ({failed} of {len(checks)} checks failed{what})"
 
 
-def markdown(checks: list[Check], notes: list[str], exit_code: int, title: str) -> str:
+def markdown(
+    checks: list[Check], notes: list[str], exit_code: int, title: str, kind: str | None = None
+) -> str:
     """The gate's table, failing lines first."""
-    lines = [f"### {title}", "", f"**{verdict_line(checks, exit_code)}**", ""]
+    lines = [f"### {title}", "", f"**{verdict_line(checks, exit_code, kind)}**", ""]
     lines += [f"- {n}" for n in notes]
     if notes:
         lines.append("")
@@ -131,12 +135,20 @@ def junit(checks: list[Check], path: Path, name: str = "schedscope gate") -> Non
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def as_json(checks: list[Check], notes: list[str], exit_code: int, sides: dict) -> dict:
+def as_json(
+    checks: list[Check],
+    notes: list[str],
+    exit_code: int,
+    sides: dict,
+    regression: dict | None = None,
+) -> dict:
+    """``regression``: the diagnosis (``Diagnosis.to_dict``: kind, lines, simulated)."""
     return {
         "kind": "schedscope-gate",
         "version": 1,
         "result": "pass" if exit_code == 0 else "fail",
         "exit_code": exit_code,
+        "regression": regression,
         "notes": notes,
         "sides": sides,
         "checks": [

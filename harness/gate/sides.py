@@ -79,6 +79,11 @@ class CellData:
     repeat: int | None = None  # which repeat this cell is (its run.json), before pooling
     #: Planted faults (SCHEDSCOPE_FAULT, docs/engine.md) the cell ran with; {} for none.
     faults: dict = field(default_factory=dict)
+    #: The directory of each run of the cell (a run directory's cells), in run order.
+    cell_dirs: tuple[Path, ...] = ()
+    #: The served engine's step records of each run (a served cell's steps.parquet), in
+    #: run order; () where it has none (a --target, a simulation, a baseline file).
+    steps: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -255,6 +260,11 @@ def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
             schedule=schedules.pop(),
             repeats=sum(m.repeats for m in members),
             faults=next((m.faults for m in members if m.faults), {}),
+            cell_dirs=tuple(d for m in members for d in m.cell_dirs),
+            # a step-cost line needs every run's steps, or it would weigh some runs only
+            steps=tuple(p for m in members for p in m.steps)
+            if all(m.steps for m in members)
+            else (),
         )
     return out
 
@@ -290,6 +300,8 @@ def open_directory(path: Path, label: str) -> Side:
         rows = normalise(frame)
         check_numbers(rows, f"{data.path}/requests.parquet")
         repeat = cell_json.get("repeat")
+        steps = data.path / "steps.parquet"
+        served = (cell_json.get("mode") or mode) == "serve" and steps.is_file()
         cells[name] = CellData(
             name=name,
             frame=rows,
@@ -299,6 +311,8 @@ def open_directory(path: Path, label: str) -> Side:
             schedule=schedule_digest(rows),
             faults=cell_json.get("faults") or {},
             repeat=repeat if isinstance(repeat, int) else None,
+            cell_dirs=(data.path,),
+            steps=(steps,) if served else (),
         )
     identity = {
         "profile": run_json.get("profile") or summary.get("profile"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import pytest
 from typer.testing import CliRunner
 
 from engine.faults import ENV_VAR
@@ -71,3 +72,22 @@ def test_the_report_carries_the_planted_faults_to_its_summary(tmp_path, monkeypa
     assert summary["schema_version"] == 2
     for policy in ("fcfs", "sjf"):
         assert summary["policies"][policy]["faults"] == {"sjf_order": "reversed"}
+
+
+def test_a_step_slowdown_stretches_every_step_by_its_fraction(monkeypatch):
+    """``step_slowdown=0.2``: every simulated step (its executor time) lasts 1.2x as long
+    as without the fault, whatever its batch."""
+    from engine.config import EngineConfig
+    from harness.profiles import resolve_profile
+    from harness.simulate.driver import simulate
+
+    profile = resolve_profile("mixed").with_duration_scale(0.05)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    plain = simulate(profile, EngineConfig(), fast=False).steps
+    monkeypatch.setenv(ENV_VAR, "step_slowdown=0.2")
+    slowed = simulate(profile, EngineConfig(), fast=False).steps
+    assert plain is not None and slowed is not None
+    took = lambda steps: (steps["execute_end"] - steps["execute_start"]).to_numpy()  # noqa: E731
+    # the same first step (nothing before it differs), 1.2x as long
+    assert took(slowed)[0] == pytest.approx(1.2 * took(plain)[0], rel=1e-9)
+    assert took(slowed).sum() > 1.15 * took(plain).sum()
