@@ -89,5 +89,7 @@ def gate(
             soft_wrap=True,
         )
         raise typer.Exit(USAGE) from None
-    console.print(outputs.verdict_line(result.checks, code, kind), markup=False)
+    if kind:
+        console.print(outputs.kind_line(kind), markup=False)
+    console.print(outputs.verdict_line(result.checks, code), markup=False)
     raise typer.Exit(code)

@@ -124,6 +124,5 @@ def run_gate(
                 + ", ".join(f"{n} x{side.cells[n].repeats}" for n in pooled)
             )
     diagnosis = diagnose(checks, base, cur)
-    if diagnosis.kind != NONE:
-        notes += [f"regression kind: {diagnosis.kind}", *diagnosis.lines]
+    notes += diagnosis.lines
     return GateResult(checks, base, cur, notes, diagnosis)

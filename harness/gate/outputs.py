@@ -52,22 +52,27 @@ def _interval(check: Check) -> str:
     return f"[{check.interval[0]:+.1%}, {check.interval[1]:+.1%}]"
 
 
-def verdict_line(checks: list[Check], exit_code: int, kind: str | None = None) -> str:
-    """The gate's last line; ``kind``: the regression kind of a failure (diagnosis.py)."""
+def verdict_line(checks: list[Check], exit_code: int) -> str:
     failed = sum(not c.passed for c in checks)
     open_lines = sum(c.inconclusive for c in checks)
     if exit_code == 0:
         also = f"; {open_lines} with no baseline value" if open_lines else ""
         return f"gate: PASS ({len(checks)} checks{also})"
-    what = f"; regression kind: {kind}" if kind else ""
-    return f"gate: FAIL ({failed} of {len(checks)} checks failed{what})"
+    return f"gate: FAIL ({failed} of {len(checks)} checks failed)"
+
+
+def kind_line(kind: str) -> str:
+    """Which kind of regression a failed gate saw (harness/gate/diagnosis.py)."""
+    return f"gate: regression kind: {kind}"
 
 
 def markdown(
     checks: list[Check], notes: list[str], exit_code: int, title: str, kind: str | None = None
 ) -> str:
     """The gate's table, failing lines first."""
-    lines = [f"### {title}", "", f"**{verdict_line(checks, exit_code, kind)}**", ""]
+    lines = [f"### {title}", "", f"**{verdict_line(checks, exit_code)}**", ""]
+    if kind:
+        lines[-1:] = ["", f"**{kind_line(kind)}**", ""]
     lines += [f"- {n}" for n in notes]
     if notes:
         lines.append("")
