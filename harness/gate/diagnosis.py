@@ -26,6 +26,8 @@ from harness.gate.evaluate import Check
 from harness.gate.sides import Side
 
 NONE, STEP, SCHEDULING, BOTH, UNKNOWN = "none", "step cost", "scheduling", "both", "unknown"
+#: Planted faults (engine/faults.py) that make steps slower rather than schedule worse.
+STEP_FAULTS = frozenset({"prefill_token_delay_s", "decode_step_delay_s", "step_slowdown"})
 #: Latency lines the simulated explanation covers (rule label -> its figure's key).
 EXPLAINED = {"ttft p95": "ttft_p95", "e2e p95": "e2e_p95"}
 
@@ -54,6 +56,12 @@ def diagnose(checks: list[Check], baseline: Side, current: Side) -> Diagnosis:
     lines: list[str] = []
     simulated: dict = {}
     if baseline.simulated:
+        slowed = sorted(
+            n for side in (baseline, current) for n, c in side.cells.items()
+            if set(c.faults) & STEP_FAULTS
+        )  # fmt: skip
+        if slowed:  # tests only: a planted step delay moves simulated step costs too
+            return Diagnosis(STEP, [f"simulated with planted step delays: {', '.join(slowed)}"])
         return Diagnosis(SCHEDULING, ["simulated runs: step costs are the model's, so a "
                                       "failed line is the schedule's"])  # fmt: skip
     unexplained = [c for c in others if c.cell not in measured]

@@ -111,6 +111,12 @@ def run_gate(
             method += "; the runs of each side are resampled too (two-stage bootstrap)"
     notes = [f"rules: {config.source}", method, *notes, *base.notes, *cur.notes]
     for side in (base, cur):
+        lagged = sorted(n for n, c in side.cells.items() if c.generator_limited)
+        if lagged:  # only step-cost rules let it through (evaluate.check_usable)
+            notes.append(
+                f"{side.label}: {', '.join(lagged)} generator-limited: its latencies are not "
+                "compared, its steps are"
+            )
         planted = {n: c.faults for n, c in side.cells.items() if c.faults}
         if planted:
             notes.append(

@@ -271,3 +271,23 @@ def test_a_step_cost_rule_without_step_records_is_a_usage_error(tmp_path):
     config = parse_config({"rule": [{"metric": "step_cost", "max_regression": 0.03}]})
     with pytest.raises(GateInputError, match="the current .* has none"):
         run_gate(base, target, config)
+
+
+def test_a_generator_limited_run_is_gated_on_its_steps_only(tmp_path):
+    """Its latencies are the load generator's (refused, exit 2), its steps the engine's:
+    a gate of step-cost rules alone compares them, and says the run lagged."""
+    base = run_with_steps(tmp_path / "a", 1.0, seed=1)
+    lagged = write_run(tmp_path / "b", {"fcfs": requests_frame(seed=2)}, generator_limited=True)
+    steps_frame(np.random.default_rng(2), 2000, 1.0).write_parquet(
+        lagged / "fcfs" / "steps.parquet"
+    )
+    steps_only = parse_config({"rule": [{"metric": "step_cost", "max_regression": 0.03}]})
+    result = run_gate(base, lagged, steps_only)
+    assert result.exit_code == 0
+    assert any("fcfs generator-limited: its latencies are not compared" in n for n in result.notes)
+    with_latency = parse_config(
+        {"rule": [{"metric": "ttft", "max_regression": 0.1},
+                  {"metric": "step_cost", "max_regression": 0.03}]}
+    )  # fmt: skip
+    with pytest.raises(GateInputError, match="generator-limited"):
+        run_gate(base, lagged, with_latency)
