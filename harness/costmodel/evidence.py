@@ -17,7 +17,7 @@ steps, however long its run, so no single run outweighs the rest.
 The pool is a numpy ``.npz`` beside the model file (``cost-model-<key>.steps.npz``):
 ``features`` (rows x FEATURES), ``cycles`` (seconds), ``source`` (each row's index into
 ``sources``) and ``sources`` (JSON: name, kind, added_at, client_latency_s, steps,
-swapped_blocks).
+swapped_blocks, generator_limited_steps_left_out).
 """
 
 from __future__ import annotations
@@ -68,9 +68,12 @@ class Evidence:
         name: str,
         kind: str,
         client_latency_s: float,
+        generator_limited_steps_left_out: int = 0,
     ) -> Evidence:
         """One source's cycles (``features``/``cycles`` as ``engine.sim.cost_fit``'s
-        ``usable_cycles`` gives them), thinned to MAX_STEPS_PER_SOURCE rows."""
+        ``usable_cycles`` gives them), thinned to MAX_STEPS_PER_SOURCE rows;
+        ``generator_limited_steps_left_out``: how many of its run's cycles were not
+        given, for starting while the load generator lagged (recorded as said)."""
         stride = max(1, -(-len(cycles) // MAX_STEPS_PER_SOURCE))
         features, cycles = features[::stride], cycles[::stride]
         return cls(
@@ -85,6 +88,7 @@ class Evidence:
                     "client_latency_s": float(client_latency_s),
                     "steps": len(cycles),
                     "swapped_blocks": float(features[:, _SWAP].sum()) if len(cycles) else 0.0,
+                    "generator_limited_steps_left_out": int(generator_limited_steps_left_out),
                 }
             ],
         )
@@ -207,21 +211,28 @@ class Evidence:
 
 def from_steps_paths(paths: list[Path], name: str, kind: str, client_latency_s: float) -> Evidence:
     """The cycles of the steps.parquet files (or directories holding one) at ``paths``
-    as one source. Raises ``engine.sim.cost_fit.CalibrationError`` for records a fit
-    cannot read."""
+    as one source, but those of the steps that started while the load generator lagged
+    its schedule, as the client records beside them say (a run cell's requests.parquet,
+    a served calibration's client.parquet:
+    :func:`harness.records.generator_limited.stretches_beside`); the source records how
+    many were left out. Raises ``engine.sim.cost_fit.CalibrationError`` for records a
+    fit cannot read."""
     import polars as pl
 
-    from engine.sim.cost_fit import usable_cycles
+    from engine.sim.cost_fit import cycles_outside
+    from harness.records.generator_limited import stretches_beside
 
-    pairs = [
-        usable_cycles(pl.read_parquet(p / "steps.parquet" if p.is_dir() else p)) for p in paths
-    ]
+    triples = []
+    for path in paths:
+        file = path / "steps.parquet" if path.is_dir() else path
+        triples.append(cycles_outside(pl.read_parquet(file), stretches_beside(file).stretches))
     return Evidence.of_source(
-        np.concatenate([x for x, _ in pairs]),
-        np.concatenate([y for _, y in pairs]),
+        np.concatenate([x for x, _, _ in triples]),
+        np.concatenate([y for _, y, _ in triples]),
         name,
         kind,
         client_latency_s,
+        generator_limited_steps_left_out=sum(n for _, _, n in triples),
     )
 
 

@@ -195,7 +195,8 @@ def fit_into_store(
     Too few steps, or none, is a skip with its reason, never a failure. So are steps of
     a server that ran with planted ``faults`` (its /health ``faults``; engine/faults.py):
     slowed on purpose, they are not this machine's, and stored they would be the next
-    run's model."""
+    run's model. The cell's steps that started while its load generator lagged are not
+    added (their count: ``generator_limited_steps_left_out``)."""
     from engine.sim.cost_fit import CalibrationError
     from harness.costmodel.evidence import RUN, Evidence, EvidenceError, from_steps_paths
     from harness.costmodel.fit import CalibrateInputError, calibrate_from_steps
@@ -221,10 +222,17 @@ def fit_into_store(
     prior = cost_store.find(check.fingerprint).match
     fitted = pool.refit(model, prior.model if prior else None)
     path = cost_store.save(fitted, check.fingerprint, evidence=pool)
-    show(
+    line = (
         f"{cell.name}: refitted {path} from {len(pool.sources)} source(s) of step cycles, "
         "this cell's included"
     )
+    skipped = mine.sources[0]["generator_limited_steps_left_out"]
+    if skipped:
+        line += (
+            f"; {skipped} of the cell's step cycles left out: they started while the load "
+            "generator lagged its schedule"
+        )
+    show(line)
     return {
         "stored": str(path),
         "fitted_at": fitted.fitted_at,
@@ -234,6 +242,7 @@ def fit_into_store(
             {k: s[k] for k in ("name", "kind", "steps", "holdout_median_rel_error")}
             for s in fitted.fit["sources"]
         ],
+        "generator_limited_steps_left_out": skipped,
         "cell_alone_holdout_median_rel_error": alone.fit.get("holdout_median_rel_error"),
         "notes": lines,
     }
