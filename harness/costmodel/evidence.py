@@ -14,6 +14,11 @@ fit of the pool: the last calibration's rows (kept until the next calibration) a
 newest :data:`MAX_RUN_SOURCES` cells'. No source counts more than MAX_STEPS_PER_SOURCE
 steps, however long its run, so no single run outweighs the rest.
 
+A source whose steps ran far from the pool's speed is kept out of the refit unless
+asked (:meth:`Evidence.refit`, :func:`off_speed`): a run beside a noisy neighbour took
+1.5x what the others did for the same work, and pooled it would price every step of the
+machine's model that much slower. It stays in the pool, and each refit judges it again.
+
 The pool is a numpy ``.npz`` beside the model file (``cost-model-<key>.steps.npz``):
 ``features`` (rows x FEATURES), ``cycles`` (seconds), ``source`` (each row's index into
 ``sources``) and ``sources`` (JSON: name, kind, added_at, client_latency_s, steps,
@@ -45,6 +50,18 @@ RUN = "run"
 _SWAP = FEATURES.index("swap_block_s")
 #: What a pool file says of each source (read by ``plus`` and ``refit``).
 _SOURCE_KEYS = frozenset({"name", "kind", "client_latency_s", "steps"})
+#: A source whose ``time_ratio`` is more than this factor above or below the median of
+#: the sources' ratios is off the pool's speed (:func:`off_speed`). On the 2-core AMD
+#: EPYC VM whose speed wanders (docs/simulator.md), the runs of one series, minutes
+#: apart, took 0.83-1.27x a fresh fit's price, most of them within 20% of their
+#: series' middle: a band of 25% keeps that ordinary wandering in the pool (the speed
+#: band shows it) and leaves out a run half as slow again as the rest, which no series
+#: there came near and a noisy neighbour did.
+OFF_SPEED_FACTOR = 1.25
+#: The rule needs this many sources with a ratio: of two, either may be the one off
+#: (their median is their mean); with three or more the median is a source's own ratio,
+#: and one source far off cannot move it.
+OFF_SPEED_MIN_SOURCES = 3
 
 
 class EvidenceError(ValueError):
@@ -125,13 +142,49 @@ class Evidence:
             [self.sources[i] for i in keep],
         )
 
-    def refit(self, model: str, prior: CostModel | None = None) -> CostModel:
-        """The cost model fitted to the whole pool (``engine.sim.cost_fit.fit_cycles``:
-        every 5th row held out), its ``fit`` naming the sources and each one's held-out
-        error. ``client_latency_s`` is the median of the sources'; with no swap in any
-        source the swap price is ``prior``'s (else the built-in's): a pool that never
-        swapped knows nothing of swapping, and 0 would tell ``--preemption-mode auto``
-        that swaps are free."""
+    def refit(
+        self, model: str, prior: CostModel | None = None, keep_off_speed: bool = False
+    ) -> CostModel:
+        """The cost model fitted to the pool but its sources off the pool's speed, its
+        ``fit`` naming the sources fitted (``sources``: each one's held-out error and
+        ``time_ratio``) and those left out (``sources_left_out``: name, kind, steps, and
+        its ``time_ratio`` and the sources' ``median_time_ratio`` against the fit of
+        the whole pool, the fit the rule judged; :func:`off_speed`). With
+        ``keep_off_speed`` every source is fitted, and those the rule would have left
+        out are named as ``off_speed_sources_kept``.
+
+        Each fit: ``engine.sim.cost_fit.fit_cycles`` (every 5th row held out).
+        ``client_latency_s`` is the median of the sources'; with no swap in any source
+        the swap price is ``prior``'s (else the built-in's): a pool that never swapped
+        knows nothing of swapping, and 0 would tell ``--preemption-mode auto`` that
+        swaps are free."""
+        from engine.sim.cost_fit import CalibrationError
+
+        whole = self._fit(model, prior)
+        described = whole.fit["sources"]
+        off, median = off_speed(described)
+        named = [
+            {
+                **{k: described[i][k] for k in ("name", "kind", "steps", "time_ratio")},
+                "median_time_ratio": median,
+            }
+            for i in off
+        ]
+        if keep_off_speed:
+            return dataclasses.replace(whole, fit={**whole.fit, "off_speed_sources_kept": named})
+        if not off:
+            return dataclasses.replace(whole, fit={**whole.fit, "sources_left_out": []})
+        try:
+            kept = self.only([i for i in range(len(self.sources)) if i not in off])
+            fitted = kept._fit(model, prior)
+        except CalibrationError:
+            # what is left cannot be fitted alone (a few steps beside a calibration of
+            # none): the whole pool, as before the rule, rather than no model
+            return dataclasses.replace(whole, fit={**whole.fit, "sources_left_out": []})
+        return dataclasses.replace(fitted, fit={**fitted.fit, "sources_left_out": named})
+
+    def _fit(self, model: str, prior: CostModel | None) -> CostModel:
+        """The cost model fitted to every source of the pool (:meth:`refit`'s terms)."""
         from engine.sim.cost_fit import HOLDOUT_EVERY, fit_cycles
 
         latency = statistics.median(s["client_latency_s"] for s in self.sources)
@@ -247,6 +300,46 @@ def of_calibration(fitted: CostModel, from_steps: list[Path] | None = None) -> E
         return None
     name = ", ".join(map(str, paths))
     return from_steps_paths(paths, name, CALIBRATION, fitted.client_latency_s)
+
+
+def off_speed(sources: list[dict]) -> tuple[list[int], float | None]:
+    """(the indices of ``sources`` off the pool's speed, the median of their ratios):
+    with at least OFF_SPEED_MIN_SOURCES sources that have a ``time_ratio`` (as
+    :meth:`Evidence.refit` describes them, against the fit of the whole pool), those
+    whose ratio is more than OFF_SPEED_FACTOR times above or below the median of the
+    ratios. Never the calibration (a pool has one at most): its schedule is the one
+    source made to cover every shape of step, where a run covers its profile's regime
+    only, and without it a pool of runs' steps would price the shapes none of them ran
+    by extrapolation (docs/simulator.md, "One run's fit is not the machine's"); when it
+    is the one off, the machine has changed since, and a new calibration is the cure.
+    Its ratio still counts towards the median. ([], None) with too few sources."""
+    ratios = {
+        i: float(s["time_ratio"])
+        for i, s in enumerate(sources)
+        if isinstance(s.get("time_ratio"), int | float)
+        and math.isfinite(s["time_ratio"])
+        and s["time_ratio"] > 0
+    }
+    if len(ratios) < OFF_SPEED_MIN_SOURCES:
+        return [], None
+    median = statistics.median(ratios.values())
+    off = [
+        i
+        for i, ratio in ratios.items()
+        if sources[i].get("kind") != CALIBRATION
+        and not 1 / OFF_SPEED_FACTOR <= ratio / median <= OFF_SPEED_FACTOR
+    ]
+    return off, median
+
+
+def left_out_text(left_out: list[dict]) -> str:
+    """The sources a refit left out for their speed, in a few words each: "run CELL
+    (its steps took 1.52x the price, the sources' median 0.98x)"."""
+    return "; ".join(
+        f"{s.get('kind', '?')} {s.get('name', '?')} (its steps took {s['time_ratio']:.2f}x "
+        f"the price, the sources' median {s['median_time_ratio']:.2f}x)"
+        for s in left_out
+    )
 
 
 def speed_range(fit: dict) -> tuple[float, float, int] | None:
