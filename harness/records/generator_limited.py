@@ -159,7 +159,7 @@ def left_out_line(left_out: int, cycles: int, stretches: list[tuple[float, float
     step cycles for starting inside ``stretches``."""
     total_s = sum(end - start for start, end in stretches)
     return (
-        f"left out {left_out} of {cycles} step cycles: they started while the load generator "
+        f"left out {left_out:,} of {cycles:,} step cycles: they started while the load generator "
         f"lagged its schedule ({len(stretches)} stretch(es), {total_s:.1f} s in all: requests "
         f"sent over {LAG_LIMIT_S * 1e3:.0f} ms late or held for its in-flight cap, "
         f"±{MARGIN_S * 1e3:.0f} ms), when its CPU use slowed the engine's steps"
