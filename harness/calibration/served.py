@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig, SchedulerConfig
-from engine.core.cost_model import CostModel, CostModelError
+from engine.core.cost_model import FEATURES, CostModel, CostModelError
 from engine.factory import EXECUTORS
 from harness.costmodel.fit import CalibrateInputError
 from harness.profiles import (
@@ -702,9 +702,10 @@ def fit_served_steps(
         raise ServedCalibrationError(
             f"{steps_file}: the load generator lagged its schedule (send lag p99 "
             f"{lag_p99_s * 1e3:.0f} ms) while {left_out} of the {len(y) + left_out} step "
-            f"cycles ran, so they were left out (their time was the generator's as much as "
-            f"the engine's), and the {len(y)} left are too few to fit: {exc}. Calibrate "
-            "again when the machine has the cores to spare for the generator"
+            "cycles ran, so they were left out (their time was the generator's as much as "
+            f"the engine's), and the {len(y)} left are too few to fit the model's "
+            f"{len(FEATURES)} parameters. Calibrate again when the machine has the cores "
+            "to spare for the generator"
         ) from None
     return fitted, left_out
 
