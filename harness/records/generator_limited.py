@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 #: and the generator was already busy before the scheduled instant it missed. After:
 #: its send and the first bytes of the answer are still its work.
 MARGIN_S = 0.05
-#: The columns a lagging request is found by.
-LAG_COLUMNS = ("scheduled_at", "sent_at", "send_lag_s", "in_flight_capped")
 #: A served calibration's records: the client's rows (Unix time) beside the engine's
 #: steps (engine time), and the run.json key of the offset between the two clocks.
 CLIENT_FILE = "client.parquet"
@@ -110,9 +108,6 @@ class LaggingStretches:
     source: Path | None = None
     #: why the stretches could not be placed, when records were there but could not be
     unplaced: str | None = None
-
-    def total_s(self) -> float:
-        return sum(end - start for start, end in self.stretches)
 
 
 def stretches_beside(steps_file: Path) -> LaggingStretches:
