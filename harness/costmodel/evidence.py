@@ -15,9 +15,9 @@ newest :data:`MAX_RUN_SOURCES` cells'. No source counts more than MAX_STEPS_PER_
 steps, however long its run, so no single run outweighs the rest.
 
 A source whose steps ran far from the pool's speed is kept out of the refit unless
-asked (:meth:`Evidence.refit`, :func:`off_speed`): a run beside a noisy neighbour took
-1.5x what the others did for the same work, and pooled it would price every step of the
-machine's model that much slower. It stays in the pool, and each refit judges it again.
+asked (:meth:`Evidence.refit`, :func:`off_speed`): a run beside a noisy neighbour, its
+steps say half as long again as the others' for the same work, would pull every price
+of the machine's model its way. It stays in the pool, and each refit judges it again.
 
 The pool is a numpy ``.npz`` beside the model file (``cost-model-<key>.steps.npz``):
 ``features`` (rows x FEATURES), ``cycles`` (seconds), ``source`` (each row's index into
@@ -52,11 +52,13 @@ _SWAP = FEATURES.index("swap_block_s")
 _SOURCE_KEYS = frozenset({"name", "kind", "client_latency_s", "steps"})
 #: A source whose ``time_ratio`` is more than this factor above or below the median of
 #: the sources' ratios is off the pool's speed (:func:`off_speed`). On the 2-core AMD
-#: EPYC VM whose speed wanders (docs/simulator.md), the runs of one series, minutes
-#: apart, took 0.83-1.27x a fresh fit's price, most of them within 20% of their
-#: series' middle: a band of 25% keeps that ordinary wandering in the pool (the speed
-#: band shows it) and leaves out a run half as slow again as the rest, which no series
-#: there came near and a noisy neighbour did.
+#: EPYC VM whose speed wanders (docs/simulator.md, "Calibrating in the regime of a
+#: run"), the served runs of each series of three, minutes apart, took 0.82-1.25x their
+#: series' median ratio to a fit's price: a band of 1.25 keeps that ordinary wandering
+#: in the pool (where the speed band shows it) and leaves out a run half as slow again
+#: as the rest. Across that machine's series the ratios ran 0.83-1.27, so a pool of
+#: them can lose its slowest run to the rule: where such series are the machine's
+#: habit, ``schedscope run --keep-off-speed-sources`` keeps them.
 OFF_SPEED_FACTOR = 1.25
 #: The rule needs this many sources with a ratio: of two, either may be the one off
 #: (their median is their mean); with three or more the median is a source's own ratio,
