@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -129,16 +130,45 @@ FIT_COLUMNS = frozenset(
 )
 
 
-def usable_cycles(frame) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`step_cycles` of one run's steps, those of a positive cycle only (a clock
-    step backwards or a zero gap says nothing); CalibrationError when the records lack
-    a column the fit needs."""
+#: Stretches of a run's clock, each (start, end) in seconds, ends included.
+Stretches = Sequence[tuple[float, float]]
+
+
+def started_inside(starts: np.ndarray, stretches: Stretches) -> np.ndarray:
+    """Whether each instant of ``starts`` lies in one of ``stretches`` (on the same
+    clock; they may overlap and come in any order)."""
+    inside = np.zeros(len(starts), dtype=bool)
+    for begin, end in stretches:
+        inside |= (starts >= begin) & (starts <= end)
+    return inside
+
+
+def cycles_outside(frame, skip: Stretches = ()) -> tuple[np.ndarray, np.ndarray, int]:
+    """(features, cycle seconds, how many were left out) of one run's usable cycles
+    (:func:`usable_cycles`) but those of the steps that started inside a stretch of
+    ``skip`` (``schedule_start``'s clock): the caller knows times when a step's cycle
+    measured something besides the engine (the harness's: a load generator that fell
+    behind on shared cores), and says how many it left out."""
     missing = sorted(FIT_COLUMNS - set(frame.columns))
     if missing:
         raise CalibrationError(f"step records lack the columns {missing} (docs/records.md)")
     x, y = step_cycles(frame)
     keep = y > 0
-    return x[keep], y[keep]
+    if skip and len(y):
+        # the cycle of each step another follows: every step but the last, in step order
+        starts = frame.sort("step")["schedule_start"].to_numpy()[:-1]
+        inside = keep & started_inside(starts, skip)
+        return x[keep & ~inside], y[keep & ~inside], int(inside.sum())
+    return x[keep], y[keep], 0
+
+
+def usable_cycles(frame, skip: Stretches = ()) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`step_cycles` of one run's steps, those of a positive cycle only (a clock
+    step backwards or a zero gap says nothing) and, with ``skip``, not started inside
+    one of its stretches (:func:`cycles_outside`); CalibrationError when the records
+    lack a column the fit needs."""
+    x, y, _ = cycles_outside(frame, skip)
+    return x, y
 
 
 def fit_from_steps(

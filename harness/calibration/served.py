@@ -8,9 +8,11 @@ than any fixed default can absorb. So calibration serves the engine here
 knobs and torch threads given, a subprocess: :func:`serve_args`),
 drives the *calibration schedule* against it request for request with the load
 generator of ``schedscope run`` (Locust, :func:`harness.run.loadgen.drive_to_end`, the
-schedule written as a trace profile), and fits
-:func:`~engine.sim.cost_fit.fit_from_steps` to the recorded steps, with
-``client_latency_s`` from the client's records joined with the engine's.
+schedule written as a trace profile), and fits the recorded step cycles
+(:func:`fit_served_steps`), with ``client_latency_s`` from the client's records joined
+with the engine's. The cycles of the steps that started while the load generator lagged
+its schedule are left out (:mod:`harness.records.generator_limited`): a generator that
+falls behind is busy on the engine's cores, and those steps price the two together.
 
 Why Locust and not a lighter client: the simulator predicts ``schedscope run``, whose
 load generator shares the machine with the engine. On 2 cores the engine's steps took
@@ -49,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig, SchedulerConfig
-from engine.core.cost_model import CostModel, CostModelError
+from engine.core.cost_model import FEATURES, CostModel, CostModelError
 from engine.factory import EXECUTORS
 from harness.costmodel.fit import CalibrateInputError
 from harness.processes.cpu_split import CpuSplit, split_of
@@ -493,8 +495,9 @@ def calibrate_served(
     import polars as pl
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from engine.sim.cost_fit import CalibrationError, client_latency_from_requests, fit_from_steps
+    from engine.sim.cost_fit import client_latency_from_requests
     from harness.profiles.schedule_file import write_schedule_profile
+    from harness.records.generator_limited import lagging_stretches
     from harness.records.send_lag import LAG_LIMIT_S
     from harness.run.join import join_requests
     from harness.run.loadgen import LoadDriveError, drive_to_end
@@ -581,6 +584,7 @@ def calibrate_served(
         raise ServedCalibrationError(
             f"schedscope serve exited with {code}; its log ends:\n{server.log_tail()}"
         )
+    _record_epoch(records, epoch)
     client = load.client
     client.write_parquet(records / "client.parquet")
     _check_all_served(client, server)
@@ -595,6 +599,8 @@ def calibrate_served(
     # give them (the same definition as a refit of a cell: calibrate --from-steps)
     joined = join_requests(client, engine_requests, epoch, config.scheduler.scheduling_policy, "")
     latency = client_latency_from_requests([joined], max_send_lag_s=LAG_LIMIT_S)
+    # when the generator lagged, on the engine's clock: those steps' cycles are left out
+    stretches = lagging_stretches(joined, clock_offset_s=epoch)
     coverage = shape_coverage(steps, max_model_len)
     noise = step_noise(steps)
     drift = step_drift(steps)
@@ -618,7 +624,8 @@ def calibrate_served(
     if load.summary.get("generator_limited"):
         echo(
             "warning: the load generator fell behind the schedule (send lag p99 "
-            f"{lag_p99 * 1e3:.0f} ms): steps were fitted under a lighter load than planned"
+            f"{lag_p99 * 1e3:.0f} ms): the engine ran a lighter load than planned, and the "
+            "steps of the stretches when it lagged are left out of the fit"
         )
     if latency is None:
         echo("client latency: 0 (no client row joined the engine's records)")
@@ -627,15 +634,15 @@ def calibrate_served(
             f"client latency: {latency[0] * 1e3:.2f} ms (median over {latency[1]} requests: "
             "the client's send to its first token, less the engine's arrival to first token)"
         )
-    try:
-        fitted = fit_from_steps(
-            [steps],
-            model=model,
-            source=str(records),
-            client_latency_s=latency[0] if latency else 0.0,
-        )
-    except CalibrationError as exc:
-        raise ServedCalibrationError(f"{steps_file}: {exc}") from None
+    fitted, left_out = fit_served_steps(
+        steps,
+        stretches,
+        model,
+        steps_file,
+        client_latency_s=latency[0] if latency else 0.0,
+        echo=echo,
+        lag_p99_s=lag_p99,
+    )
     swapped = int((steps["num_blocks_swapped_out"] + steps["num_blocks_swapped_in"]).sum())
     if not swapped:
         # No step swapped, so the fit knows nothing of swapping (it came out 0): keep the
@@ -652,6 +659,8 @@ def calibrate_served(
         "requests": client.height,
         "load_generator": "locust",
         "steps": steps.height,
+        "generator_limited_steps_left_out": left_out,
+        "generator_limited_s": round(sum(end - start for start, end in stretches), 3),
         "served_s": round(served_s, 2),
         "coverage": coverage,
         "step_noise": noise,
@@ -664,6 +673,60 @@ def calibrate_served(
     return dataclasses.replace(
         fitted, device=device, source="served", fit={**fitted.fit, "served": served}
     )
+
+
+def fit_served_steps(
+    steps: pl.DataFrame,
+    stretches: list[tuple[float, float]],
+    model: str,
+    steps_file: Path,
+    client_latency_s: float = 0.0,
+    echo: Callable[[str], object] = print,
+    lag_p99_s: float = 0.0,
+) -> tuple[CostModel, int]:
+    """(the cost model fitted to a served calibration's steps, how many of its step
+    cycles were left out): those that started inside ``stretches`` (the engine-clock
+    stretches when the load generator lagged:
+    :func:`harness.records.generator_limited.lagging_stretches`) are, and a line says
+    how many of how many. ServedCalibrationError when what is left is too few to fit,
+    saying that the generator lagged when it did."""
+    from engine.sim.cost_fit import CalibrationError, cycles_outside, fit_cycles
+    from harness.records.generator_limited import left_out_line
+
+    try:
+        x, y, left_out = cycles_outside(steps, stretches)
+    except CalibrationError as exc:
+        raise ServedCalibrationError(f"{steps_file}: {exc}") from None
+    if left_out:
+        echo(left_out_line(left_out, len(y) + left_out, stretches))
+    try:
+        fitted = fit_cycles(
+            x, y, model=model, source=str(steps_file.parent), client_latency_s=client_latency_s
+        )
+    except CalibrationError as exc:
+        if not left_out:
+            raise ServedCalibrationError(f"{steps_file}: {exc}") from None
+        raise ServedCalibrationError(
+            f"{steps_file}: the load generator lagged its schedule (send lag p99 "
+            f"{lag_p99_s * 1e3:.0f} ms) while {left_out} of the {len(y) + left_out} step "
+            "cycles ran, so they were left out (their time was the generator's as much as "
+            f"the engine's), and the {len(y)} left are too few to fit the model's "
+            f"{len(FEATURES)} parameters. Calibrate again when the machine has the cores "
+            "to spare for the generator"
+        ) from None
+    return fitted, left_out
+
+
+def _record_epoch(records: Path, epoch: float) -> None:
+    """The engine's ``clock_epoch_unix`` into the records' run.json: the client's rows
+    are Unix time and the steps the engine's, and a refit of the records
+    (``calibrate --from-steps``) places the generator's lagging stretches among the
+    steps with it."""
+    from harness.records.generator_limited import EPOCH_KEY
+
+    path = records / RUN_JSON
+    info = json.loads(path.read_text())
+    path.write_text(json.dumps({**info, EPOCH_KEY: epoch}, indent=2, default=str) + "\n")
 
 
 def _check_all_served(client: pl.DataFrame, server) -> None:

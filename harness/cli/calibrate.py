@@ -279,6 +279,11 @@ def show_store(machine: Fingerprint) -> None:
         sources = (entry.model.fit.get("sources") if entry.model else None) or []
         if sources:
             print_plain(f"  fitted from the step cycles of {_sources_line(sources)}")
+        left_out = (entry.model.fit.get("sources_left_out") if entry.model else None) or []
+        if left_out:
+            print_plain(
+                f"  left out, off the pool's speed: {cost_evidence.left_out_text(left_out)}"
+            )
 
 
 def _sources_line(sources: list[dict]) -> str:

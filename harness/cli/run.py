@@ -22,6 +22,7 @@ from harness.cli.options import (
 )
 from harness.cli.rate_scale import rate_scale_option
 from harness.costmodel.choice import cell_lines, is_named_choice
+from harness.costmodel.evidence import OFF_SPEED_FACTOR
 from harness.costmodel.machine import Fingerprint, fingerprint
 from harness.loadgen.options import ENDPOINTS, PROMPT_MODES
 from harness.processes.cpu_split import CpuSplit, serve_cores
@@ -195,6 +196,14 @@ def run(
         help="Exit 3 when any cell's share of failed requests exceeds this (0..1; default "
         "0.05; 1 never).",
     ),
+    keep_off_speed_sources: bool = typer.Option(
+        False,
+        "--keep-off-speed-sources",
+        help="A served cell's refit of this machine's cost model keeps the sources (earlier "
+        f"cells, this one) whose steps ran more than {OFF_SPEED_FACTOR:g}x off the median of "
+        "the sources' speeds; by default they are left out, and run.json and the report "
+        "name them.",
+    ),
 ) -> None:
     """Compare scheduling policies under Locust load: one served engine per policy (or a
     --target, or --simulate), records, spans and metrics per policy in
@@ -242,6 +251,7 @@ def run(
         prometheus=prometheus,
         grace_s=grace,
         start_timeout_s=start_timeout,
+        keep_off_speed_sources=keep_off_speed_sources,
     )
     if max_error_rate is None:
         from harness.report.errors import HIGH_ERROR_RATE

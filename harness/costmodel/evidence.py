@@ -14,10 +14,15 @@ fit of the pool: the last calibration's rows (kept until the next calibration) a
 newest :data:`MAX_RUN_SOURCES` cells'. No source counts more than MAX_STEPS_PER_SOURCE
 steps, however long its run, so no single run outweighs the rest.
 
+A source whose steps ran far from the pool's speed is kept out of the refit unless
+asked (:meth:`Evidence.refit`, :func:`off_speed`): a run beside a noisy neighbour, its
+steps say half as long again as the others' for the same work, would pull every price
+of the machine's model its way. It stays in the pool, and each refit judges it again.
+
 The pool is a numpy ``.npz`` beside the model file (``cost-model-<key>.steps.npz``):
 ``features`` (rows x FEATURES), ``cycles`` (seconds), ``source`` (each row's index into
 ``sources``) and ``sources`` (JSON: name, kind, added_at, client_latency_s, steps,
-swapped_blocks).
+swapped_blocks, generator_limited_steps_left_out).
 """
 
 from __future__ import annotations
@@ -45,6 +50,20 @@ RUN = "run"
 _SWAP = FEATURES.index("swap_block_s")
 #: What a pool file says of each source (read by ``plus`` and ``refit``).
 _SOURCE_KEYS = frozenset({"name", "kind", "client_latency_s", "steps"})
+#: A source whose ``time_ratio`` is more than this factor above or below the median of
+#: the sources' ratios is off the pool's speed (:func:`off_speed`). On the 2-core AMD
+#: EPYC VM whose speed wanders (docs/simulator.md, "Calibrating in the regime of a
+#: run"), the served runs of each series of three, minutes apart, took 0.82-1.25x their
+#: series' median ratio to a fit's price: a band of 1.25 keeps that ordinary wandering
+#: in the pool (where the speed band shows it) and leaves out a run half as slow again
+#: as the rest. Across that machine's series the ratios ran 0.83-1.27, so a pool of
+#: them can lose its slowest run to the rule: where such series are the machine's
+#: habit, ``schedscope run --keep-off-speed-sources`` keeps them.
+OFF_SPEED_FACTOR = 1.25
+#: The rule needs this many sources with a ratio: of two, either may be the one off
+#: (their median is their mean); with three or more the median is a source's own ratio,
+#: and one source far off cannot move it.
+OFF_SPEED_MIN_SOURCES = 3
 
 
 class EvidenceError(ValueError):
@@ -68,9 +87,12 @@ class Evidence:
         name: str,
         kind: str,
         client_latency_s: float,
+        generator_limited_steps_left_out: int = 0,
     ) -> Evidence:
         """One source's cycles (``features``/``cycles`` as ``engine.sim.cost_fit``'s
-        ``usable_cycles`` gives them), thinned to MAX_STEPS_PER_SOURCE rows."""
+        ``usable_cycles`` gives them), thinned to MAX_STEPS_PER_SOURCE rows;
+        ``generator_limited_steps_left_out``: how many of its run's cycles were not
+        given, for starting while the load generator lagged (recorded as said)."""
         stride = max(1, -(-len(cycles) // MAX_STEPS_PER_SOURCE))
         features, cycles = features[::stride], cycles[::stride]
         return cls(
@@ -85,6 +107,7 @@ class Evidence:
                     "client_latency_s": float(client_latency_s),
                     "steps": len(cycles),
                     "swapped_blocks": float(features[:, _SWAP].sum()) if len(cycles) else 0.0,
+                    "generator_limited_steps_left_out": int(generator_limited_steps_left_out),
                 }
             ],
         )
@@ -121,13 +144,49 @@ class Evidence:
             [self.sources[i] for i in keep],
         )
 
-    def refit(self, model: str, prior: CostModel | None = None) -> CostModel:
-        """The cost model fitted to the whole pool (``engine.sim.cost_fit.fit_cycles``:
-        every 5th row held out), its ``fit`` naming the sources and each one's held-out
-        error. ``client_latency_s`` is the median of the sources'; with no swap in any
-        source the swap price is ``prior``'s (else the built-in's): a pool that never
-        swapped knows nothing of swapping, and 0 would tell ``--preemption-mode auto``
-        that swaps are free."""
+    def refit(
+        self, model: str, prior: CostModel | None = None, keep_off_speed: bool = False
+    ) -> CostModel:
+        """The cost model fitted to the pool but its sources off the pool's speed, its
+        ``fit`` naming the sources fitted (``sources``: each one's held-out error and
+        ``time_ratio``) and those left out (``sources_left_out``: name, kind, steps, and
+        its ``time_ratio`` and the sources' ``median_time_ratio`` against the fit of
+        the whole pool, the fit the rule judged; :func:`off_speed`). With
+        ``keep_off_speed`` every source is fitted, and those the rule would have left
+        out are named as ``off_speed_sources_kept``.
+
+        Each fit: ``engine.sim.cost_fit.fit_cycles`` (every 5th row held out).
+        ``client_latency_s`` is the median of the sources'; with no swap in any source
+        the swap price is ``prior``'s (else the built-in's): a pool that never swapped
+        knows nothing of swapping, and 0 would tell ``--preemption-mode auto`` that
+        swaps are free."""
+        from engine.sim.cost_fit import CalibrationError
+
+        whole = self._fit(model, prior)
+        described = whole.fit["sources"]
+        off, median = off_speed(described)
+        named = [
+            {
+                **{k: described[i][k] for k in ("name", "kind", "steps", "time_ratio")},
+                "median_time_ratio": median,
+            }
+            for i in off
+        ]
+        if keep_off_speed:
+            return dataclasses.replace(whole, fit={**whole.fit, "off_speed_sources_kept": named})
+        if not off:
+            return dataclasses.replace(whole, fit={**whole.fit, "sources_left_out": []})
+        try:
+            kept = self.only([i for i in range(len(self.sources)) if i not in off])
+            fitted = kept._fit(model, prior)
+        except CalibrationError:
+            # what is left cannot be fitted alone (a few steps beside a calibration of
+            # none): the whole pool, as before the rule, rather than no model
+            return dataclasses.replace(whole, fit={**whole.fit, "sources_left_out": []})
+        return dataclasses.replace(fitted, fit={**fitted.fit, "sources_left_out": named})
+
+    def _fit(self, model: str, prior: CostModel | None) -> CostModel:
+        """The cost model fitted to every source of the pool (:meth:`refit`'s terms)."""
         from engine.sim.cost_fit import HOLDOUT_EVERY, fit_cycles
 
         latency = statistics.median(s["client_latency_s"] for s in self.sources)
@@ -207,21 +266,28 @@ class Evidence:
 
 def from_steps_paths(paths: list[Path], name: str, kind: str, client_latency_s: float) -> Evidence:
     """The cycles of the steps.parquet files (or directories holding one) at ``paths``
-    as one source. Raises ``engine.sim.cost_fit.CalibrationError`` for records a fit
-    cannot read."""
+    as one source, but those of the steps that started while the load generator lagged
+    its schedule, as the client records beside them say (a run cell's requests.parquet,
+    a served calibration's client.parquet:
+    :func:`harness.records.generator_limited.stretches_beside`); the source records how
+    many were left out. Raises ``engine.sim.cost_fit.CalibrationError`` for records a
+    fit cannot read."""
     import polars as pl
 
-    from engine.sim.cost_fit import usable_cycles
+    from engine.sim.cost_fit import cycles_outside
+    from harness.records.generator_limited import stretches_beside
 
-    pairs = [
-        usable_cycles(pl.read_parquet(p / "steps.parquet" if p.is_dir() else p)) for p in paths
-    ]
+    triples = []
+    for path in paths:
+        file = path / "steps.parquet" if path.is_dir() else path
+        triples.append(cycles_outside(pl.read_parquet(file), stretches_beside(file).stretches))
     return Evidence.of_source(
-        np.concatenate([x for x, _ in pairs]),
-        np.concatenate([y for _, y in pairs]),
+        np.concatenate([x for x, _, _ in triples]),
+        np.concatenate([y for _, y, _ in triples]),
         name,
         kind,
         client_latency_s,
+        generator_limited_steps_left_out=sum(n for _, _, n in triples),
     )
 
 
@@ -236,6 +302,46 @@ def of_calibration(fitted: CostModel, from_steps: list[Path] | None = None) -> E
         return None
     name = ", ".join(map(str, paths))
     return from_steps_paths(paths, name, CALIBRATION, fitted.client_latency_s)
+
+
+def off_speed(sources: list[dict]) -> tuple[list[int], float | None]:
+    """(the indices of ``sources`` off the pool's speed, the median of their ratios):
+    with at least OFF_SPEED_MIN_SOURCES sources that have a ``time_ratio`` (as
+    :meth:`Evidence.refit` describes them, against the fit of the whole pool), those
+    whose ratio is more than OFF_SPEED_FACTOR times above or below the median of the
+    ratios. Never the calibration (a pool has one at most): its schedule is the one
+    source made to cover every shape of step, where a run covers its profile's regime
+    only, and without it a pool of runs' steps would price the shapes none of them ran
+    by extrapolation (docs/simulator.md, "One run's fit is not the machine's"); when it
+    is the one off, the machine has changed since, and a new calibration is the cure.
+    Its ratio still counts towards the median. ([], None) with too few sources."""
+    ratios = {
+        i: float(s["time_ratio"])
+        for i, s in enumerate(sources)
+        if isinstance(s.get("time_ratio"), int | float)
+        and math.isfinite(s["time_ratio"])
+        and s["time_ratio"] > 0
+    }
+    if len(ratios) < OFF_SPEED_MIN_SOURCES:
+        return [], None
+    median = statistics.median(ratios.values())
+    off = [
+        i
+        for i, ratio in ratios.items()
+        if sources[i].get("kind") != CALIBRATION
+        and not 1 / OFF_SPEED_FACTOR <= ratio / median <= OFF_SPEED_FACTOR
+    ]
+    return off, median
+
+
+def left_out_text(left_out: list[dict]) -> str:
+    """The sources a refit left out for their speed, in a few words each: "run CELL
+    (its steps took 1.52x the price, the sources' median 0.98x)"."""
+    return "; ".join(
+        f"{s.get('kind', '?')} {s.get('name', '?')} (its steps took {s['time_ratio']:.2f}x "
+        f"the price, the sources' median {s['median_time_ratio']:.2f}x)"
+        for s in left_out
+    )
 
 
 def speed_range(fit: dict) -> tuple[float, float, int] | None:

@@ -5,6 +5,7 @@ model is saved and shown."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,13 +46,24 @@ def calibrate_from_steps(
 ) -> CostModel:
     """Fit from steps.parquet files (or run directories holding one): each step's full
     cycle, serving overhead included. The client's latency outside the engine comes
-    from requests.parquet beside them when there is one; ``echo`` gets a line about it."""
+    from requests.parquet beside them when there is one; ``echo`` gets a line about it.
+    Where client records are beside the steps (a ``schedscope run`` cell's, a served
+    calibration's), the cycles of the steps that started while the load generator
+    lagged are left out (:mod:`harness.records.generator_limited`), and a line says how
+    many of how many."""
+    import numpy as np
     import polars as pl
 
-    from engine.sim.cost_fit import CalibrationError, client_latency_from_requests, fit_from_steps
+    from engine.sim.cost_fit import (
+        CalibrationError,
+        client_latency_from_requests,
+        cycles_outside,
+        fit_cycles,
+    )
+    from harness.records.generator_limited import left_out_line, stretches_beside
     from harness.records.send_lag import LAG_LIMIT_S
 
-    frames, request_frames = [], []
+    frames, request_frames, lagging = [], [], []
     for path in paths:
         file = path / "steps.parquet" if path.is_dir() else path
         try:
@@ -60,6 +72,7 @@ def calibrate_from_steps(
             raise CalibrateInputError(
                 f"{file}: cannot read step records ({exc})", "--from-steps"
             ) from None
+        lagging.append(stretches_beside(file))
         # A `schedscope run` cell also has the client's records: the time spent outside
         # the engine (HTTP, the pipe, SSE) is measured there, not guessed.
         requests_file = file.with_name("requests.parquet")
@@ -78,15 +91,41 @@ def calibrate_from_steps(
         )
     else:
         echo(f"client latency: {latency[0] * 1e3:.2f} ms (median over {latency[1]} requests)")
+    xs, ys, left_out = [], [], 0
+    for path, frame, lag in zip(paths, frames, lagging, strict=True):
+        if lag.unplaced:
+            echo(f"note: {lag.unplaced}")
+        try:
+            x, y, skipped = cycles_outside(frame, lag.stretches)
+        except CalibrationError as exc:
+            raise CalibrateInputError(str(exc), "--from-steps") from None
+        if skipped:
+            line = left_out_line(skipped, len(y) + skipped, lag.stretches)
+            where = lag.source.name if lag.source else "the client records"
+            echo(f"{steps_file(path)}: {line} ({where} says when)")
+        xs.append(x)
+        ys.append(y)
+        left_out += skipped
     try:
-        return fit_from_steps(
-            frames,
+        fitted = fit_cycles(
+            np.concatenate(xs),
+            np.concatenate(ys),
             model=model,
             source=", ".join(map(str, paths)),
             client_latency_s=latency[0] if latency else 0.0,
         )
     except CalibrationError as exc:
+        if left_out:
+            exc = CalibrationError(
+                f"{exc} (the {left_out} that started while the load generator lagged its "
+                "schedule left out)"
+            )
         raise CalibrateInputError(str(exc), "--from-steps") from None
+    if not left_out:
+        return fitted
+    return dataclasses.replace(
+        fitted, fit={**fitted.fit, "generator_limited_steps_left_out": left_out}
+    )
 
 
 #: The file beside step records that says what ran them: a ``schedscope run`` cell's

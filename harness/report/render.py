@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from harness.costmodel.evidence import left_out_text
 from harness.loadgen.prompt_choice import PromptChoice
 from harness.profiles.rate_scale import ChosenScale
 from harness.report import errors
@@ -227,6 +228,9 @@ def simulator_lines(report: Report) -> list[str]:
             text = speed_band_text(band, cell["classes"]) if band else None
             if text:
                 lines.append(f"{rr.run.label}/{name}: {text}")
+            text = cost_fit_text(cell.get("cost_fit") or {})
+            if text:
+                lines.append(f"{rr.run.label}/{name}: {text}")
         for group, classes in check["rankings"].items():
             prefix = f"{rr.run.label}" + (f" [{group.lstrip('-')}]" if group else "")
             for cls, by in classes.items():
@@ -253,6 +257,33 @@ def simulator_lines(report: Report) -> list[str]:
                         f"simulated {r['simulated']}: {verdict}"
                     )
     return lines
+
+
+def cost_fit_text(entry: dict) -> str | None:
+    """What the cell's refit of this machine's cost model (its run.json ``cost_fit``)
+    left out, in one line: the sources whose steps ran off the pool's speed, and the
+    cell's step cycles that started while its load generator lagged; None when it left
+    out nothing (or kept the off-speed sources, as asked: then it says that)."""
+    parts = []
+    left_out = entry.get("sources_left_out") or []
+    if left_out:
+        parts.append(
+            "its refit of this machine's cost model left out the sources whose steps ran off "
+            "the pool's speed (--keep-off-speed-sources keeps them): " + left_out_text(left_out)
+        )
+    kept = entry.get("off_speed_sources_kept") or []
+    if kept:
+        parts.append(
+            "its refit of this machine's cost model kept, as --keep-off-speed-sources asked, "
+            "the sources whose steps ran off the pool's speed: " + left_out_text(kept)
+        )
+    skipped = entry.get("generator_limited_steps_left_out")
+    if skipped:
+        parts.append(
+            f"{skipped:,} of its step cycles were not fitted: they started while the load "
+            "generator lagged its schedule"
+        )
+    return "; ".join(parts) or None
 
 
 def speed_band_text(band: dict, classes: dict) -> str | None:

@@ -44,6 +44,9 @@ from harness.simulate.speed_band import SUMMARY_KEY as SPEED_BAND_KEY
 SIMULATED_DIR = "simulated"
 #: The key of a served cell's run.json that names the model the check used.
 RUN_JSON_KEY = "simulator_check"
+#: The key of a served cell's run.json that says how the check's refit went (what it
+#: stored, which sources and steps it left out).
+COST_FIT_KEY = "cost_fit"
 #: Two values within 10% of the larger are a tie (the module docstring's rule).
 TIE_TOLERANCE = 0.10
 #: What the ranking is by.
@@ -191,6 +194,7 @@ class CheckedCell(TypedDict):
     model: dict | None  # its run.json entry
     classes: dict[str, dict]  # class_rows
     speed_band: NotRequired[dict[str, dict]]  # the band's time_ratios and sources
+    cost_fit: NotRequired[dict]  # its run.json refit entry, when it has one
 
 
 def compare(
@@ -199,15 +203,18 @@ def compare(
     models: dict[str, dict],
     bands: dict[str, dict] | None = None,
     identities: dict[str, CellIdentity] | None = None,
+    fits: dict[str, dict] | None = None,
 ) -> dict:
     """The section's content from each cell's served and simulated request frames
     (columns ``class``, ``status``, ``ttft_s``, ``e2e_s``), the model each check used
     (its run.json entry) and, where the counterpart has one, its speed band (summary.json
-    ``speed_band``): ``cells`` (cell -> model, class rows and the band's
-    ``speed_band`` ratios and sources) and ``rankings`` (group -> class -> metric ->
+    ``speed_band``): ``cells`` (cell -> model, class rows, the band's ``speed_band``
+    ratios and sources, and ``cost_fit``: the cell's refit entry of ``fits``, the
+    run.json ``cost_fit``) and ``rankings`` (group -> class -> metric ->
     :func:`ranking`). ``identities``: each cell's policy and group (default: one group)."""
     bands = bands or {}
     identities = identities or {}
+    fits = fits or {}
     cells: dict[str, CheckedCell] = {}
     for name in served:
         if name not in simulated:
@@ -222,6 +229,8 @@ def compare(
                 "time_ratios": part["time_ratios"],
                 "sources": part["sources"],
             }
+        if name in fits:
+            cells[name]["cost_fit"] = fits[name]
     rankings: dict[str, dict] = {}
     ids = {n: identities.get(n, CellIdentity(None, "")) for n in cells}
     for group, names in cell_groups(ids).items():
@@ -255,13 +264,14 @@ def read_speed_band(cell_dir: Path) -> dict | None:
     return band if isinstance(band, dict) else None
 
 
-def read_model_entry(cell_dir: Path) -> dict | None:
-    """The model the check of ``cell_dir`` used, from its run.json; None when unknown."""
+def read_model_entry(cell_dir: Path, key: str = RUN_JSON_KEY) -> dict | None:
+    """The model the check of ``cell_dir`` used, from its run.json (or the entry of
+    another ``key``: :data:`COST_FIT_KEY`, the refit after it); None when unknown."""
     try:
         info = json.loads((cell_dir / "run.json").read_text())
     except (OSError, ValueError):
         return None
-    entry = info.get(RUN_JSON_KEY) if isinstance(info, dict) else None
+    entry = info.get(key) if isinstance(info, dict) else None
     return entry if isinstance(entry, dict) else None
 
 
@@ -272,7 +282,7 @@ def for_cells(
     """:func:`compare` over the cells (name -> (directory, served frame)) that have a
     simulated counterpart; None when none has (a run made before the check, a
     --simulate or --target run)."""
-    simulated, frames, models, bands = {}, {}, {}, {}
+    simulated, frames, models, bands, fits = {}, {}, {}, {}, {}
     for name, (cell_dir, frame) in served.items():
         path = simulated_requests(cell_dir)
         if not path.is_file():
@@ -288,6 +298,9 @@ def for_cells(
         band = read_speed_band(cell_dir)
         if band is not None:
             bands[name] = band
+        fit = read_model_entry(cell_dir, COST_FIT_KEY)
+        if fit is not None:
+            fits[name] = fit
     if not simulated:
         return None
-    return compare(frames, simulated, models, bands, identities)
+    return compare(frames, simulated, models, bands, identities, fits)

@@ -105,8 +105,13 @@ def _check_simulator(run: LoadCell) -> None:
     except Exception as exc:  # noqa: BLE001 - the served records stand without it
         run.result.warnings.append(f"simulator check: {type(exc).__name__}: {exc}")
     try:
-        run.info["cost_fit"] = simulator_check.fit_into_store(
-            run.cell, check, run.cell_dir, run.show, faults=run.info.get("faults")
+        run.info[simulator_check.COST_FIT_KEY] = simulator_check.fit_into_store(
+            run.cell,
+            check,
+            run.cell_dir,
+            run.show,
+            faults=run.info.get("faults"),
+            keep_off_speed_sources=settings.keep_off_speed_sources,
         )
     except Exception as exc:  # noqa: BLE001 - as above
         run.result.warnings.append(f"cost model fit: {type(exc).__name__}: {exc}")

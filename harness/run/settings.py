@@ -77,6 +77,9 @@ class RunSettings:
     #: ``--expect-workers``: a TOML profile's locustfile holds the profile and its files
     #: (harness/profiles/bundle.py), for workers that lack them
     ship_profile: bool = False
+    #: a served cell's refit keeps the sources whose steps ran far from the pool's speed
+    #: (``--keep-off-speed-sources``; else left out: harness/costmodel/evidence.py)
+    keep_off_speed_sources: bool = False
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:

@@ -25,7 +25,7 @@ from engine.core.cost_model import CostModel
 from harness.costmodel import store as cost_store
 from harness.costmodel.choice import BUILTIN, choose
 from harness.costmodel.machine import Fingerprint, fingerprint
-from harness.report.simulator_check import RUN_JSON_KEY, SIMULATED_DIR
+from harness.report.simulator_check import COST_FIT_KEY, RUN_JSON_KEY, SIMULATED_DIR
 from harness.run.matrix import Cell
 
 
@@ -194,6 +194,7 @@ def fit_into_store(
     cell_dir: Path,
     show: Callable[[str], None],
     faults: dict | None = None,
+    keep_off_speed_sources: bool = False,
 ) -> dict:
     """Refit the store's model for the cell's fingerprint with the cell's steps.parquet
     (and its client records) added to the step cycles it was fitted from
@@ -204,9 +205,21 @@ def fit_into_store(
     Too few steps, or none, is a skip with its reason, never a failure. So are steps of
     a server that ran with planted ``faults`` (its /health ``faults``; engine/faults.py):
     slowed on purpose, they are not this machine's, and stored they would be the next
-    run's model."""
+    run's model.
+
+    The cell's steps that started while its load generator lagged are not added (their
+    count: ``generator_limited_steps_left_out``), and a source whose steps ran far from
+    the pool's speed is left out of the refit (``sources_left_out``, the cell's own
+    included) unless ``keep_off_speed_sources`` (``schedscope run
+    --keep-off-speed-sources``): :meth:`Evidence.refit`."""
     from engine.sim.cost_fit import CalibrationError
-    from harness.costmodel.evidence import RUN, Evidence, EvidenceError, from_steps_paths
+    from harness.costmodel.evidence import (
+        RUN,
+        Evidence,
+        EvidenceError,
+        from_steps_paths,
+        left_out_text,
+    )
     from harness.costmodel.fit import CalibrateInputError, calibrate_from_steps
 
     if faults:
@@ -228,12 +241,31 @@ def fit_into_store(
         pool = Evidence()
     pool = pool.plus(mine)
     prior = cost_store.find(check.fingerprint).match
-    fitted = pool.refit(model, prior.model if prior else None)
+    fitted = pool.refit(model, prior.model if prior else None, keep_off_speed_sources)
+    # the whole pool is stored: the next refit judges every source's speed again
     path = cost_store.save(fitted, check.fingerprint, evidence=pool)
-    show(
-        f"{cell.name}: refitted {path} from {len(pool.sources)} source(s) of step cycles, "
-        "this cell's included"
+    left_out = fitted.fit.get("sources_left_out") or []
+    kept = fitted.fit.get("off_speed_sources_kept") or []
+    mine_left_out = any(s["name"] == str(cell_dir) for s in left_out)
+    line = (
+        f"{cell.name}: refitted {path} from {len(pool.sources) - len(left_out)} of "
+        f"{len(pool.sources)} source(s) of step cycles, this cell's "
+        + ("left out" if mine_left_out else "included")
     )
+    if left_out:
+        line += (
+            f"; left out, off the pool's speed: {left_out_text(left_out)} "
+            "(--keep-off-speed-sources keeps them)"
+        )
+    if kept:
+        line += f"; kept as asked, though off the pool's speed: {left_out_text(kept)}"
+    skipped = mine.sources[0]["generator_limited_steps_left_out"]
+    if skipped:
+        line += (
+            f"; {skipped} of the cell's step cycles left out: they started while the load "
+            "generator lagged its schedule"
+        )
+    show(line)
     return {
         "stored": str(path),
         "fitted_at": fitted.fitted_at,
@@ -243,12 +275,16 @@ def fit_into_store(
             {k: s[k] for k in ("name", "kind", "steps", "holdout_median_rel_error")}
             for s in fitted.fit["sources"]
         ],
+        "sources_left_out": left_out,
+        "off_speed_sources_kept": kept,
+        "generator_limited_steps_left_out": skipped,
         "cell_alone_holdout_median_rel_error": alone.fit.get("holdout_median_rel_error"),
         "notes": lines,
     }
 
 
 __all__ = [
+    "COST_FIT_KEY",
     "FAULTED_FIT_SKIPPED",
     "RUN_JSON_KEY",
     "STEPS_PRICED_KEY",

@@ -188,6 +188,32 @@ def test_calibrate_show_names_the_sources_a_pooled_fit_came_from(
     )
 
 
+def test_calibrate_show_names_the_sources_a_pooled_fit_left_out(store):
+    sources = [{"name": "/cal", "kind": "calibration", "steps": 3497, "time_ratio": 0.98}]
+    left_out = [
+        {
+            "name": "/runs/b/sjf",
+            "kind": "run",
+            "steps": 2100,
+            "time_ratio": 1.52,
+            "median_time_ratio": 0.98,
+        }
+    ]
+    pooled = dataclasses.replace(
+        fitted(),
+        fit={"holdout_median_rel_error": 0.1, "sources": sources, "sources_left_out": left_out},
+    )
+    path = cost_store.save(pooled, fingerprint("tiny"))
+    result = runner.invoke(app, ["calibrate", "--show"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(str(path)))
+    assert lines[at + 2] == (
+        "  left out, off the pool's speed: run /runs/b/sjf (its steps took 1.52x the price, "
+        "the sources' median 0.98x)"
+    )
+
+
 @pytest.mark.parametrize("text", ['{"step_overhead_s": NaN}', '{"client_latency_s": Infinity}'])
 def test_simulate_and_tune_refuse_a_cost_model_with_a_non_finite_parameter(tmp_path, text):
     path = tmp_path / "bad.json"

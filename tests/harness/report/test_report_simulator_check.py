@@ -322,3 +322,39 @@ def test_a_policy_with_a_value_on_one_side_only_leaves_the_ranking_undetermined(
     (line,) = [x for x in md.splitlines() if "'long' by TTFT p95" in x]
     assert "ranking matches" not in line
     assert "ranking undetermined: priority has no simulated value (no ok request)" in line
+
+
+def test_the_report_names_what_the_cell_s_refit_left_out(tmp_path):
+    """A cell's refit of this machine's cost model (run.json ``cost_fit``) that left out a
+    source off the pool's speed and the steps of its lagging load generator: the
+    section says both; a cell whose refit left out nothing says nothing of it."""
+    root = _run_dir(tmp_path, True)
+    info = json.loads((root / "fcfs" / "run.json").read_text())
+    info["cost_fit"] = {
+        "stored": "/store/cost-model-abc.json",
+        "sources_left_out": [
+            {
+                "name": "runs/x/sjf",
+                "kind": "run",
+                "steps": 2100,
+                "time_ratio": 1.52,
+                "median_time_ratio": 0.98,
+            }
+        ],
+        "off_speed_sources_kept": [],
+        "generator_limited_steps_left_out": 1234,
+    }
+    (root / "fcfs" / "run.json").write_text(json.dumps(info))
+    paths = generate_report([root], tmp_path / "out", ReportOptions(figures=False, resamples=20))
+    md = " ".join(paths["markdown"].read_text().split())
+    assert (
+        "run/fcfs: its refit of this machine's cost model left out the sources whose steps "
+        "ran off the pool's speed (--keep-off-speed-sources keeps them): run runs/x/sjf "
+        "(its steps took 1.52x the price, the sources' median 0.98x); 1,234 of its step "
+        "cycles were not fitted: they started while the load generator lagged its schedule"
+    ) in md, md
+    assert "run/sjf: its refit" not in md
+    summary = json.loads(paths["summary"].read_text())
+    fcfs = summary["simulator_check"]["cells"]["fcfs"]
+    assert fcfs["cost_fit"]["generator_limited_steps_left_out"] == 1234
+    assert "cost_fit" not in summary["simulator_check"]["cells"]["sjf"]

@@ -153,3 +153,26 @@ def test_the_old_cell_module_still_answers_with_a_warning():
     assert any("harness.run.cell_result.CellResult" in str(w.message) for w in caught)
     with pytest.raises(AttributeError):
         old.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize(("args", "keep"), [([], False), (["--keep-off-speed-sources"], True)])
+def test_keep_off_speed_sources_reaches_every_cell_s_settings(tmp_path, monkeypatch, args, keep):
+    """``--keep-off-speed-sources``: a served cell's refit keeps the pool's sources whose
+    steps ran off its speed (harness/costmodel/evidence.py); off by default."""
+    import harness.run
+
+    seen = []
+
+    def stand_in_run(options, console):
+        seen.append(options.settings)
+        return 0, None, tmp_path / "run"
+
+    monkeypatch.setattr(harness.run, "run_matrix", stand_in_run)
+    result = runner.invoke(
+        app, ["run", "--out", str(tmp_path / "run"), "--policy", "fcfs", "--no-report", *args]
+    )
+    assert result.exit_code == 0, result.output
+    (settings,) = seen
+    assert settings.keep_off_speed_sources is keep
+    assert settings.record()["keep_off_speed_sources"] is keep
+    assert RunSettings().keep_off_speed_sources is False
