@@ -269,6 +269,11 @@ def _pool(cells: dict[str, CellData]) -> dict[str, CellData]:
     return out
 
 
+def _faults(info: dict) -> dict:
+    faults = info.get("faults") if isinstance(info, dict) else None
+    return faults if isinstance(faults, dict) else {}
+
+
 def open_directory(path: Path, label: str) -> Side:
     from harness.report.build import run_slos
     from harness.report.inputs import ReportInputError, open_run
@@ -309,7 +314,8 @@ def open_directory(path: Path, label: str) -> Side:
             generator_limited=cell_json.get("generator_limited"),
             send_lag_p99_s=loadgen.get("send_lag_p99_s") if isinstance(loadgen, dict) else None,
             schedule=schedule_digest(rows),
-            faults=cell_json.get("faults") or {},
+            # a served cell's run.json says them; a simulation's summary.json entry does
+            faults=cell_json.get("faults") or _faults(data.info),
             repeat=repeat if isinstance(repeat, int) else None,
             cell_dirs=(data.path,),
             steps=(steps,) if served else (),

@@ -291,3 +291,29 @@ def test_a_generator_limited_run_is_gated_on_its_steps_only(tmp_path):
     )  # fmt: skip
     with pytest.raises(GateInputError, match="generator-limited"):
         run_gate(base, lagged, with_latency)
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"), [("step_slowdown=0.3", STEP), ("sjf_order=reversed", SCHEDULING)]
+)
+def test_simulated_runs_name_a_planted_step_delay_and_a_broken_order_apart(
+    tmp_path, monkeypatch, fault, kind
+):
+    """Simulated, a step delay planted for a test moves the model's step costs: the kind
+    is the steps' (the faults are read from the simulation's summary.json)."""
+    from engine.faults import ENV_VAR
+
+    def simulate(out: Path) -> Path:
+        args = ["simulate", "--policy", "sjf", "--duration-scale", "0.1", "--seed", "7"]
+        result = CliRunner().invoke(app, [*args, "--cost-model", "builtin", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        return out
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    base = simulate(tmp_path / "base")
+    monkeypatch.setenv(ENV_VAR, fault)
+    changed = simulate(tmp_path / "changed")
+    config = parse_config({"rule": [{"class": "*", "metric": "e2e", "max_regression": 0.0}]})
+    result = run_gate(base, changed, config)
+    assert result.exit_code == 1
+    assert result.diagnosis.kind == kind
