@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -60,6 +62,7 @@ from harness.bench.figure import Figure
 from harness.bench.script import BenchParser, bench_main
 from harness.loadgen import open_loop_client
 from harness.loadgen.open_loop_client import prompt_ids, replay
+from harness.processes.cpu_split import CpuSplitError, parse_cpu_split
 from harness.profiles import RequestSpec, build_plan, resolve_profile
 from harness.profiles.schedule_file import write_schedule_profile, written_schedule
 from harness.records.percentiles import percentile
@@ -169,19 +172,42 @@ def run_served(specs: list[RequestSpec], args, steps_file: Path) -> tuple[pl.Dat
     ]
     # the server takes CUDA when it sees it: hide it for a CPU run
     env = {"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else None
-    with CliServer(server_args, env=env, start_timeout_s=120) as server:
+    split = args.split
+    serve_cpus, load_cpus = (split.serve, split.load_generator) if split else (None, None)
+    with CliServer(server_args, env=env, start_timeout_s=120, cpus=serve_cpus) as server:
         if args.client == "locust":
-            rows, lag_p99 = drive_locust(server.url, specs, args.schedule_file, steps_file.parent)
+            rows, lag_p99 = drive_locust(
+                server.url, specs, args.schedule_file, steps_file.parent, load_cpus
+            )
         else:
-            rows, lag_p99 = asyncio.run(replay(server.url, specs, vocab))
+            with on_cpus(load_cpus):  # the client runs in this process: its thread moves
+                rows, lag_p99 = asyncio.run(replay(server.url, specs, vocab))
             rows = pl.DataFrame(rows)
         epoch = json.loads(HttpClient(server.url).request("GET", "/health")[2])["clock_epoch_unix"]
     steps_file.with_name("epoch.json").write_text(json.dumps({"clock_epoch_unix": epoch}))
     return rows, lag_p99
 
 
+@contextlib.contextmanager
+def on_cpus(cpus: tuple[int, ...] | None):
+    """This thread on ``cpus`` for the block (nothing when None), then back."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def drive_locust(
-    url: str, specs: list[RequestSpec], schedule_file: Path, run_dir: Path
+    url: str,
+    specs: list[RequestSpec],
+    schedule_file: Path,
+    run_dir: Path,
+    cpus: tuple[int, ...] | None = None,
 ) -> tuple[pl.DataFrame, float]:
     """The schedule sent by Locust (``schedscope run``'s load generator); its records in
     ``run_dir/locust``. Every request must come back ok."""
@@ -193,6 +219,7 @@ def drive_locust(
         run_dir / "locust",
         limit_s=specs[-1].scheduled_at + 660.0,
         grace_s=600.0,  # every request ends: a cut one would bias the latencies
+        cpus=cpus,
     )
     client = load.client
     failed = client.filter(pl.col("status") != "ok")
@@ -559,6 +586,12 @@ def parser() -> BenchParser:
     )
     parser.add_device()
     parser.add_argument(
+        "--cpu-split",
+        default="auto",
+        help="the server's and the client's cores, as `schedscope run --cpu-split` "
+        "(auto, off, SERVE:LOAD): the stored fit of this machine is made so",
+    )
+    parser.add_argument(
         "--serve-args",
         nargs=argparse.REMAINDER,
         default=[],
@@ -570,6 +603,10 @@ def parser() -> BenchParser:
 def run(args) -> list[Figure]:
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
+    try:
+        args.split = parse_cpu_split(args.cpu_split)
+    except CpuSplitError as exc:
+        raise SystemExit(f"--cpu-split: {exc}") from None
     specs = schedule(args.rate_scale, args.duration_s, args.seed)
     config = engine_config(args)
     tmp = Path(tempfile.mkdtemp(prefix="schedscope-bench-serving-"))

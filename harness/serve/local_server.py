@@ -185,9 +185,13 @@ class CliServer:
         env: dict[str, str] | None = None,
         start_timeout_s: float = 60.0,
         stop_timeout_s: float = 30.0,
+        cpus: tuple[int, ...] | None = None,
     ) -> None:
+        """``cpus``: pin the server to these CPU ids as it starts (None: not pinned;
+        harness/processes/cpu_split.py)."""
         self.args = args
         self.env = env
+        self.cpus = cpus
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.process: subprocess.Popen | None = None
@@ -206,6 +210,10 @@ class CliServer:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
+        if self.cpus:
+            from harness.processes.cpu_split import pin
+
+            pin(process.pid, self.cpus)
         deadline = time.monotonic() + self.start_timeout_s
         while not self.url:
             self.url = serving_url(self.output()) or ""
