@@ -21,6 +21,13 @@ def test_the_rules_parse_and_gate_simulated_runs_exactly():
     assert {r.metric for r in config.rules} >= {"ttft", "e2e", "goodput", "error_rate"}
 
 
+def test_the_real_rules_gate_step_cost_and_gross_latency():
+    config = load_config(CI / "gate-real.toml")
+    [steps] = [r for r in config.rules if r.metric == "step_cost"]
+    assert steps.max_regression is not None and steps.max_regression <= 0.1
+    assert any(r.metric == "ttft" and r.max_regression for r in config.rules)
+
+
 def test_the_committed_baselines_are_readable():
     simulated = open_side(CI / "baselines" / "simulated.json", "baseline")
     assert simulated.simulated and set(simulated.cells) == {"fcfs", "sjf", "priority"}
@@ -42,4 +49,5 @@ def test_the_workflow_is_valid_and_its_commands_exist():
     )
     assert used and used <= commands, used - commands
     assert "ci/gate-simulated.sh" in scripts and "--junit" in scripts
+    assert "--config ci/gate-real.toml" in scripts and "--rate-scale auto" in scripts
     assert any("upload-artifact" in step.get("uses", "") for step in steps)
