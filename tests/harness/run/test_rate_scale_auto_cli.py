@@ -27,7 +27,9 @@ from harness.profiles.rate_scale import ChosenScale, offered_rate
 from harness.serve.local_server import CliServer
 from tests.support.cost_model_file import constant_cost_model_file
 from tests.support.paths import REPO
+from tests.support.ports import free_port
 from tests.support.run_cli import schedscope_run
+from tests.support.vllm_stub import VllmStub
 
 pytestmark = [pytest.mark.slow]
 
@@ -208,3 +210,55 @@ def test_locust_with_a_profile_scales_to_the_probed_capacity(server, tmp_path):
     assert [r for r, _ in _sent(frame)] == [r for r, _ in scheduled]
     assert [t for _, t in _sent(frame)] == pytest.approx([t for _, t in scheduled])
     assert merged["status_counts"] == {"ok": len(scheduled)}
+
+
+def _usage_error(stderr: str) -> str:
+    """Typer's error panel as one line: its box drawn away, its wrapping undone."""
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", stderr).split())
+
+
+def test_a_target_that_does_not_answer_is_a_usage_error_naming_why(tmp_path):
+    """Nothing listens on the port: the probe stops the run at once (exit 2, a usage
+    error, docs/run.md), saying the target did not answer, and nothing is written. It
+    said the model could not be read and to pass --model, the engine's preset in `run`."""
+    profile_path = _profile_file(tmp_path)
+    out = tmp_path / "run"
+    port = free_port()
+    proc = schedscope_run(
+        [
+            "--target", f"http://127.0.0.1:{port}", "--profile", str(profile_path),
+            "--rate-scale", "auto", "--policy", "fcfs", "--prompt-mode", "token_ids",
+            "--duration-scale", str(DURATION_SCALE), "--no-report", "--out", str(out),
+        ],
+        tmp_path / "store",
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = _usage_error(proc.stderr)
+    assert "Invalid value for --rate-scale: auto: the target's probe: " in said, said
+    assert "the server did not answer GET /v1/models" in said, said
+    assert f"port={port}" in said and "Connection refused" in said, said
+    assert "cannot read the model" not in said and "--model" not in said, said
+    assert "rate scale: auto" not in proc.stderr.replace("rate scale auto: probing", "")
+    assert not out.exists()
+
+
+def test_a_target_that_names_no_model_is_told_to_pass_target_model(tmp_path):
+    """A target whose /v1/models names no model: `run`'s option for the name is
+    --target-model (its --model is the bundled engine's preset)."""
+    profile_path = _profile_file(tmp_path)
+    out = tmp_path / "run"
+    with VllmStub(vocab_size=50000, model="") as stub:
+        proc = schedscope_run(
+            [
+                "--target", stub.url, "--profile", str(profile_path),
+                "--rate-scale", "auto", "--prompt-mode", "token_ids", "--out", str(out),
+            ],
+            tmp_path / "store",
+            timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = _usage_error(proc.stderr)
+    assert "auto: the target's probe: cannot read the model" in said, said
+    assert said.count("pass --target-model") == 1 and "pass --model" not in said, said
+    assert not out.exists()
