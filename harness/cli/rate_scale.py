@@ -105,6 +105,7 @@ def probed_choice(
             api_key=api_key,
             prompt_mode=prompt_mode,
             seed=seed,
+            model_flag="--target-model",
         )
         chosen = relative_scale(profile, spec.fraction, capacity)
     except (sp.ProbeError, ProfileError, ValueError) as exc:

@@ -565,17 +565,29 @@ class OpenAIClient:
 
 
 def probe(
-    transport, *, endpoint: str, model: str, api_key: str, prompt_mode: str, continuous: str
+    transport,
+    *,
+    endpoint: str,
+    model: str,
+    api_key: str,
+    prompt_mode: str,
+    continuous: str,
+    model_flag: str = "--model",
 ) -> tuple[ServerInfo, TextSizer | None]:
     """Ask the server (once per process, before the run): the model and its
     ``max_model_len`` (/v1/models), its clock epoch (/health), the prompts to send
     (``prompt_mode`` token_ids|text|auto: harness/loadgen/prompt_choice.py; auto asks
     /tokenize and may send one 1-token request), /tokenize for text prompts, and whether
     streams take ``continuous_usage_stats`` (one 2-token request, id
-    ``schedscope-probe-<pid>``; ``continuous`` is auto|on|off, and only auto sends it)."""
+    ``schedscope-probe-<pid>``; ``continuous`` is auto|on|off, and only auto sends it).
+
+    ``RuntimeError`` when no ``model`` is given and /v1/models names none: a server that
+    did not answer at all is said to be that (with the connection's error), one that
+    answered is told to ``model_flag``, the caller's option for the model name."""
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    unanswered: list[str] = []  # why each call that got no HTTP answer got none
 
     def call(method, path, body=None, extra=None):
         try:
@@ -588,7 +600,9 @@ def probe(
             data = r.read(tv.PROBE_BODY_BYTES)
             r.release()
             return r.status, data
-        except (TransportError, Exception):  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - no answer, whatever broke
+            why = str(exc) if isinstance(exc, TransportError) else f"{type(exc).__name__}: {exc}"
+            unanswered.append(why)
             return None, b""
 
     def answer(status, data) -> dict:
@@ -602,14 +616,19 @@ def probe(
             return {}
         return obj if isinstance(obj, dict) else {}
 
-    models = answer(*call("GET", "/v1/models")).get("data")
+    models_status, models_body = call("GET", "/v1/models")
+    models = answer(models_status, models_body).get("data")
     models = [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
     if not model:
+        if models_status is None:
+            raise RuntimeError(
+                f"the server did not answer GET /v1/models: {tv.clean_text(unanswered[-1])}"
+            )
         first = models[0].get("id") if models else None
         if not isinstance(first, str) or not first or len(first) > MAX_MODEL_NAME_CHARS:
             raise RuntimeError(
                 f"cannot read the model from {transport.__class__.__name__} "
-                f"/v1/models (first id: {tv.shown(first)}); pass --model"
+                f"/v1/models (first id: {tv.shown(first)}); pass {model_flag}"
             )
         model = first
     card: dict = next((m for m in models if m.get("id") == model), {})

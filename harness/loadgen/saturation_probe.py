@@ -64,9 +64,11 @@ def probe_capacity(
     measure_s: float = MEASURE_S,
     drain_s: float = DRAIN_S,
     timeout_s: float = 120.0,
+    model_flag: str = "--model",
 ) -> Capacity:
     """The target's capacity on ``profile``'s mix (module docstring). ``ProbeError`` when
-    it cannot be measured."""
+    it cannot be measured. ``model_flag``: the caller's option for the model name, which
+    the error names when ``model`` is empty and the target's /v1/models names none."""
     first = RequestsTransport(url, 4, timeout_s)
     try:
         info, sizer = probe(
@@ -76,6 +78,7 @@ def probe_capacity(
             api_key=api_key,
             prompt_mode=prompt_mode,
             continuous="off",
+            model_flag=model_flag,
         )
     except RuntimeError as exc:
         raise ProbeError(str(exc)) from None
