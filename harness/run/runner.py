@@ -146,6 +146,17 @@ def _fmt(value) -> str:
 STATUS_STYLES = {"failed": "red", "degraded": "yellow", "ok": ""}
 
 
+def _cell_summary(result: CellResult) -> dict | None:
+    """The cell's own summary.json entry (what it wrote from its requests.parquet), for
+    a run without a report; None when there is none to read."""
+    try:
+        body = json.loads((result.path / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    entry = (body.get("policies") or {}).get(result.cell.name) if isinstance(body, dict) else None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("overall"), dict) else None
+
+
 def summary_table(root: Path, results: list[CellResult], summary: dict | None) -> Table:
     """Per cell x class: requests, TTFT p50/p95, E2E p95, goodput (the report's figures
     when it ran, else the cell's requests.parquet)."""
@@ -168,7 +179,7 @@ def summary_table(root: Path, results: list[CellResult], summary: dict | None) -
     for r in results:
         state = cell_status(r)
         status = Text(state, style=STATUS_STYLES[state])
-        entry = policies.get(r.cell.name)
+        entry = policies.get(r.cell.name) or _cell_summary(r)
         if entry is None:
             table.add_row(
                 r.cell.name,

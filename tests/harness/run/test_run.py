@@ -272,6 +272,10 @@ def test_the_server_and_the_load_generator_run_on_the_cores_given(tmp_path):
     assert info["cpu_split"] == {"serve": [last], "load_generator": [first], "chosen": "given"}
     assert info["serve_cpus"] == [last]
     assert info["machine"]["serve_cores"] == 1
+    # without a report the table still shows the cell's figures (its own summary.json)
+    [row] = [line for line in proc.stdout.splitlines() if "fcfs" in line and " all " in line]
+    cells = [c.strip() for c in row.strip("│┃ ").split("│")]
+    assert cells[4] != "-" and cells[4][0].isdigit(), row  # TTFT p50 (e.g. "47 ms")
 
 
 def test_a_cpu_split_outside_this_machine_is_a_usage_error(tmp_path):
