@@ -56,6 +56,8 @@ class StepRuns:
     cycles: list[np.ndarray] = field(default_factory=list)
     #: each cycle's start, seconds since the run's first step
     starts: list[np.ndarray] = field(default_factory=list)
+    #: each cycle's start on the steps' own clock (a run cell's: Unix seconds)
+    clock: list[np.ndarray] = field(default_factory=list)
     paths: list[Path] = field(default_factory=list)
 
     @property
@@ -96,6 +98,7 @@ def read_step_runs(paths: tuple[Path, ...] | list[Path]) -> StepRuns:
         runs.features.append(x[keep])
         runs.cycles.append(y[keep])
         runs.starts.append(start[keep] - (start[keep].min() if keep.any() else 0.0))
+        runs.clock.append(start[keep])
         runs.paths.append(path)
     return runs
 
@@ -143,10 +146,24 @@ def step_cost_change(
         source="the gate's reference price (both sides' steps)",
     )
     coefficients = np.array(reference.coefficients)
-    span = max(float(s.max()) for side in (baseline, current) for s in side.starts if s.size)
-    span = span if span > 0 else 1.0
-    a_base, p_base = _block_sums(baseline, coefficients, span, num_blocks)
-    a_cur, p_cur = _block_sums(current, coefficients, span, num_blocks)
+    together = side_by_side(baseline, current)
+    if together:
+        # run i of both sides ran at the same time: the same windows of the wall clock,
+        # so a slow second of the machine lands in the same window on both sides
+        grids = [_overlap(b, c) for b, c in zip(baseline.clock, current.clock, strict=True)]
+        a_base, p_base = _block_sums(baseline.clock, baseline, coefficients, grids, num_blocks)
+        a_cur, p_cur = _block_sums(current.clock, current, coefficients, grids, num_blocks)
+    else:
+        span = max(float(s.max()) for side in (baseline, current) for s in side.starts if s.size)
+        span = span if span > 0 else 1.0
+        a_base, p_base = _block_sums(
+            baseline.starts, baseline, coefficients, [(0.0, span)] * len(baseline.starts),
+            num_blocks,
+        )  # fmt: skip
+        a_cur, p_cur = _block_sums(
+            current.starts, current, coefficients, [(0.0, span)] * len(current.starts),
+            num_blocks,
+        )  # fmt: skip
     base_ratio = float(a_base.sum() / p_base.sum())
     cur_ratio = float(a_cur.sum() / p_cur.sum())
     rng = np.random.default_rng(seed)
@@ -175,9 +192,10 @@ def step_cost_change(
         interval=(float(low), float(high)),
         baseline_cycles=baseline.num_cycles,
         current_cycles=current.num_cycles,
-        runs_drawn="paired"
-        if paired
-        else ("independent" if max(runs_b, runs_c) > 1 else "one run a side"),
+        runs_drawn=("side by side, " if together else "")
+        + (
+            "paired" if paired else ("independent" if max(runs_b, runs_c) > 1 else "one run a side")
+        ),
     )
 
 
@@ -186,17 +204,51 @@ def _draw(rng: np.random.Generator, runs: int) -> np.ndarray:
     return rng.integers(0, runs, runs) if runs > 1 else np.zeros(1, dtype=int)
 
 
+#: Runs whose steps share at least this share of their spans ran side by side.
+SIDE_BY_SIDE_OVERLAP = 0.5
+
+
+def side_by_side(baseline: StepRuns, current: StepRuns) -> bool:
+    """Whether run i of the baseline and run i of the current ran at the same time, for
+    every i (as many runs a side, each pair's steps overlapping in time for at least
+    :data:`SIDE_BY_SIDE_OVERLAP` of the shorter one's span): two servers on the same
+    machine at once, each loaded by its own generator."""
+    if len(baseline.clock) != len(current.clock):
+        return False
+    for b, c in zip(baseline.clock, current.clock, strict=True):
+        if not (b.size and c.size):
+            return False
+        low, high = _overlap(b, c)
+        shorter = min(float(b.max() - b.min()), float(c.max() - c.min()))
+        if shorter <= 0 or (high - low) < SIDE_BY_SIDE_OVERLAP * shorter:
+            return False
+    return True
+
+
+def _overlap(b: np.ndarray, c: np.ndarray) -> tuple[float, float]:
+    """The stretch of time both runs' steps cover."""
+    return max(float(b.min()), float(c.min())), min(float(b.max()), float(c.max()))
+
+
 def _block_sums(
-    side: StepRuns, coefficients: np.ndarray, span: float, num_blocks: int
+    times: list[np.ndarray],
+    side: StepRuns,
+    coefficients: np.ndarray,
+    grids: list[tuple[float, float]],
+    num_blocks: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(actual seconds, priced seconds) per run x window of time since the run's first
-    step; a window with no step holds 0 in both."""
+    """(actual seconds, priced seconds) per run x window: run r's ``times`` cut into
+    ``num_blocks`` equal windows of ``grids[r]`` (start, end); steps outside it are left
+    out, a window with no step holds 0 in both."""
     actual = np.zeros((len(side.cycles), num_blocks))
     priced = np.zeros((len(side.cycles), num_blocks))
-    for r, (x, y, t) in enumerate(zip(side.features, side.cycles, side.starts, strict=True)):
-        index = np.minimum((t / span * num_blocks).astype(int), num_blocks - 1)
-        np.add.at(actual[r], index, y)
-        np.add.at(priced[r], index, x @ coefficients)
+    for r, (x, y, t) in enumerate(zip(side.features, side.cycles, times, strict=True)):
+        start, end = grids[r]
+        width = (end - start) or 1.0
+        inside = (t >= start) & (t <= end)
+        index = np.minimum(((t[inside] - start) / width * num_blocks).astype(int), num_blocks - 1)
+        np.add.at(actual[r], index, y[inside])
+        np.add.at(priced[r], index, x[inside] @ coefficients)
     return actual, priced
 
 

@@ -43,10 +43,14 @@ def steps_frame(
     noise: float = 0.05,
     decode_batch: int = 16,
     drift: float = 0.0,
+    t0: float | None = None,
+    wobble=None,
 ) -> pl.DataFrame:
     """``n`` steps of random batches (decode batches around ``decode_batch``), each cycle
     the built-in price x ``speed`` x lognormal(``noise``), the speed drifting linearly by
-    ``drift`` over the run."""
+    ``drift`` over the run and, with ``wobble`` (a function of the clock), by the
+    machine's speed at each instant; the first step at ``t0`` (default: a random instant,
+    so that two runs do not overlap in time)."""
     prefill = np.where(rng.random(n) < 0.3, rng.integers(16, 512, n), 0)
     decodes = rng.integers(max(1, decode_batch // 2), decode_batch * 2, n)
     context = decodes * rng.integers(64, 900, n)
@@ -59,7 +63,13 @@ def steps_frame(
     )
     trend = 1.0 + drift * np.linspace(0, 1, n)
     cycles = features @ PRICE * speed * trend * rng.lognormal(0.0, noise, n)
-    start = np.concatenate([[0.0], np.cumsum(cycles)])
+    t0 = float(rng.uniform(0, 1e7)) if t0 is None else t0
+    if wobble is not None:  # each step at the machine's speed of its instant
+        clock = t0
+        for i in range(n):
+            cycles[i] *= wobble(clock)
+            clock += cycles[i]
+    start = t0 + np.concatenate([[0.0], np.cumsum(cycles)])
     return pl.DataFrame(
         {
             "step": np.arange(n + 1),
@@ -131,6 +141,32 @@ def test_interleaved_runs_are_drawn_paired_so_shared_drift_cancels(tmp_path):
     unpaired = step_cost_change(base, fewer, **BOOT)
     assert unpaired.runs_drawn == "independent"
     assert unpaired.interval[0] < 0.0 < unpaired.interval[1], unpaired
+
+
+def test_side_by_side_runs_share_the_machines_wobble_and_it_cancels(tmp_path):
+    """Two servers at once on one machine whose speed swings 0.8-1.25x every few seconds:
+    windows of the wall clock pair their steps, so a 10% slowdown stands out; the same
+    runs made one after the other (each meeting other swings) cannot tell it."""
+    rng = np.random.default_rng(8)
+
+    def wobble(t: float) -> float:
+        return 1.0 + 0.22 * np.sin(t / 1.7) + 0.1 * np.sin(t / 0.43)
+
+    # the second server's first step 2.5 s after the first's: windows of the wall clock,
+    # not of each run's own time, pair what ran at the same instant
+    together = [
+        steps_frame(rng, 3000, s, 0.05, t0=t0, wobble=wobble)
+        for s, t0 in ((1, 1000), (1.1, 1002.5))
+    ]
+    base, cur = (side_runs(tmp_path, f"t{i}", [f]) for i, f in enumerate(together))
+    paired = step_cost_change(base, cur, **BOOT)
+    assert paired.runs_drawn == "side by side, one run a side"
+    assert paired.interval[0] > 0.07 and paired.interval[1] < 0.13, paired
+    apart = [steps_frame(rng, 3000, s, 0.05, t0=t0, wobble=wobble) for s, t0 in ((1, 0), (1.1, 40))]
+    base, cur = (side_runs(tmp_path, f"a{i}", [f]) for i, f in enumerate(apart))
+    alone = step_cost_change(base, cur, **BOOT)
+    assert alone.runs_drawn == "one run a side"
+    assert alone.interval[1] - alone.interval[0] > 2 * (paired.interval[1] - paired.interval[0])
 
 
 def test_false_alarms_stay_rare_over_many_same_engine_pairs(tmp_path):
