@@ -90,6 +90,53 @@ def simulated(out: Path, fault: str, duration_scale: float, seed: int) -> Path:
     return out
 
 
+def run_command(out: Path, rate_scale: str, args, split: str | None = None) -> list[str]:
+    return [
+        sys.executable, "-m", "harness.cli", "run", "--policy", POLICY, "--profile", PROFILE,
+        "--duration-scale", str(args.duration_scale), "--seed", str(args.seed),
+        "--rate-scale", rate_scale, "--no-report", "--out", str(out),
+        *(["--cpu-split", split] if split else []),
+    ]  # fmt: skip
+
+
+def served_side_by_side(
+    base: Path, other: Path, fault: str, rate_scale: str, args, swap: bool
+) -> tuple[float, float]:
+    """The baseline and a run with ``fault`` served at the same time on this machine:
+    each server on one core, its load generator on the other (``swap``: the cores the
+    other way round, so that neither side always has the same core). Returns each run's
+    wall seconds."""
+    cpus = sorted(os.sched_getaffinity(0))
+    first, second = (cpus[1], cpus[0]) if swap else (cpus[0], cpus[1])
+    walls = (base.with_suffix(".wall_s"), other.with_suffix(".wall_s"))
+    if args.resume and all((p / "run.json").exists() for p in (base, other)):
+        if all(w.exists() for w in walls):
+            return float(walls[0].read_text()), float(walls[1].read_text())
+    started = time.monotonic()
+    procs = []
+    for out, env, split in (
+        (base, {}, f"{first}:{second}"),
+        (other, {"SCHEDSCOPE_FAULT": fault}, f"{second}:{first}"),
+    ):
+        log = open(out.with_suffix(".log"), "w")  # noqa: SIM115 - closed below
+        procs.append((
+            subprocess.Popen(run_command(out, rate_scale, args, split),
+                             env={**os.environ, "SCHEDSCOPE_FAULT": "", **env},
+                             stdout=log, stderr=log),
+            log, out,
+        ))  # fmt: skip
+    took = []
+    for proc, log, out in procs:
+        code = proc.wait()
+        log.close()
+        took.append(time.monotonic() - started)
+        if code != 0:
+            raise SystemExit(f"failed ({code}): run into {out} (log: {out.with_suffix('.log')})")
+    for wall, seconds in zip(walls, took, strict=True):
+        wall.write_text(f"{seconds}\n")
+    return took[0], took[1]
+
+
 def served(out: Path, fault: str, rate_scale: str, args) -> float:
     """Serves one run into ``out`` and returns its wall seconds; with ``--resume`` a run
     already there (its ``run.json`` written) is kept and its recorded time returned."""
@@ -168,6 +215,13 @@ def parser() -> BenchParser:
         help="the short class's p95 TTFT rule's tolerance (gross scheduling regressions)",
     )
     parser.add_argument("--rate-scale", default="auto", help="the runs' load (auto: chosen once)")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="serve each pair's baseline and current at the same time (one core each, "
+        "their load generators on the other's core, swapped every round) instead of one "
+        "after the other",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.sized("--sim-pairs", type=int, full=20, quick=5, help="simulated self-pairs")
     parser.add_argument("--no-sjf", action="store_true", help="skip the broken-SJF arm")
@@ -225,23 +279,36 @@ def real_rounds(args, arms: dict[str, str], tolerances: list[float], work: Path)
     gate_s: list[float] = []
     for r in range(args.rounds):
         base = work / f"r{r}-base"
-        base_s = served(base, "", rate, args)
-        seconds.append(base_s)
         if rate.startswith("auto"):
-            rate = f"{chosen_scale(base):.6g}"
+            # the load is chosen once, by a run of its own
+            served(work / "scale", "", rate, args)
+            rate = f"{chosen_scale(work / 'scale'):.6g}"
             print(f"--rate-scale {args.rate_scale} chose {rate}x: every run uses it")
         order = [("same commit", "")] + list(arms.items())
         np.random.default_rng(args.seed + r).shuffle(order)
-        runs["clean"].append(base)
+        if not args.side_by_side:
+            base_s = served(base, "", rate, args)
+            seconds.append(base_s)
+            runs["clean"].append(base)
         for name, fault in order:
             run = work / f"r{r}-{_slug(name)}"
-            took = served(run, fault, rate, args)
+            if args.side_by_side:  # a baseline of its own, at the same time
+                pair_base = work / f"r{r}-{_slug(name)}-base"
+                base_s, took = served_side_by_side(pair_base, run, fault, rate, args, r % 2 == 1)
+                seconds.append(base_s)
+                runs["clean"].append(pair_base)
+                # both ran at once: one gate takes the longer of the two
+                gate_run_s = max(base_s, took)
+            else:
+                pair_base = base
+                took = served(run, fault, rate, args)
+                gate_run_s = base_s + took
             seconds.append(took)
             runs["clean" if name == "same commit" else name].append(run)
-            verdicts = {t: gated(base, run, t, args.latency_tolerance) for t in tolerances}
+            verdicts = {t: gated(pair_base, run, t, args.latency_tolerance) for t in tolerances}
             # one gate of CI: the baseline's run, this run, and the comparison
-            gate_s.append(base_s + took + max(v["s"] for v in verdicts.values()))
-            pairs[name].append({"run": str(run), "verdicts": verdicts})
+            gate_s.append(gate_run_s + max(v["s"] for v in verdicts.values()))
+            pairs[name].append({"run": str(run), "base": str(pair_base), "verdicts": verdicts})
         done = ", ".join(
             f"{n} {sum(bool(p['verdicts'][tolerances[0]]['alarm']) for p in v)}/{len(v)}"
             for n, v in pairs.items()
@@ -255,7 +322,8 @@ def report(args, pairs, runs, seconds, gate_s, tolerances, work, rate) -> list[F
     clean_p95 = float(np.median(clean))
     print()
     print(
-        f"real runs: {args.rounds} rounds, {len(seconds)} runs of `schedscope run --policy "
+        f"real runs{' side by side' if args.side_by_side else ''}: {args.rounds} rounds, "
+        f"{len(seconds)} runs of `schedscope run --policy "
         f"{POLICY} --duration-scale {args.duration_scale} --rate-scale {rate}`, "
         f"{np.median(seconds):.0f} s each (median); one gate (two runs and the comparison) "
         f"{np.median(gate_s):.0f} s (median), {max(gate_s):.0f} s at most; short-class p95 "
