@@ -48,13 +48,14 @@ class Diagnosis:
 def diagnose(checks: list[Check], baseline: Side, current: Side) -> Diagnosis:
     """The kind of regression ``checks`` show (the module's rules)."""
     failed = [c for c in checks if not c.passed and not c.inconclusive]
-    if not failed:
-        return Diagnosis(NONE)
-    step_failed = {c.cell for c in failed if c.metric == STEP_COST}
     measured = {c.cell for c in checks if c.metric == STEP_COST and not c.inconclusive}
+    # what each side's steps alone do to latency, for every cell whose steps were compared
+    simulated = {cell: _simulated_figures(cell, baseline, current) for cell in sorted(measured)}
+    lines = [line for cell, figures in simulated.items() if (line := _figures_line(cell, figures))]
+    if not failed:
+        return Diagnosis(NONE, lines, simulated)
+    step_failed = {c.cell for c in failed if c.metric == STEP_COST}
     others = [c for c in failed if c.metric != STEP_COST]
-    lines: list[str] = []
-    simulated: dict = {}
     if baseline.simulated:
         slowed = sorted(
             n for side in (baseline, current) for n, c in side.cells.items()
@@ -79,8 +80,7 @@ def diagnose(checks: list[Check], baseline: Side, current: Side) -> Diagnosis:
         )
     beyond: list[Check] = []
     for cell in sorted(step_failed):
-        figures = _simulated_figures(cell, baseline, current)
-        simulated[cell] = figures
+        figures = simulated.get(cell) or {}
         for c in (c for c in others if c.cell == cell):
             explained = _explained_change(c, figures)
             if explained is None:
@@ -114,17 +114,38 @@ def _simulated_figures(cell: str, baseline: Side, current: Side) -> dict:
     current cell's schedule simulated with each (its first run's records)."""
     from harness.gate.step_cost import fit_side, read_step_runs, simulated_latency
 
-    here = current.cells[cell]
-    if not here.cell_dirs:
+    here, there = current.cells.get(cell), baseline.cells.get(cell)
+    if here is None or there is None or not here.cell_dirs:
         return {}
-    fits = [fit_side(read_step_runs(side.cells[cell].steps)) for side in (baseline, current)]
-    base, cur = (simulated_latency(here.cell_dirs[0], fit) for fit in fits)
+    try:
+        fits = [fit_side(read_step_runs(side.steps)) for side in (there, here)]
+        base, cur = (simulated_latency(here.cell_dirs[0], fit) for fit in fits)
+    except ValueError:  # too few steps to fit one side alone: nothing to say, no failure
+        return {}
     if base is None or cur is None:
         return {}
     return {
         klass: {key: (base[klass][key], cur.get(klass, {}).get(key)) for key in base[klass]}
         for klass in base
     }
+
+
+def _figures_line(cell: str, figures: dict) -> str | None:
+    """One line of what the simulator derives from each side's steps, for every request;
+    None without figures."""
+    every = figures.get("all") or {}
+    parts = []
+    for key, pair in sorted(every.items()):
+        if pair[0] is None or pair[1] is None or pair[0] <= 0:
+            continue
+        label = key.replace("_", " ")
+        parts.append(f"{label} {pair[0]:.3f} s -> {pair[1]:.3f} s ({pair[1] / pair[0] - 1:+.1%})")
+    if not parts:
+        return None
+    return (
+        f"{cell}: the simulator, from each side's steps alone (baseline -> current), at this "
+        f"cell's schedule: {', '.join(parts)}"
+    )
 
 
 def _explained_change(check: Check, figures: dict) -> float | None:

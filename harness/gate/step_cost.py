@@ -283,6 +283,12 @@ def simulated_latency(cell_dir: Path, cost_model) -> dict[str, dict[str, float |
     config = engine_config_of(info.get("config"))
     if config is None or not rows.height:
         return None
+    if "schedule_offset_s" not in rows.columns:  # a simulated cell: its virtual time
+        if "scheduled_at" not in rows.columns:
+            return None
+        rows = rows.with_columns(
+            schedule_offset_s=pl.col("scheduled_at") - pl.col("scheduled_at").min()
+        )
     rows = rows.sort("schedule_offset_s", "request_id")
     specs = [
         RequestSpec(
