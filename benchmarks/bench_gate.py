@@ -22,7 +22,7 @@ rounds), the regression kind the gate named, beside the targets (>= 90% detectio
 +10%, <= 5% false alarms, one gate — its two runs and the comparison — <= 10 minutes).
 
 Run: .venv/bin/python benchmarks/bench_gate.py [--rounds 10] [--duration-scale 0.1]
-     [--sizes 0.05,0.1,0.2] [--tolerances 0,0.02,0.05] [--latency-tolerance 0.5]
+     [--sizes 0.05,0.1,0.2] [--tolerances 0,0.03,0.05] [--latency-tolerance 0.5] [--side-by-side]
      [--quick] [--work DIR [--resume]]
 """
 
@@ -207,7 +207,7 @@ def parser() -> BenchParser:
     parser.sized("--rounds", type=int, full=10, quick=2, help="rounds of real runs")
     parser.add_argument("--duration-scale", type=float, default=0.1)
     parser.sized("--sizes", full="0.05,0.1,0.2", quick="0.1,0.2", help="planted step slowdowns")
-    parser.add_argument("--tolerances", default="0,0.02,0.05", help="step_cost tolerances")
+    parser.add_argument("--tolerances", default="0,0.03,0.05", help="step_cost tolerances")
     parser.add_argument(
         "--latency-tolerance",
         type=float,
