@@ -120,7 +120,11 @@ def run_offline(
                     EngineRequest(
                         spec.request_id,
                         prompt_ids(spec, vocab),
-                        SamplingParams(max_tokens=spec.max_tokens, ignore_eos=True),
+                        # the served requests' sampling: the server's default
+                        # temperature (1.0, OpenAI's), not greedy decoding
+                        SamplingParams(
+                            max_tokens=spec.max_tokens, ignore_eos=True, temperature=1.0
+                        ),
                         arrival_time=start + spec.scheduled_at,
                         priority=spec.priority,
                         request_class=spec.class_name,

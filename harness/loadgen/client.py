@@ -41,6 +41,14 @@ from harness.loadgen.clock import unix_now
 from harness.loadgen.prompt_choice import PromptChoice, choose
 from harness.loadgen.prompts import DEFAULT_ID_RANGE, TextSizer, chat_messages, token_ids
 
+#: The fields of every generated request beside its model, prompt, lengths and priority:
+#: exactly that many tokens, streamed with the usage; no ``temperature`` (the server's
+#: default sampling). The light replay client (open_loop_client.py) sends the same.
+REQUEST_FIELDS: dict = {
+    "ignore_eos": True,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 #: A model id from /v1/models longer than this is not taken (it is sent in every body).
@@ -328,13 +336,12 @@ class OpenAIClient:
     def body(self, spec) -> dict:
         n_out = spec.output_tokens
         body = {
+            **REQUEST_FIELDS,
+            "stream_options": dict(REQUEST_FIELDS["stream_options"]),  # added to below
             "model": self.model,
             "max_tokens": n_out,
             "min_tokens": n_out,
-            "ignore_eos": True,
             "priority": spec.priority,
-            "stream": True,
-            "stream_options": {"include_usage": True},
         }
         if self.continuous_usage:
             body["stream_options"]["continuous_usage_stats"] = True

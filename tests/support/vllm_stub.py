@@ -73,6 +73,7 @@ class VllmStub(ThreadedApp):
                 BatchSpanProcessor(exporter, schedule_delay_millis=200)
             )
         self.completions = 0
+        self.bodies: list[dict] = []  # every completion request's body, in order
         self.refused = 0
         self.dropped = 0
         self.connections = 0  # completions' connections, one count per new connection
@@ -149,6 +150,7 @@ class VllmStub(ThreadedApp):
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         self.completions += 1
         body = await request.json()
+        self.bodies.append(body)
         prompt = body.get("prompt")
         ids = prompt if isinstance(prompt, list) else self.token_ids(str(prompt))
         if ids and max(ids) >= self.vocab_size:
