@@ -224,7 +224,7 @@ def _fit_fingerprint(
     method: str,
     executor: str,
     torch_threads: int | None,
-    serve_cores: int | None,
+    serve_cores: int | None = None,
 ) -> Fingerprint:
     """The machine the fit stands for: a profiling fit's own device and torch threads;
     a fit of served steps (a served calibration, or --from-steps), the served engine's

@@ -72,7 +72,8 @@ def test_calibrate_from_steps_of_a_served_calibration_places_them_by_its_epoch(
     result = CliRunner().invoke(app, ["calibrate", "--from-steps", str(records)])
     assert result.exit_code == 0, result.output
     assert "client.parquet says when" in result.output
-    machine = fingerprint("tiny", executor="sim", torch_threads=None)
+    # its run.json names no cpu_split: records made unpinned
+    machine = fingerprint("tiny", executor="sim", torch_threads=None, serve_cores=0)
     stored = cost_store.find(machine).match.model
     assert relative_error(stored) < 0.01
     pool = cost_store.load_evidence(machine)
