@@ -125,24 +125,23 @@ class Faults:
         return ",".join(f"{key}={value}" for key, value in self.to_dict().items())
 
 
-def _seconds(key: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise FaultError(key, f"fault key {key!r}: {raw!r} is not a number of seconds >= 0")
-    return value
+def _non_negative(what: str) -> Callable[[str, str], float]:
+    """The parser of a finite number >= 0; ``what`` names it in the error."""
+
+    def parse(key: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise FaultError(key, f"fault key {key!r}: {raw!r} is not {what}")
+        return value
+
+    return parse
 
 
-def _fraction(key: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise FaultError(key, f"fault key {key!r}: {raw!r} is not a fraction >= 0 (0.1: 10%)")
-    return value
+_seconds = _non_negative("a number of seconds >= 0")
+_fraction = _non_negative("a fraction >= 0 (0.1: 10%)")
 
 
 def _sjf_order(key: str, raw: str) -> str:
