@@ -33,6 +33,18 @@ def find_prometheus() -> str | None:
     return shutil.which(PROMETHEUS_BINARY)
 
 
+def target_states(active: list[dict]) -> str:
+    """Each active target's health and last scrape error, as Prometheus's targets API
+    reports them ("none discovered yet" before the first discovery)."""
+    if not active:
+        return "none discovered yet"
+    return "; ".join(
+        f"{t.get('scrapeUrl', '?')}: {t.get('health', '?')}"
+        + (f" ({t['lastError']})" if t.get("lastError") else "")
+        for t in active
+    )
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -62,7 +74,8 @@ class PrometheusServer:
         self.url = ""
 
     def config_text(self) -> str:
-        interval = f"{self.scrape_interval_s:g}s"
+        # Prometheus durations take no fractions ("0.5s" is refused): milliseconds do.
+        interval = f"{max(1, round(self.scrape_interval_s * 1000))}ms"
         targets = ", ".join(json.dumps(t) for t in self.targets)
         return (
             f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
@@ -106,6 +119,7 @@ class PrometheusServer:
         process = self.process
         assert process is not None, "called by __enter__, after the Popen"
         deadline = time.monotonic() + self.start_timeout_s
+        active: list[dict] = []
         while True:
             if process.poll() is not None:
                 raise PrometheusError(
@@ -119,7 +133,8 @@ class PrometheusServer:
                 pass  # not listening yet
             if time.monotonic() > deadline:
                 raise PrometheusError(
-                    f"targets not up within {self.start_timeout_s:g} s:\n{self.log_tail()}"
+                    f"targets not up within {self.start_timeout_s:g} s "
+                    f"({target_states(active)}):\n{self.log_tail()}"
                 )
             time.sleep(0.2)
 
