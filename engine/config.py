@@ -207,6 +207,15 @@ class CacheConfig:
             "--gpu-memory-utilization keeps its meaning."
         ),
     )
+    enable_prefix_caching: bool = field(
+        default=True,
+        metadata=_help(
+            "Automatic prefix caching, on by default as in vLLM V1: full KV blocks are "
+            "kept (keyed by their tokens and everything before them) after their request "
+            "frees them, and a request whose prompt starts with cached blocks takes them "
+            "instead of computing them; least recently freed blocks are evicted first."
+        ),
+    )
     watermark: float = field(
         default=0.01,
         metadata=_help(

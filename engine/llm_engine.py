@@ -99,7 +99,11 @@ class LLMEngine:
         first step is numbered ``first_step``."""
         plan, cache = self.kv_plan, self.config.cache
         block_manager = BlockManager(
-            cache.block_size, plan.num_device_blocks, plan.num_host_blocks, cache.watermark
+            cache.block_size,
+            plan.num_device_blocks,
+            plan.num_host_blocks,
+            cache.watermark,
+            cache.enable_prefix_caching,
         )
         scheduler = Scheduler(
             self.config.scheduler,
@@ -245,6 +249,8 @@ class LLMEngine:
             num_waiting=out.num_waiting,
             num_running=out.num_running,
             num_swapped=out.num_swapped,
+            num_cached_tokens=out.num_cached_tokens,
+            num_evicted_blocks=out.num_evicted_blocks,
             blocks_to_swap_out=out.blocks_to_swap_out,
             blocks_to_swap_in=out.blocks_to_swap_in,
             swap_out_s=result.swap_out_s,

@@ -26,6 +26,12 @@ def end_error(state: ServerState, out: RequestOutput) -> ApiError:
     return unavailable(f"the request ended early ({out.finish_reason})")
 
 
+def cached_tokens(out: RequestOutput) -> int:
+    """The prompt tokens a request found in the prefix cache, from its last output (the
+    one that carries its final state)."""
+    return getattr(out.sequence, "num_cached_tokens", 0) or 0
+
+
 def text_ids(req: GenerateRequest, token_ids: list[int], num_generated: int) -> list[int]:
     """The generated tokens whose text is returned: a final stop-string token is not
     (OpenAI leaves stop sequences out of the text)."""

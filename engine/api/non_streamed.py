@@ -7,7 +7,7 @@ import asyncio
 
 from aiohttp import web
 
-from engine.api.engine_outputs import end_error, text_ids
+from engine.api.engine_outputs import cached_tokens, end_error, text_ids
 from engine.api.generate_request import GenerateRequest
 from engine.api.json_codec import dumps
 from engine.api.request_identity import REQUEST_ID_HEADER
@@ -28,7 +28,11 @@ async def _collect(
         raise end_error(state, last)
     text = state.tokenizer.decode(text_ids(req, token_ids, len(token_ids)))
     return ChoiceResult(
-        text, last.finish_reason, len(req.choices[index].prompt_token_ids), len(token_ids)
+        text,
+        last.finish_reason,
+        len(req.choices[index].prompt_token_ids),
+        len(token_ids),
+        cached_tokens(last),
     )
 
 

@@ -11,12 +11,18 @@ from engine.api.errors import ApiError
 from engine.api.json_codec import dumps
 
 
-def usage(num_prompt: int, num_completion: int) -> dict:
-    return {
+def usage(num_prompt: int, num_completion: int, num_cached: int | None = None) -> dict:
+    """OpenAI's usage object; with ``num_cached`` (a request's final usage), its
+    ``prompt_tokens_details.cached_tokens``: prompt tokens found in the prefix cache (as
+    OpenAI and vLLM report them)."""
+    out: dict = {
         "prompt_tokens": num_prompt,
         "completion_tokens": num_completion,
         "total_tokens": num_prompt + num_completion,
     }
+    if num_cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": num_cached}
+    return out
 
 
 @dataclass
@@ -27,11 +33,14 @@ class ChoiceResult:
     finish_reason: str
     num_prompt_tokens: int
     num_completion_tokens: int
+    num_cached_tokens: int = 0
 
 
 def _usage_of(results: list[ChoiceResult]) -> dict:
     return usage(
-        sum(r.num_prompt_tokens for r in results), sum(r.num_completion_tokens for r in results)
+        sum(r.num_prompt_tokens for r in results),
+        sum(r.num_completion_tokens for r in results),
+        sum(r.num_cached_tokens for r in results),
     )
 
 
@@ -141,10 +150,12 @@ class ChunkWriter:
             counts,
         )
 
-    def usage(self, num_prompt: int, num_completion: int) -> bytes:
+    def usage(self, num_prompt: int, num_completion: int, num_cached: int) -> bytes:
+        """The final usage-only chunk (``num_cached``: the prompt tokens found in the
+        prefix cache)."""
         return (
             f'data: {self._head}"choices":[],"usage":'
-            f"{dumps(usage(num_prompt, num_completion))}}}\n\n"
+            f"{dumps(usage(num_prompt, num_completion, num_cached))}}}\n\n"
         ).encode()
 
     @staticmethod

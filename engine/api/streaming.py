@@ -9,7 +9,7 @@ import asyncio
 from aiohttp import web
 
 from engine.api.detokenizer import IncrementalDetokenizer
-from engine.api.engine_outputs import end_error, text_ids
+from engine.api.engine_outputs import cached_tokens, end_error, text_ids
 from engine.api.generate_request import GenerateRequest
 from engine.api.request_identity import REQUEST_ID_HEADER
 from engine.api.responses import ChunkWriter
@@ -20,13 +20,14 @@ from engine.serving.async_engine import RequestOutput
 class _ChoiceText:
     """One choice of a stream: its detokenizer and its count of generated tokens."""
 
-    __slots__ = ("req", "index", "num_prompt", "num_generated", "detokenizer")
+    __slots__ = ("req", "index", "num_prompt", "num_generated", "num_cached", "detokenizer")
 
     def __init__(self, state: ServerState, req: GenerateRequest, index: int) -> None:
         self.req = req
         self.index = index
         self.num_prompt = len(req.choices[index].prompt_token_ids)
         self.num_generated = 0
+        self.num_cached = 0  # known at its end (engine_outputs.cached_tokens)
         self.detokenizer = IncrementalDetokenizer(state.tokenizer)
 
     def delta(self, new_token_ids: list[int]) -> str:
@@ -78,12 +79,13 @@ async def stream(
                 if delta:
                     await response.write(chunks.text(delta, 0, choice.counts))
             if out.finished:
+                choice.num_cached = cached_tokens(out)
                 await anext(outputs, None)  # let the iterator end (no abort on close)
                 break
             out = await anext(outputs)
         await response.write(_end_chunks(state, chunks, choice, out))
         if req.include_usage and out.finish_reason in ("stop", "length"):
-            await response.write(chunks.usage(*choice.counts))
+            await response.write(chunks.usage(*choice.counts, choice.num_cached))
         await response.write(ChunkWriter.DONE)
         await response.write_eof()
     except ConnectionError:
@@ -126,13 +128,16 @@ async def stream_batch(
                 if delta:
                     await response.write(chunks.text(delta, index, choice.counts))
             if out.finished:
+                choice.num_cached = cached_tokens(out)
                 num_open -= 1
                 all_ok = all_ok and out.finish_reason in ("stop", "length")
                 await response.write(_end_chunks(state, chunks, choice, out))
         if req.include_usage and all_ok:
             await response.write(
                 chunks.usage(
-                    sum(c.num_prompt for c in choices), sum(c.num_generated for c in choices)
+                    sum(c.num_prompt for c in choices),
+                    sum(c.num_generated for c in choices),
+                    sum(c.num_cached for c in choices),
                 )
             )
         await response.write(ChunkWriter.DONE)

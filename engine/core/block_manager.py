@@ -4,17 +4,54 @@ Memory API as predicate/action pairs: the scheduler asks ``can_*`` and then call
 the action, which must succeed. Actions that move blocks return the
 ``(source, destination)`` block-id pairs the model runner has to copy.
 
-Invariant (checked by :meth:`check_invariants` and by the property tests): in each
-pool, every block is either free or in exactly one sequence's block table.
+**Prefix caching** (``enable_prefix_caching``, vLLM V1's automatic prefix caching): a
+full device block is identified by its *key*, the content's serial of the block before
+it and its token ids (a request-independent key; see :class:`PrefixKey`). Registered
+blocks are found by later requests: :meth:`lookup` returns the longest run of cached
+full blocks of a request's tokens (never its last token: that one is always computed,
+as in vLLM), and :meth:`allocate` takes them by reference. A block freed by a finished
+or preempted request keeps its key and joins the *eviction queue*, least recently freed
+first (a request's blocks are freed tail first, so its prefix outlives its suffix); an
+allocation takes truly free blocks first and then evicts from the queue's head,
+dropping the key. A block taken back from the queue by a hit leaves the queue.
+
+Keys are exact, not hashes: the serial of a content is assigned once and never reused,
+and the dictionary compares the token tuples, so a hit never returns a block whose
+content differs and no key maps to two blocks. When two requests compute the same
+content at once, the first to register it owns the key; the other's copy stays
+unregistered (freed straight to the free list).
+
+Prompt blocks are registered when the step that computes them is scheduled (so a
+request admitted later in the same step hits them: the executor writes every new
+token's KV before any attention reads the cache); blocks filled by decoding are
+registered when the request frees them (finish, preemption, swap-out): until then only
+a prompt that contains this request's own output could hit them.
+
+Swap (a vLLM V0 mode; vLLM V1 recomputes only): a swapped-out request's device blocks
+are released like freed ones (its full blocks registered first, so what others share
+stays cached and consistent: a shared block is only ever read), its copy travels to the
+host pool, and swap-in gives it fresh, unregistered device blocks (registered again when
+it frees them). The host pool caches nothing.
+
+Invariants (checked by :meth:`check_invariants` and by the property tests): in each
+pool every block is free, or (device) cached and evictable, or held; a device block's
+reference count is the number of block tables holding it; every registered block is
+the one its key maps to.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 
 from engine.core.sequence import Sequence
 
 BlockMapping = list[tuple[int, int]]
+
+#: A cached block's key: (the serial of the content before it, 0 for the first block;
+#: its token ids).
+PrefixKey = tuple[int, tuple[int, ...]]
 
 
 class BlockManager:
@@ -24,6 +61,7 @@ class BlockManager:
         num_device_blocks: int,
         num_host_blocks: int,
         watermark: float = 0.01,
+        enable_prefix_caching: bool = False,
     ) -> None:
         if num_device_blocks < 1:
             raise ValueError(f"num_device_blocks must be >= 1, got {num_device_blocks}")
@@ -39,17 +77,30 @@ class BlockManager:
         self._free_device: list[int] = list(range(num_device_blocks - 1, -1, -1))
         self._free_host: list[int] = list(range(num_host_blocks - 1, -1, -1))
         self._on_host: set[int] = set()  # seq_no of sequences whose blocks are on the host
+        self.enable_prefix_caching = enable_prefix_caching
+        # Prefix caching only (all unused when it is off):
+        self._refs = [0] * num_device_blocks  # block tables holding each device block
+        self._key: list[PrefixKey | None] = [None] * num_device_blocks
+        self._serial = [0] * num_device_blocks  # the content serial of a registered block
+        self._cached: dict[PrefixKey, int] = {}  # key -> the one block holding it
+        # Registered blocks nobody holds, least recently freed first (an ordered set:
+        # O(1) removal of a hit from anywhere, O(1) eviction from the head).
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._next_serial = 1
+        #: Cached blocks evicted so far (their key dropped to reuse the block).
+        self.num_evicted_blocks = 0
 
     # -- counts --------------------------------------------------------------------
     @property
     def num_free_device_blocks(self) -> int:
-        return len(self._free_device)
+        """Blocks an allocation can take: truly free ones and cached ones nobody holds
+        (vLLM counts both as free)."""
+        return len(self._free_device) + len(self._evictable)
 
     @property
-    def free_device_blocks(self) -> list[int]:
-        """The free device block ids (read only: its length is the free count, for a
-        caller that reads it every step)."""
-        return self._free_device
+    def num_cached_blocks(self) -> int:
+        """Registered blocks (held or evictable)."""
+        return len(self._cached)
 
     @property
     def num_free_host_blocks(self) -> int:
@@ -57,8 +108,9 @@ class BlockManager:
 
     @property
     def device_usage(self) -> float:
-        """Fraction of device blocks in use (vLLM's ``gpu_cache_usage_perc``)."""
-        return 1.0 - len(self._free_device) / self.num_device_blocks
+        """Fraction of device blocks in use (vLLM's ``gpu_cache_usage_perc``): held by a
+        request; a cached block nobody holds counts as free, as in vLLM."""
+        return 1.0 - self.num_free_device_blocks / self.num_device_blocks
 
     @property
     def host_usage(self) -> float:
@@ -73,21 +125,114 @@ class BlockManager:
     def is_on_host(self, seq: Sequence) -> bool:
         return seq.seq_no in self._on_host
 
-    # -- allocation of a (re)admitted request ----------------------------------------
-    def can_allocate(self, seq: Sequence, use_watermark: bool = True) -> bool:
-        """Room for the blocks of all of ``seq``'s tokens (its whole prefill)."""
-        needed = self.blocks_for(seq.num_tokens) - len(seq.block_table)
-        reserve = self.watermark_blocks if use_watermark else 0
-        return len(self._free_device) - needed >= reserve
+    # -- prefix cache lookups -----------------------------------------------------------
+    def lookup(self, seq: Sequence) -> list[int]:
+        """The device blocks holding the longest cached run of ``seq``'s full blocks, from
+        its first token, never including its last token (always computed). Empty when
+        prefix caching is off. No side effect."""
+        if not self.enable_prefix_caching:
+            return []
+        limit = (seq.num_tokens - 1) // self.block_size
+        if limit <= 0:
+            return []
+        contents = self._contents(seq, limit)
+        cached, serial = self._cached, self._serial
+        hits: list[int] = []
+        parent = 0
+        for j in range(limit):
+            block = cached.get((parent, contents[j]))
+            if block is None:
+                break
+            hits.append(block)
+            parent = serial[block]
+        return hits
 
-    def allocate(self, seq: Sequence) -> None:
+    def _contents(self, seq: Sequence, num_blocks: int) -> list[tuple[int, ...]]:
+        """``seq``'s first ``num_blocks`` full blocks' token ids (kept on the sequence:
+        its tokens never change, they are only appended to)."""
+        contents = seq.block_contents
+        if len(contents) < num_blocks:
+            size = self.block_size
+            tokens = seq.prompt_token_ids + seq.output_token_ids
+            for j in range(len(contents), num_blocks):
+                contents.append(tuple(tokens[j * size : (j + 1) * size]))
+        return contents
+
+    def register(self, seq: Sequence, num_tokens: int) -> None:
+        """Register ``seq``'s full blocks among its first ``num_tokens`` tokens (those
+        whose KV is computed, or being computed by the step being built). A content
+        already registered keeps its block; ``seq``'s copy stays unregistered."""
+        if not self.enable_prefix_caching:
+            return
+        full = min(num_tokens // self.block_size, len(seq.block_table))
+        first = seq.num_registered_blocks
+        if first >= full:
+            return
+        contents = self._contents(seq, full)
+        cached, serial, keys, table = self._cached, self._serial, self._key, seq.block_table
+        parent = seq.chain_serial
+        for j in range(first, full):
+            key = (parent, contents[j])
+            holder = cached.get(key)
+            if holder is None:
+                block = table[j]
+                parent = self._next_serial
+                self._next_serial += 1
+                cached[key] = block
+                keys[block] = key
+                serial[block] = parent
+            else:
+                parent = serial[holder]
+        seq.num_registered_blocks = full
+        seq.chain_serial = parent
+
+    # -- allocation of a (re)admitted request ----------------------------------------
+    def blocks_needed(self, seq: Sequence, cached: Seq[int] = ()) -> int:
+        """Free blocks admitting ``seq`` with its prefix hits ``cached`` takes: new
+        blocks for its uncached tokens, plus each hit that sits in the eviction queue."""
+        needed = self.blocks_for(seq.num_tokens) - len(seq.block_table) - len(cached)
+        if cached:
+            refs = self._refs
+            needed += sum(1 for block in cached if not refs[block])
+        return needed
+
+    def can_allocate(
+        self, seq: Sequence, use_watermark: bool = True, cached: Seq[int] = ()
+    ) -> bool:
+        """Room for the blocks of all of ``seq``'s tokens (its whole prefill), its prefix
+        hits ``cached`` (from :meth:`lookup`) taken by reference."""
+        reserve = self.watermark_blocks if use_watermark else 0
+        return self.num_free_device_blocks - self.blocks_needed(seq, cached) >= reserve
+
+    def allocate(self, seq: Sequence, cached: Seq[int] = ()) -> None:
+        """Give waiting ``seq`` blocks for all its tokens: its prefix hits ``cached``
+        (from :meth:`lookup`, in order) by reference, new blocks for the rest. The caller
+        counts the hits' tokens as computed."""
+        if cached:
+            refs, evictable = self._refs, self._evictable
+            for block in cached:
+                if not refs[block]:
+                    del evictable[block]
+                refs[block] += 1
+            seq.block_table = list(cached)
+            seq.num_registered_blocks = len(cached)
+            seq.chain_serial = self._serial[cached[-1]]
+        else:
+            seq.num_registered_blocks = 0
+            seq.chain_serial = 0
         self._grow(seq, seq.num_tokens)
+
+    def release_count(self, cached: Seq[int] = ()) -> ReleaseCount:
+        """A tally of what releasing some block tables would free (a preemption's
+        victims, before they are preempted), for admitting a request whose prefix hits
+        are ``cached``."""
+        return ReleaseCount(self, cached)
 
     # -- growth of a running request -------------------------------------------------
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         """Room for the KV of ``num_new_tokens`` more computed tokens of ``seq``."""
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return needed <= len(self._free_device)
+        return needed <= self.num_free_device_blocks
 
     def append_slots(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         self._grow(seq, seq.num_computed_tokens + num_new_tokens)
@@ -97,24 +242,73 @@ class BlockManager:
         block boundary together: the simulator's decode runs). The caller has checked
         that ``len(seqs)`` blocks are free."""
         free = self._free_device
-        if len(seqs) > len(free):
-            raise RuntimeError(f"out of device blocks: need {len(seqs)}, free {len(free)}")
+        if len(seqs) > self.num_free_device_blocks:
+            raise RuntimeError(
+                f"out of device blocks: need {len(seqs)}, free {self.num_free_device_blocks}"
+            )
+        if not self.enable_prefix_caching:
+            for seq in seqs:
+                seq.block_table.append(free.pop())
+            return
         for seq in seqs:
-            seq.block_table.append(free.pop())
+            seq.block_table.extend(self._take(1))
 
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         table = seq.block_table
         needed = self.blocks_for(num_tokens) - len(table)
-        if needed > len(self._free_device):
+        if needed > self.num_free_device_blocks:
             raise RuntimeError(
                 f"out of device blocks for {seq.request_id}: need {needed}, "
-                f"free {len(self._free_device)} (call can_allocate/can_append first)"
+                f"free {self.num_free_device_blocks} (call can_allocate/can_append first)"
             )
         if needed > 0:
-            # What ``needed`` pops would take, in the order they would take it.
-            free = self._free_device
-            table.extend(reversed(free[-needed:]))
-            del free[-needed:]
+            table.extend(self._take(needed))
+
+    def _take(self, n: int) -> list[int]:
+        """``n`` device blocks (the caller checked they exist): truly free ones first, the
+        most recently freed first (O(1) and deterministic), then cached ones from the
+        eviction queue's head, their keys dropped."""
+        free = self._free_device
+        k = min(n, len(free))
+        taken = free[len(free) - k :]
+        taken.reverse()  # what ``k`` pops would take, in the order they would take it
+        del free[len(free) - k :]
+        if self.enable_prefix_caching:
+            evictable = self._evictable
+            for _ in range(n - k):
+                block, _none = evictable.popitem(last=False)
+                self._forget(block)
+                taken.append(block)
+            self.num_evicted_blocks += n - k
+            refs = self._refs
+            for block in taken:
+                refs[block] = 1
+        return taken
+
+    def _forget(self, block: int) -> None:
+        """Drop ``block``'s key: its content is no longer findable."""
+        key = self._key[block]
+        if key is not None:
+            del self._cached[key]
+            self._key[block] = None
+
+    def _release(self, table: list[int], keep_cached: bool = True) -> None:
+        """Drop one reference to each device block of ``table``, tail first; a block
+        nobody holds any more joins the eviction queue if registered (and
+        ``keep_cached``), else the free list."""
+        if not self.enable_prefix_caching:
+            self._free_device.extend(reversed(table))
+            return
+        refs, keys, evictable, free = self._refs, self._key, self._evictable, self._free_device
+        for block in reversed(table):
+            refs[block] -= 1
+            if refs[block]:
+                continue
+            if keep_cached and keys[block] is not None:
+                evictable[block] = None
+            else:
+                self._forget(block)
+                free.append(block)
 
     # -- swap ----------------------------------------------------------------------
     def can_swap_out(self, seq: Sequence) -> bool:
@@ -124,9 +318,12 @@ class BlockManager:
         """Move ``seq``'s blocks to the host pool; returns (device, host) pairs."""
         if not self.can_swap_out(seq):
             raise RuntimeError(f"host pool cannot hold {seq.request_id}'s blocks")
+        self.register(seq, seq.num_computed_tokens)
         mapping = [(block, self._free_host.pop()) for block in seq.block_table]
-        self._free_device.extend(reversed(seq.block_table))
+        self._release(seq.block_table)
         seq.block_table = [host for _, host in mapping]
+        seq.num_registered_blocks = 0  # its device copy will be a fresh, unregistered one
+        seq.chain_serial = 0
         self._on_host.add(seq.seq_no)
         return mapping
 
@@ -134,21 +331,24 @@ class BlockManager:
         # The request will decode right after: count the block its next token needs.
         needed = max(self.blocks_for(seq.num_computed_tokens + 1), len(seq.block_table))
         reserve = self.watermark_blocks if use_watermark else 0
-        return len(self._free_device) - needed >= reserve
+        return self.num_free_device_blocks - needed >= reserve
 
     def swap_in(self, seq: Sequence) -> BlockMapping:
         """Move ``seq``'s blocks back to the device pool; returns (host, device) pairs."""
-        if len(seq.block_table) > len(self._free_device):
+        if len(seq.block_table) > self.num_free_device_blocks:
             raise RuntimeError(f"device pool cannot hold {seq.request_id}'s blocks")
-        mapping = [(block, self._free_device.pop()) for block in seq.block_table]
+        mapping = list(zip(seq.block_table, self._take(len(seq.block_table)), strict=True))
         self._free_host.extend(reversed(seq.block_table))
         seq.block_table = [device for _, device in mapping]
         self._on_host.discard(seq.seq_no)
         return mapping
 
     # -- release -------------------------------------------------------------------
-    def free(self, seq: Sequence) -> None:
-        """Return all of ``seq``'s blocks to the pool they are in."""
+    def free(self, seq: Sequence, keep_cached: bool = True) -> None:
+        """Return all of ``seq``'s blocks to the pool they are in. On the device, its full
+        computed blocks are registered first and stay cached while nobody needs the
+        room; ``keep_cached=False`` (a failed step: its KV may never have been written)
+        registers nothing and drops the keys of the blocks it frees."""
         if not seq.block_table:
             self._on_host.discard(seq.seq_no)
             return
@@ -156,18 +356,30 @@ class BlockManager:
             self._free_host.extend(reversed(seq.block_table))
             self._on_host.discard(seq.seq_no)
         else:
-            self._free_device.extend(reversed(seq.block_table))
+            if keep_cached:
+                self.register(seq, seq.num_computed_tokens)
+            self._release(seq.block_table, keep_cached)
         seq.block_table = []
 
     # -- checking --------------------------------------------------------------------
     def check_invariants(self, live: Iterable[Sequence]) -> None:
-        """Raise AssertionError unless every block is free or owned exactly once."""
+        """Raise AssertionError unless every block is free, cached and evictable, or held
+        (by exactly one sequence without prefix caching; by as many as its reference
+        count with it), and every registered block is the one its key maps to."""
         device_owned: list[int] = []
         host_owned: list[int] = []
         for seq in live:
             (host_owned if seq.seq_no in self._on_host else device_owned).extend(seq.block_table)
+        if self.enable_prefix_caching:
+            self._check_prefix_cache(device_owned)
+            device_owned = sorted(set(device_owned))
         for name, owned, free, total in (
-            ("device", device_owned, self._free_device, self.num_device_blocks),
+            (
+                "device",
+                device_owned,
+                self._free_device + list(self._evictable),
+                self.num_device_blocks,
+            ),
             ("host", host_owned, self._free_host, self.num_host_blocks),
         ):
             everything = owned + free
@@ -176,3 +388,53 @@ class BlockManager:
                     f"{name} blocks not conserved: {len(owned)} owned + {len(free)} free "
                     f"!= {total} (or duplicated/unknown ids)"
                 )
+
+    def _check_prefix_cache(self, device_owned: list[int]) -> None:
+        holders: dict[int, int] = {}
+        for block in device_owned:
+            holders[block] = holders.get(block, 0) + 1
+        for block in range(self.num_device_blocks):
+            if self._refs[block] != holders.get(block, 0):
+                raise AssertionError(
+                    f"block {block}: reference count {self._refs[block]} but "
+                    f"{holders.get(block, 0)} block tables hold it"
+                )
+            key = self._key[block]
+            if key is not None and self._cached.get(key) != block:
+                raise AssertionError(f"block {block}'s key maps to {self._cached.get(key)}")
+        for key, block in self._cached.items():
+            if self._key[block] != key:
+                raise AssertionError(
+                    f"key {key[0]}/{len(key[1])} tokens maps to block {block}, which holds another"
+                )
+        for block in self._evictable:
+            if self._refs[block] or self._key[block] is None:
+                raise AssertionError(f"evictable block {block} is held or unregistered")
+        for block in self._free_device:
+            if self._refs[block] or self._key[block] is not None:
+                raise AssertionError(f"free block {block} is held or registered")
+
+
+class ReleaseCount:
+    """What releasing block tables one by one would free: :meth:`add` returns the blocks
+    it frees (nobody else holds them) and how many of those are the admitted request's
+    prefix hits, which it would then take back out of the eviction queue."""
+
+    def __init__(self, manager: BlockManager, cached: Seq[int]) -> None:
+        self.manager = manager
+        self.cached = set(cached)
+        self.drops: dict[int, int] = {}
+
+    def add(self, table: list[int]) -> tuple[int, int]:
+        manager = self.manager
+        if not manager.enable_prefix_caching:
+            return len(table), 0
+        refs, drops = manager._refs, self.drops
+        freed = taken_back = 0
+        for block in table:
+            dropped = drops.get(block, 0) + 1
+            drops[block] = dropped
+            if refs[block] == dropped:
+                freed += 1
+                taken_back += block in self.cached
+        return freed, taken_back

@@ -66,7 +66,8 @@ class Decision:
     preemption); ``beneficiary`` the one it was made for. ``mode`` is set on
     preemptions (``swap`` or ``recompute``). ``num_blocks`` counts blocks moved or
     needed, ``num_tokens`` tokens to (re-)prefill. ``request_ids`` lists the
-    sequences of an ``idle_running`` record.
+    sequences of an ``idle_running`` record. ``num_cached_tokens``: on an ``admit`` or
+    ``recompute``, the tokens of ``num_tokens`` found in the prefix cache (not computed).
     """
 
     kind: str
@@ -82,6 +83,7 @@ class Decision:
     detail: str = ""  # e.g. why a swap preemption fell back to recompute
     predicted_swap_s: float | None = None
     predicted_recompute_s: float | None = None
+    num_cached_tokens: int = 0
 
     def as_dict(self) -> dict:
         return {
@@ -98,4 +100,5 @@ class Decision:
             "detail": self.detail,
             "predicted_swap_s": self.predicted_swap_s,
             "predicted_recompute_s": self.predicted_recompute_s,
+            "num_cached_tokens": self.num_cached_tokens,
         }

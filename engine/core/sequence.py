@@ -93,6 +93,10 @@ class Sequence:
         "num_computed_tokens",
         "num_scheduled_tokens",
         "block_table",
+        "block_contents",
+        "num_registered_blocks",
+        "chain_serial",
+        "num_cached_tokens",
         "policy_key",
         "queue_version",
         "waiting_since",
@@ -135,6 +139,15 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_scheduled_tokens = 0  # tokens scheduled in the step being built
         self.block_table: list[int] = []
+        # Prefix caching (the block manager's; engine/core/block_manager.py): the token
+        # ids of each full block so far, how many of the block table's blocks are
+        # registered, and the content serial of the last of them (0: none).
+        self.block_contents: list[tuple[int, ...]] = []
+        self.num_registered_blocks = 0
+        self.chain_serial = 0
+        #: Prompt tokens found in the prefix cache at the first admission (vLLM's
+        #: ``num_cached_tokens``; a recompute's hits are not counted here).
+        self.num_cached_tokens = 0
         self.policy_key: float = 0.0  # set by the policy when the request arrives
         self.queue_version = 0  # invalidates stale queue entries (lazy deletion)
         self.waiting_since = self.arrival_time

@@ -57,6 +57,10 @@ class StepRecord:
     num_waiting: int = 0
     num_running: int = 0
     num_swapped: int = 0
+    #: Prefix caching: prompt tokens this step's admissions found cached (not computed;
+    #: their ``admit``/``recompute`` decisions say whose), and cached blocks evicted.
+    num_cached_tokens: int = 0
+    num_evicted_blocks: int = 0
     # KV pools after scheduling
     num_free_device_blocks: int = 0
     num_device_blocks: int = 0

@@ -14,7 +14,8 @@ it over two pipes:
   ``("added", add_id, seq_no, reject_reason)`` / ``("add_error", add_id, message)``,
   ``("outputs", tokens, ended, stats)`` — once per step and once per batch of aborts,
   where ``tokens`` is ``[(seq_no, token_id)]`` and ``ended`` is
-  ``[(seq_no, finish_reason, error)]`` — ``("metrics", step, num_renders, rendered)``,
+  ``[(seq_no, finish_reason, error, num_cached_tokens)]`` —
+  ``("metrics", step, num_renders, rendered)``,
   ``("metrics_unwanted", formats)``, and at shutdown ``("records", lost)`` once the
   record files are written (``lost``: the ``engine.records.writers.LostRecord`` of each
   file that could not be), then ``("stopped",)``.
@@ -287,7 +288,7 @@ class _Core:
                 (
                     "outputs",
                     [],
-                    [(s.seq_no, s.finish_reason, s.error) for s in ended],
+                    [(s.seq_no, s.finish_reason, s.error, s.num_cached_tokens) for s in ended],
                     self._stats(),
                 )
             )
@@ -295,7 +296,7 @@ class _Core:
 
     def _on_step(self, record: StepRecord) -> None:
         tokens = [(e.seq.seq_no, e.token_id) for e in record.scheduled if e.token_id is not None]
-        ended = [(s.seq_no, s.finish_reason, s.error) for s in record.finished]
+        ended = [(s.seq_no, s.finish_reason, s.error, s.num_cached_tokens) for s in record.finished]
         self.last_step = record.step
         self._send(("outputs", tokens, ended, self._stats(record)))
 

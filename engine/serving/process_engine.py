@@ -62,7 +62,14 @@ class SequenceView:
     """The API process's handle on a sequence of the engine process: what a stream
     needs (its identity, and how it ended)."""
 
-    __slots__ = ("request_id", "seq_no", "finish_reason", "error", "reject_reason")
+    __slots__ = (
+        "request_id",
+        "seq_no",
+        "finish_reason",
+        "error",
+        "reject_reason",
+        "num_cached_tokens",
+    )
 
     def __init__(self, request_id: str, seq_no: int, reject_reason: str | None = None) -> None:
         self.request_id = request_id
@@ -70,6 +77,7 @@ class SequenceView:
         self.finish_reason: str | None = "rejected" if reject_reason else None
         self.error: str | None = None
         self.reject_reason = reject_reason
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache, once ended
 
     @property
     def is_finished(self) -> bool:
@@ -339,10 +347,11 @@ class ProcessEngine(AsyncEngine):
                 (view, token) for seq_no, token in tokens if (view := views.get(seq_no)) is not None
             ]
             finished = []
-            for seq_no, finish_reason, error in ended:
+            for seq_no, finish_reason, error, num_cached_tokens in ended:
                 view = views.pop(seq_no, None)
                 if view is not None:
                     view.finish_reason, view.error = finish_reason, error
+                    view.num_cached_tokens = num_cached_tokens
                     finished.append(view)
         self._apply_stats(stats)
         if delivered or finished:

@@ -97,6 +97,9 @@ class DecodeSteps:
     num_seqs: list[int] = field(default_factory=list)
     context_tokens: list[int] = field(default_factory=list)  # num_decode_context_tokens
     free_device_blocks: list[int] = field(default_factory=list)  # after scheduling
+    #: Cached blocks evicted by a step's new blocks, by the step's index in the columns
+    #: (only the steps that evicted any: most do not).
+    evicted_blocks: dict[int, int] = field(default_factory=dict)
     num_device_blocks: int = 0
     num_free_host_blocks: int = 0
     num_host_blocks: int = 0
@@ -316,7 +319,8 @@ class _Run:
         predict = self.predict
         add_time = self.times.add_step
         grows, ends = self.grows, self.ends
-        free = self.bm.free_device_blocks
+        bm = self.bm
+        num_free = bm.num_free_device_blocks  # changes only where blocks are taken or freed
         add_start, add_end = steps.starts.append, steps.ends.append
         add_num, add_context = steps.num_seqs.append, steps.context_tokens.append
         add_free = steps.free_device_blocks.append
@@ -328,7 +332,11 @@ class _Run:
             if j in grows:
                 if not self.blocks_fit(j):
                     break  # a decode would preempt: schedule() decides that step
+                evicted = bm.num_evicted_blocks
                 self.take_blocks(j)
+                num_free = bm.num_free_device_blocks
+                if bm.num_evicted_blocks != evicted:
+                    steps.evicted_blocks[len(steps.starts)] = bm.num_evicted_blocks - evicted
             duration = predict(num, context)
             # The clock's own addition (``advance`` adds to ``now``), done once here.
             ended = now + duration
@@ -338,7 +346,7 @@ class _Run:
             add_end(ended)
             add_num(num)
             add_context(context)
-            add_free(len(free))
+            add_free(num_free)
             context += num
             step = j
             now = ended
@@ -346,6 +354,7 @@ class _Run:
                 self.context = context
                 finished: list[Sequence] = []
                 self.end_members(j, ended, finished)
+                num_free = bm.num_free_device_blocks
                 num, context = self.num, self.context
                 sink.ended(steps.first_step + j - first - 1, finished)
                 arrival = next_arrival()

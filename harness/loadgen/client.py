@@ -371,6 +371,7 @@ class OpenAIClient:
             "phase_kind": phase_kind,
             "prompt_tokens": spec.prompt_tokens,
             "server_prompt_tokens": None,
+            "cached_tokens": None,
             "prompt_method": self.prompt_method(),
             "output_tokens": None,
             "max_tokens": spec.output_tokens,
@@ -505,6 +506,7 @@ class OpenAIClient:
                 elif chunk.usage:  # the final usage chunk: the count of record
                     row["output_tokens"] = ct
                     row["server_prompt_tokens"] = pt
+                    row["cached_tokens"] = chunk.cached_tokens
                     if continuous and ct is not None and ct > usage_seen:
                         k, usage_seen, by_usage = ct - usage_seen, ct, True
                 if k > 0:

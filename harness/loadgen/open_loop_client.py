@@ -40,10 +40,14 @@ class ReplayError(RuntimeError):
 
 def prompt_ids(spec: RequestSpec, vocab_size: int) -> list[int]:
     """The request's prompt: ``spec.prompt_tokens`` token ids, deterministic per request,
-    avoiding the first three ids (special tokens)."""
-    return [
-        3 + (spec.index * 7919 + i * 104729) % (vocab_size - 3) for i in range(spec.prompt_tokens)
-    ]
+    avoiding the first three ids (special tokens). The first two spell the request's
+    index in base ``vocab_size - 3``, so no two requests of a schedule share a prefix
+    (a prefix cache finds nothing), up to ``(vocab_size - 3)**2`` requests."""
+    span = vocab_size - 3
+    ids = [3 + (spec.index * 7919 + i * 104729) % span for i in range(spec.prompt_tokens)]
+    lead = [3 + spec.index % span, 3 + (spec.index // span) % span][: len(ids)]
+    ids[: len(lead)] = lead
+    return ids
 
 
 async def replay(

@@ -3,7 +3,9 @@
 - ``token_ids`` (completions, the default): the prompt is a list of token ids, so a
   target of 512 prompt tokens is 512 on the server whatever its tokenizer. Ids are
   consecutive from a per-request offset (crc32 of the request id) within
-  ``[lo, hi)``, so no two requests share a prefix (a prefix cache gets no free hits).
+  ``[lo, hi)``, after two leading ids drawn from a 64-bit hash of the request id, so
+  two requests share no prefix (one pair in ``(hi - lo)**2`` could: a prefix cache gets
+  no free hits; with only the offset, one pair in 2,000 had the same prompt).
 - ``tokenize``: a text prompt (chat, or completions with ``--prompt-mode text``) of
   common English words, sized with the server's ``POST /tokenize`` so that the
   server's count for the rendered prompt (the chat template included) is the target:
@@ -16,6 +18,7 @@ own count (``server_prompt_tokens``, from usage).
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Callable
 
@@ -30,18 +33,38 @@ WORDS = (
 DEFAULT_ID_RANGE = (1000, 3000)
 
 
+def leading_digits(request_id: str, base: int, count: int) -> list[int]:
+    """``count`` digits in ``base`` of a 64-bit hash of ``request_id``: what a prompt
+    begins with so that no two requests' prompts share a prefix (barring one pair in
+    ``base**count``)."""
+    value = int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big")
+    digits = []
+    for _ in range(count):
+        value, digit = divmod(value, base)
+        digits.append(digit)
+    return digits
+
+
 def token_ids(
     request_id: str, n: int, lo: int = DEFAULT_ID_RANGE[0], hi: int = DEFAULT_ID_RANGE[1]
 ) -> list[int]:
     span = hi - lo
     start = zlib.crc32(request_id.encode())
-    return [lo + (start + j) % span for j in range(n)]
+    ids = [lo + (start + j) % span for j in range(n)]
+    lead = leading_digits(request_id, span, min(2, n))
+    ids[: len(lead)] = [lo + digit for digit in lead]
+    return ids
 
 
 def words(request_id: str, m: int) -> str:
+    """``m`` words: three drawn from the request id's hash (no shared prefix), then
+    consecutive ones from its crc32."""
     start = zlib.crc32(request_id.encode())
     k = len(WORDS)
-    return " ".join([WORDS[(start + j) % k] for j in range(m)])
+    chosen = [WORDS[(start + j) % k] for j in range(m)]
+    lead = leading_digits(request_id, k, min(3, m))
+    chosen[: len(lead)] = [WORDS[digit] for digit in lead]
+    return " ".join(chosen)
 
 
 def chat_messages(content: str) -> list[dict]:

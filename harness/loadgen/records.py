@@ -31,6 +31,7 @@ RECORD_KINDS: dict[str, str] = {
     "phase_kind": "str",
     "prompt_tokens": "int",
     "server_prompt_tokens": "int",
+    "cached_tokens": "int",
     "prompt_method": "str",
     "output_tokens": "int",
     "max_tokens": "int",

@@ -140,6 +140,9 @@ class Chunk(NamedTuple):
     completion_tokens: int | None
     prompt_tokens: int | None
     usage: bool
+    #: ``usage.prompt_tokens_details.cached_tokens`` (OpenAI's and vLLM's prompt tokens
+    #: found in the prefix cache; None: not sent)
+    cached_tokens: int | None = None
 
 
 def parse_chunk(data: bytes, chat: bool) -> Chunk:
@@ -161,7 +164,7 @@ def parse_chunk(data: bytes, chat: bool) -> Chunk:
     elif type(choices) is not list:
         raise BadTargetValue(f"target sent choices {shown(choices)}: not a list")
     usage = obj.get("usage")
-    completion = prompt = None
+    completion = prompt = cached = None
     if usage is not None:
         if type(usage) is not dict:
             raise BadTargetValue(f"target sent usage {shown(usage)}: not an object")
@@ -171,8 +174,22 @@ def parse_chunk(data: bytes, chat: bool) -> Chunk:
         value = usage.get("prompt_tokens")
         if value is not None:
             prompt = token_count(value, "usage.prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        if details is not None:
+            if type(details) is not dict:
+                raise BadTargetValue(
+                    f"target sent usage.prompt_tokens_details {shown(details)}: not an object"
+                )
+            value = details.get("cached_tokens")
+            if value is not None:
+                cached = token_count(value, "usage.prompt_tokens_details.cached_tokens")
+                if prompt is not None and cached > prompt:
+                    raise BadTargetValue(
+                        f"target sent usage.prompt_tokens_details.cached_tokens {cached}: "
+                        f"more than its usage.prompt_tokens {prompt}"
+                    )
     if not choices:
-        return Chunk(None, False, False, None, completion, prompt, bool(usage))
+        return Chunk(None, False, False, None, completion, prompt, bool(usage), cached)
     choice = choices[0]
     if type(choice) is not dict:
         raise BadTargetValue(f"target sent choices[0] {shown(choice)}: not an object")
@@ -194,4 +211,4 @@ def parse_chunk(data: bytes, chat: bool) -> Chunk:
         where = "choices[0].text"
     if text is not None and type(text) is not str:
         raise BadTargetValue(f"target sent {where} {shown(text)}: not a string")
-    return Chunk(None, True, bool(text), finish or None, completion, prompt, bool(usage))
+    return Chunk(None, True, bool(text), finish or None, completion, prompt, bool(usage), cached)

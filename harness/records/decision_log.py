@@ -30,6 +30,7 @@ SCHEMA: Schema = {
     "detail": pl.String,
     "predicted_swap_s": pl.Float64,
     "predicted_recompute_s": pl.Float64,
+    "num_cached_tokens": pl.Int64,
 }
 
 

@@ -36,6 +36,8 @@ STEP_SCHEMA: Schema = {
     "num_waiting": pl.Int64,
     "num_running": pl.Int64,
     "num_swapped": pl.Int64,
+    "num_cached_tokens": pl.Int64,
+    "num_evicted_blocks": pl.Int64,
     "num_free_device_blocks": pl.Int64,
     "num_device_blocks": pl.Int64,
     "num_free_host_blocks": pl.Int64,
@@ -149,6 +151,11 @@ class StepLog:
             "sample_s": zero_seconds,
             "idle_before_s": array("d", [first_idle]) + zero_seconds[1:],
         }
+        if steps.evicted_blocks:
+            evicted = array("q", [0]) * k
+            for index, count in steps.evicted_blocks.items():
+                evicted[index] = count
+            given["num_evicted_blocks"] = evicted
         zeros = array("q", [0]) * k
         for name, column in c.items():
             column.extend(given.get(name, zeros))
@@ -184,6 +191,8 @@ class StepLog:
             "mean_decode_seqs": mean("num_decode_seqs"),
             "prefill_tokens": int(f["num_prefill_tokens"].sum()),
             "recompute_tokens": int(f["num_recompute_tokens"].sum()),
+            "cached_tokens": int(f["num_cached_tokens"].sum()),
+            "evicted_blocks": int(f["num_evicted_blocks"].sum()),
             "decode_tokens": int(f["num_decode_seqs"].sum()),
             "idle_running_seq_steps": int(f["num_idle_running"].sum()),
             "steps_with_idle_running": int((f["num_idle_running"] > 0).sum()),

@@ -60,6 +60,7 @@ ENGINE_PREFIXED = {
     "max_itl_s": "engine_max_itl_s",
     "output_tokens": "engine_output_tokens",
     "prompt_tokens": "engine_prompt_tokens",
+    "cached_tokens": "engine_cached_tokens",
     "first_token_at": "engine_first_token_at",
 }
 SHIFTED = ("first_scheduled_at", "finished_at", "engine_arrival_at", "engine_first_token_at")
@@ -95,6 +96,16 @@ def join_requests(
     frame = client
     if engine is not None and epoch is not None:
         frame = frame.join(engine_columns(engine, epoch), on="request_id", how="left")
+        if "engine_cached_tokens" in frame.columns:
+            # The target's own count where its responses carry one, else the engine's.
+            client_side = (
+                pl.col("cached_tokens") if "cached_tokens" in frame.columns else pl.lit(None)
+            )
+            frame = frame.with_columns(
+                pl.coalesce(client_side, pl.col("engine_cached_tokens"))
+                .cast(pl.Int64)
+                .alias("cached_tokens")
+            )
     return frame.with_columns(pl.lit(policy).alias("policy"), pl.lit(cell).alias("cell"))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import hashlib
 import heapq
 import os
 from collections.abc import Iterator
@@ -191,11 +192,21 @@ def _sampling_params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens)
 
 
+def _prompt(spec: RequestSpec) -> list[int]:
+    """A simulated request's prompt: its length in one filler id, after a first id of
+    its own (a 64-bit hash of its request id, above the filler), so that, as the load
+    generator's prompts, no two requests share a prefix and the prefix cache finds only
+    what a request itself left (a recompute's re-hits)."""
+    digest = hashlib.blake2b(spec.request_id.encode(), digest_size=8).digest()
+    first = PROMPT_TOKEN_ID + 1 + int.from_bytes(digest, "big")
+    return [first] + [PROMPT_TOKEN_ID] * (spec.prompt_tokens - 1)
+
+
 def _engine_request(spec: RequestSpec, at: float) -> EngineRequest:
     """``spec`` as the engine's request, arriving at engine time ``at``."""
     return EngineRequest(
         spec.request_id,
-        [PROMPT_TOKEN_ID] * spec.prompt_tokens,
+        _prompt(spec),
         _sampling_params(spec.max_tokens),
         arrival_time=at,
         priority=spec.priority,

@@ -29,6 +29,7 @@ VLLM_KNOBS = (
     "scheduling_policy",
     "preemption_mode",
     "enable_chunked_prefill",
+    "enable_prefix_caching",
     "block_size",
     "gpu_memory_utilization",
     "swap_space",

@@ -98,6 +98,7 @@ DEFAULT_PARAMS: tuple[Param, ...] = (
     Param("max_num_seqs", "int", low=16, high=512, log=True),
     Param("max_num_batched_tokens", "int", low=256, high=8192, log=True),
     Param("enable_chunked_prefill", "categorical", (True, False)),
+    Param("enable_prefix_caching", "categorical", (True, False)),
     Param("gpu_memory_utilization", "float", low=0.3, high=0.95),
     Param("swap_space", "float", low=0.001, high=16.0, log=True),
     Param("preemption_mode", "categorical", ("auto", "swap", "recompute")),

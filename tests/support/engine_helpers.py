@@ -8,6 +8,7 @@ until everything has ended, failing (never hanging) after ``max_steps``.
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,6 +44,16 @@ class Req:
     max_tokens: int = 4
     oracle: int | None = None  # true output length (EOS after it); None: run to max_tokens
     priority: int = 0
+    #: The prompt's token ids; None: ``prompt_len`` tokens that share no full block with
+    #: any other request's (the first token is the id's), as independent users' prompts
+    #: would (prefix caching finds nothing in them).
+    prompt: tuple[int, ...] | None = None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        if self.prompt is not None:
+            return list(self.prompt)
+        return [1000 + zlib.crc32(self.id.encode()) % 100_000, *range(11, 10 + self.prompt_len)]
 
     @property
     def expected_output(self) -> int:
@@ -105,6 +116,7 @@ def make_engine(
     cpu_blocks: int = 64,
     watermark: float = 0.0,
     cost_model: CostModel | None = None,
+    enable_prefix_caching: bool = True,
     **scheduler_knobs,
 ) -> LLMEngine:
     config = EngineConfig(
@@ -114,6 +126,7 @@ def make_engine(
             num_gpu_blocks_override=gpu_blocks,
             num_cpu_blocks_override=cpu_blocks,
             watermark=watermark,
+            enable_prefix_caching=enable_prefix_caching,
         ),
     )
     engine = build_simulated_engine(config, cost_model=cost_model or constant_cost())
@@ -127,7 +140,7 @@ def add(engine: LLMEngine, req: Req) -> Sequence:
     return engine.add_request(
         EngineRequest(
             req.id,
-            list(range(10, 10 + req.prompt_len)),
+            req.prompt_token_ids,
             SamplingParams(max_tokens=req.max_tokens),
             arrival_time=req.arrival,
             priority=req.priority,

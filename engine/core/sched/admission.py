@@ -13,6 +13,12 @@ The paths, all called by the batching regime (``engine.core.sched.batching``):
 
 An admission is an ``admit`` decision the first time and a ``recompute`` decision when a
 recompute-preempted request re-enters to re-prefill.
+
+With prefix caching each admission asks the block manager for the request's cached
+prefix first (:meth:`BlockManager.lookup`): the hits are taken by reference and count as
+computed, so the token budget and the free-block test (watermark included) count only
+the tokens to compute and the blocks to take. A recompute-preempted request re-hits
+whatever of its blocks was not evicted.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ from engine.core.sequence import Sequence, SequenceStatus
 RUNNING = SequenceStatus.RUNNING
 
 
-def prefill_chunk(seq: Sequence, budget: int, chunked: bool) -> int:
-    """How many uncomputed tokens of ``seq`` fit ``budget`` (0: none this step).
+def prefill_chunk(seq: Sequence, budget: int, chunked: bool, num_cached: int = 0) -> int:
+    """How many uncomputed tokens of ``seq`` fit ``budget`` (0: none this step), the
+    first ``num_cached`` (prefix-cache hits of a waiting request) needing no compute.
     Without chunked prefill a prefill goes whole or not at all."""
-    remaining = seq.num_tokens - seq.num_computed_tokens
+    remaining = seq.num_tokens - max(seq.num_computed_tokens, num_cached)
     if remaining <= budget:
         return remaining
     return budget if chunked else 0
@@ -63,15 +70,32 @@ class Admission:
         self.preemptor = preemptor
         self._last_wait: tuple[int, str] | None = None  # (seq_no, reason) of the last wait record
 
-    def admit(self, seq: Sequence, out: SchedulerOutput, now: float, reason: str, n: int) -> None:
-        """Move a waiting request into the running set and (if ``n``) into this step."""
-        self.block_manager.allocate(seq)
+    def admit(
+        self,
+        seq: Sequence,
+        out: SchedulerOutput,
+        now: float,
+        reason: str,
+        n: int,
+        cached: list[int] | None = None,
+    ) -> None:
+        """Move a waiting request into the running set and (if ``n``) into this step;
+        ``cached``: its prefix hits (:meth:`BlockManager.lookup`), taken as computed."""
+        bm = self.block_manager
+        cached = cached or []
+        bm.allocate(seq, cached)
+        num_cached = len(cached) * bm.block_size
+        seq.num_computed_tokens = num_cached
+        if seq.num_pending_recompute_tokens:  # a hit needs no redoing
+            seq.num_pending_recompute_tokens -= min(num_cached, seq.num_pending_recompute_tokens)
+        out.num_cached_tokens += num_cached
         self.waiting.remove(seq, now)
         seq.status = RUNNING
         seq.promoted = reason == d.REASON_MAX_WAIT  # protected until its next token
         bisect.insort(self.running, seq, key=policy_order)
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = now
+            seq.num_cached_tokens = num_cached
             kind = d.ADMIT
         else:
             kind = d.RECOMPUTE
@@ -84,9 +108,11 @@ class Admission:
                 reason,
                 num_blocks=len(seq.block_table),
                 num_tokens=seq.num_tokens,
+                num_cached_tokens=num_cached,
             )
         )
         if n:
+            bm.register(seq, num_cached + n)
             out.add(seq, n)
 
     def ahead_of_running(self, out: SchedulerOutput, now: float, budget: int) -> int:
@@ -97,11 +123,12 @@ class Admission:
         if waiting.promoted:
             waiting.drop_stale_promotions()
             for seq in list(waiting.promoted):
-                n = prefill_chunk(seq, budget, self.chunked) if budget else 0
+                cached = self.block_manager.lookup(seq)
+                n = prefill_chunk(seq, budget, self.chunked, self._tokens(cached)) if budget else 0
                 if n and self.preemptor.make_room_for_admission(
-                    seq, self.max_num_seqs, now, out, d.REASON_MAX_WAIT, False
+                    seq, self.max_num_seqs, now, out, d.REASON_MAX_WAIT, False, cached
                 ):
-                    self.admit(seq, out, now, d.REASON_MAX_WAIT, n)
+                    self.admit(seq, out, now, d.REASON_MAX_WAIT, n, cached)
                     budget -= n
             waiting.drop_stale_promotions()
         if self.policy.preempts_for_waiting and len(waiting) and budget:
@@ -109,20 +136,24 @@ class Admission:
             if head is not None and self._lacks_room(head):
                 # Worse running requests make room, and the head is admitted in this
                 # very step (before the decodes could spend that room).
-                n = prefill_chunk(head, budget, self.chunked)
+                cached = self.block_manager.lookup(head)
+                n = prefill_chunk(head, budget, self.chunked, self._tokens(cached))
                 if n and self.preemptor.make_room_for_admission(
-                    head, self.max_num_seqs, now, out, d.REASON_PRIORITY, True
+                    head, self.max_num_seqs, now, out, d.REASON_PRIORITY, True, cached
                 ):
-                    self.admit(head, out, now, d.REASON_PRIORITY, n)
+                    self.admit(head, out, now, d.REASON_PRIORITY, n, cached)
                     budget -= n
         return budget
 
+    def _tokens(self, cached: list[int]) -> int:
+        return len(cached) * self.block_manager.block_size
+
     def _lacks_room(self, seq: Sequence) -> bool:
         """Whether waiting ``seq`` finds no free slot or no blocks for its prefill."""
-        return not (
-            len(self.running) < self.max_num_seqs
-            and self.block_manager.can_allocate(seq, bool(self.running))
-        )
+        if len(self.running) >= self.max_num_seqs:
+            return True
+        bm = self.block_manager
+        return not bm.can_allocate(seq, bool(self.running), bm.lookup(seq))
 
     def acts_ahead_of_running(self, now: float) -> bool:
         """Whether :meth:`ahead_of_running` may take a step at ``now`` for a waiting
@@ -146,14 +177,15 @@ class Admission:
             if len(self.running) >= self.max_num_seqs:
                 self.note_wait(out, now, d.REASON_MAX_NUM_SEQS, seq)
                 break
-            n = prefill_chunk(seq, budget, self.chunked)
+            cached = bm.lookup(seq)
+            n = prefill_chunk(seq, budget, self.chunked, self._tokens(cached))
             if n == 0:
                 self.note_wait(out, now, d.REASON_TOKEN_BUDGET, seq)
                 break
-            if not bm.can_allocate(seq, bool(self.running)):
+            if not bm.can_allocate(seq, bool(self.running), cached):
                 self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
                 break
-            self.admit(seq, out, now, d.REASON_POLICY_ORDER, n)
+            self.admit(seq, out, now, d.REASON_POLICY_ORDER, n, cached)
             budget -= n
         return budget
 
@@ -163,10 +195,11 @@ class Admission:
             seq = self.waiting.peek()
             if seq is None:
                 break
-            if not self.block_manager.can_allocate(seq, bool(self.running)):
+            cached = self.block_manager.lookup(seq)
+            if not self.block_manager.can_allocate(seq, bool(self.running), cached):
                 self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
                 break
-            self.admit(seq, out, now, d.REASON_STATIC_BATCH, 0)
+            self.admit(seq, out, now, d.REASON_STATIC_BATCH, 0, cached)
 
     def note_wait(
         self, out: SchedulerOutput, now: float, reason: str, seq: Sequence | None = None

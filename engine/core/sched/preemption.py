@@ -94,19 +94,24 @@ class Preemptor:
         out: SchedulerOutput,
         reason: str,
         only_worse: bool,
+        cached: list[int] | None = None,
     ) -> bool:
-        """Preempt running requests so the waiting ``seq`` gets a slot and its blocks.
+        """Preempt running requests so the waiting ``seq`` gets a slot and its blocks
+        (``cached``: its prefix hits, taken by reference).
 
         Victims come from the worst end, skipping requests already in this step and
         max-wait admissions that have not produced a token since (they and the
         newcomer would evict each other forever); with ``only_worse``, only requests
         whose key is worse than ``seq``'s. Nothing is preempted unless the room can
         be found in full, with the same room test as ``can_allocate`` (the watermark
-        stays free while others run).
+        stays free while others run). A victim's block that others also hold frees
+        nothing (prefix caching).
         """
         bm = self.block_manager
-        need_blocks = bm.blocks_for(seq.num_tokens)
+        cached = cached or []
+        need_blocks = bm.blocks_needed(seq, cached)
         free = bm.num_free_device_blocks
+        releases = bm.release_count(cached)
         slots = max_num_seqs - len(self.running)
         reserve = bm.watermark_blocks
         seq_order = policy_order(seq)
@@ -120,7 +125,9 @@ class Preemptor:
             if only_worse and policy_order(victim) <= seq_order:
                 break  # sorted: everything further in is better than seq
             victims.append(victim)
-            free += len(victim.block_table)
+            freed, taken_back = releases.add(victim.block_table)
+            free += freed
+            need_blocks += taken_back
             slots += 1
         remaining = len(self.running) - len(victims)
         if free - need_blocks < (reserve if remaining else 0) or slots < 1:

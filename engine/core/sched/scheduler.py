@@ -196,13 +196,16 @@ class Scheduler:
         for seq in seqs:
             if self.requests.get(seq.request_id) is seq:
                 seq.error = error
-                self._remove(seq, now, SequenceStatus.FINISHED_ERROR)
+                # Its KV of the failed step may never have been written: cache nothing.
+                self._remove(seq, now, SequenceStatus.FINISHED_ERROR, keep_cached=False)
                 failed.append(
                     Decision(d.FAIL, now, self._step, seq.request_id, reason, detail=error)
                 )
         return failed
 
-    def _remove(self, seq: Sequence, now: float, status: SequenceStatus) -> None:
+    def _remove(
+        self, seq: Sequence, now: float, status: SequenceStatus, keep_cached: bool = True
+    ) -> None:
         """Take an unfinished request out of whichever queue holds it, free its blocks."""
         del self.requests[seq.request_id]
         if seq.status is RUNNING:
@@ -212,7 +215,7 @@ class Scheduler:
             seq.total_swapped_s += now - (seq.swapped_out_time or now)
         else:
             self.waiting.remove(seq, now)
-        self.block_manager.free(seq)
+        self.block_manager.free(seq, keep_cached)
         seq.num_scheduled_tokens = 0
         seq.status = status
         seq.finished_time = now
@@ -233,6 +236,7 @@ class Scheduler:
         out = SchedulerOutput(self._step, now)
         out.decisions, out.ended_between_steps = self.drain_pending()
         self.preemptor.decode_preempted = False
+        evicted_before = self.block_manager.num_evicted_blocks
         budget = self.batching.admit_before_running(self, out, now, self.token_budget)
         if budget is not None:
             if supplied is None:
@@ -245,6 +249,7 @@ class Scheduler:
         out.num_running = len(self.running)
         out.num_waiting = self.num_waiting
         out.num_swapped = len(self.swapped)
+        out.num_evicted_blocks = self.block_manager.num_evicted_blocks - evicted_before
         return out
 
     def _schedule_running(self, out: SchedulerOutput, now: float, budget: int) -> int:
@@ -316,6 +321,7 @@ class Scheduler:
             if n == 0:
                 idle.append(seq)
                 continue
+            self.block_manager.register(seq, seq.num_computed_tokens + n)
             out.add(seq, n)
             budget -= n
         return budget
@@ -375,6 +381,7 @@ class Scheduler:
             n = prefill_chunk(seq, budget, self.chunked)
             if n:
                 bm.append_slots(seq, n)
+                bm.register(seq, seq.num_computed_tokens + n)
                 out.add(seq, n)
                 budget -= n
         return budget

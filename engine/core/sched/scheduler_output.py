@@ -44,6 +44,10 @@ class SchedulerOutput:
     num_running: int = 0
     num_waiting: int = 0
     num_swapped: int = 0
+    #: Prefix caching: prompt tokens the step's admissions found cached (not computed),
+    #: and cached blocks evicted to make room in this step.
+    num_cached_tokens: int = 0
+    num_evicted_blocks: int = 0
     #: Requests that ended outside any step (rejected on arrival, aborted) since the
     #: previous step: reported with this one, so every end is in exactly one record.
     ended_between_steps: list[Sequence] = field(default_factory=list)

@@ -455,7 +455,9 @@ def test_recompute_cost_is_counted_exactly(case: Case) -> None:
     positions once, plus every token that a recompute preemption threw away and
     that had to be prefilled again. So the tokens the executor ran for it equal
     ``num_tokens - 1 + num_recomputed_tokens`` exactly, and the ``num_tokens`` of
-    its ``preempt`` (mode recompute) decisions add up to the same figure.
+    its ``preempt`` (mode recompute) decisions add up to the same figure, less the
+    tokens its re-admissions found in the prefix cache (their ``recompute`` decisions'
+    ``num_cached_tokens``: a re-hit is not redone).
     """
     engine, trace = run_case(case)
     for req in case.reqs:
@@ -470,7 +472,8 @@ def test_recompute_cost_is_counted_exactly(case: Case) -> None:
         thrown_away = sum(
             x.num_tokens for x in trace.of(d.PREEMPT, req.id) if x.mode == "recompute"
         )
-        assert thrown_away == seq.num_recomputed_tokens
+        re_hit = sum(x.num_cached_tokens for x in trace.of(d.RECOMPUTE, req.id))
+        assert thrown_away == seq.num_recomputed_tokens + re_hit
 
 
 # -- max_wait_s ------------------------------------------------------------------------

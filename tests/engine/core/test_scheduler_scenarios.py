@@ -146,7 +146,10 @@ def test_memory_case_priority_preempts_the_worse_request_by_swap() -> None:
 
 
 def test_memory_case_priority_preempts_by_recompute_when_configured() -> None:
+    """Without prefix caching (vLLM V0's default) a recompute re-prefills every token it
+    threw away; with it, see test_prefix_cache_scenarios.py."""
     engine = make_engine(
+        enable_prefix_caching=False,
         block_size=4,
         gpu_blocks=8,
         cpu_blocks=8,
@@ -223,8 +226,15 @@ def test_decode_growth_swaps_out_the_worst_running_request_then_swaps_it_in() ->
 def test_swap_space_exhaustion_falls_back_to_recompute(host_blocks: int) -> None:
     """Trap 2: too little swap space: the preemption recomputes instead (b holds 2
     blocks, the host pool has fewer), says so, and the engine keeps going. (``auto``
-    with a full host pool: tests/engine/core/test_preemption_modes.py.)"""
-    engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=host_blocks, preemption_mode="swap")
+    with a full host pool: tests/engine/core/test_preemption_modes.py.) Without prefix
+    caching, so the fallback re-prefills all it threw away."""
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=4,
+        cpu_blocks=host_blocks,
+        preemption_mode="swap",
+        enable_prefix_caching=False,
+    )
     trace = drive(engine, [A, B])
     preempt = only(trace.of(d.PREEMPT))
     assert (preempt.request_id, preempt.reason, preempt.mode, preempt.beneficiary) == (
@@ -539,8 +549,10 @@ def test_recompute_cost_counts_a_second_preemption_during_re_prefill() -> None:
     """x decodes to 11 computed tokens, is recompute-preempted for y, re-prefills 4
     of its 12 tokens (budget 4) and is preempted again for z. It has thrown away
     11 + 4 = 15 computed tokens, so it runs 23 + 15 tokens in all and
-    ``num_recomputed_tokens`` must say 15 (trap 2's recompute cost)."""
+    ``num_recomputed_tokens`` must say 15 (trap 2's recompute cost). Without prefix
+    caching: with it, x would re-hit its own blocks."""
     engine = make_engine(
+        enable_prefix_caching=False,
         block_size=4,
         cpu_blocks=0,
         max_model_len=64,

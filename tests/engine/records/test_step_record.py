@@ -77,7 +77,14 @@ def test_recompute_and_swap_are_in_the_record_with_their_copy_times():
     in_step = next(r for r in trace.steps if r.num_blocks_swapped_in)
     assert in_step.swap_in_s == pytest.approx(in_step.num_blocks_swapped_in / 1024)
 
-    engine = make_engine(block_size=4, gpu_blocks=4, cpu_blocks=0, preemption_mode="swap")
+    # (without prefix caching: with it, b would re-hit its first block)
+    engine = make_engine(
+        block_size=4,
+        gpu_blocks=4,
+        cpu_blocks=0,
+        preemption_mode="swap",
+        enable_prefix_caching=False,
+    )
     trace = drive(engine, [Req("a", 0.0, 4, 8), Req("b", 0.0, 4, 8)])
     redo = [e for r in trace.steps for e in r.scheduled if e.kind == RECOMPUTE]
     assert redo and all(e.request_id == "b" for e in redo)

@@ -21,6 +21,7 @@ def test_default_space_covers_the_scheduler_guides_knobs():
         "max_num_seqs",
         "max_num_batched_tokens",
         "enable_chunked_prefill",
+        "enable_prefix_caching",
         "gpu_memory_utilization",
         "swap_space",
         "preemption_mode",

@@ -1,0 +1,176 @@
+"""The prefix cache's rules, one by one (vLLM V1's semantics): hits over full blocks
+only and never the last token, hits taken by reference, a freed request's blocks kept
+and evicted least recently freed first (its tail before its prefix), truly free blocks
+used before any cached one is evicted, one block per content, nothing kept from a failed
+step, and what a preemption's victims would free when they share blocks."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from engine.core.block_manager import BlockManager
+from engine.core.request import EngineRequest
+from engine.core.sampling_params import SamplingParams
+from engine.core.sequence import Sequence
+
+BLOCK = 4
+_seq_nos = itertools.count()
+
+
+def seq_of(tokens: list[int]) -> Sequence:
+    seq_no = next(_seq_nos)
+    return Sequence(EngineRequest(f"r{seq_no}", tokens, SamplingParams(), 0.0), seq_no)
+
+
+def manager(num_blocks: int = 8) -> BlockManager:
+    return BlockManager(BLOCK, num_blocks, 4, watermark=0.0, enable_prefix_caching=True)
+
+
+def prefilled(bm: BlockManager, tokens: list[int]) -> Sequence:
+    """A request admitted with its hits and its whole prompt computed."""
+    seq = seq_of(tokens)
+    hits = bm.lookup(seq)
+    bm.allocate(seq, hits)
+    bm.register(seq, seq.num_tokens)
+    seq.num_computed_tokens = seq.num_tokens
+    return seq
+
+
+def test_a_shared_prefix_is_found_block_by_block_and_taken_by_reference():
+    bm = manager()
+    first = prefilled(bm, list(range(10)))  # blocks [0-3] [4-7] and a partial [8, 9]
+    second = seq_of([*range(8), 42, 43])
+    hits = bm.lookup(second)
+    assert hits == first.block_table[:2]
+    bm.allocate(second, hits)
+    assert second.block_table[:2] == hits and second.block_table[2] != first.block_table[2]
+    assert bm._refs[hits[0]] == bm._refs[hits[1]] == 2
+    assert bm.num_free_device_blocks == 8 - 4
+    bm.check_invariants([first, second])
+
+
+def test_the_last_token_is_always_computed():
+    """A prompt of exactly two cached blocks hits one: its last token is computed."""
+    bm = manager()
+    prefilled(bm, list(range(8)))
+    assert len(bm.lookup(seq_of(list(range(8))))) == 1
+    assert len(bm.lookup(seq_of(list(range(9))))) == 2
+
+
+def test_a_different_block_before_the_same_tokens_is_no_hit():
+    bm = manager()
+    prefilled(bm, [1, 1, 1, 1, 7, 7, 7, 7, 0])
+    assert bm.lookup(seq_of([2, 2, 2, 2, 7, 7, 7, 7, 0])) == []
+    assert len(bm.lookup(seq_of([1, 1, 1, 1, 7, 7, 7, 7, 0]))) == 2
+
+
+def test_off_finds_nothing():
+    bm = BlockManager(BLOCK, 8, 0, watermark=0.0)
+    seq = prefilled(bm, list(range(9)))
+    bm.free(seq)
+    assert bm.lookup(seq_of(list(range(9)))) == [] and bm.num_cached_blocks == 0
+
+
+def test_freed_blocks_stay_cached_tail_first_and_a_hit_takes_them_back():
+    bm = manager()
+    seq = prefilled(bm, list(range(13)))  # 3 full blocks + 1 partial
+    table = list(seq.block_table)
+    bm.free(seq)
+    assert bm.num_free_device_blocks == 8  # cached blocks nobody holds count as free
+    assert list(bm._evictable) == [table[2], table[1], table[0]]  # tail first
+    assert table[3] in bm._free_device  # the partial block was never registered
+    again = seq_of(list(range(13)))
+    hits = bm.lookup(again)
+    assert hits == table[:3]
+    assert bm.blocks_needed(again, hits) == 1 + 3  # one new block, three taken back
+    bm.allocate(again, hits)
+    assert not bm._evictable
+    bm.check_invariants([again])
+
+
+def test_truly_free_blocks_go_first_then_the_least_recently_freed():
+    bm = manager(num_blocks=6)
+    a = prefilled(bm, [1] * 8 + [0])  # 2 full blocks + a partial: 3 blocks
+    bm.free(a)
+    b = prefilled(bm, [2] * 8 + [0])  # takes the 3 truly free blocks: nothing evicted
+    assert bm.num_evicted_blocks == 0
+    assert len(bm.lookup(seq_of([1] * 8 + [0]))) == 2
+    bm.free(b)  # b's blocks join the queue behind a's
+    c = seq_of([3] * 8 + [0])  # 3 blocks: the 2 truly free ones, then a's tail
+    bm.allocate(c, bm.lookup(c))
+    assert bm.num_evicted_blocks == 1
+    assert len(bm.lookup(seq_of([1] * 8 + [0]))) == 1  # a's prefix outlived its tail
+    assert len(bm.lookup(seq_of([2] * 8 + [0]))) == 2  # b was freed later: intact
+
+
+def test_one_block_per_content():
+    """Two requests computing the same prompt at once: the first registers it; the
+    second's copy stays unregistered and goes back to the free list."""
+    bm = manager()
+    a, b = seq_of([5] * 9), seq_of([5] * 9)
+    for seq in (a, b):
+        bm.allocate(seq, bm.lookup(seq))
+    for seq in (a, b):
+        bm.register(seq, 9)
+        seq.num_computed_tokens = 9
+    assert bm.num_cached_blocks == 2
+    assert [bm._key[block] is not None for block in b.block_table] == [False, False, False]
+    bm.free(b)
+    assert not bm._evictable
+    bm.check_invariants([a])
+
+
+def test_a_failed_step_keeps_nothing_cached():
+    bm = manager()
+    seq = seq_of(list(range(9)))
+    bm.allocate(seq)
+    bm.register(seq, 9)  # registered when its prefill was scheduled; the step then failed
+    bm.free(seq, keep_cached=False)
+    assert bm.num_cached_blocks == 0 and bm.lookup(seq_of(list(range(9)))) == []
+    bm.check_invariants([])
+
+
+def test_decoded_blocks_are_registered_when_freed():
+    bm = manager()
+    seq = prefilled(bm, [7] * 5)
+    for token in (1, 2, 3):  # decoding fills the second block
+        seq.output_token_ids.append(token)
+        seq.num_tokens += 1
+        bm.append_slots(seq, 1)
+        seq.num_computed_tokens += 1
+    assert seq.num_registered_blocks == 1
+    bm.free(seq)
+    assert len(bm.lookup(seq_of([7] * 5 + [1, 2, 3, 0]))) == 2
+
+
+def test_swap_keeps_shared_blocks_consistent():
+    """A swapped-out request's shared blocks stay with the others; it comes back in
+    fresh blocks and registers nothing twice."""
+    bm = manager()
+    a = prefilled(bm, list(range(9)))
+    b = prefilled(bm, list(range(9)))
+    shared = b.block_table[:2]
+    assert shared == a.block_table[:2]
+    mapping = bm.swap_out(b)
+    assert [device for device, _ in mapping] == [*shared, b.block_table and mapping[2][0]]
+    assert bm._refs[shared[0]] == 1  # a still holds it
+    bm.check_invariants([a, b])
+    bm.swap_in(b)
+    assert not set(b.block_table) & set(a.block_table)
+    bm.free(b)
+    bm.check_invariants([a])
+    assert len(bm.lookup(seq_of(list(range(9))))) == 2
+
+
+@pytest.mark.parametrize("shared_with_seq", [True, False])
+def test_release_count_frees_only_blocks_nobody_else_holds(shared_with_seq: bool):
+    bm = manager()
+    victim = prefilled(bm, list(range(9)))
+    other = prefilled(bm, list(range(9)))  # shares the two full blocks
+    newcomer = seq_of(list(range(9)))
+    hits = bm.lookup(newcomer) if shared_with_seq else []
+    count = bm.release_count(hits)
+    assert count.add(victim.block_table) == (1, 0)  # only its partial block frees
+    assert count.add(other.block_table) == (3, 2 if shared_with_seq else 0)
