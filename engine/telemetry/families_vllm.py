@@ -35,6 +35,12 @@ DEFERRED_WAIT_REASONS = frozenset({d.REASON_STATIC_BATCH})
 #: the engine, as in vLLM, and are not counted there).
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 
+#: vllm:prompt_tokens_by_source_total's sources that schedscope has (vLLM's third,
+#: ``external_kv_transfer``, is a KV connector's: exposed, always 0).
+SOURCE_COMPUTE = "local_compute"
+SOURCE_CACHE_HIT = "local_cache_hit"
+PROMPT_SOURCES = (SOURCE_COMPUTE, SOURCE_CACHE_HIT, "external_kv_transfer")
+
 #: Reject reasons that are admission control (a full queue: the server's 429), counted
 #: by vllm:admission_rejections_total; the others are requests that can never run.
 ADMISSION_REJECT_REASONS = (d.REASON_QUEUE_FULL,)
@@ -75,6 +81,8 @@ class VllmV0Metrics:
     swapped: Gauge
     #: vllm:inter_token_latency_seconds (V1) and vllm:time_per_output_token_seconds (V0)
     itl: BulkHistogram
+    #: cached / queried prompt tokens of every admission so far
+    prefix_cache_hit_rate: Gauge
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +100,12 @@ class VllmV1Metrics:
     #: vllm:cache_config_info, labelled once the pool sizes are known
     cache_info: Gauge
     cache_info_values: dict[str, object]
+    #: Prefix caching, in tokens, counted at admission (recomputes' re-admissions too)
+    prefix_cache_queries: Counter
+    prefix_cache_hits: Counter
+    #: each request's prompt tokens, once (its first admission), by PROMPT_SOURCES
+    prompt_tokens_by_source: dict[str, Counter]
+    prompt_tokens_cached: Counter
 
 
 def build_vllm(f: FamilyFactory, sched) -> VllmMetrics:
@@ -208,6 +222,9 @@ def build_vllm_v0(f: FamilyFactory) -> VllmV0Metrics:
     swapped = gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.").labels(
         *values
     )
+    prefix_cache_hit_rate = gauge(
+        "vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate."
+    ).labels(*values)
     # vllm:time_per_output_token_seconds (V0) and vllm:inter_token_latency_seconds
     # (V1) are the same per-token gaps: one bulk collector exposes both.
     itl = BulkHistogram(
@@ -226,7 +243,13 @@ def build_vllm_v0(f: FamilyFactory) -> VllmV0Metrics:
         values,
     )
     f.registry.register(itl)
-    return VllmV0Metrics(gpu_cache=gpu_cache, cpu_cache=cpu_cache, swapped=swapped, itl=itl)
+    return VllmV0Metrics(
+        gpu_cache=gpu_cache,
+        cpu_cache=cpu_cache,
+        swapped=swapped,
+        itl=itl,
+        prefix_cache_hit_rate=prefix_cache_hit_rate,
+    )
 
 
 def build_vllm_v1(f: FamilyFactory, config) -> VllmV1Metrics:
@@ -274,7 +297,7 @@ def build_vllm_v1(f: FamilyFactory, config) -> VllmV1Metrics:
     cache_info = {
         "block_size": cache.block_size,
         "cache_dtype": "auto",
-        "enable_prefix_caching": False,
+        "enable_prefix_caching": cache.enable_prefix_caching,
         "gpu_memory_utilization": cache.gpu_memory_utilization,
         "num_cpu_blocks": None,
         "num_gpu_blocks": None,
@@ -290,6 +313,21 @@ def build_vllm_v1(f: FamilyFactory, config) -> VllmV1Metrics:
         list(cache_info),
         registry=f.registry,
     )
+    counter = f.counter
+    prefix_cache_queries = counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+    ).labels(*values)
+    prefix_cache_hits = counter(
+        "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+    ).labels(*values)
+    by_source = counter(
+        "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ["source"]
+    )
+    prompt_tokens_by_source = {s: by_source.labels(*values, s) for s in PROMPT_SOURCES}
+    prompt_tokens_cached = counter(
+        "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
+    ).labels(*values)
     return VllmV1Metrics(
         kv_cache=kv_cache,
         waiting_capacity=waiting_capacity,
@@ -300,4 +338,8 @@ def build_vllm_v1(f: FamilyFactory, config) -> VllmV1Metrics:
         admission=admission_by_reason,
         cache_info=cache_info_family,
         cache_info_values=cache_info,
+        prefix_cache_queries=prefix_cache_queries,
+        prefix_cache_hits=prefix_cache_hits,
+        prompt_tokens_by_source=prompt_tokens_by_source,
+        prompt_tokens_cached=prompt_tokens_cached,
     )

@@ -41,6 +41,8 @@ from engine.telemetry.families_schedscope import (
 )
 from engine.telemetry.families_vllm import (
     DEFERRED_WAIT_REASONS,
+    SOURCE_CACHE_HIT,
+    SOURCE_COMPUTE,
     build_vllm,
     build_vllm_v0,
     build_vllm_v1,
@@ -98,6 +100,9 @@ class EngineMetrics:
         self.vllm_v1 = build_vllm_v1(families, config)
         self.schedscope = build_schedscope(families, config.scheduler)
         self._cache_info_child: Gauge | None = None
+        #: vLLM counts prefix-cache queries only with prefix caching on
+        self.prefix_caching = config.cache.enable_prefix_caching
+        self._prefix_queried = self._prefix_hit = 0
 
         #: request id -> [last token time or None, flags since it]
         self._live: dict[str, list] = {}
@@ -157,6 +162,9 @@ class EngineMetrics:
                 state = live.get(target) if target is not None else None
                 if state is not None:
                     state[1] |= _F_RECOMPUTED
+                self._prefix_cache_query(x.num_tokens, x.num_cached_tokens)
+            elif kind == d.ADMIT:
+                self._admitted(x.num_tokens, x.num_cached_tokens)
             elif kind == d.WAIT:
                 self._wait_reason = reason
             elif kind == d.REJECT:
@@ -199,6 +207,29 @@ class EngineMetrics:
         if in_blocks:
             self.schedscope.swap_blocks_in.inc(in_blocks)
             self.schedscope.swap_bytes_in.inc(in_blocks * self.bytes_per_block)
+
+    def _admitted(self, num_prompt: int, num_cached: int) -> None:
+        """A request's first admission: its prompt tokens by source (the computed ones
+        are also counted in ``vllm:prompt_tokens_total`` as its steps compute them; the
+        cached ones here, as they never are)."""
+        v1 = self.vllm_v1
+        v1.prompt_tokens_by_source[SOURCE_COMPUTE].inc(num_prompt - num_cached)
+        if num_cached:
+            v1.prompt_tokens_by_source[SOURCE_CACHE_HIT].inc(num_cached)
+            v1.prompt_tokens_cached.inc(num_cached)
+            self.vllm.prompt_tokens.inc(num_cached)
+        self._prefix_cache_query(num_prompt, num_cached)
+
+    def _prefix_cache_query(self, num_tokens: int, num_cached: int) -> None:
+        """An admission asked the prefix cache for ``num_tokens`` and found ``num_cached``."""
+        if not self.prefix_caching:
+            return
+        self._prefix_queried += num_tokens
+        self._prefix_hit += num_cached
+        self.vllm_v1.prefix_cache_queries.inc(num_tokens)
+        if num_cached:
+            self.vllm_v1.prefix_cache_hits.inc(num_cached)
+        self.vllm_v0.prefix_cache_hit_rate.set(self._prefix_hit / self._prefix_queried)
 
     def _set_gauges(
         self, running, waiting, deferred, swapped, total, free, host_total, host_free, idle

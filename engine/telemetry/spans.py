@@ -75,6 +75,8 @@ OPERATION_TEXT_COMPLETION = "text_completion"
 REQUEST_ID = "schedscope.request.id"
 DECISION = "schedscope.decision"
 STEP = "schedscope.step"
+#: On an admission's (and a recompute's) span: prompt tokens found in the prefix cache.
+CACHED_TOKENS = "schedscope.prefix_cache.cached_tokens"
 
 
 _PREFILL_EVENT = "p"
@@ -224,6 +226,8 @@ class SpanObserver:
                     event["schedscope.num_blocks"] = dec.num_blocks
                 if dec.num_tokens:
                     event["schedscope.num_tokens"] = dec.num_tokens
+                if dec.num_cached_tokens:
+                    event[CACHED_TOKENS] = dec.num_cached_tokens
                 events.append(Event(dec.kind, event, self.ns(dec.time)))
         parent = window[0]
         spans.emit(
@@ -330,6 +334,7 @@ class SpanObserver:
             "schedscope.preempt_recomputes": seq.num_preemptions_recompute,
             "schedscope.swapped_s": seq.total_swapped_s,
             "schedscope.recomputed_tokens": seq.num_recomputed_tokens,
+            CACHED_TOKENS: seq.num_cached_tokens,
             "schedscope.idle_running_steps": seq.num_idle_running_steps,
             "schedscope.max_itl_s": timing.max_itl_s,
             "schedscope.stall_s": sum(gap for _, gap in timing.long_gaps),
@@ -422,6 +427,7 @@ class SpanObserver:
             if kind == d.ADMIT:
                 attributes["schedscope.num_blocks"] = dec.num_blocks
                 attributes["schedscope.queue_s"] = dec.time - start
+                attributes[CACHED_TOKENS] = dec.num_cached_tokens
                 out.append((SCHEDULE, start, dec.time, attributes))
             elif kind == d.PREEMPT:
                 close_decode(dec.time)
@@ -463,6 +469,7 @@ class SpanObserver:
                 close_preempt(dec.time, True)
                 attributes["schedscope.recompute.num_tokens"] = dec.num_tokens
                 attributes["schedscope.num_blocks"] = dec.num_blocks
+                attributes[CACHED_TOKENS] = dec.num_cached_tokens
                 recompute = [dec.time, dec.time, attributes]
             else:  # reject, abort, fail: the request ends here
                 close_decode(dec.time)
