@@ -1,9 +1,12 @@
 """Scheduling cost per step with R running and W waiting requests.
 
 Targets (2-core machine): <= 1 ms per step at R=256, W=10,000; growth from W=100 to
-W=10,000 of at most 1.5x (no per-step work proportional to the waiting queue).
+W=10,000 of at most 1.5x (no per-step work proportional to the waiting queue); prefix
+caching (on by default) costs at most 1.2x the step without it at R=256, W=10,000.
 A step here is Scheduler.schedule() + Scheduler.update() (what the engine adds around
-the executor), with every running request decoding and none finishing.
+the executor), with every running request decoding and none finishing. Prompts share
+no prefix (as independent users' prompts), so the cache costs its bookkeeping and
+finds nothing.
 
 Run: .venv/bin/python benchmarks/bench_scheduler.py [--json FILE] (seconds; --quick is the
 same run)
@@ -24,9 +27,21 @@ from harness.bench.script import BenchParser, bench_main
 
 TARGET_MS = 1.0
 TARGET_GROWTH = 1.5
+TARGET_CACHING = 1.2
 
 
-def build(policy: str, running: int, waiting: int, max_wait_s: float | None) -> Scheduler:
+def prompt(i: int) -> list[int]:
+    """32 tokens beginning with one of the request's own (no shared prefix)."""
+    return [1000 + i] + [5] * 31
+
+
+def build(
+    policy: str,
+    running: int,
+    waiting: int,
+    max_wait_s: float | None,
+    prefix_caching: bool = True,
+) -> Scheduler:
     config = SchedulerConfig(
         max_num_seqs=running,
         max_num_batched_tokens=8192,
@@ -35,12 +50,17 @@ def build(policy: str, running: int, waiting: int, max_wait_s: float | None) -> 
         max_wait_s=max_wait_s,
     )
     # Blocks for everyone to run for a long time without preemption.
-    blocks = BlockManager(16, num_device_blocks=running * 200 + waiting * 4, num_host_blocks=0)
+    blocks = BlockManager(
+        16,
+        num_device_blocks=running * 200 + waiting * 4,
+        num_host_blocks=0,
+        enable_prefix_caching=prefix_caching,
+    )
     scheduler = Scheduler(config, blocks, eos_token_id=2)
     params = SamplingParams(max_tokens=100_000)
     t = 0.0
     for i in range(running):
-        scheduler.add(EngineRequest(f"r{i}", [5] * 32, params, t, priority=i % 4), t)
+        scheduler.add(EngineRequest(f"r{i}", prompt(i), params, t, priority=i % 4), t)
         t += 1e-3
     # Admit and prefill them all, then queue the waiting ones behind a full running set.
     for _ in range(4):
@@ -48,7 +68,7 @@ def build(policy: str, running: int, waiting: int, max_wait_s: float | None) -> 
         scheduler.update(out, [3] * len(out.seqs), t)
     assert len(scheduler.running) == running, len(scheduler.running)
     for i in range(waiting):
-        scheduler.add(EngineRequest(f"w{i}", [5] * 32, params, t, priority=i % 4), t)
+        scheduler.add(EngineRequest(f"w{i}", prompt(running + i), params, t, priority=i % 4), t)
         t += 1e-6
     return scheduler
 
@@ -104,6 +124,35 @@ def run(args) -> list[Figure]:
                     )
                 )
             figures.append(Figure(f"growth W=100 to W=10,000, {label}", growth, "x", TARGET_GROWTH))
+    figures += caching_cost(args)
+    return figures
+
+
+def caching_cost(args) -> list[Figure]:
+    """Each policy's step at R, W=10,000 with prefix caching off and on, measured
+    alternately (three rounds each) so the machine's drift falls on both."""
+    print(f"\n{'policy':9} {'off ms':>8} {'on ms':>8} {'ratio':>7}   target")
+    figures = []
+    for policy in ("fcfs", "sjf", "priority"):
+        off, on = [], []
+        for _ in range(3):
+            off.append(time_steps(build(policy, args.running, 10_000, None, False), args.steps))
+            on.append(time_steps(build(policy, args.running, 10_000, None, True), args.steps))
+        ratio = statistics.median(on) / statistics.median(off)
+        verdict = "MET" if ratio <= TARGET_CACHING else "MISSED"
+        print(
+            f"{policy:9} {statistics.median(off):8.3f} {statistics.median(on):8.3f} "
+            f"{ratio:6.2f}x   <= {TARGET_CACHING}x: {verdict}"
+        )
+        figures.append(
+            Figure(
+                f"prefix caching on / off, {policy}, R={args.running} W=10,000",
+                ratio,
+                "x",
+                TARGET_CACHING,
+                note=f"medians of 3 alternating rounds of {args.steps} steps",
+            )
+        )
     return figures
 
 

@@ -1,6 +1,9 @@
 """Simulator speed: simulate N requests of the `mixed` profile (target: 100,000 in
 <= 10 s on one core, aim <= 4 s), and the cost of one step at 10, 100 and 256 running
 sequences, stepped one at a time and taken as decode runs (docs/simulator.md, "Speed").
+Prefix caching (on by default) costs at most 1.25x the same simulation without it: both
+are timed, alternately, and their records compared (the profile's prompts share no
+prefix, so they must be identical).
 
 Run: .venv/bin/python benchmarks/bench_simulator.py [--requests 100000] [--policy fcfs]
      [--profile mixed] [--plain: also time plain stepping (fast=False)]
@@ -26,6 +29,7 @@ from harness.profiles import resolve_profile, sample_requests
 from harness.simulate.driver import simulate
 
 TARGET_S_PER_100K = 10.0
+TARGET_CACHING = 1.25
 AIM_S_PER_100K = 4.0
 RUNNING = (10, 100, 256)
 STEPS_PER_SIZE = 400
@@ -42,8 +46,11 @@ def parser() -> BenchParser:
     return parser
 
 
-def _simulate(profile, specs, policy: str, fast: bool):
-    config = EngineConfig(SchedulerConfig(scheduling_policy=policy))
+def _simulate(profile, specs, policy: str, fast: bool, prefix_caching: bool = True):
+    config = EngineConfig(
+        SchedulerConfig(scheduling_policy=policy),
+        CacheConfig(enable_prefix_caching=prefix_caching),
+    )
     t0 = time.process_time()
     result = simulate(profile, config, CostModel(), requests=specs, fast=fast)
     return result, time.process_time() - t0
@@ -155,6 +162,7 @@ def run(args) -> list[Figure]:
         figures.append(
             Figure("plain stepping per 100,000 requests", plain_s * 100_000 / args.requests, "s")
         )
+    figures.append(caching_cost(profile, specs, args.policy))
     for num_running in RUNNING:
         plain_us, run_us = step_costs_us(num_running)
         print(
@@ -164,6 +172,35 @@ def run(args) -> list[Figure]:
         figures.append(Figure(f"step at {num_running} running, stepped", plain_us, "us"))
         figures.append(Figure(f"step at {num_running} running, decode run", run_us, "us"))
     return figures
+
+
+def caching_cost(profile, specs, policy: str) -> Figure:
+    """The simulation with prefix caching on over the same without it: two rounds each,
+    alternating; the median of each."""
+    on, off = [], []
+    same = True
+    for _ in range(2):
+        result_off, seconds_off = _simulate(profile, specs, policy, True, prefix_caching=False)
+        result_on, seconds_on = _simulate(profile, specs, policy, True, prefix_caching=True)
+        off.append(seconds_off)
+        on.append(seconds_on)
+        same = same and result_on.requests.drop("cached_tokens").equals(
+            result_off.requests.drop("cached_tokens")
+        )
+    ratio = sorted(on)[0] / sorted(off)[0]
+    verdict = "MET" if ratio <= TARGET_CACHING else "MISSED"
+    print(
+        f"prefix caching:      on {min(on):.2f} s, off {min(off):.2f} s: {ratio:.2f}x   "
+        f"target <= {TARGET_CACHING}x   {verdict}; records "
+        f"{'identical' if same else 'DIFFERENT'} (no shared prefix in the profile)"
+    )
+    return Figure(
+        "simulation with prefix caching / without",
+        ratio,
+        "x",
+        TARGET_CACHING,
+        note=f"{len(specs):,} requests of {profile.name}, policy {policy}, best of 2 each",
+    )
 
 
 if __name__ == "__main__":

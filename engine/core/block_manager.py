@@ -153,9 +153,16 @@ class BlockManager:
         contents = seq.block_contents
         if len(contents) < num_blocks:
             size = self.block_size
-            tokens = seq.prompt_token_ids + seq.output_token_ids
+            prompt, output = seq.prompt_token_ids, seq.output_token_ids
+            num_prompt = len(prompt)
             for j in range(len(contents), num_blocks):
-                contents.append(tuple(tokens[j * size : (j + 1) * size]))
+                start, end = j * size, (j + 1) * size
+                if end <= num_prompt:
+                    contents.append(tuple(prompt[start:end]))
+                elif start >= num_prompt:
+                    contents.append(tuple(output[start - num_prompt : end - num_prompt]))
+                else:
+                    contents.append((*prompt[start:], *output[: end - num_prompt]))
         return contents
 
     def register(self, seq: Sequence, num_tokens: int) -> None:
@@ -250,8 +257,18 @@ class BlockManager:
             for seq in seqs:
                 seq.block_table.append(free.pop())
             return
+        refs = self._refs
         for seq in seqs:
-            seq.block_table.extend(self._take(1))
+            block = free.pop() if free else self._evict_one()
+            refs[block] = 1
+            seq.block_table.append(block)
+
+    def _evict_one(self) -> int:
+        """The eviction queue's head, its key dropped (the caller takes it)."""
+        block = self._evictable.popitem(False)[0]
+        self._forget(block)
+        self.num_evicted_blocks += 1
+        return block
 
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         table = seq.block_table
