@@ -87,6 +87,10 @@ class BlockManager:
         # O(1) removal of a hit from anywhere, O(1) eviction from the head).
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._next_serial = 1
+        # Keys of the most recently evicted blocks (as many as the pool has), oldest
+        # first, with their content serials: what a lookup would have found had they
+        # not been evicted (cache thrash, docs/traps.md).
+        self._ghosts: OrderedDict[PrefixKey, int] = OrderedDict()
         #: Cached blocks evicted so far (their key dropped to reuse the block).
         self.num_evicted_blocks = 0
 
@@ -146,6 +150,30 @@ class BlockManager:
             hits.append(block)
             parent = serial[block]
         return hits
+
+    def evicted_prefix(self, seq: Sequence, cached: Seq[int]) -> int:
+        """Tokens of ``seq`` just after its hits ``cached`` (from :meth:`lookup`) that the
+        cache held and evicted: the run of its next full blocks found among the keys of
+        recently evicted blocks (as many as the pool holds). They would have been hits
+        with room to keep them. A lower bound: a content computed again after its
+        eviction starts a new chain that the ghosts do not continue."""
+        if not self.enable_prefix_caching or not self._ghosts:
+            return 0
+        limit = (seq.num_tokens - 1) // self.block_size
+        start = len(cached)
+        if start >= limit:
+            return 0
+        contents = self._contents(seq, limit)
+        ghosts = self._ghosts
+        parent = self._serial[cached[-1]] if cached else 0
+        found = 0
+        for j in range(start, limit):
+            serial = ghosts.get((parent, contents[j]))
+            if serial is None:
+                break
+            found += 1
+            parent = serial
+        return found * self.block_size
 
     def _contents(self, seq: Sequence, num_blocks: int) -> list[tuple[int, ...]]:
         """``seq``'s first ``num_blocks`` full blocks' token ids (kept on the sequence:
@@ -266,7 +294,7 @@ class BlockManager:
     def _evict_one(self) -> int:
         """The eviction queue's head, its key dropped (the caller takes it)."""
         block = self._evictable.popitem(False)[0]
-        self._forget(block)
+        self._forget(block, evicted=True)
         self.num_evicted_blocks += 1
         return block
 
@@ -294,7 +322,7 @@ class BlockManager:
             evictable = self._evictable
             for _ in range(n - k):
                 block, _none = evictable.popitem(last=False)
-                self._forget(block)
+                self._forget(block, evicted=True)
                 taken.append(block)
             self.num_evicted_blocks += n - k
             refs = self._refs
@@ -302,11 +330,17 @@ class BlockManager:
                 refs[block] = 1
         return taken
 
-    def _forget(self, block: int) -> None:
-        """Drop ``block``'s key: its content is no longer findable."""
+    def _forget(self, block: int, evicted: bool = False) -> None:
+        """Drop ``block``'s key: its content is no longer findable. An ``evicted`` one's
+        key is remembered among the ghosts (:meth:`evicted_prefix`)."""
         key = self._key[block]
         if key is not None:
             del self._cached[key]
+            if evicted:
+                ghosts = self._ghosts
+                ghosts[key] = self._serial[block]
+                if len(ghosts) > self.num_device_blocks:
+                    ghosts.popitem(last=False)
             self._key[block] = None
 
     def _release(self, table: list[int], keep_cached: bool = True) -> None:

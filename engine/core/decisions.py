@@ -67,7 +67,9 @@ class Decision:
     preemptions (``swap`` or ``recompute``). ``num_blocks`` counts blocks moved or
     needed, ``num_tokens`` tokens to (re-)prefill. ``request_ids`` lists the
     sequences of an ``idle_running`` record. ``num_cached_tokens``: on an ``admit`` or
-    ``recompute``, the tokens of ``num_tokens`` found in the prefix cache (not computed).
+    ``recompute``, the tokens of ``num_tokens`` found in the prefix cache (not computed);
+    ``num_evicted_prefix_tokens``: the tokens just after those that the cache had held
+    and evicted (they would have been hits: cache thrash).
     """
 
     kind: str
@@ -84,6 +86,7 @@ class Decision:
     predicted_swap_s: float | None = None
     predicted_recompute_s: float | None = None
     num_cached_tokens: int = 0
+    num_evicted_prefix_tokens: int = 0
 
     def as_dict(self) -> dict:
         return {
@@ -101,4 +104,5 @@ class Decision:
             "predicted_swap_s": self.predicted_swap_s,
             "predicted_recompute_s": self.predicted_recompute_s,
             "num_cached_tokens": self.num_cached_tokens,
+            "num_evicted_prefix_tokens": self.num_evicted_prefix_tokens,
         }

@@ -97,6 +97,7 @@ class Sequence:
         "num_registered_blocks",
         "chain_serial",
         "num_cached_tokens",
+        "num_evicted_prefix_tokens",
         "policy_key",
         "queue_version",
         "waiting_since",
@@ -148,6 +149,9 @@ class Sequence:
         #: Prompt tokens found in the prefix cache at the first admission (vLLM's
         #: ``num_cached_tokens``; a recompute's hits are not counted here).
         self.num_cached_tokens = 0
+        #: Prompt tokens just after those that the cache had held and evicted before the
+        #: first admission (``BlockManager.evicted_prefix``: cache thrash).
+        self.num_evicted_prefix_tokens = 0
         self.policy_key: float = 0.0  # set by the policy when the request arrives
         self.queue_version = 0  # invalidates stale queue entries (lazy deletion)
         self.waiting_since = self.arrival_time

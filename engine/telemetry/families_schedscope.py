@@ -51,6 +51,8 @@ class SchedscopeMetrics:
     swap_blocks_out: Counter
     swap_blocks_in: Counter
     recomputed_tokens: Counter
+    prefix_cache_evicted_blocks: Counter
+    prefix_cache_evicted_prefix_tokens: Counter
     queue_by_class: Histogram
     queue_children: dict[str, Histogram]
     #: requests whose class was past MAX_CLASS_LABELS (observed as class="other")
@@ -112,6 +114,15 @@ def build_schedscope(f: FamilyFactory, sched) -> SchedscopeMetrics:
     recomputed_tokens = counter(
         "schedscope_recomputed_tokens",
         "Tokens re-prefilled because a recompute preemption dropped their KV.",
+    ).labels(*values)
+    prefix_cache_evicted_blocks = counter(
+        "schedscope_prefix_cache_evicted_blocks",
+        "Cached KV blocks evicted to make room (their prefixes no longer findable).",
+    ).labels(*values)
+    prefix_cache_evicted_prefix_tokens = counter(
+        "schedscope_prefix_cache_evicted_prefix_tokens",
+        "Prompt tokens admissions recomputed because the prefix cache had evicted them "
+        "(cache thrash: hits lost for want of room).",
     ).labels(*values)
     queue_by_class = histogram(
         "schedscope_queue_time_seconds",
@@ -175,6 +186,8 @@ def build_schedscope(f: FamilyFactory, sched) -> SchedscopeMetrics:
         swap_blocks_out=swap_blocks_out,
         swap_blocks_in=swap_blocks_in,
         recomputed_tokens=recomputed_tokens,
+        prefix_cache_evicted_blocks=prefix_cache_evicted_blocks,
+        prefix_cache_evicted_prefix_tokens=prefix_cache_evicted_prefix_tokens,
         queue_by_class=queue_by_class,
         queue_children={},
         class_overflow=class_overflow,

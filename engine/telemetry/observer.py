@@ -163,8 +163,16 @@ class EngineMetrics:
                 if state is not None:
                     state[1] |= _F_RECOMPUTED
                 self._prefix_cache_query(x.num_tokens, x.num_cached_tokens)
+                if x.num_evicted_prefix_tokens:
+                    self.schedscope.prefix_cache_evicted_prefix_tokens.inc(
+                        x.num_evicted_prefix_tokens
+                    )
             elif kind == d.ADMIT:
                 self._admitted(x.num_tokens, x.num_cached_tokens)
+                if x.num_evicted_prefix_tokens:
+                    self.schedscope.prefix_cache_evicted_prefix_tokens.inc(
+                        x.num_evicted_prefix_tokens
+                    )
             elif kind == d.WAIT:
                 self._wait_reason = reason
             elif kind == d.REJECT:
@@ -200,6 +208,8 @@ class EngineMetrics:
         idle = record.num_idle_running
         if idle:
             self.schedscope.idle_running_steps.inc(idle)
+        if record.num_evicted_blocks:
+            self.schedscope.prefix_cache_evicted_blocks.inc(record.num_evicted_blocks)
         out_blocks, in_blocks = len(record.blocks_to_swap_out), len(record.blocks_to_swap_in)
         if out_blocks:
             self.schedscope.swap_blocks_out.inc(out_blocks)

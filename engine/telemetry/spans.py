@@ -77,6 +77,8 @@ DECISION = "schedscope.decision"
 STEP = "schedscope.step"
 #: On an admission's (and a recompute's) span: prompt tokens found in the prefix cache.
 CACHED_TOKENS = "schedscope.prefix_cache.cached_tokens"
+#: ... and the tokens after those that the cache had held and evicted (cache thrash).
+EVICTED_PREFIX_TOKENS = "schedscope.prefix_cache.evicted_prefix_tokens"
 
 
 _PREFILL_EVENT = "p"
@@ -335,6 +337,7 @@ class SpanObserver:
             "schedscope.swapped_s": seq.total_swapped_s,
             "schedscope.recomputed_tokens": seq.num_recomputed_tokens,
             CACHED_TOKENS: seq.num_cached_tokens,
+            EVICTED_PREFIX_TOKENS: seq.num_evicted_prefix_tokens,
             "schedscope.idle_running_steps": seq.num_idle_running_steps,
             "schedscope.max_itl_s": timing.max_itl_s,
             "schedscope.stall_s": sum(gap for _, gap in timing.long_gaps),
@@ -428,6 +431,7 @@ class SpanObserver:
                 attributes["schedscope.num_blocks"] = dec.num_blocks
                 attributes["schedscope.queue_s"] = dec.time - start
                 attributes[CACHED_TOKENS] = dec.num_cached_tokens
+                attributes[EVICTED_PREFIX_TOKENS] = dec.num_evicted_prefix_tokens
                 out.append((SCHEDULE, start, dec.time, attributes))
             elif kind == d.PREEMPT:
                 close_decode(dec.time)

@@ -31,6 +31,7 @@ SCHEMA: Schema = {
     "predicted_swap_s": pl.Float64,
     "predicted_recompute_s": pl.Float64,
     "num_cached_tokens": pl.Int64,
+    "num_evicted_prefix_tokens": pl.Int64,
 }
 
 

@@ -6,7 +6,8 @@
   ``tpot_s``, ``e2e_s``, ``max_itl_s``, ``status``, ``output_tokens``,
   ``first_token_at`` ...). The engine's server-side columns keep their docs/metrics.md names
   (``queue_s``, ``total_queue_s``, ``preemptions``, ``preempt_swaps``,
-  ``preempt_recomputes``, ``swapped_s``, ``recomputed_tokens``, ``idle_running_steps``,
+  ``preempt_recomputes``, ``swapped_s``, ``recomputed_tokens``, ``evicted_prefix_tokens``,
+  ``idle_running_steps``,
   ``stall_s``, ``num_stalls``, ``stalls``, ``first_scheduled_at``, ``finished_at``);
   the engine's own copies of client-side columns are kept with an ``engine_`` prefix
   (``engine_arrival_at``, ``engine_ttft_s``, ``engine_e2e_s``, ``engine_status`` ...).
@@ -41,6 +42,7 @@ SERVER_COLUMNS = (
     "preempt_recomputes",
     "swapped_s",
     "recomputed_tokens",
+    "evicted_prefix_tokens",
     "idle_running_steps",
     "stall_s",
     "num_stalls",

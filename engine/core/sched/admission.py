@@ -83,6 +83,7 @@ class Admission:
         ``cached``: its prefix hits (:meth:`BlockManager.lookup`), taken as computed."""
         bm = self.block_manager
         cached = cached or []
+        evicted = bm.evicted_prefix(seq, cached)
         bm.allocate(seq, cached)
         num_cached = len(cached) * bm.block_size
         seq.num_computed_tokens = num_cached
@@ -96,6 +97,7 @@ class Admission:
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = now
             seq.num_cached_tokens = num_cached
+            seq.num_evicted_prefix_tokens = evicted
             kind = d.ADMIT
         else:
             kind = d.RECOMPUTE
@@ -109,6 +111,7 @@ class Admission:
                 num_blocks=len(seq.block_table),
                 num_tokens=seq.num_tokens,
                 num_cached_tokens=num_cached,
+                num_evicted_prefix_tokens=evicted,
             )
         )
         if n:

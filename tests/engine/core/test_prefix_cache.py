@@ -174,3 +174,29 @@ def test_release_count_frees_only_blocks_nobody_else_holds(shared_with_seq: bool
     count = bm.release_count(hits)
     assert count.add(victim.block_table) == (1, 0)  # only its partial block frees
     assert count.add(other.block_table) == (3, 2 if shared_with_seq else 0)
+
+
+def test_evicted_prefix_counts_what_would_have_hit_with_room():
+    """a's two full blocks are cached; b's allocation evicts a's tail (the second):
+    a's prompt now hits one block, and the ghost of the evicted one says one more
+    would have hit."""
+    bm = manager(num_blocks=4)
+    a = prefilled(bm, [1] * 8 + [0])
+    bm.free(a)
+    prefilled(bm, [2] * 8 + [0])  # 3 blocks: the 2 truly free ones and a's tail
+    again = seq_of([1] * 8 + [0])
+    hits = bm.lookup(again)
+    assert len(hits) == 1
+    assert bm.evicted_prefix(again, hits) == BLOCK
+    assert bm.evicted_prefix(seq_of([3] * 8 + [0]), []) == 0  # never cached
+
+
+def test_a_failed_steps_blocks_leave_no_ghost():
+    bm = manager(num_blocks=3)
+    seq = seq_of(list(range(9)))
+    bm.allocate(seq)
+    bm.register(seq, 9)
+    bm.free(seq, keep_cached=False)
+    other = prefilled(bm, [7] * 9)  # takes all 3 blocks: nothing was cached to evict
+    assert bm.num_evicted_blocks == 0 and other.block_table
+    assert bm.evicted_prefix(seq_of(list(range(9))), []) == 0

@@ -62,6 +62,7 @@ def test_a_recompute_re_hits_what_was_not_evicted():
     preempt = next(iter(trace.of(d.PREEMPT, "x")))
     recompute = next(iter(trace.of(d.RECOMPUTE, "x")))
     assert preempt.num_tokens == 22 and recompute.num_cached_tokens == 16
+    assert recompute.num_evicted_prefix_tokens == 4  # its fifth block, evicted for y
     assert sum(step.num_evicted_blocks for step in trace.steps) > 0
     seq = trace.seqs["x"]
     assert seq.num_recomputed_tokens == preempt.num_tokens - recompute.num_cached_tokens
