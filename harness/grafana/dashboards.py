@@ -2,7 +2,8 @@
 
 Two dashboards, written as JSON under ``dashboards/`` by ``schedscope dashboards build``:
 
-- ``schedscope-scheduler``: queue depth, KV usage, preemptions, decisions, idle-running
+- ``schedscope-scheduler``: queue depth, KV usage, the prefix cache (hit rate, tokens by
+  source, evictions), preemptions, decisions, idle-running
   sequences (trap 1), batch tokens against the token budget.
 - ``schedscope-stalls-latency``: stalls by cause, TTFT/ITL/TPOT/E2E quantiles with
   exemplars, queue time by class (trap 3), recomputed tokens (trap 2), swap bandwidth,
@@ -214,6 +215,66 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
                     Target(
                         _gauge("schedscope_kv_blocks_capacity", "model_name, pool"),
                         "total {{pool}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    Row(
+        "Prefix cache",
+        (
+            Panel(
+                "Prefix cache hit rate",
+                "Share of prompt tokens found in the prefix cache instead of computed, over the "
+                "rate interval: vllm:prompt_tokens_cached_total over vllm:prompt_tokens_total "
+                "(each request's prompt counted once, when it is admitted: a request that waits "
+                "is not counted again, as vLLM V1's query counters would), and vLLM's own "
+                "vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total (recomputes' "
+                "re-admissions included). Engines: schedscope and vLLM V1 (prefix caching is on "
+                "by default in both; vLLM V0 exposes vllm:gpu_prefix_cache_hit_rate instead). "
+                "Healthy: steady at the share of your traffic that repeats a prefix (a shared "
+                "system prompt, earlier turns). Unhealthy: falling as load rises while evictions "
+                "climb (cache thrash, docs/traps.md: the KV pool is too small for the working set "
+                "of prefixes: raise --gpu-memory-utilization or lower --max-num-seqs); zero on "
+                "traffic you know repeats prefixes (caching off, or prompts differ in their first "
+                "block, e.g. a timestamp at the start of the system prompt).",
+                (
+                    Target(
+                        f"{_rate('vllm:prompt_tokens_cached_total')} / "
+                        f"{_rate('vllm:prompt_tokens_total')}",
+                        "cached prompt tokens {{model_name}}",
+                    ),
+                    Target(
+                        f"{_rate('vllm:prefix_cache_hits_total')} / "
+                        f"{_rate('vllm:prefix_cache_queries_total')}",
+                        "hits / queries {{model_name}}",
+                    ),
+                ),
+                unit="percentunit",
+            ),
+            Panel(
+                "Prompt tokens by source, and cached blocks evicted",
+                "Prompt tokens per second computed (local_compute) and taken from the prefix cache "
+                "(local_cache_hit), from vllm:prompt_tokens_by_source_total; and schedscope's "
+                "cached KV blocks evicted per second, with the prompt tokens recomputed because "
+                "their cached blocks had been evicted (hits lost for want of room). Engines: the "
+                "sources from schedscope and vLLM V1; the evictions from schedscope only. Healthy: "
+                "the cache_hit share steady; evictions without evicted-prefix tokens (the pool "
+                "recycles blocks nobody reuses). Unhealthy: evicted-prefix tokens rising with "
+                "load (cache thrash: more KV blocks with --gpu-memory-utilization, or fewer "
+                "concurrent sequences with --max-num-seqs).",
+                (
+                    Target(
+                        _rate("vllm:prompt_tokens_by_source_total", "model_name, source"),
+                        "{{source}} {{model_name}}",
+                    ),
+                    Target(
+                        _rate("schedscope_prefix_cache_evicted_blocks_total"),
+                        "evicted blocks {{model_name}}",
+                    ),
+                    Target(
+                        _rate("schedscope_prefix_cache_evicted_prefix_tokens_total"),
+                        "evicted-prefix tokens {{model_name}}",
                     ),
                 ),
             ),

@@ -8,6 +8,7 @@ While the load still runs:
 
 - every panel query of schedscope's dashboards (``harness.grafana.dashboards.panel_queries``),
   its variables substituted, returns data (at least one finite sample);
+- the prefix cache's series are scraped, with hits (the prompts share their first blocks);
 - so does every query of vLLM's own published Grafana dashboard (tests/data);
 - Prometheus returns exemplars for the latency histograms, whose trace ids are
   32-hex W3C trace ids.
@@ -112,6 +113,29 @@ def test_every_dashboard_panel_returns_data_from_a_live_engine(scraped):
                 f"{query.dashboard_uid} / {query.panel_title} [{query.ref_id}]: {query.expr}"
             )
     assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_the_prefix_cache_series_are_scraped_with_hits(scraped):
+    """The load's prompts repeat one word, so they share their first blocks: the prefix
+    cache's series (vLLM's names and schedscope's) are scraped, and hits are counted."""
+    prometheus, _ = scraped
+
+    def total(expr: str) -> float:
+        samples = prometheus.query(f'sum({expr}{{model_name="{MODEL}"}})')
+        return float(samples[0]["value"][1]) if samples else float("nan")
+
+    hits = total("vllm:prefix_cache_hits_total")
+    assert 0 < hits <= total("vllm:prefix_cache_queries_total")
+    assert total("vllm:prompt_tokens_cached_total") > 0
+    # by source: each prompt whole at its admission; prompt_tokens_total: as steps compute
+    # it (a prefill in flight at the scrape is in the first, not yet all in the second)
+    assert total("vllm:prompt_tokens_by_source_total") >= total("vllm:prompt_tokens_total") > 0
+    for name in (
+        "vllm:gpu_prefix_cache_hit_rate",
+        "schedscope_prefix_cache_evicted_blocks_total",
+        "schedscope_prefix_cache_evicted_prefix_tokens_total",
+    ):
+        assert has_data(prometheus.query(f'{name}{{model_name="{MODEL}"}}')), name
 
 
 def test_every_query_of_vllms_published_dashboard_returns_data(scraped):

@@ -44,7 +44,14 @@ SHARED_HISTOGRAMS = {
 }
 V0_ONLY = {"vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc", "vllm:num_requests_swapped"}
 V0_ONLY_HISTOGRAMS = {"vllm:time_per_output_token_seconds"}
-V1_ONLY = {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting_by_reason"}
+V1_ONLY = {
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_waiting_by_reason",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prompt_tokens_by_source_total",
+    "vllm:prompt_tokens_cached_total",
+}
 V1_ONLY_HISTOGRAMS = {
     "vllm:inter_token_latency_seconds",
     "vllm:request_time_per_output_token_seconds",
@@ -61,6 +68,8 @@ SCHEDSCOPE = {
     "schedscope_swap_bytes_total",
     "schedscope_swap_blocks_total",
     "schedscope_recomputed_tokens_total",
+    "schedscope_prefix_cache_evicted_blocks_total",
+    "schedscope_prefix_cache_evicted_prefix_tokens_total",
     "schedscope_kv_blocks_free",
     "schedscope_kv_blocks_capacity",
     "schedscope_token_budget_tokens",
