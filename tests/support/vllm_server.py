@@ -165,6 +165,9 @@ class VllmServer:
                 str(self.max_num_seqs),
                 "--otlp-traces-endpoint",
                 f"http://127.0.0.1:{self.otlp_port}/v1/traces",
+                # usage.prompt_tokens_details.cached_tokens in its responses (off in vLLM
+                # by default; OpenAI sends it always)
+                "--enable-prompt-tokens-details",
                 *self.extra_args,
             ],
             cwd=tmp,
