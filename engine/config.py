@@ -69,9 +69,11 @@ class SchedulerConfig:
         default="auto",
         metadata=_help(
             "How a request is preempted when KV blocks run out: swap (to the host pool; "
-            "falls back to recompute for a request when the host pool is full), recompute "
-            "(drop its KV, re-prefill later) or auto (per request, whichever the cost model "
-            "predicts is cheaper, swapping only while the host pool has room).",
+            "falls back to recompute for a request when the host pool is full; vLLM V0 "
+            "only: vLLM V1 has no swap), recompute (drop its KV, re-prefill later, re-hitting "
+            "what the prefix cache kept: vLLM V1's only mode) or auto (schedscope's own: per "
+            "request, whichever the cost model predicts is cheaper, swapping only while the "
+            "host pool has room).",
             choices=PREEMPTION_MODES,
         ),
     )
@@ -189,7 +191,11 @@ class CacheConfig:
         ),
     )
     swap_space: float = field(
-        default=4.0, metadata=_help("Host (CPU) memory for swapped-out KV blocks, in GiB.")
+        default=4.0,
+        metadata=_help(
+            "Host (CPU) memory for swapped-out KV blocks, in GiB (swap is vLLM V0's: vLLM "
+            "V1 removed it and --swap-space)."
+        ),
     )
     num_gpu_blocks_override: int | None = field(
         default=None,

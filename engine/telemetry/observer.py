@@ -387,7 +387,8 @@ class EngineMetrics:
         self.vllm.params_max_tokens.observe(seq.params.max_tokens)
         self.vllm.params_n.observe(1)
         self.vllm_v1.num_preemptions_request.observe(seq.num_preemptions)
-        self.vllm_v1.prefill_kv_computed.observe(seq.num_prompt_tokens)  # no prefix cache
+        # new KV computed for its prompt: the cached prefix excluded (as vLLM)
+        self.vllm_v1.prefill_kv_computed.observe(seq.num_prompt_tokens - seq.num_cached_tokens)
         scheduled = seq.first_scheduled_time
         if scheduled is None:
             return

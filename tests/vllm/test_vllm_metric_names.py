@@ -20,9 +20,10 @@ ONLY_BUNDLED = {
     "vllm:gpu_cache_usage_perc",
     "vllm:num_requests_swapped",
     "vllm:time_per_output_token_seconds",
+    "vllm:gpu_prefix_cache_hit_rate",
 }
-#: vLLM V1's families the bundled engine has no counterpart for: prefix caching and its
-#: sources, multimodal caches, sleep mode and the FLOPs/bytes estimates.
+#: vLLM V1's families the bundled engine has no counterpart for: a KV connector's
+#: external prefix cache, multimodal caches, sleep mode and the FLOPs/bytes estimates.
 ONLY_VLLM = {
     "vllm:engine_sleep_state",
     "vllm:estimated_flops_per_gpu",
@@ -32,10 +33,6 @@ ONLY_VLLM = {
     "vllm:external_prefix_cache_queries",
     "vllm:mm_cache_hits",
     "vllm:mm_cache_queries",
-    "vllm:prefix_cache_hits",
-    "vllm:prefix_cache_queries",
-    "vllm:prompt_tokens_by_source",
-    "vllm:prompt_tokens_cached",
     "vllm:prompt_tokens_cached_by_source",
 }
 #: vllm:cache_config_info's labels are each engine's cache config: the shared ones,
