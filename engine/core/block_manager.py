@@ -139,12 +139,14 @@ class BlockManager:
         limit = (seq.num_tokens - 1) // self.block_size
         if limit <= 0:
             return []
-        contents = self._contents(seq, limit)
-        cached, serial = self._cached, self._serial
+        cached, serial, contents = self._cached, self._serial, seq.block_contents
         hits: list[int] = []
         parent = 0
         for j in range(limit):
-            block = cached.get((parent, contents[j]))
+            # each block's tokens made only when the walk gets there (most walks stop at
+            # the first block of a prompt nobody shares)
+            content = contents[j] if j < len(contents) else self._contents(seq, j + 1)[j]
+            block = cached.get((parent, content))
             if block is None:
                 break
             hits.append(block)
@@ -163,12 +165,13 @@ class BlockManager:
         start = len(cached)
         if start >= limit:
             return 0
-        contents = self._contents(seq, limit)
+        contents = seq.block_contents
         ghosts = self._ghosts
         parent = self._serial[cached[-1]] if cached else 0
         found = 0
         for j in range(start, limit):
-            serial = ghosts.get((parent, contents[j]))
+            content = contents[j] if j < len(contents) else self._contents(seq, j + 1)[j]
+            serial = ghosts.get((parent, content))
             if serial is None:
                 break
             found += 1
