@@ -5,21 +5,18 @@ the action, which must succeed. Actions that move blocks return the
 ``(source, destination)`` block-id pairs the model runner has to copy.
 
 **Prefix caching** (``enable_prefix_caching``, vLLM V1's automatic prefix caching): a
-full device block is identified by its *key*, the content's serial of the block before
-it and its token ids (a request-independent key; see :class:`PrefixKey`). Registered
-blocks are found by later requests: :meth:`lookup` returns the longest run of cached
-full blocks of a request's tokens (never its last token: that one is always computed,
-as in vLLM), and :meth:`allocate` takes them by reference. A block freed by a finished
-or preempted request keeps its key and joins the *eviction queue*, least recently freed
-first (a request's blocks are freed tail first, so its prefix outlives its suffix); an
-allocation takes truly free blocks first and then evicts from the queue's head,
-dropping the key. A block taken back from the queue by a hit leaves the queue.
-
-Keys are exact, not hashes: the serial of a content is assigned once and never reused,
-and the dictionary compares the token tuples, so a hit never returns a block whose
-content differs and no key maps to two blocks. When two requests compute the same
-content at once, the first to register it owns the key; the other's copy stays
-unregistered (freed straight to the free list).
+full device block is identified by its *key*, the serial of the content before it and
+its token ids (a request-independent key, compared token for token; the index is
+``engine.core.prefix_cache``). Registered blocks are found by later requests:
+:meth:`lookup` returns the longest run of cached full blocks of a request's tokens
+(never its last token: that one is always computed, as in vLLM), and :meth:`allocate`
+takes them by reference. A block freed by a finished or preempted request stays
+registered and joins the *eviction queue*, least recently freed first (a request's
+blocks are freed tail first, so its prefix outlives its suffix); an allocation takes
+truly free blocks first and then evicts from the queue's head, unregistering it. A block
+taken back from the queue by a hit leaves the queue. When two requests compute the same
+content at once, the first to register it owns it; the other's copy stays unregistered
+(freed straight to the free list).
 
 Prompt blocks are registered when the step that computes them is scheduled (so a
 request admitted later in the same step hits them: the executor writes every new
@@ -35,23 +32,21 @@ it frees them). The host pool caches nothing.
 
 Invariants (checked by :meth:`check_invariants` and by the property tests): in each
 pool every block is free, or (device) cached and evictable, or held; a device block's
-reference count is the number of block tables holding it; every registered block is
-the one its key maps to.
+reference count is the number of block tables holding it; no key is held by two
+reachable blocks (``PrefixCache.check``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import itertools
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
+from engine.core.prefix_cache import PrefixCache
 from engine.core.sequence import Sequence
 
 BlockMapping = list[tuple[int, int]]
-
-#: A cached block's key: (the serial of the content before it, 0 for the first block;
-#: its token ids).
-PrefixKey = tuple[int, tuple[int, ...]]
 
 
 class BlockManager:
@@ -80,17 +75,10 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         # Prefix caching only (all unused when it is off):
         self._refs = [0] * num_device_blocks  # block tables holding each device block
-        self._key: list[PrefixKey | None] = [None] * num_device_blocks
-        self._serial = [0] * num_device_blocks  # the content serial of a registered block
-        self._cached: dict[PrefixKey, int] = {}  # key -> the one block holding it
+        self.cache = PrefixCache(block_size, num_device_blocks)
         # Registered blocks nobody holds, least recently freed first (an ordered set:
         # O(1) removal of a hit from anywhere, O(1) eviction from the head).
         self._evictable: OrderedDict[int, None] = OrderedDict()
-        self._next_serial = 1
-        # Keys of the most recently evicted blocks (as many as the pool has), oldest
-        # first, with their content serials: what a lookup would have found had they
-        # not been evicted (cache thrash, docs/traps.md).
-        self._ghosts: OrderedDict[PrefixKey, int] = OrderedDict()
         #: Cached blocks evicted so far (their key dropped to reuse the block).
         self.num_evicted_blocks = 0
 
@@ -103,8 +91,8 @@ class BlockManager:
 
     @property
     def num_cached_blocks(self) -> int:
-        """Registered blocks (held or evictable)."""
-        return len(self._cached)
+        """Registered blocks (held or evictable). O(pool): for tests and reports."""
+        return self.cache.num_registered
 
     @property
     def num_free_host_blocks(self) -> int:
@@ -137,64 +125,16 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         limit = (seq.num_tokens - 1) // self.block_size
-        if limit <= 0:
-            return []
-        cached, serial, contents = self._cached, self._serial, seq.block_contents
-        hits: list[int] = []
-        parent = 0
-        for j in range(limit):
-            # each block's tokens made only when the walk gets there (most walks stop at
-            # the first block of a prompt nobody shares)
-            content = contents[j] if j < len(contents) else self._contents(seq, j + 1)[j]
-            block = cached.get((parent, content))
-            if block is None:
-                break
-            hits.append(block)
-            parent = serial[block]
-        return hits
+        return self.cache.lookup(seq, limit) if limit > 0 else []
 
     def evicted_prefix(self, seq: Sequence, cached: Seq[int]) -> int:
         """Tokens of ``seq`` just after its hits ``cached`` (from :meth:`lookup`) that the
-        cache held and evicted: the run of its next full blocks found among the keys of
-        recently evicted blocks (as many as the pool holds). They would have been hits
-        with room to keep them. A lower bound: a content computed again after its
-        eviction starts a new chain that the ghosts do not continue."""
-        if not self.enable_prefix_caching or not self._ghosts:
+        cache had held and evicted (``PrefixCache.evicted_after``): they would have been
+        hits with room to keep them. A lower bound."""
+        if not self.enable_prefix_caching:
             return 0
         limit = (seq.num_tokens - 1) // self.block_size
-        start = len(cached)
-        if start >= limit:
-            return 0
-        contents = seq.block_contents
-        ghosts = self._ghosts
-        parent = self._serial[cached[-1]] if cached else 0
-        found = 0
-        for j in range(start, limit):
-            content = contents[j] if j < len(contents) else self._contents(seq, j + 1)[j]
-            serial = ghosts.get((parent, content))
-            if serial is None:
-                break
-            found += 1
-            parent = serial
-        return found * self.block_size
-
-    def _contents(self, seq: Sequence, num_blocks: int) -> list[tuple[int, ...]]:
-        """``seq``'s first ``num_blocks`` full blocks' token ids (kept on the sequence:
-        its tokens never change, they are only appended to)."""
-        contents = seq.block_contents
-        if len(contents) < num_blocks:
-            size = self.block_size
-            prompt, output = seq.prompt_token_ids, seq.output_token_ids
-            num_prompt = len(prompt)
-            for j in range(len(contents), num_blocks):
-                start, end = j * size, (j + 1) * size
-                if end <= num_prompt:
-                    contents.append(tuple(prompt[start:end]))
-                elif start >= num_prompt:
-                    contents.append(tuple(output[start - num_prompt : end - num_prompt]))
-                else:
-                    contents.append((*prompt[start:], *output[: end - num_prompt]))
-        return contents
+        return self.cache.evicted_after(seq, cached, limit) * self.block_size
 
     def register(self, seq: Sequence, num_tokens: int) -> None:
         """Register ``seq``'s full blocks among its first ``num_tokens`` tokens (those
@@ -203,26 +143,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = min(num_tokens // self.block_size, len(seq.block_table))
-        first = seq.num_registered_blocks
-        if first >= full:
-            return
-        contents = self._contents(seq, full)
-        cached, serial, keys, table = self._cached, self._serial, self._key, seq.block_table
-        parent = seq.chain_serial
-        for j in range(first, full):
-            key = (parent, contents[j])
-            holder = cached.get(key)
-            if holder is None:
-                block = table[j]
-                parent = self._next_serial
-                self._next_serial += 1
-                cached[key] = block
-                keys[block] = key
-                serial[block] = parent
-            else:
-                parent = serial[holder]
-        seq.num_registered_blocks = full
-        seq.chain_serial = parent
+        if seq.num_registered_blocks < full:
+            self.cache.register(seq, full)
 
     # -- allocation of a (re)admitted request ----------------------------------------
     def blocks_needed(self, seq: Sequence, cached: Seq[int] = ()) -> int:
@@ -254,10 +176,13 @@ class BlockManager:
                 refs[block] += 1
             seq.block_table = list(cached)
             seq.num_registered_blocks = len(cached)
-            seq.chain_serial = self._serial[cached[-1]]
+            seq.chain_serial = self.cache.serial(cached[-1])
+            seq.chain_block = cached[-1]
         else:
             seq.num_registered_blocks = 0
             seq.chain_serial = 0
+            seq.chain_block = None
+        seq.chain = None
         self._grow(seq, seq.num_tokens)
 
     def release_count(self, cached: Seq[int] = ()) -> ReleaseCount:
@@ -296,10 +221,8 @@ class BlockManager:
 
     def _evict_one(self) -> int:
         """The eviction queue's head, its key dropped (the caller takes it)."""
-        block = self._evictable.popitem(False)[0]
-        self._forget(block, evicted=True)
         self.num_evicted_blocks += 1
-        return block
+        return self.cache.evict(self._evictable, 1)[0]
 
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         table = seq.block_table
@@ -322,29 +245,13 @@ class BlockManager:
         taken.reverse()  # what ``k`` pops would take, in the order they would take it
         del free[len(free) - k :]
         if self.enable_prefix_caching:
-            evictable = self._evictable
-            for _ in range(n - k):
-                block, _none = evictable.popitem(last=False)
-                self._forget(block, evicted=True)
-                taken.append(block)
-            self.num_evicted_blocks += n - k
+            if k < n:
+                taken += self.cache.evict(self._evictable, n - k)
+                self.num_evicted_blocks += n - k
             refs = self._refs
             for block in taken:
                 refs[block] = 1
         return taken
-
-    def _forget(self, block: int, evicted: bool = False) -> None:
-        """Drop ``block``'s key: its content is no longer findable. An ``evicted`` one's
-        key is remembered among the ghosts (:meth:`evicted_prefix`)."""
-        key = self._key[block]
-        if key is not None:
-            del self._cached[key]
-            if evicted:
-                ghosts = self._ghosts
-                ghosts[key] = self._serial[block]
-                if len(ghosts) > self.num_device_blocks:
-                    ghosts.popitem(last=False)
-            self._key[block] = None
 
     def _release(self, table: list[int], keep_cached: bool = True) -> None:
         """Drop one reference to each device block of ``table``, tail first; a block
@@ -353,15 +260,25 @@ class BlockManager:
         if not self.enable_prefix_caching:
             self._free_device.extend(reversed(table))
             return
-        refs, keys, evictable, free = self._refs, self._key, self._evictable, self._free_device
-        for block in reversed(table):
+        refs, evictable, free = self._refs, self._evictable, self._free_device
+        chain_of, forget = self.cache.chain_of, self.cache.forget
+        tail_first = table[::-1]
+        if keep_cached and max(map(refs.__getitem__, table)) == 1:
+            # Nobody else holds any of them (the common case): C-level loops.
+            deque(map(refs.__setitem__, table, itertools.repeat(0)), maxlen=0)
+            registered = [block for block in tail_first if chain_of[block] is not None]
+            evictable.update(dict.fromkeys(registered))
+            if len(registered) < len(table):
+                free.extend(block for block in tail_first if chain_of[block] is None)
+            return
+        for block in tail_first:
             refs[block] -= 1
             if refs[block]:
                 continue
-            if keep_cached and keys[block] is not None:
+            if keep_cached and chain_of[block] is not None:
                 evictable[block] = None
             else:
-                self._forget(block)
+                forget(block, False)
                 free.append(block)
 
     # -- swap ----------------------------------------------------------------------
@@ -378,6 +295,8 @@ class BlockManager:
         seq.block_table = [host for _, host in mapping]
         seq.num_registered_blocks = 0  # its device copy will be a fresh, unregistered one
         seq.chain_serial = 0
+        seq.chain_block = None
+        seq.chain = None
         self._on_host.add(seq.seq_no)
         return mapping
 
@@ -413,6 +332,7 @@ class BlockManager:
             if keep_cached:
                 self.register(seq, seq.num_computed_tokens)
             self._release(seq.block_table, keep_cached)
+            seq.chain = None  # it extends no chain any more (a re-admission starts anew)
         seq.block_table = []
 
     # -- checking --------------------------------------------------------------------
@@ -453,19 +373,12 @@ class BlockManager:
                     f"block {block}: reference count {self._refs[block]} but "
                     f"{holders.get(block, 0)} block tables hold it"
                 )
-            key = self._key[block]
-            if key is not None and self._cached.get(key) != block:
-                raise AssertionError(f"block {block}'s key maps to {self._cached.get(key)}")
-        for key, block in self._cached.items():
-            if self._key[block] != key:
-                raise AssertionError(
-                    f"key {key[0]}/{len(key[1])} tokens maps to block {block}, which holds another"
-                )
+        self.cache.check()
         for block in self._evictable:
-            if self._refs[block] or self._key[block] is None:
+            if self._refs[block] or not self.cache.is_registered(block):
                 raise AssertionError(f"evictable block {block} is held or unregistered")
         for block in self._free_device:
-            if self._refs[block] or self._key[block] is not None:
+            if self._refs[block] or self.cache.is_registered(block):
                 raise AssertionError(f"free block {block} is held or registered")
 
 

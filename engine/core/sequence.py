@@ -93,9 +93,10 @@ class Sequence:
         "num_computed_tokens",
         "num_scheduled_tokens",
         "block_table",
-        "block_contents",
         "num_registered_blocks",
         "chain_serial",
+        "chain_block",
+        "chain",
         "num_cached_tokens",
         "num_evicted_prefix_tokens",
         "policy_key",
@@ -140,12 +141,14 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_scheduled_tokens = 0  # tokens scheduled in the step being built
         self.block_table: list[int] = []
-        # Prefix caching (the block manager's; engine/core/block_manager.py): the token
-        # ids of each full block so far, how many of the block table's blocks are
-        # registered, and the content serial of the last of them (0: none).
-        self.block_contents: list[tuple[int, ...]] = []
+        # Prefix caching (engine/core/prefix_cache.py): how many of the block table's
+        # blocks are registered (or were hits), the content serial of the last of them
+        # (0: none) and the block holding it, and the chain this request extends (None:
+        # its next registration starts one). Opaque outside the prefix cache.
         self.num_registered_blocks = 0
         self.chain_serial = 0
+        self.chain_block: int | None = None
+        self.chain: object | None = None
         #: Prompt tokens found in the prefix cache at the first admission (vLLM's
         #: ``num_cached_tokens``; a recompute's hits are not counted here).
         self.num_cached_tokens = 0

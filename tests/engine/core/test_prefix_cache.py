@@ -116,7 +116,7 @@ def test_one_block_per_content():
         bm.register(seq, 9)
         seq.num_computed_tokens = 9
     assert bm.num_cached_blocks == 2
-    assert [bm._key[block] is not None for block in b.block_table] == [False, False, False]
+    assert [bm.cache.is_registered(block) for block in b.block_table] == [False, False, False]
     bm.free(b)
     assert not bm._evictable
     bm.check_invariants([a])

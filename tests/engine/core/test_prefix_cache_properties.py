@@ -156,7 +156,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_registered_block_holds_its_keys_content(self) -> None:
-        for block, key in enumerate(self.bm._key):
+        for block in range(self.bm.num_device_blocks):
+            key = self.bm.cache.key_of(block)
             if key is not None:
                 held = [self.device.get((block, offset)) for offset in range(BLOCK)]
                 assert all(h is not None for h in held), (block, held)
