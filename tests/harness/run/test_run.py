@@ -580,3 +580,22 @@ def test_prometheus_scrapes_the_cell_and_its_series_become_metrics_parquet(tmp_p
     running = metrics.filter(pl.col("name") == "vllm:num_requests_running")
     assert running["timestamp"].n_unique() >= 3 and running["value"].max() >= 1
     assert "prometheus" in json.dumps(info).lower()
+
+
+def test_a_knob_set_turns_prefix_caching_off(tmp_path):
+    """``enable-prefix-caching`` is a knob like any other: a run file's knob sets give
+    one cell with vLLM V1's default (on) and one without; run.json records each."""
+    run_file = tmp_path / "cache.toml"
+    run_file.write_text(
+        'policies = ["fcfs"]\nduration_scale = 0.1\n'
+        '[[knob_sets]]\nname = "cached"\n'
+        '[[knob_sets]]\nname = "uncached"\nenable-prefix-caching = false\n'
+    )
+    out = tmp_path / "cache"
+    proc = run_cli(["--simulate", "--run-file", str(run_file), "--out", str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for cell, expected in (("fcfs-cached", True), ("fcfs-uncached", False)):
+        info = json.loads((out / cell / "run.json").read_text())
+        assert info["config"]["cache"]["enable_prefix_caching"] is expected, cell
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["policies"]) == {"fcfs-cached", "fcfs-uncached"}
