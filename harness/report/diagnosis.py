@@ -16,8 +16,8 @@ run flags nothing), and states its evidence, the worst requests and the knob:
 4. ``memory_pressure`` — any ``exceeds_kv_pool`` rejection, or ``out_of_blocks``
    preemptions of ≥ ``PREEMPT_SHARE`` of the requests. Knob:
    ``--gpu-memory-utilization`` / ``--num-gpu-blocks-override``, ``--max-num-seqs``.
-5. ``cache_thrash`` — prefix caching on, and the prompt tokens the admissions found
-   evicted from the prefix cache (held before, lost for want of room) ≥
+5. ``cache_thrash`` — prefix caching on, and the prompt tokens the first admissions
+   found evicted from the prefix cache (held before, lost for want of room) ≥
    ``THRASH_SHARE`` of the tokens they asked it for and ≥ ``THRASH_MIN_TOKENS``, with
    blocks evicted. Evidence adds the hit rate of the requests admitted at the lighter
    and the heavier load (:func:`load_halves`). Knob: ``--num-gpu-blocks-override`` /
@@ -207,17 +207,19 @@ def engine_facts(data: PolicyData, frame: pl.DataFrame) -> dict:
     return {k: v for k, v in facts.items()}
 
 
-#: The admissions' prefix-cache counts in decisions.parquet (admit and recompute rows).
+#: The first admissions' prefix-cache counts in decisions.parquet (``admit`` rows).
 _PREFIX_DECISION_COLUMNS = ("num_tokens", "num_cached_tokens", "num_evicted_prefix_tokens")
 
 
 def _prefix_facts(data: PolicyData, frame: pl.DataFrame, sources: dict) -> dict:
     """What trap 5 reads: the tokens the admissions asked the prefix cache for
     (``prefix_queried_tokens``), found there (``prefix_cached_tokens``) and found
-    evicted (``evicted_prefix_tokens``): every admission and recompute in
-    decisions.parquet, else each request's first admission (requests.parquet); the
-    blocks evicted (``evicted_blocks``, steps.parquet). A count no record holds is left
-    out (unknown), never 0."""
+    evicted (``evicted_prefix_tokens``) at each request's first admission (``admit`` in
+    decisions.parquet, else requests.parquet); the blocks evicted (``evicted_blocks``,
+    steps.parquet). A count no record holds is left out (unknown), never 0. Recomputes
+    are left out: a preempted request whose own blocks were evicted before it came back
+    is the cost of traps 2 and 4 (its recomputed tokens), not of prefixes shared with
+    others."""
     out: dict = {}
     if data.steps is not None and "num_evicted_blocks" in data.columns("steps"):
         blocks = data.steps.select(pl.col("num_evicted_blocks").sum()).collect().item()
@@ -225,13 +227,13 @@ def _prefix_facts(data: PolicyData, frame: pl.DataFrame, sources: dict) -> dict:
     names = data.columns("decisions")
     if data.decisions is not None and all(c in names for c in _PREFIX_DECISION_COLUMNS):
         row = (
-            data.decisions.filter(pl.col("kind").is_in(["admit", "recompute"]))
+            data.decisions.filter(pl.col("kind") == "admit")
             .select(pl.col(c).sum() for c in _PREFIX_DECISION_COLUMNS)
             .collect()
             .row(0)
         )
         queried, cached, evicted = (int(v or 0) for v in row)
-        sources["prefix_cache"] = "decisions.parquet (admit, recompute)"
+        sources["prefix_cache"] = "decisions.parquet (admit)"
     else:
         rows = prefix_cache.admitted_known(frame).filter(
             pl.col("evicted_prefix_tokens").is_not_null()
@@ -542,7 +544,7 @@ def _cache_thrash(
         ),
         "command": simulate_command(data.config, policy, rerun, changes, out),
         "message": (
-            f"{evicted:,} prompt tokens ({lost:.0%} of the {queried:,} the admissions asked "
+            f"{evicted:,} prompt tokens ({lost:.0%} of the {queried:,} the first admissions asked "
             "the prefix cache for) had been cached and were evicted before they were "
             f"reused: hits lost for want of room{said}"
         ),

@@ -326,9 +326,7 @@ def test_a_pool_too_small_for_the_shared_prefixes_thrashes(prefix_runs):
     ev = finding["evidence"]
     # every reuse found its prefix evicted: (120 - 6) reuses x 64 tokens
     reused = (120 - PREFIXES) * PREFIX_LEN
-    decisions = pl.read_parquet(thrash / "decisions.parquet").filter(
-        pl.col("kind").is_in(["admit", "recompute"])
-    )
+    decisions = pl.read_parquet(thrash / "decisions.parquet").filter(pl.col("kind") == "admit")
     assert ev["evicted_prefix_tokens"] == decisions["num_evicted_prefix_tokens"].sum() == reused
     assert ev["prefix_queried_tokens"] == decisions["num_tokens"].sum()
     assert ev["evicted_prefix_share"] >= diagnosis.THRASH_SHARE
@@ -444,3 +442,66 @@ def test_load_halves_split_the_admissions_by_the_running_count():
     assert halves is not None and halves["by"] == "order of first admission"
     assert halves["light"]["hit_rate"] == pytest.approx(0.3)
     assert halves["heavy"]["hit_rate"] == pytest.approx(0.2)
+
+
+def _diagnose_decisions(rows: list[tuple[str, int, int, int]]) -> tuple[list[str], dict]:
+    """The traps of a cell whose decisions are ``rows`` (kind, num_tokens,
+    num_cached_tokens, num_evicted_prefix_tokens), with steps that evicted blocks."""
+    decisions = pl.LazyFrame(
+        [(k, None, None, None, n, c, e) for k, n, c, e in rows],
+        schema={
+            "kind": pl.String,
+            "reason": pl.String,
+            "mode": pl.String,
+            "detail": pl.String,
+            "num_tokens": pl.Int64,
+            "num_cached_tokens": pl.Int64,
+            "num_evicted_prefix_tokens": pl.Int64,
+        },
+        orient="row",
+    )
+    n = 10
+    steps = pl.LazyFrame(
+        {
+            "num_idle_running": [0] * n,
+            "num_running": [1] * n,
+            "num_free_device_blocks": [10] * n,
+            "num_device_blocks": [100] * n,
+            "num_free_host_blocks": [10] * n,
+            "num_swapped": [0] * n,
+            "num_waiting": [0] * n,
+            "num_evicted_blocks": [5] * n,
+        }
+    )
+    data = PolicyData(
+        run="t",
+        policy="fcfs",
+        path=None,  # type: ignore[arg-type]
+        requests=_rows().lazy(),
+        steps=steps,
+        decisions=decisions,
+        info={"config": {**ON, "scheduler": {"scheduling_policy": "fcfs", "max_num_seqs": 8}}},
+    )
+    frame = tables.load_requests(data.requests, {})
+    facts = diagnosis.engine_facts(data, frame)
+    stalls = pl.DataFrame(
+        schema={"request_id": pl.String, "duration_s": pl.Float64, "cause": pl.String}
+    )
+    groups = tables.policy_groups(frame, 10.0, None)
+    found = diagnosis.diagnose(data, frame, stalls, groups, None, facts, None)
+    return [f["trap"] for f in found], facts
+
+
+def test_the_rule_reads_first_admissions_at_its_thresholds():
+    admits = [("admit", 1000, 0, 0)] * 10
+    # a recompute that found its own blocks evicted is traps 2 and 4's, not a thrash
+    traps, facts = _diagnose_decisions([*admits, ("recompute", 5000, 0, 4000)])
+    assert traps == [] and facts["evicted_prefix_tokens"] == 0
+    assert facts["prefix_queried_tokens"] == 10_000 and facts["evicted_blocks"] == 50
+    # 1,000 of 10,000 first-admission tokens (10%, and 1,000): flagged
+    lost = [("admit", 1000, 0, 100)] * 10
+    traps, facts = _diagnose_decisions(lost)
+    assert traps == ["cache_thrash"] and facts["evicted_prefix_tokens"] == 1000
+    # just under the share (1,980 of 20,000: 9.9%), or under the minimum (999): not
+    assert _diagnose_decisions([("admit", 1000, 0, 99)] * 20)[0] == []
+    assert _diagnose_decisions([("admit", 1000, 0, 999)])[0] == []
