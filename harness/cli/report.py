@@ -90,6 +90,8 @@ def _print_report(paths: dict[str, Path]) -> None:
             ),
             soft_wrap=True,
         )
+        if finding.get("command"):  # a command line that shows the fix (trap 5)
+            console.print(f"  fix: {finding['command']}", soft_wrap=True, markup=False)
     for entry in summary.get("verdicts", {}).values():
         console.print(entry["sentence"], soft_wrap=True)
     console.print(f"markdown: {paths['markdown']}", soft_wrap=True)

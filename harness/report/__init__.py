@@ -4,10 +4,11 @@ known traps, verdicts and pictures from stored run records (docs/report.md).
 One concept per module: ``inputs`` (finding and scanning the record files),
 ``validate`` (whether a cell's files can be used: broken cells are named and left out),
 ``stats`` (percentiles, Jain, SLOs, bootstrap), ``tables`` (per policy x class
-statistics), ``stalls`` (attribution), ``diagnosis`` (the four traps), ``verdict``
-(objectives and noise), ``figures`` (Plotly), ``simulator_check`` (a served run against
-its simulation), ``build`` (assembling), ``summary`` (summary.json) and ``render``
-(HTML, Markdown, Parquet).
+statistics), ``stalls`` (attribution), ``diagnosis`` (the five traps), ``prefix_cache``
+(hit rates, evictions, a target's counters), ``verdict`` (objectives and noise),
+``figures`` (Plotly), ``simulator_check`` (a served run against its simulation),
+``build`` (assembling), ``summary`` (summary.json) and ``render`` (HTML, Markdown,
+Parquet).
 """
 
 from __future__ import annotations

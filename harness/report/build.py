@@ -14,7 +14,16 @@ import numpy as np
 import polars as pl
 
 from engine.core.token_timing import STALL_FLOOR_S
-from harness.report import diagnosis, errors, figures, simulator_check, stalls, tables, verdict
+from harness.report import (
+    diagnosis,
+    errors,
+    figures,
+    prefix_cache,
+    simulator_check,
+    stalls,
+    tables,
+    verdict,
+)
 from harness.report.cells import baseline, cell_groups
 from harness.report.inputs import BrokenCell, PolicyData, ReportInputError, RunData, open_runs
 
@@ -47,6 +56,8 @@ class PolicyReport:
     diagnosed: bool = False
     #: why the trap rules cannot be applied (diagnosis.unknown_facts); None when they can
     undiagnosed: str | None = None
+    #: summary.json's ``prefix_cache`` (harness/report/prefix_cache.py); None: nothing known
+    prefix_cache: dict | None = None
 
 
 @dataclass
@@ -174,6 +185,7 @@ def _policy_report(data: PolicyData, slos: dict, options: ReportOptions) -> Poli
         data, frame, duration, chosen, note, attributed, sources, groups, starv, facts
     )
     policy.errors = _errors(data)
+    policy.prefix_cache = prefix_cache.prefix_cache(data, frame)
     return policy
 
 
@@ -225,6 +237,9 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
                     p.starvation,
                     p.facts,
                     None if name == base else fcfs_long,
+                    rerun=diagnosis.rerun_info(
+                        p.data.run_json, run.info, run.info.get("run_config")
+                    ),
                 )
                 p.diagnosed = True
             except Exception as exc:  # the engine's records, not the report, are at fault

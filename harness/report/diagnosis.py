@@ -1,4 +1,4 @@
-"""Diagnosis of the four known traps (docs/traps.md) from a run's data.
+"""Diagnosis of the five known traps (docs/traps.md) from a run's data.
 
 Each rule reads numbers the records carry, flags only past its thresholds (a healthy
 run flags nothing), and states its evidence, the worst requests and the knob:
@@ -16,16 +16,27 @@ run flags nothing), and states its evidence, the worst requests and the knob:
 4. ``memory_pressure`` — any ``exceeds_kv_pool`` rejection, or ``out_of_blocks``
    preemptions of ≥ ``PREEMPT_SHARE`` of the requests. Knob:
    ``--gpu-memory-utilization`` / ``--num-gpu-blocks-override``, ``--max-num-seqs``.
+5. ``cache_thrash`` — prefix caching on, and the prompt tokens the first admissions
+   found evicted from the prefix cache (held before, lost for want of room) ≥
+   ``THRASH_SHARE`` of the tokens they asked it for and ≥ ``THRASH_MIN_TOKENS``, with
+   blocks evicted. Evidence adds the hit rate of the requests admitted at the lighter
+   and the heavier load (:func:`load_halves`). Knob: ``--num-gpu-blocks-override`` /
+   ``--gpu-memory-utilization``, ``--max-num-seqs``; its finding also carries
+   ``command``, the ``schedscope simulate`` line of the cell with
+   ``THRASH_POOL_FACTOR`` × its device blocks (:func:`simulate_command`).
 
 A cell whose engine recorded none of the facts the rules read (:func:`unknown_facts`: an
 external engine's ``--target`` cell) is not diagnosed: its facts would all read 0 for
-want of a record, and no trap found there is not evidence that none happened.
-"""
+want of a record, and no trap found there is not evidence that none happened."""
 
 from __future__ import annotations
 
+import re
+import shlex
+
 import polars as pl
 
+from harness.report import prefix_cache
 from harness.report.inputs import PolicyData
 from harness.report.stats import clean
 from harness.report.tables import ENGINE_COUNTS
@@ -43,6 +54,13 @@ AGING_EXAMPLES = {
     "priority": "0.1: priority levels per second waited",
 }
 PREEMPT_SHARE = 0.02
+#: Trap 5: evicted-prefix tokens at least this share of the tokens the admissions asked
+#: the prefix cache for ...
+THRASH_SHARE = 0.10
+#: ... and at least this many (a few evictions of a small run are not a trap).
+THRASH_MIN_TOKENS = 1000
+#: The pool trap 5's command simulates: this many times the run's device blocks.
+THRASH_POOL_FACTOR = 2
 WORST = 5
 
 
@@ -185,7 +203,53 @@ def engine_facts(data: PolicyData, frame: pl.DataFrame) -> dict:
         rej = frame.filter(pl.col("status") == "rejected").group_by("error").len()
         facts["rejections_by_reason"] = {r or "unknown": int(c) for r, c in rej.iter_rows()}
         facts["out_of_blocks_preemptions"] = int(frame["preemptions"].sum())
+    facts.update(_prefix_facts(data, frame, facts["sources"]))
     return {k: v for k, v in facts.items()}
+
+
+#: The first admissions' prefix-cache counts in decisions.parquet (``admit`` rows).
+_PREFIX_DECISION_COLUMNS = ("num_tokens", "num_cached_tokens", "num_evicted_prefix_tokens")
+
+
+def _prefix_facts(data: PolicyData, frame: pl.DataFrame, sources: dict) -> dict:
+    """What trap 5 reads: the tokens the admissions asked the prefix cache for
+    (``prefix_queried_tokens``), found there (``prefix_cached_tokens``) and found
+    evicted (``evicted_prefix_tokens``) at each request's first admission (``admit`` in
+    decisions.parquet, else requests.parquet); the blocks evicted (``evicted_blocks``,
+    steps.parquet). A count no record holds is left out (unknown), never 0. Recomputes
+    are left out: a preempted request whose own blocks were evicted before it came back
+    is the cost of traps 2 and 4 (its recomputed tokens), not of prefixes shared with
+    others."""
+    out: dict = {}
+    if data.steps is not None and "num_evicted_blocks" in data.columns("steps"):
+        blocks = data.steps.select(pl.col("num_evicted_blocks").sum()).collect().item()
+        out["evicted_blocks"] = int(blocks or 0)
+    names = data.columns("decisions")
+    if data.decisions is not None and all(c in names for c in _PREFIX_DECISION_COLUMNS):
+        row = (
+            data.decisions.filter(pl.col("kind") == "admit")
+            .select(pl.col(c).sum() for c in _PREFIX_DECISION_COLUMNS)
+            .collect()
+            .row(0)
+        )
+        queried, cached, evicted = (int(v or 0) for v in row)
+        sources["prefix_cache"] = "decisions.parquet (admit)"
+    else:
+        rows = prefix_cache.admitted_known(frame).filter(
+            pl.col("evicted_prefix_tokens").is_not_null()
+        )
+        if rows.height == 0:
+            return out
+        queried = int(rows["prompt_tokens"].sum())
+        cached = int(rows["cached_tokens"].sum())
+        evicted = int(rows["evicted_prefix_tokens"].sum())
+        sources["prefix_cache"] = "requests.parquet (first admissions)"
+    out.update(
+        prefix_queried_tokens=queried,
+        prefix_cached_tokens=cached,
+        evicted_prefix_tokens=evicted,
+    )
+    return out
 
 
 def _worst(frame: pl.DataFrame, column: str, extra: tuple[str, ...] = ()) -> list[dict]:
@@ -217,8 +281,11 @@ def diagnose(
     starvation: dict | None,
     facts: dict,
     fcfs_long_p99: float | None,
+    rerun: dict | None = None,
 ) -> list[dict]:
-    """The traps this policy's data shows (an empty list on a healthy run)."""
+    """The traps this policy's data shows (an empty list on a healthy run). ``rerun``:
+    what a command that reruns the cell needs (:func:`rerun_info`: its profile, seed,
+    rate and duration scales)."""
     findings: list[dict] = []
     sched = data.config.get("scheduler") or {}
     cache = data.config.get("cache") or {}
@@ -394,4 +461,184 @@ def diagnose(
                 ),
             }
         )
+
+    # 5. cache thrash: cached prefixes evicted before they were reused
+    evicted = facts.get("evicted_prefix_tokens") or 0
+    queried = facts.get("prefix_queried_tokens") or 0
+    blocks = facts.get("evicted_blocks")
+    lost = evicted / queried if queried else 0.0
+    if (
+        cache.get("enable_prefix_caching") is not False
+        and evicted >= THRASH_MIN_TOKENS
+        and lost >= THRASH_SHARE
+        and (blocks is None or blocks > 0)
+    ):
+        findings.append(_cache_thrash(data, frame, facts, lost, rerun or {}))
     return findings
+
+
+def _cache_thrash(
+    data: PolicyData, frame: pl.DataFrame, facts: dict, lost: float, rerun: dict
+) -> dict:
+    """Trap 5's finding: the evidence, the knob and a command that simulates the fix."""
+    sched = data.config.get("scheduler") or {}
+    cache = data.config.get("cache") or {}
+    evicted, queried = facts["evicted_prefix_tokens"], facts["prefix_queried_tokens"]
+    cached = facts.get("prefix_cached_tokens") or 0
+    pool = facts.get("num_device_blocks") or cache.get("num_gpu_blocks_override")
+    halves = load_halves(data, frame)
+    blocks = facts.get("evicted_blocks")
+    evidence = {
+        "evicted_prefix_tokens": evicted,
+        "prefix_queried_tokens": queried,
+        "evicted_prefix_share": clean(lost),
+        "prefix_cached_tokens": cached,
+        "hit_rate": clean(cached / queried) if queried else None,
+        "evicted_blocks": blocks,
+        "num_device_blocks": facts.get("num_device_blocks"),
+        "max_kv_usage": facts.get("max_kv_usage"),
+        "block_size": cache.get("block_size"),
+        "max_num_seqs": sched.get("max_num_seqs"),
+        "gpu_memory_utilization": cache.get("gpu_memory_utilization"),
+        "num_gpu_blocks_override": cache.get("num_gpu_blocks_override"),
+    }
+    said = "" if blocks is None else f" ({blocks:,} blocks evicted over the run)"
+    if halves is not None:
+        evidence.update(
+            load_split_by=halves["by"],
+            hit_rate_light_load=halves["light"]["hit_rate"],
+            hit_rate_heavy_load=halves["heavy"]["hit_rate"],
+            mean_running_light_load=halves["light"]["mean_running"],
+            mean_running_heavy_load=halves["heavy"]["mean_running"],
+        )
+        light, heavy = halves["light"]["hit_rate"], halves["heavy"]["hit_rate"]
+        if light is not None and heavy is not None:
+            said += (
+                f". Hit rate {light:.0%} over the half of the requests admitted at the "
+                f"lighter load, {heavy:.0%} over the heavier half (by {halves['by']})"
+            )
+    said += "."
+    policy = sched.get("scheduling_policy") or data.identity.policy or data.policy
+    changes: dict = {}
+    if pool:
+        changes["num_gpu_blocks_override"] = int(pool) * THRASH_POOL_FACTOR
+    elif sched.get("max_num_seqs"):
+        changes["max_num_seqs"] = max(1, int(sched["max_num_seqs"]) // THRASH_POOL_FACTOR)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{data.run}-{data.policy}").strip("-.")
+    out = f"runs/{slug or 'cache'}-more-kv"
+    return {
+        "trap": "cache_thrash",
+        "policy": data.policy,
+        "run": data.run,
+        "title": "Prefix cache thrash: cached prefixes evicted before their reuse",
+        "evidence": evidence,
+        "worst_requests": _worst(
+            frame, "evicted_prefix_tokens", ("cached_tokens", "prompt_tokens", "ttft_s")
+        ),
+        "knob": (
+            "more KV blocks: --num-gpu-blocks-override (now "
+            f"{cache.get('num_gpu_blocks_override')}; the pool had {pool} blocks) or "
+            f"--gpu-memory-utilization (now {cache.get('gpu_memory_utilization')}); fewer "
+            f"concurrent sequences: --max-num-seqs (now {sched.get('max_num_seqs')}), so "
+            "running requests hold fewer blocks and more prefixes stay cached"
+        ),
+        "command": simulate_command(data.config, policy, rerun, changes, out),
+        "message": (
+            f"{evicted:,} prompt tokens ({lost:.0%} of the {queried:,} the first admissions asked "
+            "the prefix cache for) had been cached and were evicted before they were "
+            f"reused: hits lost for want of room{said}"
+        ),
+    }
+
+
+#: Run info a rerun command reads, with the types a recorded value must have.
+RERUN_KEYS: dict[str, tuple[type, ...]] = {
+    "profile": (str,),
+    "seed": (int,),
+    "rate_scale": (int, float),
+    "duration_scale": (int, float),
+}
+
+
+def rerun_info(*sources: object) -> dict:
+    """The profile, seed, rate and duration scales a rerun of a cell needs, from the
+    first of ``sources`` (a cell's run.json, then its run's summary.json or run.json)
+    that recorded each with the right type."""
+    out: dict = {}
+    for source in sources:
+        for key, kinds in RERUN_KEYS.items():
+            value = source.get(key) if isinstance(source, dict) else None
+            if key not in out and isinstance(value, kinds) and not isinstance(value, bool):
+                out[key] = value
+    return out
+
+
+def simulate_command(config: dict, policy: str, rerun: dict, changes: dict, out: str) -> str:
+    """The ``schedscope simulate`` command line of the cell's profile (``PROFILE`` when
+    not recorded), seed, rate and duration scales, ``policy`` and engine knobs (its
+    ``config``, the knobs that differ from the defaults), with ``changes`` (knob ->
+    value) applied; records into ``out``."""
+    from harness.serve.knobs import KNOB_SECTIONS, knob_flags, knob_types
+
+    names = knob_types()
+    values: dict = {}
+    for section, _ in KNOB_SECTIONS:
+        part = config.get(section)
+        if isinstance(part, dict):
+            values.update({k: v for k, v in part.items() if k in names})
+    if isinstance(config.get("model"), str):
+        values["model"] = config["model"]
+    values.update(changes)
+    values.pop("scheduling_policy", None)
+    args = ["schedscope", "simulate", "--profile", str(rerun.get("profile") or "PROFILE")]
+    args += ["--policy", policy]
+    if rerun.get("seed") is not None:
+        args += ["--seed", str(rerun["seed"])]
+    for key in ("rate_scale", "duration_scale"):
+        if rerun.get(key) not in (None, 1):
+            args += [f"--{key.replace('_', '-')}", f"{rerun[key]:g}"]
+    return shlex.join([*args, *knob_flags(values), "--out", out])
+
+
+def load_halves(data: PolicyData, frame: pl.DataFrame) -> dict | None:
+    """The prefix-cache hit rate of the admitted requests
+    (:func:`harness.report.prefix_cache.admitted_known` with a first admission time)
+    split in two halves by how loaded the engine was when it first admitted them: the
+    running sequences of the step that admitted them (``first_scheduled_at`` as-of
+    joined onto steps.parquet's ``schedule_start``), else their order of admission.
+    None with fewer than two such requests."""
+    rows = (
+        prefix_cache.admitted_known(frame)
+        .filter(pl.col("first_scheduled_at").is_not_null())
+        .sort("first_scheduled_at", "request_id")
+    )
+    if rows.height < 2:
+        return None
+    if data.steps is not None and {"schedule_start", "num_running"} <= set(data.columns("steps")):
+        steps = (
+            data.steps.select(
+                pl.col("schedule_start").cast(pl.Float64), pl.col("num_running").cast(pl.Int64)
+            )
+            .drop_nulls()
+            .sort("schedule_start")
+            .collect()
+        )
+        rows = rows.join_asof(
+            steps, left_on="first_scheduled_at", right_on="schedule_start", strategy="backward"
+        )
+        by = "running sequences at the first admission"
+        rows = rows.with_row_index("order").sort("num_running", "order", nulls_last=False)
+    else:
+        by = "order of first admission"
+        rows = rows.with_columns(pl.lit(None, pl.Int64).alias("num_running"))
+    half = rows.height // 2
+
+    def side(part: pl.DataFrame) -> dict:
+        prompt = int(part["prompt_tokens"].sum())
+        return {
+            "requests": part.height,
+            "hit_rate": clean(int(part["cached_tokens"].sum()) / prompt) if prompt else None,
+            "mean_running": clean(part["num_running"].mean()),
+        }
+
+    return {"by": by, "light": side(rows.head(half)), "heavy": side(rows.tail(rows.height - half))}

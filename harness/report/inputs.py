@@ -108,6 +108,9 @@ class PolicyData:
     #: Which policy the cell ran and which cells it is compared with (its run.json,
     #: else its engine config: harness/report/cells.py).
     identity: CellIdentity = field(default_factory=lambda: CellIdentity(None, ""))
+    #: The cell's run.json (an empty dict without one): what a command that reruns the
+    #: cell reads (harness/report/diagnosis.py ``rerun_info``).
+    run_json: dict = field(default_factory=dict)
     #: A simulated policy's speed band (harness/simulate/speed_band.py): ``time_ratios``,
     #: ``sources`` and ``groups`` (class or ``all`` -> metric -> stat -> {fastest,
     #: slowest}), from its summary.json ``speed_band``; None without one.
@@ -302,6 +305,7 @@ def open_policy(run: str, policy: str, path: Path, info: dict) -> PolicyData:
     )
     data.missing += notes
     cell_run = _read_json(path / "run.json") or {}
+    data.run_json = cell_run
     _cell_run_json(data, cell_run)
     data.identity = cell_identity(policy, cell_run, data.config)
     for name in OPTIONAL_FILES:

@@ -350,6 +350,125 @@ def speed_band_lines(report: Report) -> list[str]:
     return lines
 
 
+PREFIX_HEADERS = [
+    "run",
+    "policy",
+    "class",
+    "requests",
+    "prompt tokens",
+    "cached tokens",
+    "hit rate",
+    "with a hit",
+    "TTFT p50 hit",
+    "TTFT p95 hit",
+    "TTFT p50 miss",
+    "TTFT p95 miss",
+    "evicted prefix tokens",
+]
+#: What a group whose requests carry no cached_tokens reads, in place of a hit rate.
+NOT_RECORDED = "not recorded"
+PREFIX_TEXT = (
+    "Hit rate: cached over prompt tokens of the admitted requests whose cached_tokens is "
+    "known; TTFT of the finished requests with a cached prefix (hit) and without (miss); "
+    "evicted prefix tokens: prompt tokens just after the hits that the cache had held and "
+    "evicted before the admission (docs/report.md, 'Prefix cache')."
+)
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def _tokens(value) -> str:
+    return "–" if value is None else f"{value:,}"
+
+
+def prefix_rows(report: Report) -> list[list[str]]:
+    """The prefix-cache table: per cell whose requests carry cached_tokens, ``all`` then
+    each class; a class without any reads "not recorded"."""
+    rows = []
+    for rr in report.runs:
+        for name, p in rr.policies.items():
+            pc = p.prefix_cache
+            if not pc or pc.get("overall") is None:
+                continue
+            for cls, g in [("all", pc["overall"]), *pc["by_class"].items()]:
+                if not g["recorded"]:
+                    figures = ["–", "–", NOT_RECORDED, *["–"] * 6]
+                    rows.append([rr.run.label, name, cls, "0", *figures])
+                    continue
+                rows.append(
+                    [
+                        rr.run.label,
+                        name,
+                        cls,
+                        str(g["requests"]),
+                        _tokens(g["prompt_tokens"]),
+                        _tokens(g["cached_tokens"]),
+                        _pct(g["hit_rate"]),
+                        str(g["requests_with_hit"]),
+                        _ms(g["ttft_hit_p50_s"]),
+                        _ms(g["ttft_hit_p95_s"]),
+                        _ms(g["ttft_miss_p50_s"]),
+                        _ms(g["ttft_miss_p95_s"]),
+                        _tokens(g["evicted_prefix_tokens"]),
+                    ]
+                )
+    return rows
+
+
+def counters_line(counters: dict) -> str:
+    """What the target's cumulative counters say over the load."""
+    rate = counters.get("hit_rate")
+    span = (counters.get("last_scrape") or 0.0) - (counters.get("first_scrape") or 0.0)
+    line = (
+        f"the target's counters over the load: {counters['used']} rose "
+        f"{counters['cached_tokens']:,.0f} / {counters['prompt_tokens']:,.0f} between its "
+        f"first and last scrape ({counters['scrapes']} scrapes, {span:.0f} s): "
+        + ("no prompt tokens counted" if rate is None else f"hit rate {rate:.1%}")
+    )
+    if counters.get("note"):
+        line += f" ({counters['note']})"
+    return line
+
+
+def prefix_lines(report: Report) -> list[str]:
+    """One line per cell with anything known of its prefix cache: off, or its hit rate
+    and where it came from, the blocks and prefix tokens evicted, the target's counters."""
+    lines = []
+    for rr in report.runs:
+        for name, p in rr.policies.items():
+            pc = p.prefix_cache
+            if not pc:
+                continue
+            cell = f"{rr.run.label}/{name}"
+            if pc["enabled"] is False:
+                lines.append(f"{cell}: {pc.get('note')} ({pc['enabled_source']})")
+                continue
+            parts = []
+            if pc["hit_rate"] is not None:
+                parts.append(f"hit rate {pc['hit_rate']:.1%} (from {pc['source']})")
+            elif pc["source"] is None:
+                parts.append(f"hit rate {NOT_RECORDED}")
+            if pc["evicted_blocks"] is not None:
+                parts.append(f"{pc['evicted_blocks']:,} blocks evicted over the run")
+            if pc["evicted_prefix_tokens"] is not None:
+                parts.append(
+                    f"{pc['evicted_prefix_tokens']:,} prompt tokens had been cached and were "
+                    "evicted before their admission"
+                )
+            if pc.get("counters"):
+                parts.append(counters_line(pc["counters"]))
+            if pc["enabled"] is None:
+                parts.append("whether caching was on is not recorded")
+            lines.append(f"{cell}: " + "; ".join(parts))
+    return lines
+
+
+def _has_prefix_cache(report: Report) -> bool:
+    return any(p.prefix_cache for rr in report.runs for p in rr.policies.values())
+
+
 SPEED_BAND_TEXT = (
     "The same schedule simulated again at the fastest and the slowest speed this "
     "machine's fit saw its steps run at: a served run here lands in the range when the "
@@ -604,6 +723,7 @@ def write_markdown(report: Report, path: Path) -> None:
             md(f["message"]),
             "",
             f"- knob: {md(f['knob'])}",
+            *([f"- command: `{md(f['command'])}`"] if f.get("command") else []),
             "- evidence: " + md(", ".join(f"{k}={v}" for k, v in f["evidence"].items())),
             "- worst requests: "
             + md(
@@ -621,6 +741,11 @@ def write_markdown(report: Report, path: Path) -> None:
         _md_table(STALL_HEADERS, stall_rows(report)),
         "",
     ]
+    if _has_prefix_cache(report):
+        parts += ["## Prefix cache", "", *[f"- {md(line)}" for line in prefix_lines(report)], ""]
+        rows = prefix_rows(report)
+        if rows:
+            parts += [_md_table(PREFIX_HEADERS, rows), "", md(PREFIX_TEXT), ""]
     if _has_simulator_check(report):
         parts += [
             "## Simulator vs this run",
@@ -735,7 +860,13 @@ def write_html(report: Report, path: Path) -> int:
         body.append(
             f'<div class="finding" data-trap="{e(f["trap"])}"><b>{e(f["run"])}/{e(f["policy"])}: '
             f"{e(f['title'])}</b> (<code>{e(f['trap'])}</code>)<p>{e(f['message'])}</p>"
-            f"<p><b>Knob:</b> {e(f['knob'])}</p><p><b>Evidence:</b> "
+            f"<p><b>Knob:</b> {e(f['knob'])}</p>"
+            + (
+                f'<p><b>Command:</b> <code class="command">{e(f["command"])}</code></p>'
+                if f.get("command")
+                else ""
+            )
+            + "<p><b>Evidence:</b> "
             + e(", ".join(f"{k}={v}" for k, v in f["evidence"].items()))
             + f"</p><p><b>Worst requests:</b></p><ul>{worst}</ul></div>"
         )
@@ -749,6 +880,20 @@ def write_html(report: Report, path: Path) -> int:
         + _html_table(STALL_HEADERS, stall_rows(report), "stalls")
         + "</div>"
     )
+    if _has_prefix_cache(report):
+        rows = prefix_rows(report)
+        body.append(
+            '<h2 id="prefix-cache">Prefix cache</h2><ul>'
+            + "".join(f"<li>{e(line)}</li>" for line in prefix_lines(report))
+            + "</ul>"
+            + (
+                '<div class="wrap">'
+                + _html_table(PREFIX_HEADERS, rows, "prefix-cache")
+                + f"</div><p>{e(PREFIX_TEXT)}</p>"
+                if rows
+                else ""
+            )
+        )
     if _has_simulator_check(report):
         body.append(
             '<h2 id="simulator-check">Simulator vs this run</h2><p>Each served cell\'s '

@@ -36,6 +36,7 @@ def _policy(p: PolicyReport) -> dict:
         errors=p.errors,
         prompts=p.data.prompts,
         server_columns_source=p.data.server_source,
+        prefix_cache=p.prefix_cache,
     )
 
 

@@ -54,6 +54,8 @@ REQUEST_COLUMNS = {
         "swapped_s",
         "recomputed_tokens",
         "idle_running_steps",
+        "cached_tokens",
+        "evicted_prefix_tokens",
         "stall_s",
         "num_stalls",
         "first_scheduled_at",

@@ -73,6 +73,8 @@ NON_NEGATIVE = (
     "preempt_recomputes",
     "recomputed_tokens",
     "idle_running_steps",
+    "cached_tokens",
+    "evicted_prefix_tokens",
     "num_stalls",
     "slo_ttft_s",
     "slo_tpot_s",
