@@ -90,6 +90,12 @@ class BlockManager:
         return len(self._free_device) + len(self._evictable)
 
     @property
+    def free_pools(self) -> tuple[list[int], OrderedDict[int, None]]:
+        """The truly free blocks and the evictable cached ones (read only: the sum of
+        their lengths is the free count, for a caller that reads it every step)."""
+        return self._free_device, self._evictable
+
+    @property
     def num_cached_blocks(self) -> int:
         """Registered blocks (held or evictable). O(pool): for tests and reports."""
         return self.cache.num_registered

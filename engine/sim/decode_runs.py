@@ -226,6 +226,7 @@ class _Run:
     def __init__(self, engine: SimulatedEngine, eos: int, filler: int) -> None:
         self.scheduler = engine.scheduler
         self.bm = engine.block_manager
+        self.free_pools = self.bm.free_pools  # (lists it mutates in place: read each step)
         self.block_size = self.bm.block_size
         self.max_model_len = self.scheduler.config.max_model_len
         self.eos, self.filler = eos, filler
@@ -271,7 +272,8 @@ class _Run:
             return True
         live = [m for m in growing if m.seq.status is RUNNING]
         self.grows[step] = live
-        return len(live) <= self.bm.num_free_device_blocks
+        free, evictable = self.free_pools
+        return len(live) <= len(free) + len(evictable)
 
     def take_blocks(self, step: int) -> None:
         """The members' blocks of ``step`` (``blocks_fit`` checked), in running order,
@@ -320,7 +322,8 @@ class _Run:
         add_time = self.times.add_step
         grows, ends = self.grows, self.ends
         bm = self.bm
-        num_free = bm.num_free_device_blocks  # changes only where blocks are taken or freed
+        free, evictable = self.free_pools
+        num_free = len(free) + len(evictable)  # changes only where blocks are taken or freed
         add_start, add_end = steps.starts.append, steps.ends.append
         add_num, add_context = steps.num_seqs.append, steps.context_tokens.append
         add_free = steps.free_device_blocks.append
@@ -334,7 +337,7 @@ class _Run:
                     break  # a decode would preempt: schedule() decides that step
                 evicted = bm.num_evicted_blocks
                 self.take_blocks(j)
-                num_free = bm.num_free_device_blocks
+                num_free = len(free) + len(evictable)
                 if bm.num_evicted_blocks != evicted:
                     steps.evicted_blocks[len(steps.starts)] = bm.num_evicted_blocks - evicted
             duration = predict(num, context)
@@ -354,7 +357,7 @@ class _Run:
                 self.context = context
                 finished: list[Sequence] = []
                 self.end_members(j, ended, finished)
-                num_free = bm.num_free_device_blocks
+                num_free = len(free) + len(evictable)
                 num, context = self.num, self.context
                 sink.ended(steps.first_step + j - first - 1, finished)
                 arrival = next_arrival()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-import hashlib
 import heapq
 import os
 from collections.abc import Iterator
@@ -194,12 +193,12 @@ def _sampling_params(max_tokens: int) -> SamplingParams:
 
 def _prompt(spec: RequestSpec) -> list[int]:
     """A simulated request's prompt: its length in one filler id, after a first id of
-    its own (a 64-bit hash of its request id, above the filler), so that, as the load
-    generator's prompts, no two requests share a prefix and the prefix cache finds only
-    what a request itself left (a recompute's re-hits)."""
-    digest = hashlib.blake2b(spec.request_id.encode(), digest_size=8).digest()
-    first = PROMPT_TOKEN_ID + 1 + int.from_bytes(digest, "big")
-    return [first] + [PROMPT_TOKEN_ID] * (spec.prompt_tokens - 1)
+    its own (its phase and its index there, above the filler: unique in the plan), so
+    that, as the load generator's prompts, no two requests share a prefix and the prefix
+    cache finds only what a request itself left (a recompute's re-hits)."""
+    prompt = [PROMPT_TOKEN_ID] * spec.prompt_tokens
+    prompt[0] = PROMPT_TOKEN_ID + 1 + (spec.phase << 40) + spec.index
+    return prompt
 
 
 def _engine_request(spec: RequestSpec, at: float) -> EngineRequest:

@@ -36,6 +36,8 @@ from engine.core.sched.waiting_queue import WaitingQueue
 from engine.core.sequence import Sequence, SequenceStatus
 
 RUNNING = SequenceStatus.RUNNING
+#: The prefix hits of a request when prefix caching is off (never mutated).
+NO_HITS: list[int] = []
 
 
 def prefill_chunk(seq: Sequence, budget: int, chunked: bool, num_cached: int = 0) -> int:
@@ -82,14 +84,21 @@ class Admission:
         """Move a waiting request into the running set and (if ``n``) into this step;
         ``cached``: its prefix hits (:meth:`BlockManager.lookup`), taken as computed."""
         bm = self.block_manager
-        cached = cached or []
-        evicted = bm.evicted_prefix(seq, cached)
-        bm.allocate(seq, cached)
-        num_cached = len(cached) * bm.block_size
+        caching = bm.enable_prefix_caching
+        num_cached = evicted = 0
+        if caching:
+            cached = cached or []
+            evicted = bm.evicted_prefix(seq, cached)
+            bm.allocate(seq, cached)
+            num_cached = len(cached) * bm.block_size
+            if seq.num_pending_recompute_tokens:  # a hit needs no redoing
+                seq.num_pending_recompute_tokens -= min(
+                    num_cached, seq.num_pending_recompute_tokens
+                )
+            out.num_cached_tokens += num_cached
+        else:
+            bm.allocate(seq)
         seq.num_computed_tokens = num_cached
-        if seq.num_pending_recompute_tokens:  # a hit needs no redoing
-            seq.num_pending_recompute_tokens -= min(num_cached, seq.num_pending_recompute_tokens)
-        out.num_cached_tokens += num_cached
         self.waiting.remove(seq, now)
         seq.status = RUNNING
         seq.promoted = reason == d.REASON_MAX_WAIT  # protected until its next token
@@ -115,7 +124,8 @@ class Admission:
             )
         )
         if n:
-            bm.register(seq, num_cached + n)
+            if caching:
+                bm.register(seq, num_cached + n)
             out.add(seq, n)
 
     def ahead_of_running(self, out: SchedulerOutput, now: float, budget: int) -> int:
@@ -180,8 +190,8 @@ class Admission:
             if len(self.running) >= self.max_num_seqs:
                 self.note_wait(out, now, d.REASON_MAX_NUM_SEQS, seq)
                 break
-            cached = bm.lookup(seq)
-            n = prefill_chunk(seq, budget, self.chunked, self._tokens(cached))
+            cached = bm.lookup(seq) if bm.enable_prefix_caching else NO_HITS
+            n = prefill_chunk(seq, budget, self.chunked, len(cached) * bm.block_size)
             if n == 0:
                 self.note_wait(out, now, d.REASON_TOKEN_BUDGET, seq)
                 break

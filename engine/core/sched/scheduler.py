@@ -321,7 +321,8 @@ class Scheduler:
             if n == 0:
                 idle.append(seq)
                 continue
-            self.block_manager.register(seq, seq.num_computed_tokens + n)
+            if self.block_manager.enable_prefix_caching:
+                self.block_manager.register(seq, seq.num_computed_tokens + n)
             out.add(seq, n)
             budget -= n
         return budget
