@@ -5,36 +5,38 @@ without spans cannot fill (its preemptions "–", never 0). With ``--target-otlp
 at the port vLLM exports its spans to (tests/support/vllm_server.py), vLLM's
 ``llm_request`` spans, one per request, land in ``spans.parquet`` with schedscope's
 request id, every request joins its span, and the queue wait the report shows is
-vLLM's (``gen_ai.latency.time_in_queue``), said to be so."""
+vLLM's (``gen_ai.latency.time_in_queue``), said to be so. The report's prefix cache shows
+vLLM's own: each request's cached tokens as vLLM answered them, and vLLM's hit rate over
+the load from its counters (a client repeating shared prefixes runs beside the load)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import polars as pl
 import pytest
 
 from harness.report.inputs import NO_ENGINE_RECORDS
 from tests.support.paths import REPO
+from tests.vllm.test_vllm_prefix_cache import cache_config, schedule, send
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("spans", [False, True], ids=["no-spans", "otlp-spans"])
-def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path, spans):
-    out = tmp_path / "run"
-    otlp = ["--target-otlp-port", str(vllm_server.otlp_port)] if spans else []
-    done = subprocess.run(
+def run(url: str, out, otlp: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
             "harness.cli",
             "run",
             "--target",
-            vllm_server.url,
+            url,
             "--profile",
             "mixed",
             "--duration-scale",
@@ -51,6 +53,57 @@ def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path, 
         text=True,
         timeout=300,
     )
+
+
+def send_shared_prefixes(url: str, stop: threading.Event) -> None:
+    """test_vllm_prefix_cache's schedule, again and again, one request at a time, until
+    ``stop`` (each round's suffixes its own: the prefixes hit, the suffixes do not)."""
+    block_size = int(cache_config(url)["block_size"])
+    for round_ in itertools.count():
+        for prompt in schedule(block_size):
+            if stop.is_set():
+                return
+            send(url, prompt[:-1] + [(prompt[-1] + round_) % 1000 + 100])
+
+
+def check_prefix_cache(entry: dict, frame: pl.DataFrame, metrics: pl.DataFrame, md: str) -> None:
+    """The report's prefix cache for the vLLM cell: on (vLLM V1's default, from its
+    vllm:cache_config_info), the run's own requests' cached tokens as vLLM answered them,
+    and vLLM's hit rate over the load from its counters' increase, as metrics.parquet
+    holds them, beside it."""
+    assert entry["enabled"] is True, entry
+    assert frame["cached_tokens"].null_count() == 0  # --enable-prompt-tokens-details
+    cached, prompt = frame["cached_tokens"].sum(), frame["prompt_tokens"].sum()
+    assert entry["overall"]["hit_rate"] == pytest.approx(cached / prompt)
+
+    def increase(name: str) -> float:
+        series = (
+            metrics.filter(pl.col("name") == name).group_by("timestamp").agg(pl.col("value").sum())
+        )
+        return series.sort("timestamp")["value"][-1] - series.sort("timestamp")["value"][0]
+
+    counters = entry["counters"]
+    used = counters["rates"][counters["used"]]
+    expected = increase("vllm:prompt_tokens_cached_total") / increase("vllm:prompt_tokens_total")
+    assert used["hit_rate"] == pytest.approx(expected)
+    assert used["hit_rate"] > 0  # the shared prefixes sent beside the run hit
+    assert "Prefix cache" in md
+
+
+@pytest.mark.parametrize("spans", [False, True], ids=["no-spans", "otlp-spans"])
+def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path, spans):
+    out = tmp_path / "run"
+    otlp = ["--target-otlp-port", str(vllm_server.otlp_port)] if spans else []
+    # Beside the run's own load (prompts that share nothing), a client repeating shared
+    # prefixes: vLLM's prefix-cache counters over the run then count hits.
+    stop = threading.Event()
+    sender = threading.Thread(target=send_shared_prefixes, args=(vllm_server.url, stop))
+    sender.start()
+    try:
+        done = run(vllm_server.url, out, otlp)
+    finally:
+        stop.set()
+        sender.join(120)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert done.stdout.strip().splitlines()[-1].endswith("report.html")
 
@@ -85,6 +138,7 @@ def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path, 
     for frame_name in ("classes", "stalls"):
         assert (out / f"{frame_name}.parquet").is_file()
     summary = json.loads((out / "summary.json").read_text())["policies"]["target"]
+    check_prefix_cache(summary["prefix_cache"], frame, metrics, report_md)
     # vLLM's preemptions are in no per-request record: unknown, never 0
     assert summary["overall"]["preemptions"] == {"swap": None, "recompute": None}
     target_rows = [line for line in report_md.splitlines() if line.startswith("| run | target |")]
