@@ -196,3 +196,33 @@ def test_record_decisions_writes_every_decision_at_shutdown(tmp_path, core):
     admits = decisions.filter(pl.col("kind") == "admit")
     assert sorted(admits["request_id"]) == ["r0", "r1", "r2"]
     assert {"reason", "mode", "time", "step", "predicted_swap_s"} <= set(decisions.columns)
+
+
+def test_cached_prompt_tokens_reach_the_response_and_the_records(tmp_path):
+    """The engine process's end of a request carries its cached prompt tokens to the
+    API process (``usage.prompt_tokens_details.cached_tokens``; the thread core's path
+    is test_server_openai's), and
+    ``--record-requests`` writes them (``cached_tokens``); ``--no-enable-prefix-caching``
+    finds none."""
+    import polars as pl
+
+    shared = [1000 + i for i in range(32)]
+    for caching, expected in (("--enable-prefix-caching", 32), ("--no-enable-prefix-caching", 0)):
+        out = tmp_path / f"requests{caching}.parquet"
+        args = ["--executor", "sim", caching, "--record-requests", str(out)]
+        with CliServer(args) as server:
+            client = HttpClient(server.url)
+            cached = []
+            for i, tail in enumerate((7, 9)):
+                body = {"model": "tiny", "prompt": shared + [tail] * 8, "max_tokens": 2}
+                status, _, raw = client.post_json(
+                    "/v1/completions", body, {"X-Request-Id": f"r{i}"}
+                )
+                assert status == 200, raw
+                cached.append(json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"])
+            client.close()
+            server.terminate()
+            assert server.wait(30) == 0
+        assert cached == [0, expected], caching
+        records = pl.read_parquet(out).sort("request_id")
+        assert records["cached_tokens"].to_list() == [0, expected]

@@ -236,3 +236,31 @@ def test_health_and_version(server):
     status, _, body = http.request("GET", "/version")
     assert status == 200 and isinstance(json.loads(body)["version"], str)
     http.close()
+
+
+def test_usage_says_the_prompt_tokens_found_in_the_prefix_cache(client):
+    """As OpenAI and vLLM: ``usage.prompt_tokens_details.cached_tokens``. A prompt of 40
+    token ids, then one sharing its first 32 (two blocks of 16): the second finds them
+    cached, non-streamed and streamed (its final usage chunk) alike."""
+    shared = [1000 + i for i in range(32)]
+    first = client.completions.create(
+        model=MODEL, prompt=shared + [7] * 8, max_tokens=2, extra_body={"ignore_eos": True}
+    )
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    second = client.completions.create(
+        model=MODEL, prompt=shared + [9] * 8, max_tokens=2, extra_body={"ignore_eos": True}
+    )
+    assert second.usage.prompt_tokens == 40
+    assert second.usage.prompt_tokens_details.cached_tokens == 32
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=shared + [11] * 8,
+            max_tokens=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens_details.cached_tokens == 32

@@ -17,7 +17,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.telemetry import spans as sp
 from engine.telemetry.trace_ids import request_trace_id
 from engine.telemetry.tracing import Tracing, TracingSettings, install_tracing
-from tests.support.engine_helpers import Req, drive, make_engine
+from tests.support.engine_helpers import STEP_S, Req, drive, make_engine
 
 COSTS = CostModel(
     **{
@@ -82,6 +82,7 @@ def check_spans(trace, spans) -> None:
         assert root.attributes[sp.GEN_AI_USAGE_INPUT_TOKENS] == seq.num_prompt_tokens
         assert root.attributes["schedscope.preempt_swaps"] == seq.num_preemptions_swap
         assert root.attributes["schedscope.preempt_recomputes"] == seq.num_preemptions_recompute
+        assert root.attributes[sp.CACHED_TOKENS] == seq.num_cached_tokens
     by_id = {s.context.span_id: s for s in spans}
     children = [s for s in spans if s.name not in (sp.LLM_REQUEST, sp.ENGINE_STEP, sp.ENGINE_STEPS)]
     for child in children:
@@ -255,3 +256,22 @@ def test_a_client_trace_that_is_not_sampled_gets_no_spans():
     assert requests["sampled"].context.trace_id == int(CLIENT_TRACE, 16)
     assert [s for s in spans if s.name == sp.ENGINE_STEP]
     assert trace.seqs["unsampled"].finish_reason == "length"
+
+
+def test_admission_spans_carry_the_prefix_cache_hits():
+    """A prompt sharing another's first two blocks: its schedule (admit) span says the 8
+    tokens it found cached, the first's says 0, and so do their request spans."""
+    engine = make_engine(block_size=4, gpu_blocks=32)
+    shared = tuple(range(100, 108))
+    reqs = [
+        Req("a", 0.0, 11, 3, prompt=(*shared, 1, 2, 3)),
+        Req("b", 10 * STEP_S, 11, 3, prompt=(*shared, 4, 5, 6)),
+    ]
+    trace, spans = run_traced(engine, reqs)
+    check_spans(trace, spans)
+    admits = {
+        s.attributes[sp.REQUEST_ID]: s.attributes[sp.CACHED_TOKENS]
+        for s in spans
+        if s.attributes.get(sp.DECISION) == "admit"
+    }
+    assert admits == {"a": 0, "b": 8}

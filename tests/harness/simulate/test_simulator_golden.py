@@ -7,8 +7,9 @@ digits) of every file it writes (``requests.parquet``, ``decisions.parquet``,
 ``steps.parquet``, ``summary.json``, per policy and combined) with the digests below.
 The cases cover the default profile under
 every policy, starvation with aging and a max-wait bound, swap and recompute
-preemption on a small KV pool, static batching, whole prefills, a closed loop, and a
-run without decisions.
+preemption on a small KV pool (and the recompute case with prefix caching off: the
+outputs are byte-identical run to run with it on or off), static batching, whole
+prefills, a closed loop, and a run without decisions.
 
 A deliberate change of simulated results (a scheduler or cost-model change) changes
 these digests; regenerate them with
@@ -54,6 +55,17 @@ CASES: dict[str, tuple[str, tuple[str, ...], dict, int | None, float]] = {
         100,
         1.0,
     ),
+    "swap-recompute-uncached": (
+        "swap_pressure",
+        ("priority",),
+        {
+            "num_gpu_blocks_override": 300,
+            "preemption_mode": "recompute",
+            "enable_prefix_caching": False,
+        },
+        100,
+        1.0,
+    ),
     "swap-recompute": (
         "swap_pressure",
         ("priority",),
@@ -78,6 +90,12 @@ DIGITS = 48
 #: Made by the simulator before its decode-run speed-up (main at 8788008); summary.json
 #: regenerated when the knobs recorded in it gained --enforce-eager.
 GOLDEN: dict[str, dict[str, str]] = {
+    "swap-recompute-uncached": {
+        "decisions.parquet": "3f82a8d76eb82a4d3f7e7d61d3a7142f2123d5c668562a26",
+        "requests.parquet": "8b06eaef108712aedd29ad02c6222ce5ed2e74e221775e27",
+        "steps.parquet": "bcd24a9831edf3033b1c20dee08aeab0a26cc268fa3f121c",
+        "summary.json": "a8c73a54f3712342b52ea724f105c8d3ebefe38ca4c3429a",
+    },
     "closed-loop": {
         "decisions.parquet": "50e572c6c9499b707234e2a449322b6a295f1c0682ae9b40",
         "requests.parquet": "9c641f3fd755e5baa3e68494cf9c738667908c736b279fb3",
