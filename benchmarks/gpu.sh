@@ -14,7 +14,9 @@
 #   calibrate     schedscope calibrate --quick (model small on CUDA, tiny on the CPU)
 #   benchmarks    python -m benchmarks gpu model batching serving --quick --device cuda|cpu
 #                 (a name python -m benchmarks does not know is dropped, saying so)
-#   prefix-cache  skipped while the engine has no prefix caching (engine.core.prefix_cache)
+#   prefix-cache  python -m benchmarks prefix_cache --quick: TTFT of a request whose 1,000-token
+#                 prefix is cached vs not (skipped if engine.core.prefix_cache or the
+#                 benchmark is missing)
 #
 # What comes back is at most 8 files in one folder, $OUT when set, else
 # benchmarks/results/gpu-<UTC time>: summary.txt (what ran, what was skipped and why, the

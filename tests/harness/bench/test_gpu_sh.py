@@ -81,7 +81,7 @@ def test_gpu_sh_without_cuda_skips_the_cuda_steps_and_brings_back_8_files_at_mos
         "tests-cuda": "skipped",
         "calibrate": "skipped",
         "benchmarks": "ok",
-        "prefix-cache": "skipped",
+        "prefix-cache": "ok",
     }
     summary = (out / "summary.txt").read_text()
     assert "holds wheels for Python 0.0, PYTHON=" in summary
@@ -89,7 +89,6 @@ def test_gpu_sh_without_cuda_skips_the_cuda_steps_and_brings_back_8_files_at_mos
     assert "tests-cuda: skipped: no CUDA device" in summary
     assert "calibrate: skipped: SCHEDSCOPE_GPU_SKIP" in summary
     assert "dropped 'nosuch': python -m benchmarks --list does not list it" in summary
-    assert "prefix-cache: skipped: the engine has no prefix caching yet" in summary
     assert "every step that ran succeeded" in summary
     assert "sample_requests per 100,000 requests" in summary  # the table
     results = json.loads((out / "benchmarks.json").read_text())
