@@ -16,9 +16,10 @@ p50/p95 and ITL p50/p95 per class, E2E p95, errors, then the scheduler-side coun
 schedscope can see for each, read from the same `/metrics` names in each run's
 metrics.parquet (the change over the run's scrapes, summed over label sets): preemptions
 (`vllm:num_preemptions_total`), engine steps and tokens per step
-(`vllm:iteration_tokens_total` count and sum), prefix-cache hits and queries (vLLM only),
-the engine's mean queue time (`vllm:request_queue_time_seconds`), and the bundled engine's
-step records (steps, mean running sequences). "–" where an engine does not expose a figure.
+(`vllm:iteration_tokens_total` count and sum), prefix-cache hits and queries (both
+engines: prefix caching on), the engine's mean queue time
+(`vllm:request_queue_time_seconds`), and the bundled engine's step records (steps, mean
+running sequences). "–" where an engine does not expose a figure.
 
 No targets: the figures are context (two engines on one machine), returned as "no target".
 The runs stay in `--out DIR` (default `benchmarks/results/vllm-<UTC date-time>/`), with
