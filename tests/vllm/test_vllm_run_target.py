@@ -141,7 +141,8 @@ def test_run_against_vllm_exits_0_with_a_complete_report(vllm_server, tmp_path, 
     check_prefix_cache(summary["prefix_cache"], frame, metrics, report_md)
     # vLLM's preemptions are in no per-request record: unknown, never 0
     assert summary["overall"]["preemptions"] == {"swap": None, "recompute": None}
-    target_rows = [line for line in report_md.splitlines() if line.startswith("| run | target |")]
+    table = report_md.split("## Per policy x class", 1)[1].split("\n#", 1)[0]
+    target_rows = [line for line in table.splitlines() if line.startswith("| run | target |")]
     assert target_rows and all("| – | – |" in line for line in target_rows), target_rows
     if not spans:
         assert f"target: {NO_ENGINE_RECORDS}" in report_md
