@@ -8,7 +8,7 @@ import json
 
 import polars as pl
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from harness.records.generator_limited import (
@@ -99,6 +99,10 @@ def test_merged_stretches_are_disjoint_in_order_and_cover_exactly_the_intervals(
     )
 )
 def test_every_lagging_request_lies_inside_a_stretch(rows):
+    # A lag within 1e-6 s of the limit is on either side of it once it is stored as
+    # Unix instants (1.7e9 s carry ~2e-7 s of rounding): hypothesis found 0.01 stored as
+    # 0.0100002, over the limit. The count below is of lags clearly on one side.
+    assume(all(abs(lag - LAG_LIMIT_S) > 1e-6 for _, lag, _ in rows))
     frame = _requests([(s, s + lag, capped) for s, lag, capped in rows])
     stretches = lagging_stretches(frame, clock_offset_s=EPOCH)
     lagging = lagging_intervals(frame)
