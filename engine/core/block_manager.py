@@ -219,16 +219,9 @@ class BlockManager:
             for seq in seqs:
                 seq.block_table.append(free.pop())
             return
-        refs = self._refs
-        for seq in seqs:
-            block = free.pop() if free else self._evict_one()
-            refs[block] = 1
+        # What one pop each would take, in order: the free list's, then evictions.
+        for seq, block in zip(seqs, self._take(len(seqs)), strict=True):
             seq.block_table.append(block)
-
-    def _evict_one(self) -> int:
-        """The eviction queue's head, its key dropped (the caller takes it)."""
-        self.num_evicted_blocks += 1
-        return self.cache.evict(self._evictable, 1)[0]
 
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
         table = seq.block_table
