@@ -38,8 +38,7 @@ reachable blocks (``PrefixCache.check``).
 
 from __future__ import annotations
 
-import itertools
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
@@ -261,16 +260,7 @@ class BlockManager:
             return
         refs, evictable, free = self._refs, self._evictable, self._free_device
         chain_of, forget = self.cache.chain_of, self.cache.forget
-        tail_first = table[::-1]
-        if keep_cached and max(map(refs.__getitem__, table)) == 1:
-            # Nobody else holds any of them (the common case): C-level loops.
-            deque(map(refs.__setitem__, table, itertools.repeat(0)), maxlen=0)
-            registered = [block for block in tail_first if chain_of[block] is not None]
-            evictable.update(dict.fromkeys(registered))
-            if len(registered) < len(table):
-                free.extend(block for block in tail_first if chain_of[block] is None)
-            return
-        for block in tail_first:
+        for block in reversed(table):
             refs[block] -= 1
             if refs[block]:
                 continue

@@ -24,8 +24,7 @@ again after its eviction starts a new chain that the ghosts do not continue.
 
 from __future__ import annotations
 
-import itertools
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from typing import cast
 
@@ -220,12 +219,14 @@ class PrefixCache:
         seq.chain_block = holder
 
     def _extend(self, chain: Chain, blocks: list[int]) -> None:
+        chain_of, index_of = self.chain_of, self.index_of
         i = len(chain.blocks)
-        # C-level loops: the per-block work of registering
-        deque(map(self.chain_of.__setitem__, blocks, itertools.repeat(chain)), maxlen=0)
-        deque(map(self.index_of.__setitem__, blocks, itertools.count(i)), maxlen=0)
+        for block in blocks:  # (a plain loop: faster than map() for a chain's dozen blocks)
+            chain_of[block] = chain
+            index_of[block] = i
+            i += 1
         chain.blocks += blocks
-        chain.valid = len(chain.blocks)
+        chain.valid = i
 
     def forget(self, block: int, evicted: bool) -> None:
         """``block`` no longer holds its content (evicted to be reused, or its KV was
