@@ -146,10 +146,10 @@ class Admission:
             waiting.drop_stale_promotions()
         if self.policy.preempts_for_waiting and len(waiting) and budget:
             head = waiting.peek()
-            if head is not None and self._lacks_room(head):
+            cached = self.block_manager.lookup(head) if head is not None else NO_HITS
+            if head is not None and self._lacks_room(head, cached):
                 # Worse running requests make room, and the head is admitted in this
                 # very step (before the decodes could spend that room).
-                cached = self.block_manager.lookup(head)
                 n = prefill_chunk(head, budget, self.chunked, self._tokens(cached))
                 if n and self.preemptor.make_room_for_admission(
                     head, self.max_num_seqs, now, out, d.REASON_PRIORITY, True, cached
@@ -161,12 +161,15 @@ class Admission:
     def _tokens(self, cached: list[int]) -> int:
         return len(cached) * self.block_manager.block_size
 
-    def _lacks_room(self, seq: Sequence) -> bool:
-        """Whether waiting ``seq`` finds no free slot or no blocks for its prefill."""
+    def _lacks_room(self, seq: Sequence, cached: list[int] | None = None) -> bool:
+        """Whether waiting ``seq`` finds no free slot or no blocks for its prefill
+        (``cached``: its prefix hits, when the caller has looked them up already)."""
         if len(self.running) >= self.max_num_seqs:
             return True
         bm = self.block_manager
-        return not bm.can_allocate(seq, bool(self.running), bm.lookup(seq))
+        if cached is None:
+            cached = bm.lookup(seq)
+        return not bm.can_allocate(seq, bool(self.running), cached)
 
     def acts_ahead_of_running(self, now: float) -> bool:
         """Whether :meth:`ahead_of_running` may take a step at ``now`` for a waiting

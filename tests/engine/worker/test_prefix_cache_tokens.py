@@ -7,6 +7,8 @@ between, and with evictions forced by a small pool."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -16,21 +18,12 @@ from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
 from engine.factory import build_torch_engine
 from engine.worker.model import build_model
-from engine.worker.model_config import ModelConfig
+from tests.engine.worker.test_model_runner import MODEL as RUNNER_MODEL
 from tests.support.device import device_under_test
 
 pytestmark = [pytest.mark.torch_model]
 
-MODEL = ModelConfig(
-    name="test",
-    vocab_size=512,
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=128,
-    seed=5,
-)
+MODEL = dataclasses.replace(RUNNER_MODEL, seed=5)  # the runner tests' model, its own seed
 BLOCK = 16
 SHARED = [(11 * j) % 500 + 3 for j in range(48)]
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
