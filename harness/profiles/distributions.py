@@ -255,3 +255,107 @@ _SAMPLERS: dict[str, Callable[[LengthDistribution, np.random.Generator, int], np
     "geometric": lambda d, rng, n: rng.geometric(1.0 / d.mean, size=n),  # type: ignore[operator]
     "empirical": lambda d, rng, n: rng.choice(np.asarray(d.values, dtype=np.int64), size=n),
 }
+
+
+# -- durations ------------------------------------------------------------------------
+
+#: The parameters of each kind of :class:`SecondsDistribution` (besides `min`/`max`).
+SECONDS_KIND_PARAMS: dict[str, tuple[str, ...]] = {
+    "fixed": ("value",),
+    "uniform": ("low", "high"),
+    "exponential": ("mean",),
+    "lognormal": ("median", "sigma"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecondsDistribution:
+    """A distribution of durations in seconds (a session's think times), clipped to
+    [min, max]; not rounded. Zero is allowed (an agent sends its next turn at once):
+    ``fixed`` with ``value = 0``, or ``min = 0`` (the default)."""
+
+    kind: str
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    mean: float | None = None
+    median: float | None = None
+    sigma: float | None = None
+    min: float = 0.0
+    max: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in SECONDS_KIND_PARAMS:
+            raise ProfileError(
+                f"kind: unknown distribution {self.kind!r} "
+                f"(expected one of {', '.join(SECONDS_KIND_PARAMS)})"
+            )
+        own = SECONDS_KIND_PARAMS[self.kind]
+        for key in ("value", "low", "high", "mean", "median", "sigma"):
+            value = getattr(self, key)
+            if key not in own:
+                if value is not None:
+                    raise ProfileError(
+                        f"{key}: not a parameter of a {self.kind} duration distribution "
+                        f"(it takes {', '.join((*own, 'min', 'max'))})"
+                    )
+                continue
+            if value is None:
+                raise ProfileError(f"{key}: required for a {self.kind} distribution")
+            positive = key in ("mean", "median")
+            _set_any(self, key, check_number(key, value, positive=positive, non_negative=True))
+        if self.kind == "uniform" and self.high < self.low:  # type: ignore[operator]
+            raise ProfileError(f"high: must be >= low ({self.low}), got {self.high!r}")
+        _set_any(self, "min", check_number("min", self.min, non_negative=True))
+        if self.max is not None:
+            _set_any(self, "max", check_number("max", self.max, non_negative=True))
+            if self.max < self.min:
+                raise ProfileError(f"max: must be >= min ({self.min}), got {self.max!r}")
+
+    @classmethod
+    def fixed(cls, value: float) -> SecondsDistribution:
+        return cls(kind="fixed", value=value)
+
+    @classmethod
+    def exponential(cls, mean: float, **clip: float) -> SecondsDistribution:
+        return cls(kind="exponential", mean=mean, **clip)
+
+    @classmethod
+    def lognormal(cls, median: float, sigma: float, **clip: float) -> SecondsDistribution:
+        return cls(kind="lognormal", median=median, sigma=sigma, **clip)
+
+    @classmethod
+    def uniform(cls, low: float, high: float) -> SecondsDistribution:
+        return cls(kind="uniform", low=low, high=high)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Draw ``n`` durations: float64 array of shape (n,), every value in [min, max]."""
+        if self.kind == "fixed":
+            raw = np.full(n, float(self.value))  # type: ignore[arg-type]
+        elif self.kind == "uniform":
+            raw = rng.uniform(self.low, self.high, size=n)  # type: ignore[arg-type]
+        elif self.kind == "exponential":
+            raw = rng.exponential(self.mean, size=n)  # type: ignore[arg-type]
+        else:
+            raw = rng.lognormal(math.log(self.median), self.sigma, size=n)  # type: ignore[arg-type]
+        return np.clip(raw, self.min, np.inf if self.max is None else self.max)
+
+    @property
+    def mean_s(self) -> float:
+        """The mean before clipping (for descriptions and expected durations)."""
+        if self.kind == "fixed":
+            return float(self.value)  # type: ignore[arg-type]
+        if self.kind == "uniform":
+            return (self.low + self.high) / 2  # type: ignore[operator]
+        if self.kind == "exponential":
+            return float(self.mean)  # type: ignore[arg-type]
+        return self.median * math.exp(self.sigma**2 / 2)  # type: ignore[operator]
+
+    def describe(self) -> str:
+        params = ", ".join(f"{k}={getattr(self, k)!r}" for k in SECONDS_KIND_PARAMS[self.kind])
+        clip = f"[{self.min}, {'inf' if self.max is None else self.max}] s"
+        return f"{self.kind}({params}) clipped to {clip}"
+
+
+def _set_any(obj: Any, key: str, value: Any) -> None:
+    object.__setattr__(obj, key, value)

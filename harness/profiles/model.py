@@ -17,6 +17,8 @@ import numpy as np
 
 from harness.profiles.distributions import LengthDistribution
 from harness.profiles.errors import ProfileError, check_int, check_name, check_number
+from harness.profiles.sessions import Sessions
+from harness.profiles.system_prompts import SystemPrompts
 from harness.profiles.trace import ReplayTrace
 
 #: The most requests one run may expect to schedule (the plan holds one spec each: a
@@ -49,6 +51,12 @@ class RequestClass:
     it there, as if EOS); `max_tokens` is the cap the client sends. Sampled outputs are
     clipped to <= max_tokens; when max_tokens is None the client sends the sampled
     output length. `priority` follows vLLM: lower is served earlier.
+
+    `system_prompt`: its requests begin with one of K shared system prompts
+    (`system_prompts.SystemPrompts`); `prompt_tokens` is then the rest of the prompt.
+    `session`: a session class (`sessions.Sessions`): each arrival is a conversation
+    of several turns, `prompt_tokens` each turn's new message and `output_tokens` each
+    turn's answer.
     """
 
     name: str
@@ -58,9 +66,15 @@ class RequestClass:
     max_tokens: int | None = None
     priority: int = 0
     slo: Slo = field(default_factory=Slo)
+    system_prompt: SystemPrompts | None = None
+    session: Sessions | None = None
 
     def __post_init__(self) -> None:
         check_name("name", self.name)
+        if self.system_prompt is not None and not isinstance(self.system_prompt, SystemPrompts):
+            raise ProfileError(f"system_prompt: expected SystemPrompts, got {self.system_prompt!r}")
+        if self.session is not None and not isinstance(self.session, Sessions):
+            raise ProfileError(f"session: expected Sessions, got {self.session!r}")
         object.__setattr__(self, "weight", check_number("weight", self.weight, positive=True))
         for key in ("prompt_tokens", "output_tokens"):
             if not isinstance(getattr(self, key), LengthDistribution):
@@ -81,10 +95,28 @@ class RequestClass:
     @property
     def max_total_tokens(self) -> int | None:
         """Largest prompt + max_tokens a request of this class can send (None: unbounded).
-        Compare with the engine's max_model_len."""
+        Compare with the engine's max_model_len. A session's last turn holds every
+        earlier message and answer (and a chat template's role markers: one token per
+        message, as the bundled engine's template renders them)."""
         prompt = self.prompt_tokens.upper
         output = self.max_tokens if self.max_tokens is not None else self.output_tokens.upper
-        return None if prompt is None or output is None else prompt + output
+        if prompt is None or output is None:
+            return None
+        system = 0
+        if self.system_prompt is not None:
+            upper = self.system_prompt.tokens.upper
+            if upper is None:
+                return None
+            system = upper + (1 if self.session is not None else 0)
+        if self.session is None:
+            return system + prompt + output
+        turns = self.session.turns.upper
+        assert turns is not None  # Sessions requires a bounded turn count
+        return system + (turns - 1) * (prompt + output + 2) + prompt + 2 + output
+
+    @property
+    def is_session(self) -> bool:
+        return self.session is not None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +135,10 @@ class Phase:
     gap) and, when set, cuts the trace at that many seconds.
     `classes` overrides the weights of the named classes for this phase (0 leaves a
     class out); not for trace phases, whose classes come from the trace.
+    `prefix_reuse` (a "cache ladder" rung, open loop only): every request of the phase
+    begins with the same shared document, for that share of its prompt tokens (0.5: the
+    first half of each prompt repeats an earlier prompt's prefix); the phase's classes
+    must then be single-turn classes without system prompts.
     """
 
     name: str
@@ -113,9 +149,20 @@ class Phase:
     concurrency: int | None = None
     trace: ReplayTrace | None = None
     classes: Mapping[str, float] | None = None
+    prefix_reuse: float | None = None
 
     def __post_init__(self) -> None:
         check_name("name", self.name)
+        if self.prefix_reuse is not None:
+            reuse = check_number("prefix_reuse", self.prefix_reuse, non_negative=True)
+            if reuse >= 1.0:
+                raise ProfileError(
+                    f"prefix_reuse: the share of prompt tokens that repeat an earlier "
+                    f"prompt's prefix must be below 1, got {self.prefix_reuse!r}"
+                )
+            if self.rate is None:
+                raise ProfileError("prefix_reuse: applies to open-loop (`rate`) phases only")
+            object.__setattr__(self, "prefix_reuse", reuse)
         kinds = [k for k in ("rate", "concurrency", "trace") if getattr(self, k) is not None]
         if len(kinds) != 1:
             raise ProfileError(
@@ -259,6 +306,7 @@ class Profile:
                 )
             if not self.class_weights(i).any():
                 raise ProfileError(f"phases[{i}].classes: every class has weight 0")
+            self._check_phase_classes(i, phase)
             if phase.trace is not None:
                 trace = phase.trace
                 if trace.default_class is not None and trace.default_class not in seen:
@@ -273,6 +321,37 @@ class Profile:
                         f"{name!r} is not a class of the profile "
                         f"(known: {', '.join(c.name for c in self.classes)})"
                     )
+
+    def _check_phase_classes(self, i: int, phase: Phase) -> None:
+        """Session classes arrive open-loop (rate phases only); a reuse rung's classes
+        are single-turn without system prompts (its document is their shared prefix)."""
+        weights = self.class_weights(i)
+        active = [c for c, w in zip(self.classes, weights, strict=True) if w > 0]
+        if phase.trace is not None:
+            trace = phase.trace
+            names = {c for c in trace.classes if c is not None}
+            if trace.default_class is not None:
+                names.add(trace.default_class)
+            active = [c for c in self.classes if c.name in names]
+        for c in active:
+            if c.session is not None and phase.rate is None:
+                raise ProfileError(
+                    f"phases[{i}]: session class {c.name!r} in a "
+                    f"{'trace' if phase.trace is not None else 'closed-loop'} phase: "
+                    "sessions arrive open-loop (a `rate` phase); give it weight 0 here"
+                )
+            if phase.prefix_reuse is not None and (
+                c.session is not None or c.system_prompt is not None
+            ):
+                raise ProfileError(
+                    f"phases[{i}].prefix_reuse: class {c.name!r} has "
+                    f"{'sessions' if c.session is not None else 'system prompts'}; a reuse "
+                    "rung's classes are single-turn without system prompts (give it weight 0)"
+                )
+
+    @property
+    def has_sessions(self) -> bool:
+        return any(c.session is not None for c in self.classes)
 
     @property
     def duration_s(self) -> float:

@@ -24,6 +24,9 @@ from harness.profiles.model import Phase, Profile
 
 # Stream purposes (part of the spawn key; never renumber, it would change every schedule).
 _ARRIVALS, _CLASSES, _PROMPT, _OUTPUT = 0, 1, 2, 3
+_SYSTEM_CHOICE, _SYSTEM_LENGTHS, _TURNS, _THINK = 4, 5, 6, 7
+#: The "phase" of draws made once per profile (a class's system prompt lengths).
+_PROFILE_LEVEL = 1 << 20
 
 # Closed-phase specs are drawn in chunks of this many so that the k-th spec does not
 # depend on how the caller consumed the ones before it.
@@ -33,9 +36,18 @@ CLOSED_CHUNK = 256
 @dataclass(slots=True)
 class RequestSpec:
     """One request to send. `scheduled_at` is seconds from the start of the run for
-    open-loop phases and None for closed-loop ones (the driver picks the time).
-    `index` is the position among the open-loop requests of the plan (or of
-    `sample_requests`), and the position within its phase for closed-loop ones."""
+    open-loop phases and None for closed-loop ones (the driver picks the time) and for
+    a session's turns after its first (sent `think_time_s` after the previous turn's
+    answer). `index` is the position among the open-loop requests of the plan (or of
+    `sample_requests`), the position within its phase for closed-loop ones, and the
+    session's index for a session's turns.
+
+    What the prompt is made of (`harness.profiles.prompt_layout`): `shared` segments
+    first — (key, tokens) pairs whose content is the same in every prompt that names
+    the key (a system prompt, a reuse rung's document, a trace's hash block) — then the
+    request's own tokens. `prompt_tokens` is the whole prompt as planned; a session
+    turn's is planned with answers of exactly `output_tokens` and one role marker per
+    chat message (`session_prompt_tokens`), and its own part is `message_tokens`."""
 
     request_id: str
     index: int
@@ -46,6 +58,23 @@ class RequestSpec:
     max_tokens: int
     priority: int
     scheduled_at: float | None
+    shared: tuple[tuple[str, int], ...] = ()
+    session_id: str | None = None
+    turn: int | None = None  # 1 for a session's first turn
+    think_time_s: float | None = None  # a later turn's wait after the previous answer
+    message_tokens: int | None = None  # a session turn's new message
+
+    @property
+    def shared_tokens(self) -> int:
+        return sum(n for _, n in self.shared)
+
+    @property
+    def own_tokens(self) -> int:
+        """The tokens of this request's own content: a session turn's new message, or
+        the prompt after its shared segments."""
+        if self.message_tokens is not None:
+            return self.message_tokens
+        return self.prompt_tokens - self.shared_tokens
 
     @property
     def open_at(self) -> float:
@@ -114,12 +143,18 @@ def _ramp_offsets(phase: Phase, rng: np.random.Generator) -> np.ndarray:
 
 @dataclass(slots=True)
 class _Draws:
-    """Per-request draws, each an array of shape (n,)."""
+    """Per-request draws, each an array of shape (n,). `system_index`: the system prompt
+    drawn (-1: none). A session class's arrivals have zeros here: their turns are drawn
+    by `_draw_sessions`."""
 
     class_index: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     max_tokens: np.ndarray
+    system_index: np.ndarray
+
+    def where(self, mask: np.ndarray) -> _Draws:
+        return _Draws(*(getattr(self, f)[mask] for f in _DRAW_FIELDS))
 
 
 _DRAW_FIELDS = tuple(f.name for f in fields(_Draws))
@@ -132,13 +167,18 @@ def _draw_requests(profile: Profile, seed: int, phase_index: int, block: int, n:
     class_index = np.searchsorted(
         cum, _rng(seed, phase_index, _CLASSES, block).random(n), side="right"
     )
-    prompt = np.empty(n, dtype=np.int64)
-    output = np.empty(n, dtype=np.int64)
-    max_tokens = np.empty(n, dtype=np.int64)
+    prompt = np.zeros(n, dtype=np.int64)
+    output = np.zeros(n, dtype=np.int64)
+    max_tokens = np.zeros(n, dtype=np.int64)
+    system = np.full(n, -1, dtype=np.int64)
     for j, rc in enumerate(profile.classes):
         where = np.flatnonzero(class_index == j)
-        if where.size == 0:
-            continue
+        if where.size == 0 or rc.session is not None:
+            continue  # (a session's turns are drawn by _draw_sessions)
+        if rc.system_prompt is not None:
+            system[where] = rc.system_prompt.choose(
+                _rng(seed, phase_index, _SYSTEM_CHOICE, block, j), where.size
+            )
         prompt[where] = rc.prompt_tokens.sample(
             _rng(seed, phase_index, _PROMPT, block, j), where.size
         )
@@ -149,7 +189,7 @@ def _draw_requests(profile: Profile, seed: int, phase_index: int, block: int, n:
         else:
             max_tokens[where] = out
         output[where] = out
-    return _Draws(class_index, prompt, output, max_tokens)
+    return _Draws(class_index, prompt, output, max_tokens, system)
 
 
 def _trace_draws(profile: Profile, phase: Phase, n: int) -> _Draws:
@@ -163,7 +203,13 @@ def _trace_draws(profile: Profile, phase: Phase, n: int) -> _Draws:
         [default if c is None else names.index(c) for c in trace.classes[:n]], dtype=np.int64
     )
     output = trace.output_tokens[:n].copy()
-    return _Draws(class_index, trace.prompt_tokens[:n].copy(), output, output.copy())
+    return _Draws(
+        class_index,
+        trace.prompt_tokens[:n].copy(),
+        output,
+        output.copy(),
+        np.full(n, -1, dtype=np.int64),
+    )
 
 
 def _open_phase(
@@ -181,6 +227,7 @@ def _open_phase(
 
 def _specs(
     profile: Profile,
+    seed: int,
     ids: list[str],
     indices: range,
     phases: list[int],
@@ -189,7 +236,7 @@ def _specs(
 ) -> list[RequestSpec]:
     names = [c.name for c in profile.classes]
     priorities = [c.priority for c in profile.classes]
-    return [
+    specs = [
         RequestSpec(rid, i, ph, names[c], p, o, m, priorities[c], t)
         for rid, i, ph, c, p, o, m, t in zip(
             ids,
@@ -203,6 +250,167 @@ def _specs(
             strict=True,
         )
     ]
+    _add_shared(profile, seed, specs, draws)
+    return specs
+
+
+def _add_shared(profile: Profile, seed: int, specs: list[RequestSpec], draws: _Draws) -> None:
+    """Give each single-turn spec its shared prefix: its class's system prompt (the
+    prompt then holds it before the drawn length), or its phase's reuse document (a
+    share of the drawn length)."""
+    rungs = {i: p for i, p in enumerate(profile.phases) if p.prefix_reuse}
+    system_lengths: dict[int, list[int]] = {}
+    if not rungs and not (draws.system_index >= 0).any():
+        return
+    classes, systems = draws.class_index.tolist(), draws.system_index.tolist()
+    for spec, c, k in zip(specs, classes, systems, strict=True):
+        if k >= 0:
+            rc = profile.classes[c]
+            if c not in system_lengths:
+                system_lengths[c] = system_prompt_lengths(profile, seed, c)
+            n = system_lengths[c][k]
+            spec.shared = ((system_prompt_key(profile.name, rc.name, k), n),)
+            spec.prompt_tokens += n
+        elif spec.phase in rungs:
+            phase = rungs[spec.phase]
+            assert phase.prefix_reuse is not None
+            n = min(round(phase.prefix_reuse * spec.prompt_tokens), spec.prompt_tokens - 1)
+            if n > 0:
+                spec.shared = ((reuse_key(profile.name, phase.name), n),)
+
+
+def system_prompt_key(profile_name: str, class_name: str, k: int) -> str:
+    """The content key of system prompt ``k`` of a class."""
+    return f"{profile_name}/system/{class_name}/{k}"
+
+
+def reuse_key(profile_name: str, phase_name: str) -> str:
+    """The content key of a reuse rung's shared document."""
+    return f"{profile_name}/reuse/{phase_name}"
+
+
+def system_prompt_lengths(profile: Profile, seed: int, class_index: int) -> list[int]:
+    """The length of each system prompt of class ``class_index``: drawn once per
+    profile and seed, the same in every phase."""
+    prompts = profile.classes[class_index].system_prompt
+    assert prompts is not None
+    rng = _rng(seed, _PROFILE_LEVEL, _SYSTEM_LENGTHS, 0, class_index)
+    return prompts.tokens.sample(rng, prompts.count).tolist()
+
+
+def session_prompt_tokens(system_tokens: int, messages: list[int], answers: list[int]) -> int:
+    """The prompt of a session turn whose new message is ``messages[-1]``, after the
+    turns of ``messages[:-1]`` answered with ``answers``: chat messages (system, then
+    user and assistant in turn, then the new user message, then the assistant's cue),
+    each message its content and one role marker (the bundled engine's chat template)."""
+    total = 1 + system_tokens if system_tokens else 0
+    for message, answer in zip(messages[:-1], answers, strict=True):
+        total += 2 + message + answer
+    return total + 2 + messages[-1]
+
+
+@dataclass(slots=True)
+class SessionSpec:
+    """One session of a plan: its turns in order. The first is sent at `start_at`
+    (seconds from the run's start, open loop); each later one its `think_time_s` after
+    the answer before it ended."""
+
+    session_id: str
+    index: int  # among the plan's sessions
+    phase: int
+    class_name: str
+    start_at: float
+    turns: list[RequestSpec]
+
+
+def _draw_sessions(
+    profile: Profile,
+    seed: int,
+    phase_index: int,
+    block: int,
+    times: np.ndarray,
+    class_index: np.ndarray,
+    first_index: int,
+) -> list[SessionSpec]:
+    """The sessions among one block's arrivals (``times``, ``class_index``: every
+    arrival's), numbered from ``first_index`` in arrival order."""
+    found: list[tuple[int, int, list[RequestSpec], str]] = []  # (arrival, class, turns, id)
+    for j, rc in enumerate(profile.classes):
+        session = rc.session
+        if session is None:
+            continue
+        where = np.flatnonzero(class_index == j)
+        if where.size == 0:
+            continue
+        turns = session.turns.sample(_rng(seed, phase_index, _TURNS, block, j), where.size)
+        total = int(turns.sum())
+        messages = rc.prompt_tokens.sample(_rng(seed, phase_index, _PROMPT, block, j), total)
+        answers = rc.output_tokens.sample(_rng(seed, phase_index, _OUTPUT, block, j), total)
+        if rc.max_tokens is not None:
+            answers = np.minimum(answers, rc.max_tokens)
+        thinks = session.think_time_s.sample(
+            _rng(seed, phase_index, _THINK, block, j), total
+        ).tolist()
+        system = np.full(where.size, -1, dtype=np.int64)
+        lengths: list[int] = []
+        if rc.system_prompt is not None:
+            system = rc.system_prompt.choose(
+                _rng(seed, phase_index, _SYSTEM_CHOICE, block, j), where.size
+            )
+            lengths = system_prompt_lengths(profile, seed, j)
+        ms, outs = messages.tolist(), answers.tolist()
+        at = 0
+        for arrival, n, k in zip(where.tolist(), turns.tolist(), system.tolist(), strict=True):
+            shared: tuple[tuple[str, int], ...] = ()
+            if k >= 0:
+                shared = ((system_prompt_key(profile.name, rc.name, k), lengths[k]),)
+            system_tokens = shared[0][1] if shared else 0
+            specs = []
+            for t in range(n):
+                message, answer = ms[at + t], outs[at + t]
+                prompt = session_prompt_tokens(
+                    system_tokens, ms[at : at + t + 1], outs[at : at + t]
+                )
+                specs.append(
+                    RequestSpec(
+                        "",  # named below, once the session's number is known
+                        0,
+                        phase_index,
+                        rc.name,
+                        prompt,
+                        answer,
+                        rc.max_tokens if rc.max_tokens is not None else answer,
+                        rc.priority,
+                        float(times[arrival]) if t == 0 else None,
+                        shared,
+                        None,
+                        t + 1,
+                        None if t == 0 else thinks[at + t],
+                        message,
+                    )
+                )
+            at += n
+            found.append((arrival, j, specs, ""))
+    found.sort(key=lambda f: f[0])
+    sessions = []
+    prefix = f"{profile.name}-{seed}-s"
+    for number, (arrival, j, specs, _) in enumerate(found, start=first_index):
+        session_id = f"{prefix}{number:07d}"
+        for spec in specs:
+            spec.request_id = f"{session_id}-t{spec.turn:03d}"
+            spec.index = number
+            spec.session_id = session_id
+        sessions.append(
+            SessionSpec(
+                session_id,
+                number,
+                phase_index,
+                profile.classes[j].name,
+                float(times[arrival]),
+                specs,
+            )
+        )
+    return sessions
 
 
 def _open_ids(profile: Profile, seed: int, indices: range) -> list[str]:
@@ -212,8 +420,9 @@ def _open_ids(profile: Profile, seed: int, indices: range) -> list[str]:
 
 @dataclass
 class PhasePlan:
-    """One phase of a plan. Open phases carry their `requests`; closed phases hand out
-    an unbounded deterministic sequence through `next_request()` / `request_at(k)`."""
+    """One phase of a plan. Open phases carry their single-turn `requests` and their
+    `sessions`; closed phases hand out an unbounded deterministic sequence through
+    `next_request()` / `request_at(k)`."""
 
     index: int
     phase: Phase
@@ -224,6 +433,7 @@ class PhasePlan:
     _seed: int = field(repr=False)
     _cursor: int = field(default=0, repr=False)
     _chunk: tuple[int, list[RequestSpec]] | None = field(default=None, repr=False)
+    sessions: list[SessionSpec] = field(default_factory=list)
 
     @property
     def kind(self) -> Literal["open", "closed"]:
@@ -259,6 +469,7 @@ class PhasePlan:
         prefix = f"{self._profile.name}-{self._seed}-c{self.index}-"
         return _specs(
             self._profile,
+            self._seed,
             [f"{prefix}{k:07d}" for k in indices],
             indices,
             [self.index] * CLOSED_CHUNK,
@@ -282,6 +493,10 @@ class Plan:
     @property
     def num_open_requests(self) -> int:
         return sum(len(p.requests) for p in self.phases)
+
+    def sessions(self) -> list[SessionSpec]:
+        """Every session of the plan, in start (and index) order."""
+        return [s for p in self.phases for s in p.sessions]
 
     def open_loop_requests(self) -> list[RequestSpec]:
         """Every open-loop spec of the plan, in time (and index) order."""
@@ -307,14 +522,24 @@ def build_plan(profile: Profile, seed: int | None = None) -> Plan:
     check_int("seed", seed, minimum=0)
     bounds = _phase_bounds([p.length_s for p in profile.phases])
     phases: list[PhasePlan] = []
-    num_open = 0
+    num_open = num_sessions = 0
+    session_classes = np.array([c.session is not None for c in profile.classes])
     for i, (phase, (start, end)) in enumerate(zip(profile.phases, bounds, strict=True)):
         requests: list[RequestSpec] = []
+        sessions: list[SessionSpec] = []
         if phase.kind == "open":
             times, draws = _open_phase(profile, seed, i, 0, start, end)
+            starts = session_classes[draws.class_index]
+            if starts.any():
+                sessions = _draw_sessions(
+                    profile, seed, i, 0, times, draws.class_index, num_sessions
+                )
+                num_sessions += len(sessions)
+                times, draws = times[~starts], draws.where(~starts)
             indices = range(num_open, num_open + times.size)
             requests = _specs(
                 profile,
+                seed,
                 _open_ids(profile, seed, indices),
                 indices,
                 [i] * times.size,
@@ -322,7 +547,7 @@ def build_plan(profile: Profile, seed: int | None = None) -> Plan:
                 times.tolist(),
             )
             num_open += times.size
-        phases.append(PhasePlan(i, phase, start, end, requests, profile, seed))
+        phases.append(PhasePlan(i, phase, start, end, requests, profile, seed, sessions=sessions))
     return Plan(profile, seed, phases)
 
 
@@ -344,6 +569,11 @@ def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[R
     open_phases = [i for i, p in enumerate(profile.phases) if p.kind == "open"]
     if not open_phases:
         raise ProfileError(f"phases: profile {profile.name!r} has no open-loop (`rate`) phase")
+    if profile.has_sessions:
+        raise ProfileError(
+            f"classes: profile {profile.name!r} has session classes, whose turns are sent "
+            "closed-loop: its schedule is a plan (build_plan), not a list of requests"
+        )
     if n == 0:
         return []
     durations = [profile.phases[i].length_s for i in open_phases]
@@ -369,6 +599,7 @@ def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[R
     indices = range(n)
     return _specs(
         profile,
+        seed,
         _open_ids(profile, seed, indices),
         indices,
         np.concatenate(phase_parts)[:n].tolist(),

@@ -13,14 +13,33 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from harness.profiles.distributions import KIND_PARAMS, LengthDistribution
+from harness.profiles.distributions import (
+    KIND_PARAMS,
+    SECONDS_KIND_PARAMS,
+    LengthDistribution,
+    SecondsDistribution,
+)
 from harness.profiles.errors import ProfileError
 from harness.profiles.model import Phase, Profile, RequestClass, Slo
+from harness.profiles.sessions import Sessions
+from harness.profiles.system_prompts import SystemPrompts
 from harness.profiles.trace import ReplayTrace
 
 PROFILE_KEYS = ("name", "seed", "description", "classes", "phases")
-CLASS_KEYS = ("name", "weight", "priority", "max_tokens", "prompt_tokens", "output_tokens", "slo")
+CLASS_KEYS = (
+    "name",
+    "weight",
+    "priority",
+    "max_tokens",
+    "prompt_tokens",
+    "output_tokens",
+    "slo",
+    "system_prompt",
+    "session",
+)
 SLO_KEYS = ("ttft_s", "tpot_s", "e2e_s")
+SYSTEM_PROMPT_KEYS = ("count", "tokens", "popularity", "zipf_s")
+SESSION_KEYS = ("turns", "think_time_s")
 PHASE_KEYS = (
     "name",
     "duration_s",
@@ -30,6 +49,7 @@ PHASE_KEYS = (
     "concurrency",
     "trace",
     "classes",
+    "prefix_reuse",
 )
 TRACE_KEYS = (
     "file",
@@ -113,6 +133,57 @@ def _slo(value: Any) -> Slo:
         return Slo(**table)
 
 
+def _seconds(key: str, value: Any) -> SecondsDistribution:
+    if isinstance(value, SecondsDistribution):
+        return value
+    # Shorthand: `think_time_s = 2.5` is a fixed duration.
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        with _at(key):
+            return SecondsDistribution.fixed(value)
+    if not isinstance(value, Mapping):
+        raise ProfileError(
+            f'{key}: expected a table such as {{ kind = "exponential", mean = 5.0 }} or a '
+            f"number of seconds, got {value!r}"
+        )
+    with _at(key):
+        if "kind" not in value:
+            raise ProfileError(
+                f"kind: required key missing (one of {', '.join(SECONDS_KIND_PARAMS)})"
+            )
+        kind = value["kind"]
+        if kind not in SECONDS_KIND_PARAMS:
+            raise ProfileError(
+                f"kind: unknown distribution {kind!r} "
+                f"(expected one of {', '.join(SECONDS_KIND_PARAMS)})"
+            )
+        allowed = ("kind", *SECONDS_KIND_PARAMS[kind], "min", "max")
+        _check_keys(value, allowed, ("kind",), f"a {kind} duration distribution")
+        return SecondsDistribution(**value)
+
+
+def _system_prompts(value: Any, base_dir: Path | None) -> SystemPrompts:
+    if isinstance(value, SystemPrompts):
+        return value
+    table = _expect_table("system_prompt", value)
+    with _at("system_prompt"):
+        _check_keys(table, SYSTEM_PROMPT_KEYS, ("count", "tokens"), "a system_prompt")
+        params = dict(table)
+        params["tokens"] = _distribution("tokens", table["tokens"], base_dir)
+        return SystemPrompts(**params)
+
+
+def _sessions(value: Any, base_dir: Path | None) -> Sessions:
+    if isinstance(value, Sessions):
+        return value
+    table = _expect_table("session", value)
+    with _at("session"):
+        _check_keys(table, SESSION_KEYS, ("turns", "think_time_s"), "a session")
+        return Sessions(
+            turns=_distribution("turns", table["turns"], base_dir),
+            think_time_s=_seconds("think_time_s", table["think_time_s"]),
+        )
+
+
 def _request_class(table: Mapping[str, Any], base_dir: Path | None) -> RequestClass:
     _check_keys(table, CLASS_KEYS, ("name", "prompt_tokens", "output_tokens"), "a class")
     kwargs = {k: v for k, v in table.items() if k in ("name", "weight", "priority", "max_tokens")}
@@ -120,6 +191,10 @@ def _request_class(table: Mapping[str, Any], base_dir: Path | None) -> RequestCl
         kwargs[key] = _distribution(key, table[key], base_dir)
     if "slo" in table:
         kwargs["slo"] = _slo(table["slo"])
+    if "system_prompt" in table:
+        kwargs["system_prompt"] = _system_prompts(table["system_prompt"], base_dir)
+    if "session" in table:
+        kwargs["session"] = _sessions(table["session"], base_dir)
     return RequestClass(**kwargs)
 
 
@@ -197,6 +272,17 @@ def _distribution_to_dict(d: LengthDistribution) -> dict[str, Any]:
     return out
 
 
+def _seconds_to_dict(d: SecondsDistribution) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": d.kind}
+    for key in SECONDS_KIND_PARAMS[d.kind]:
+        out[key] = getattr(d, key)
+    if d.min:
+        out["min"] = d.min
+    if d.max is not None:
+        out["max"] = d.max
+    return out
+
+
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
     """The TOML-shaped dict of `profile` (None values left out, as TOML has no null);
     `profile_from_dict(profile_to_dict(p)) == p`."""
@@ -210,6 +296,19 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
         slo = {k: getattr(c.slo, k) for k in SLO_KEYS if getattr(c.slo, k) is not None}
         if slo:
             entry["slo"] = slo
+        if c.system_prompt is not None:
+            sp = c.system_prompt
+            entry["system_prompt"] = {
+                "count": sp.count,
+                "tokens": _distribution_to_dict(sp.tokens),
+                "popularity": sp.popularity,
+                "zipf_s": sp.zipf_s,
+            }
+        if c.session is not None:
+            entry["session"] = {
+                "turns": _distribution_to_dict(c.session.turns),
+                "think_time_s": _seconds_to_dict(c.session.think_time_s),
+            }
         classes.append(entry)
     phases = []
     for p in profile.phases:
@@ -234,6 +333,8 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
             entry["concurrency"] = p.concurrency
         if p.classes is not None:
             entry["classes"] = dict(p.classes)
+        if p.prefix_reuse is not None:
+            entry["prefix_reuse"] = p.prefix_reuse
         phases.append(entry)
     return {
         "name": profile.name,

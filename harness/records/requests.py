@@ -62,6 +62,8 @@ REQUEST_SCHEMA: Schema = {
     "first_scheduled_at": pl.Float64,
     "first_token_at": pl.Float64,
     "finished_at": pl.Float64,
+    "session_id": pl.String,  # a session's turns (docs/metrics.md); null otherwise
+    "turn": pl.Int64,  # 1 for a session's first turn
 }
 
 
@@ -118,6 +120,29 @@ def sequence_record(seq: Sequence, policy: str, profile: str) -> dict:
         "first_token_at": first,
         "finished_at": seq.finished_time,
         "_long_gaps": timing.long_gaps,
+    }
+
+
+def unsent_record(spec, error: str, policy: str, profile: str) -> dict:
+    """The row of a planned request that was never sent (``error`` says why: a session
+    that ended on a failed turn), as the load generator records one: ``aborted``, no
+    instants. ``spec``: its ``harness.profiles.RequestSpec``."""
+    return {
+        "request_id": spec.request_id,
+        "policy": policy,
+        "profile": profile,
+        "class": spec.class_name,
+        "priority": spec.priority,
+        "prompt_tokens": spec.prompt_tokens,
+        "output_tokens": None,
+        "max_tokens": spec.max_tokens,
+        "status": "aborted",
+        "error": error,
+        "stall_s": 0.0,
+        "num_stalls": 0,
+        "stalls": [],
+        "session_id": spec.session_id,
+        "turn": spec.turn,
     }
 
 

@@ -40,18 +40,24 @@ from engine.core.sequence import Sequence, SequenceStatus
 from engine.factory import build_simulated_engine
 from engine.records.step_record import StepRecord
 from engine.sim.decode_runs import DecodeSteps, can_start, run_decodes, supports_decode_runs
-from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
+from harness.profiles import Profile, RequestSpec, SessionSpec, build_plan, sample_requests
 from harness.records.decision_log import decisions_frame
-from harness.records.requests import RequestRecorder, add_stalls, requests_frame, stall_threshold
+from harness.records.requests import (
+    RequestRecorder,
+    add_stalls,
+    requests_frame,
+    stall_threshold,
+    unsent_record,
+)
 from harness.records.steps import StepLog
+from harness.simulate.session_turns import SessionTurns
+from harness.simulate.sim_prompts import single_turn_prompt
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
     from engine.telemetry.tracing import Tracing, TracingSettings
     from harness.profiles import PhasePlan
 
-#: The token every simulated prompt is made of; its value changes nothing.
-PROMPT_TOKEN_ID = 5
 #: Guard against a scheduler bug turning a simulation into an endless loop.
 MAX_EMPTY_STEPS_IN_A_ROW = 10_000
 #: A closed-loop user whose request was refused at once waits this long before its
@@ -82,12 +88,12 @@ class SimulationResult:
 
 
 def _pending_arrivals(profile: Profile, seed: int | None, requests: list[RequestSpec] | None):
-    """Open-loop specs in time order plus the closed phases of the plan."""
+    """Open-loop specs in time order, the closed phases of the plan and its sessions."""
     if requests is not None:
-        return requests, []
+        return requests, [], []
     plan = build_plan(profile, seed)
     closed = [p for p in plan.phases if p.kind == "closed"]
-    return plan.open_loop_requests(), closed
+    return plan.open_loop_requests(), closed, plan.sessions()
 
 
 def simulate(
@@ -111,9 +117,11 @@ def simulate(
     records, byte for byte, in a fraction of the time); False steps the engine one
     step at a time (what the tests compare the runs with).
     """
-    engine = build_simulated_engine(config, cost_model or CostModel())
+    cost_model = cost_model or CostModel()
+    engine = build_simulated_engine(config, cost_model)
     policy = config.scheduler.scheduling_policy
-    open_specs, closed_phases = _pending_arrivals(profile, seed, requests)
+    open_specs, closed_phases, sessions = _pending_arrivals(profile, seed, requests)
+    turns = SessionTurns(sessions, cost_model.client_latency_s)
     # Observers in this order (records, steps, decisions, then spans): each sees a step
     # record after the ones before it, as in a served engine.
     recorder, step_log = RequestRecorder(policy, profile.name), StepLog()
@@ -130,11 +138,14 @@ def simulate(
     runs = fast and traced is None and supports_decode_runs(engine)
     run_observers = (recorder, step_log, decisions if record_decisions else None)
     with _cyclic_gc_paused():
-        _Driver(engine, _Arrivals(open_specs, closed_phases), run_observers if runs else None).run()
+        arrivals = _Arrivals(open_specs, closed_phases, turns)
+        _Driver(engine, arrivals, run_observers if runs else None).run()
 
         tracing_stats = traced.shutdown() if traced is not None else None
         rows = recorder.rows
-        _add_client_latency(rows, (cost_model or CostModel()).client_latency_s)
+        _add_client_latency(rows, cost_model.client_latency_s)
+        if sessions:
+            _add_session_columns(rows, sessions, turns, policy, profile.name)
         threshold = stall_threshold(_median_itl(rows))
         add_stalls(rows, threshold)
         frame = requests_frame(rows).sort("scheduled_at", "request_id")
@@ -191,21 +202,32 @@ def _sampling_params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens)
 
 
-def _prompt(spec: RequestSpec) -> list[int]:
-    """A simulated request's prompt: its length in one filler id, after a first id of
-    its own (its phase and its index there, above the filler: unique in the plan), so
-    that, as the load generator's prompts, no two requests share a prefix and the prefix
-    cache finds only what a request itself left (a recompute's re-hits)."""
-    prompt = [PROMPT_TOKEN_ID] * spec.prompt_tokens
-    prompt[0] = PROMPT_TOKEN_ID + 1 + (spec.phase << 40) + spec.index
-    return prompt
+def _add_session_columns(
+    rows: list[dict],
+    sessions: list[SessionSpec],
+    turns: SessionTurns,
+    policy: str,
+    profile: str,
+) -> None:
+    """Each session turn's row gets its ``session_id`` and ``turn``; the turns never sent
+    (their session ended on a failed turn) get rows that say so."""
+    of = {t.request_id: t for s in sessions for t in s.turns}
+    for row in rows:
+        spec = of.get(row["request_id"])
+        if spec is not None:
+            row["session_id"], row["turn"] = spec.session_id, spec.turn
+    for spec, error in turns.unsent:
+        rows.append(unsent_record(spec, error, policy, profile))
 
 
-def _engine_request(spec: RequestSpec, at: float) -> EngineRequest:
-    """``spec`` as the engine's request, arriving at engine time ``at``."""
+def _engine_request(spec: RequestSpec, at: float, prompt: list[int] | None) -> EngineRequest:
+    """``spec`` as the engine's request, arriving at engine time ``at``; ``prompt``:
+    its tokens when the arrival made them (a session's turn), else its own
+    (``sim_prompts``: as the load generator's, no two requests share a prefix unless
+    their specs share a segment)."""
     return EngineRequest(
         spec.request_id,
-        _prompt(spec),
+        single_turn_prompt(spec) if prompt is None else prompt,
         _sampling_params(spec.max_tokens),
         arrival_time=at,
         priority=spec.priority,
@@ -215,8 +237,10 @@ def _engine_request(spec: RequestSpec, at: float) -> EngineRequest:
 
 
 class _Arrivals:
-    """The requests still to arrive: the open-loop specs (in ``scheduled_at`` order) and
-    the closed-loop users' next sends.
+    """The requests still to arrive: the open-loop specs (in ``scheduled_at`` order),
+    the closed-loop users' next sends and the sessions' next turns (each session's
+    first at its start, each later one when the turn before it has ended:
+    ``session_turns.SessionTurns``).
 
     Users are a heap of (time, order, closed phase number): ``order`` counts pushes, so
     users due at the same instant send in the order they were queued. Each phase starts
@@ -225,7 +249,12 @@ class _Arrivals:
     first.
     """
 
-    def __init__(self, open_specs: list[RequestSpec], closed_phases: list[PhasePlan]) -> None:
+    def __init__(
+        self,
+        open_specs: list[RequestSpec],
+        closed_phases: list[PhasePlan],
+        turns: SessionTurns | None = None,
+    ) -> None:
         self._open = open_specs
         self._next_open = 0
         self._users: list[tuple[float, int, int]] = []
@@ -236,6 +265,17 @@ class _Arrivals:
             assert phase_plan.concurrency is not None, "a closed phase"
             for _ in range(phase_plan.concurrency):
                 self._push(phase_plan.start_s, phase_no)
+        self._sessions = turns
+        # (arrival, order, spec, prompt): sessions' turns due, first turns from the start
+        self._turns: list[tuple[float, int, RequestSpec, list[int]]] = []
+        if turns is not None:
+            for session in turns.sessions:
+                spec, prompt = turns.first_turn(session)
+                self._push_turn(session.start_at, spec, prompt)
+
+    def _push_turn(self, t: float, spec: RequestSpec, prompt: list[int]) -> None:
+        heapq.heappush(self._turns, (t, self._order, spec, prompt))
+        self._order += 1
 
     def _push(self, t: float, phase_no: int) -> None:
         heapq.heappush(self._users, (t, self._order, phase_no))
@@ -251,31 +291,46 @@ class _Arrivals:
 
     def next_time(self) -> float | None:
         """When the next request arrives; None when every request has arrived."""
-        t_open, t_user = self._open_time(), self._user_time()
-        if t_open is None:
-            return t_user
-        if t_user is None:
-            return t_open
-        return min(t_open, t_user)
+        times = [t for t in (self._open_time(), self._user_time()) if t is not None]
+        if self._turns:
+            times.append(self._turns[0][0])
+        return min(times) if times else None
 
-    def pop_arrived(self, now: float) -> tuple[RequestSpec, float] | None:
-        """The next request that has arrived by ``now``, with its arrival time, taken
-        off the queue; None when the next one is later (or there is none)."""
+    def pop_arrived(self, now: float) -> tuple[RequestSpec, float, list[int] | None] | None:
+        """The next request that has arrived by ``now``, with its arrival time and its
+        prompt when the arrival made it (a session's turn), taken off the queue; None
+        when the next one is later (or there is none). On a tie an open-loop request
+        comes first, then a closed-loop user's, then a session's turn."""
         t_open, t_user = self._open_time(), self._user_time()
-        if t_open is not None and t_open <= now and (t_user is None or t_open <= t_user):
+        t_turn = self._turns[0][0] if self._turns else None
+        if (
+            t_open is not None
+            and t_open <= now
+            and (t_user is None or t_open <= t_user)
+            and (t_turn is None or t_open <= t_turn)
+        ):
             self._next_open += 1
-            return self._open[self._next_open - 1], t_open
-        if t_user is not None and t_user <= now:
+            return self._open[self._next_open - 1], t_open, None
+        if t_user is not None and t_user <= now and (t_turn is None or t_user <= t_turn):
             t, _, phase_no = heapq.heappop(self._users)
             spec = self._phases[phase_no].next_request()
             self._user_of[spec.request_id] = phase_no
-            return spec, t
+            return spec, t, None
+        if t_turn is not None and t_turn <= now:
+            t, _, spec, prompt = heapq.heappop(self._turns)
+            return spec, t, prompt
         return None
 
     def request_ended(self, seq: Sequence, now: float) -> None:
         """``seq`` ended (at its finished time, else at engine time ``now``): a
         closed-loop user's request makes the user send its next one then, while its
-        phase lasts."""
+        phase lasts; a session's turn, its next turn after the think time."""
+        turns = self._sessions
+        if turns is not None and turns.owns(seq.request_id):
+            following = turns.ended(seq, now)
+            if following is not None:
+                self._push_turn(*following)
+            return
         phase_no = self._user_of.pop(seq.request_id, None)
         if phase_no is None:
             return
