@@ -50,14 +50,18 @@ class Tokenizer(Protocol):
 
 
 class HashTokenizer:
-    """One id per whitespace-separated word: `3 + blake2b(word) mod (vocab_size - 3)`.
+    """One id per whitespace-separated word: `3 + blake2b(word) mod (vocab_size - 3)`,
+    except a pseudo-word `w<i>` (what id `i` decodes to, for an id of the vocabulary
+    that is no special id), which is `i`.
 
     Ids are stable across processes and machines (no salted `hash()`); ids 0, 1, 2
-    (pad, bos, eos) are never produced for words. Decoding is NOT the inverse of
-    encoding: id `i` decodes to the pseudo-word `w<i>`, joined by single spaces, and
-    special ids decode to nothing unless `skip_special_tokens=False`. Decoding is
-    prefix-stable (`decode(ids[:n])` is a prefix of `decode(ids)`), so streamed text
-    deltas can be cut from successive decodes.
+    (pad, bos, eos) are never produced for words. Id `i` decodes to the pseudo-word
+    `w<i>`, joined by single spaces, and special ids decode to nothing unless
+    `skip_special_tokens=False`; so encoding a decoded text gives its ids back (but the
+    special ones), as a real tokenizer mostly does: the answer a chat client sends back
+    in its next turn is the tokens the model generated, and the prefix cache finds them.
+    Decoding is prefix-stable (`decode(ids[:n])` is a prefix of `decode(ids)`), so
+    streamed text deltas can be cut from successive decodes.
     """
 
     def __init__(self, vocab_size: int, eos_token_id: int = EOS_TOKEN_ID) -> None:
@@ -67,6 +71,10 @@ class HashTokenizer:
         self.eos_token_id = eos_token_id
 
     def token_id(self, word: str) -> int:
+        if word[:1] == "w" and word[1:].isdigit() and word[1:2] != "0":
+            i = int(word[1:])  # a decoded id (`decode`'s pseudo-word) is its own id
+            if NUM_SPECIAL_TOKENS <= i < self.vocab_size:
+                return i
         digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
         return NUM_SPECIAL_TOKENS + int.from_bytes(digest, "little") % (
             self.vocab_size - NUM_SPECIAL_TOKENS

@@ -39,7 +39,15 @@ from harness.loadgen import target_values as tv
 from harness.loadgen.body_lines import bounded_lines
 from harness.loadgen.clock import unix_now
 from harness.loadgen.prompt_choice import PromptChoice, choose
-from harness.loadgen.prompts import DEFAULT_ID_RANGE, TextSizer, chat_messages, token_ids
+from harness.loadgen.prompts import (
+    DEFAULT_ID_RANGE,
+    TextSizer,
+    chat_messages,
+    segment_ids,
+    segment_words,
+    token_ids,
+)
+from harness.profiles.prompt_layout import salted, segments
 
 #: The fields of every generated request beside its model, prompt, lengths and priority:
 #: exactly that many tokens, streamed with the usage; no ``temperature`` (the server's
@@ -333,7 +341,12 @@ class OpenAIClient:
             return "token_ids"
         return self.sizer.method if self.sizer is not None else "estimate"
 
-    def body(self, spec) -> dict:
+    def body(self, spec, messages: list[dict] | None = None) -> dict:
+        """The request's JSON body. Its prompt is laid out as the spec says
+        (harness/profiles/prompt_layout.py), each segment's content keyed by this run's
+        id as well (``salted``), so that a later run against the same server does not find
+        this one's prompts in its prefix cache; ``messages``: a session turn's whole
+        conversation (chat), built by the caller."""
         n_out = spec.output_tokens
         body = {
             **REQUEST_FIELDS,
@@ -345,11 +358,15 @@ class OpenAIClient:
         }
         if self.continuous_usage:
             body["stream_options"]["continuous_usage_stats"] = True
-        if self.prompt_mode == "token_ids":
-            body["prompt"] = token_ids(spec.request_id, spec.prompt_tokens, *self.id_range)
-        else:
+        salt = self.run_id
+        if messages is not None:
+            body["messages"] = messages
+        elif self.prompt_mode == "token_ids":
+            body["prompt"] = segment_ids(segments(spec), salt, *self.id_range)
+        elif not spec.shared:
+            key = salted(spec.request_id, salt)
             text = (
-                self.sizer.text(spec.request_id, spec.prompt_tokens)
+                self.sizer.text(key, spec.prompt_tokens)
                 if self.sizer
                 else " ".join(["the"] * spec.prompt_tokens)
             )
@@ -357,10 +374,36 @@ class OpenAIClient:
                 body["messages"] = chat_messages(text)
             else:
                 body["prompt"] = text
+        else:
+            shared = " ".join(self.segment_text(key, n) for key, n in spec.shared)
+            own = self.segment_text(spec.request_id, spec.own_tokens)
+            if self.endpoint == "chat":
+                body["messages"] = chat_messages(own, system=shared)
+            else:
+                body["prompt"] = f"{shared} {own}" if own else shared
         return body
+
+    def segment_text(self, key: str, tokens: int) -> str:
+        """The words of one segment of a prompt (a system prompt, a message)."""
+        m = self.sizer.segment_num_words(tokens) if self.sizer else tokens
+        return segment_words(key, self.run_id, m)
+
+    def session_messages(self, spec, history: list[dict]) -> list[dict]:
+        """A session turn's chat messages: its system prompt (if any), ``history`` (the
+        earlier turns' user messages and the answers received, in order), its new
+        message."""
+        messages = [
+            {"role": "system", "content": self.segment_text(key, n)} for key, n in spec.shared
+        ]
+        messages += history
+        messages.append(
+            {"role": "user", "content": self.segment_text(spec.request_id, spec.own_tokens)}
+        )
+        return messages
 
     # -- one request ----------------------------------------------------------------
     def new_row(self, spec, phase_kind: str, scheduled_at: float, in_flight_capped: bool) -> dict:
+        """The row of ``spec`` before it is sent (``aborted`` until its end says more)."""
         return {
             "request_id": spec.request_id,
             "run_id": self.run_id,
@@ -397,12 +440,22 @@ class OpenAIClient:
             "in_flight_capped": in_flight_capped,
             "retried": False,
             "cut_at": None,
+            "session_id": spec.session_id,
+            "turn": spec.turn,
         }
 
-    def send(self, row: dict, spec) -> float | None:
+    def send(
+        self,
+        row: dict,
+        spec,
+        messages: list[dict] | None = None,
+        answer: list[str] | None = None,
+    ) -> float | None:
         """Send ``spec``, filling ``row`` as it goes (so a caller that kills this
-        greenlet still holds what was measured). Returns the 429's Retry-After (s)."""
-        payload = json.dumps(self.body(spec), separators=(",", ":")).encode()
+        greenlet still holds what was measured). Returns the 429's Retry-After (s).
+        ``messages``: a session turn's conversation; ``answer``: where the text of the
+        answer is collected (a session's next turn sends it back)."""
+        payload = json.dumps(self.body(spec, messages), separators=(",", ":")).encode()
         headers = {
             **self.base_headers,
             "X-Request-Id": spec.request_id,
@@ -441,11 +494,17 @@ class OpenAIClient:
                 return retry_after_s(response.headers.get("retry-after"))
             row["status"] = "error"
             return None
-        self._read_stream(row, response, now, spec.output_tokens, spec.prompt_tokens)
+        self._read_stream(row, response, now, spec.output_tokens, spec.prompt_tokens, answer)
         return None
 
     def _read_stream(
-        self, row: dict, response, now, max_tokens: int, prompt_tokens: int = 0
+        self,
+        row: dict,
+        response,
+        now,
+        max_tokens: int,
+        prompt_tokens: int = 0,
+        answer: list[str] | None = None,
     ) -> None:
         """Read the stream into ``row``. Whatever the target claims, at most
         ``max_tokens`` tokens are counted (so ``itl_s`` holds at most ``max_tokens - 1``
@@ -495,6 +554,8 @@ class OpenAIClient:
                     )
                 k = 0
                 by_usage = False  # k is the target's own count, not one per text chunk
+                if answer is not None and chunk.content:
+                    answer.append(chunk.content)
                 if chunk.choice:
                     if chunk.finish_reason:
                         row["finish_reason"] = chunk.finish_reason

@@ -10,8 +10,17 @@ a slot, and its row says ``in_flight_capped`` (its lag shows how long).
 Closed loop: each of the share's loops sends its next request as soon as the previous
 one ended, until the phase ends; a 429 waits its Retry-After first.
 
+Sessions: each session of the share starts at its scheduled instant, as an open-loop
+request does, in a greenlet of its own that sends its turns one after another: turn
+``k + 1`` is due its think time after turn ``k``'s last token arrived, with the whole
+conversation so far (chat messages: the system prompt, every earlier message and the
+answer actually received, the new message). A turn that does not end ``ok`` ends its
+session: the turns after it are not sent, and their rows say why (never retried
+silently).
+
 Every scheduled request gets exactly one row: finished, failed, killed in flight when
-the run stopped (``aborted``), or never sent because the run stopped first.
+the run stopped (``aborted``), or never sent because the run stopped first (or, a
+session's turn, because its session ended on a failed turn).
 
 Stopping comes in two steps, so that Locust's ``--stop-timeout`` can let what is in flight
 finish: ``drain()`` stops sending (no request leaves after it: the open-loop requests not
@@ -45,6 +54,13 @@ log = logging.getLogger(__name__)
 IN_FLIGHT_WHEN_STOPPED = "in flight when the run stopped"
 #: The ``error`` of an open-loop row never sent because the run stopped first.
 NOT_SENT = "not sent: the run stopped before its scheduled instant"
+#: The ``error`` of a session's later turn never sent because the run stopped first.
+TURN_NOT_SENT = "not sent: the run stopped before this turn of its session"
+
+
+def session_ended(turn: int) -> str:
+    """The ``error`` of a turn never sent because turn ``turn`` of its session failed."""
+    return f"not sent: its session ended when turn {turn} failed"
 
 
 class Dispatcher:
@@ -68,14 +84,19 @@ class Dispatcher:
         self._slots = BoundedSemaphore(max_in_flight)
         self._group = Group()
         self._next_open = 0
+        self._next_session = 0
+        #: session id -> the index of its first turn that has no row yet
+        self._session_next: dict[str, int] = {}
         self._stopping = False
         self._rows: set[int] = set()  # id() of rows in flight
         self._workers: list[gevent.Greenlet] = []
         self._open: gevent.Greenlet | None = None
+        self._starts: gevent.Greenlet | None = None  # starts the sessions
         self._wake = gevent.event.Event()  # set when sending stops: closed loops stop waiting
         self.finished = gevent.event.Event()
         self.cut_in_flight = 0  # rows killed in flight by stop()
-        self.not_sent = 0  # open-loop rows never sent because the run stopped
+        self.not_sent = 0  # open-loop rows (and session turns) never sent: the run stopped
+        self.turns_after_failure = 0  # session turns never sent: a turn before them failed
         self.stopped_at: float | None = None  # when drain() or stop() ended the sending
 
     # -- running --------------------------------------------------------------------
@@ -83,7 +104,8 @@ class Dispatcher:
         """Send the share; returns when every request has its row (after ``drain()``: when
         the requests already sent have ended)."""
         self._open = gevent.spawn(self._open_loop)
-        self._workers = [self._open]
+        self._starts = gevent.spawn(self._session_starts)
+        self._workers = [self._open, self._starts]
         self._workers += [gevent.spawn(self._closed_loop, loop) for loop in self.share.closed_loops]
         gevent.joinall(self._workers)
         self._group.join()
@@ -133,7 +155,61 @@ class Dispatcher:
             elif row["status"] == "error" and row["http_status"] is None:
                 wait(min(0.05, left))  # connection refused: do not spin
 
-    def _one(self, spec, row: dict, slot: bool) -> float | None:
+    def _session_starts(self) -> None:
+        sessions = self.share.sessions
+        start = self.run_start
+        while self._next_session < len(sessions) and not self._stopping:
+            session = sessions[self._next_session]
+            delay = start + session.start_at - unix_now()
+            if delay > 0:
+                gevent.sleep(delay)
+                if self._stopping:
+                    break
+            self._next_session += 1
+            self._session_next[session.session_id] = 0
+            self._group.spawn(self._session, session)
+
+    def _session(self, session) -> None:
+        """Send ``session``'s turns one after another (module docstring)."""
+        history: list[dict] = []
+        due = self.run_start + session.start_at
+        for i, spec in enumerate(session.turns):
+            if i:
+                due += spec.think_time_s
+                delay = due - unix_now()
+                if delay > 0:
+                    self._wake.wait(delay)  # a sleep that drain() ends
+            if self._stopping:
+                return  # its turns from i on get their rows in _write_unsent
+            capped = self._slots.locked()
+            if capped:
+                self._slots.acquire()
+            else:
+                self._slots.acquire(blocking=False)
+            row = self.client.new_row(spec, "session", due, capped)
+            self._session_next[session.session_id] = i + 1
+            messages = self.client.session_messages(spec, history)
+            answer: list[str] = []
+            self._one(spec, row, True, messages, answer)
+            if row["status"] != "ok":
+                for later in session.turns[i + 1 :]:
+                    unsent = self.client.new_row(later, "session", unix_now(), False)
+                    unsent["error"] = session_ended(i + 1)
+                    self.writer.write(unsent)
+                    self.turns_after_failure += 1
+                self._session_next[session.session_id] = len(session.turns)
+                return
+            history += [messages[-1], {"role": "assistant", "content": "".join(answer)}]
+            due = row["last_token_at"] or unix_now()
+
+    def _one(
+        self,
+        spec,
+        row: dict,
+        slot: bool,
+        messages: list[dict] | None = None,
+        answer: list[str] | None = None,
+    ) -> float | None:
         if self._stopping:  # spawned at its instant, but the run stopped before it left
             if slot:
                 self._slots.release()
@@ -144,7 +220,7 @@ class Dispatcher:
         retry_after = None
         cut = False
         try:
-            retry_after = self.client.send(row, spec)
+            retry_after = self.client.send(row, spec, messages, answer)
         except gevent.GreenletExit:
             cut = True
             self.cut_in_flight += 1
@@ -181,9 +257,10 @@ class Dispatcher:
         self._stopping = True
         self.stopped_at = unix_now()
         self._wake.set()
-        if self._open is not None:
-            # Between two requests it waits in a sleep or for a slot: safe to kill there.
-            self._open.kill(block=False)
+        for walker in (self._open, self._starts):
+            if walker is not None:
+                # Between two requests it waits in a sleep or for a slot: safe to kill there.
+                walker.kill(block=False)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop sending; abort what is in flight; give every unsent open request its row."""
@@ -204,8 +281,18 @@ class Dispatcher:
         for spec in specs[self._next_open :]:
             self._not_sent(self.client.new_row(spec, "open", self.run_start + spec.open_at, False))
         self._next_open = len(specs)
+        for session in self.share.sessions:
+            first = self._session_next.get(session.session_id, 0)
+            for i, spec in enumerate(session.turns[first:], start=first):
+                at = self.run_start + session.start_at if i == 0 else unix_now()
+                self._not_sent(
+                    self.client.new_row(spec, "session", at, False),
+                    NOT_SENT if i == 0 else TURN_NOT_SENT,
+                )
+            self._session_next[session.session_id] = len(session.turns)
+        self._next_session = len(self.share.sessions)
 
-    def _not_sent(self, row: dict) -> None:
-        row["error"] = NOT_SENT
+    def _not_sent(self, row: dict, error: str = NOT_SENT) -> None:
+        row["error"] = error
         self.writer.write(row)
         self.not_sent += 1

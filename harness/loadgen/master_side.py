@@ -252,7 +252,7 @@ class MasterSide:
             mine = share(self.plan, i, self.workers)
             failure = worker_failure(
                 failure,
-                [s.request_id for s in mine.open_requests],
+                mine.scheduled_ids,
                 self.collector.received.get(i, set()) if self.collector else set(),
                 len(mine.closed_loops),
             )
@@ -306,7 +306,7 @@ class MasterSide:
             lost = self.collector.add_lost(
                 cast(str, self.run_id),  # set at the start, with the plan
                 i,
-                [s.request_id for s in mine.open_requests],
+                mine.scheduled_ids,
                 len(mine.closed_loops),
             )
             self.lost[i] = lost

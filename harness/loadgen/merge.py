@@ -34,7 +34,7 @@ from pathlib import Path
 import polars as pl
 
 from harness.loadgen.plan_check import failure_message
-from harness.loadgen.records import RECORD_KINDS
+from harness.loadgen.records import RECORD_KINDS, SCHEDULED_KINDS
 from harness.loadgen.row_types import checker
 from harness.records.percentiles import percentile
 from harness.records.send_lag import LAG_LIMIT_S
@@ -122,7 +122,7 @@ def merge_records(
     master = _workers_file(records_dir, runs[0] if runs else None)
     if lag_limit_s is None:
         lag_limit_s = next((w["lag_limit_s"] for w in workers if "lag_limit_s" in w), LAG_LIMIT_S)
-    lags = frame.filter(pl.col("phase_kind") == "open")["send_lag_s"].drop_nulls()
+    lags = frame.filter(pl.col("phase_kind").is_in(SCHEDULED_KINDS))["send_lag_s"].drop_nulls()
     p99 = percentile(lags.to_numpy(), 99)
     capped = int(frame["in_flight_capped"].sum()) if len(frame) else 0
     counts = dict(frame.group_by("status").len().iter_rows()) if len(frame) else {}

@@ -41,6 +41,7 @@ def plan_facts(plan: Plan) -> dict:
         "profile": plan.profile.name,
         "seed": plan.seed,
         "open_requests": plan.num_open_requests,
+        "sessions": len(plan.sessions()),
         "closed_phases": sum(1 for p in plan.phases if p.kind == "closed"),
     }
 

@@ -191,12 +191,13 @@ class ProcessRun:
             if self.draining:  # stopped while it was starting: nothing will be sent
                 self.dispatcher.drain()
             log.info(
-                "schedscope: worker %d/%d sends %d open-loop requests and %d closed loops "
-                "of %s (seed %d) to %s",
+                "schedscope: worker %d/%d sends %d open-loop requests, %d closed loops and "
+                "%d sessions of %s (seed %d) to %s",
                 self.index,
                 self.count,
                 mine.num_open,
                 len(mine.closed_loops),
+                len(mine.sessions),
                 profile.name,
                 seed,
                 self.host,
@@ -254,6 +255,7 @@ class ProcessRun:
             s.update(
                 num_open_requests=self.share.num_open,
                 num_closed_loops=len(self.share.closed_loops),
+                num_sessions=len(self.share.sessions),
             )
         if self.writer is not None:
             w, d = self.writer, self.dispatcher
@@ -279,6 +281,7 @@ class ProcessRun:
                 stopped_sending_unix=d.stopped_at if d else None,
                 cut_in_flight=d.cut_in_flight if d else 0,
                 not_sent=d.not_sent if d else 0,
+                turns_after_failure=d.turns_after_failure if d else 0,
                 cut_is_failure=self.cut_is_failure,
                 **w.lag_stats(self.options.lag_limit_ms / 1e3),
             )

@@ -22,6 +22,8 @@ import hashlib
 import zlib
 from collections.abc import Callable
 
+from harness.profiles.prompt_layout import salted
+
 # Common words that are one token each (with their leading space) in GPT-style BPE
 # vocabularies, and exactly one token each with schedscope's hash tokenizer.
 WORDS = (
@@ -67,8 +69,25 @@ def words(request_id: str, m: int) -> str:
     return " ".join(chosen)
 
 
-def chat_messages(content: str) -> list[dict]:
-    return [{"role": "user", "content": content}]
+def chat_messages(content: str, system: str | None = None) -> list[dict]:
+    messages = [{"role": "user", "content": content}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def segment_ids(segments: list[tuple[str, int]], salt: str, lo: int, hi: int) -> list[int]:
+    """Token ids of a prompt laid out in ``segments`` (harness/profiles/prompt_layout.py):
+    each segment's own ids, keyed by its (salted) key."""
+    ids: list[int] = []
+    for key, n in segments:
+        ids += token_ids(salted(key, salt), n, lo, hi)
+    return ids
+
+
+def segment_words(key: str, salt: str, m: int) -> str:
+    """``m`` words of segment ``key`` (salted): the same words wherever the key appears."""
+    return words(salted(key, salt), m)
 
 
 class TextSizer:
@@ -115,3 +134,11 @@ class TextSizer:
 
     def text(self, request_id: str, target: int) -> str:
         return words(request_id, self.num_words(target))
+
+    def segment_num_words(self, tokens: int) -> int:
+        """Words for a part of a prompt of ``tokens`` tokens (a system prompt, a chat
+        message): the fit's tokens per word, without a template's overhead (the part is
+        not a whole prompt); one word per token without a fit."""
+        if self._fit is None:
+            return max(tokens, 0)
+        return max(0, round(tokens / self._fit[1]))

@@ -57,8 +57,14 @@ RECORD_KINDS: dict[str, str] = {
     "in_flight_capped": "bool",
     "retried": "bool",
     "cut_at": "float",
+    "session_id": "str",
+    "turn": "int",
 }
 RECORD_COLUMNS = tuple(RECORD_KINDS)
+#: The ``phase_kind`` of rows sent at an instant the schedule (or a session) set, whose
+#: send lag says whether the generator kept up: ``open`` and ``session`` (a closed loop's
+#: rows are sent when the last one ended, whenever that is).
+SCHEDULED_KINDS = ("open", "session")
 
 
 class RecordWriter:
@@ -85,7 +91,7 @@ class RecordWriter:
         self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
         self.num_rows += 1
         self.status_counts[row["status"]] = self.status_counts.get(row["status"], 0) + 1
-        if row["phase_kind"] == "open" and row["send_lag_s"] is not None:
+        if row["phase_kind"] in SCHEDULED_KINDS and row["send_lag_s"] is not None:
             self.open_lags.append(row["send_lag_s"])
         if row["in_flight_capped"]:
             self.num_capped += 1

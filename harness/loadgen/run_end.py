@@ -70,7 +70,8 @@ def report(
         exit_code = 1  # a process did not run its share
     ok = sum(s.get("status_counts", {}).get("ok", 0) for s in done.values())
     scheduled = sum(
-        s.get("num_open_requests", 0) + s.get("num_closed_loops", 0) for s in done.values()
+        s.get("num_open_requests", 0) + s.get("num_closed_loops", 0) + s.get("num_sessions", 0)
+        for s in done.values()
     )
     if scheduled and not ok:
         # Cut or unsent requests are not failures, but a run in which none completed

@@ -2,16 +2,18 @@
 
 Request i of the open-loop schedule (its ``index``) belongs to worker ``i mod W``;
 loop j of a closed phase with concurrency N belongs to worker ``j mod W`` and sends
-that phase's specs ``j, j + N, j + 2N, ...``. The union of the shares is the whole
-plan, with no id twice, whatever W is: a run in one process and a run in several
-send the same request ids at the same scheduled instants.
+that phase's specs ``j, j + N, j + 2N, ...``; session s (its ``index``) belongs to
+worker ``s mod W`` whole: its turns are sent one after another by one process, never
+split between workers. The union of the shares is the whole plan, with no id twice,
+whatever W is: a run in one process and a run in several send the same request ids at
+the same scheduled instants.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from harness.profiles import Plan, RequestSpec
+from harness.profiles import Plan, RequestSpec, SessionSpec
 
 
 @dataclass(frozen=True)
@@ -31,16 +33,27 @@ class ClosedLoop:
 
 @dataclass(frozen=True)
 class Share:
-    """What one worker sends: open-loop specs in time order and closed loops."""
+    """What one worker sends: open-loop specs in time order, closed loops and sessions
+    (in start order)."""
 
     worker: int
     workers: int
     open_requests: list[RequestSpec]
     closed_loops: list[ClosedLoop]
+    sessions: list[SessionSpec] = field(default_factory=list)
 
     @property
     def num_open(self) -> int:
         return len(self.open_requests)
+
+    @property
+    def scheduled_ids(self) -> list[str]:
+        """The request id of every row this share writes whatever happens: its open-loop
+        requests and every turn of its sessions (a turn never sent gets a row that says
+        why)."""
+        ids = [s.request_id for s in self.open_requests]
+        ids += [t.request_id for session in self.sessions for t in session.turns]
+        return ids
 
 
 def share(plan: Plan, worker: int, workers: int) -> Share:
@@ -54,4 +67,5 @@ def share(plan: Plan, worker: int, workers: int) -> Share:
         if p.concurrency is not None  # a closed phase
         for j in range(worker, p.concurrency, workers)
     ]
-    return Share(worker, workers, open_requests, loops)
+    sessions = [s for s in plan.sessions() if s.index % workers == worker]
+    return Share(worker, workers, open_requests, loops, sessions)

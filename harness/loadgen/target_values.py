@@ -143,6 +143,8 @@ class Chunk(NamedTuple):
     #: ``usage.prompt_tokens_details.cached_tokens`` (OpenAI's and vLLM's prompt tokens
     #: found in the prefix cache; None: not sent)
     cached_tokens: int | None = None
+    #: the choice's text itself (a session keeps its answer to send it back)
+    content: str = ""
 
 
 def parse_chunk(data: bytes, chat: bool) -> Chunk:
@@ -211,4 +213,6 @@ def parse_chunk(data: bytes, chat: bool) -> Chunk:
         where = "choices[0].text"
     if text is not None and type(text) is not str:
         raise BadTargetValue(f"target sent {where} {shown(text)}: not a string")
-    return Chunk(None, True, bool(text), finish or None, completion, prompt, bool(usage), cached)
+    return Chunk(
+        None, True, bool(text), finish or None, completion, prompt, bool(usage), cached, text or ""
+    )

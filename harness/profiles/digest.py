@@ -37,19 +37,34 @@ def schedule_digest(rows: Iterable[ScheduleRow], extra: Iterable[str] = ()) -> s
 
 
 def plan_digest(plan: Plan) -> str:
-    """The digest of everything ``plan`` schedules: every open-loop request, and for each
-    closed phase its window, concurrency and first CLOSED_CHUNK requests (the rest come
-    from the same seeded draws). The seed and the profile's name are in the request ids."""
+    """The digest of everything ``plan`` schedules: every open-loop request, every turn
+    of every session (its start, and each later turn's think time), the shared prompt
+    segments, and for each closed phase its window, concurrency and first CLOSED_CHUNK
+    requests (the rest come from the same seeded draws). The seed and the profile's name
+    are in the request ids. A plan without sessions or shared segments has the digest of
+    the rows its run records (``schedule_digest``)."""
     rows: list[ScheduleRow] = [
         (s.request_id, s.class_name, s.prompt_tokens, s.output_tokens, s.scheduled_at)
         for s in plan.open_loop_requests()
     ]
+    extra: list[str] = []
+    for session in plan.sessions():
+        for t in session.turns:
+            rows.append((t.request_id, t.class_name, t.prompt_tokens, t.output_tokens, None))
+            think = None if t.think_time_s is None else round(t.think_time_s * 1e6)
+            extra.append(_line(("turn", t.request_id, think)))
+        extra.append(_line(("session", session.session_id, round(session.start_at * 1e6))))
+    for s in plan.open_loop_requests() + [t for x in plan.sessions() for t in x.turns]:
+        if s.shared:
+            extra.append(_line(("shared", s.request_id, *(f"{k}:{n}" for k, n in s.shared))))
     closed = [p for p in plan.phases if p.kind == "closed"]
     for p in closed:
         for k in range(CLOSED_CHUNK):
             s = p.request_at(k)
             rows.append((s.request_id, s.class_name, s.prompt_tokens, s.output_tokens, None))
-    extra = [
+            if s.shared:
+                extra.append(_line(("shared", s.request_id, *(f"{k}:{n}" for k, n in s.shared))))
+    extra += [
         _line(("closed", p.index, round(p.start_s * 1e6), round(p.end_s * 1e6), p.concurrency))
         for p in closed
     ]
