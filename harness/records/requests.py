@@ -62,6 +62,7 @@ REQUEST_SCHEMA: Schema = {
     "first_scheduled_at": pl.Float64,
     "first_token_at": pl.Float64,
     "finished_at": pl.Float64,
+    "phase": pl.Int64,  # the profile phase it was planned in (a served run's client rows too)
     "session_id": pl.String,  # a session's turns (docs/metrics.md); null otherwise
     "turn": pl.Int64,  # 1 for a session's first turn
 }
@@ -141,6 +142,7 @@ def unsent_record(spec, error: str, policy: str, profile: str) -> dict:
         "stall_s": 0.0,
         "num_stalls": 0,
         "stalls": [],
+        "phase": spec.phase,
         "session_id": spec.session_id,
         "turn": spec.turn,
     }

@@ -40,7 +40,7 @@ from engine.core.sequence import Sequence, SequenceStatus
 from engine.factory import build_simulated_engine
 from engine.records.step_record import StepRecord
 from engine.sim.decode_runs import DecodeSteps, can_start, run_decodes, supports_decode_runs
-from harness.profiles import Profile, RequestSpec, SessionSpec, build_plan, sample_requests
+from harness.profiles import Profile, RequestSpec, build_plan, sample_requests
 from harness.records.decision_log import decisions_frame
 from harness.records.requests import (
     RequestRecorder,
@@ -144,8 +144,7 @@ def simulate(
         tracing_stats = traced.shutdown() if traced is not None else None
         rows = recorder.rows
         _add_client_latency(rows, cost_model.client_latency_s)
-        if sessions:
-            _add_session_columns(rows, sessions, turns, policy, profile.name)
+        _add_plan_columns(rows, arrivals.sent, turns, policy, profile.name)
         threshold = stall_threshold(_median_itl(rows))
         add_stalls(rows, threshold)
         frame = requests_frame(rows).sort("scheduled_at", "request_id")
@@ -202,19 +201,20 @@ def _sampling_params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens)
 
 
-def _add_session_columns(
+def _add_plan_columns(
     rows: list[dict],
-    sessions: list[SessionSpec],
+    sent: dict[str, RequestSpec],
     turns: SessionTurns,
     policy: str,
     profile: str,
 ) -> None:
-    """Each session turn's row gets its ``session_id`` and ``turn``; the turns never sent
-    (their session ended on a failed turn) get rows that say so."""
-    of = {t.request_id: t for s in sessions for t in s.turns}
+    """Each row gets what its spec says and the engine does not know: its ``phase``, and
+    a session turn's ``session_id`` and ``turn``; the turns never sent (their session
+    ended on a failed turn) get rows that say so."""
     for row in rows:
-        spec = of.get(row["request_id"])
-        if spec is not None:
+        spec = sent[row["request_id"]]
+        row["phase"] = spec.phase
+        if spec.session_id is not None:
             row["session_id"], row["turn"] = spec.session_id, spec.turn
     for spec, error in turns.unsent:
         rows.append(unsent_record(spec, error, policy, profile))
@@ -266,6 +266,8 @@ class _Arrivals:
             for _ in range(phase_plan.concurrency):
                 self._push(phase_plan.start_s, phase_no)
         self._sessions = turns
+        #: request id -> spec of every request that arrived (for the rows' plan columns)
+        self.sent: dict[str, RequestSpec] = {}
         # (arrival, order, spec, prompt): sessions' turns due, first turns from the start
         self._turns: list[tuple[float, int, RequestSpec, list[int]]] = []
         if turns is not None:
@@ -310,14 +312,18 @@ class _Arrivals:
             and (t_turn is None or t_open <= t_turn)
         ):
             self._next_open += 1
-            return self._open[self._next_open - 1], t_open, None
+            spec = self._open[self._next_open - 1]
+            self.sent[spec.request_id] = spec
+            return spec, t_open, None
         if t_user is not None and t_user <= now and (t_turn is None or t_user <= t_turn):
             t, _, phase_no = heapq.heappop(self._users)
             spec = self._phases[phase_no].next_request()
             self._user_of[spec.request_id] = phase_no
+            self.sent[spec.request_id] = spec
             return spec, t, None
         if t_turn is not None and t_turn <= now:
             t, _, spec, prompt = heapq.heappop(self._turns)
+            self.sent[spec.request_id] = spec
             return spec, t, prompt
         return None
 
