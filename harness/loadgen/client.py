@@ -456,6 +456,7 @@ class OpenAIClient:
         ``messages``: a session turn's conversation; ``answer``: where the text of the
         answer is collected (a session's next turn sends it back)."""
         payload = json.dumps(self.body(spec, messages), separators=(",", ":")).encode()
+        path = CHAT if messages is not None else self.path  # a session's turns are chat
         headers = {
             **self.base_headers,
             "X-Request-Id": spec.request_id,
@@ -466,7 +467,7 @@ class OpenAIClient:
         row["sent_at"] = sent = now()
         row["send_lag_s"] = sent - row["scheduled_at"]
         try:
-            response = self.transport.request("POST", self.path, payload, headers)
+            response = self.transport.request("POST", path, payload, headers)
         except TransportError as e:
             if not e.stale:
                 row.update(status="error", error=tv.clean_text(str(e)))
@@ -474,7 +475,7 @@ class OpenAIClient:
             # The server had closed the pooled connection: it never took the request.
             row["retried"] = True
             try:
-                response = self.transport.request("POST", self.path, payload, headers, fresh=True)
+                response = self.transport.request("POST", path, payload, headers, fresh=True)
             except TransportError as again:
                 row.update(
                     status="error",
@@ -494,7 +495,9 @@ class OpenAIClient:
                 return retry_after_s(response.headers.get("retry-after"))
             row["status"] = "error"
             return None
-        self._read_stream(row, response, now, spec.output_tokens, spec.prompt_tokens, answer)
+        self._read_stream(
+            row, response, now, spec.output_tokens, spec.prompt_tokens, answer, path == CHAT
+        )
         return None
 
     def _read_stream(
@@ -505,6 +508,7 @@ class OpenAIClient:
         max_tokens: int,
         prompt_tokens: int = 0,
         answer: list[str] | None = None,
+        chat: bool | None = None,
     ) -> None:
         """Read the stream into ``row``. Whatever the target claims, at most
         ``max_tokens`` tokens are counted (so ``itl_s`` holds at most ``max_tokens - 1``
@@ -517,7 +521,8 @@ class OpenAIClient:
         usage_seen = 0
         done = False
         continuous = self.continuous_usage
-        chat = self.endpoint == "chat"
+        if chat is None:
+            chat = self.endpoint == "chat"
         body_limit = tv.body_limit(max_tokens)
         prompt_limit = tv.prompt_limit(prompt_tokens)
         received = 0

@@ -129,6 +129,7 @@ def unsent_record(spec, error: str, policy: str, profile: str) -> dict:
     that ended on a failed turn), as the load generator records one: ``aborted``, no
     instants. ``spec``: its ``harness.profiles.RequestSpec``."""
     return {
+        **dict.fromkeys(REQUEST_SCHEMA),
         "request_id": spec.request_id,
         "policy": policy,
         "profile": profile,
@@ -196,7 +197,8 @@ def add_stalls(rows: list[dict], threshold_s: float) -> None:
     """Fill ``stall_s``/``num_stalls``/``stalls`` from each row's long gaps, and drop
     the gaps."""
     for row in rows:
-        stalls = [(start, gap) for start, gap in row.pop("_long_gaps") if gap > threshold_s]
+        gaps = row.pop("_long_gaps", ())  # (a row of a request never sent has none)
+        stalls = [(start, gap) for start, gap in gaps if gap > threshold_s]
         row["stall_s"] = float(sum(gap for _, gap in stalls))
         row["num_stalls"] = len(stalls)
         row["stalls"] = [{"start_s": start, "duration_s": gap} for start, gap in stalls]
