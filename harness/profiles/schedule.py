@@ -152,6 +152,7 @@ class _Draws:
     output_tokens: np.ndarray
     max_tokens: np.ndarray
     system_index: np.ndarray
+    trace_row: np.ndarray  # the trace row replayed (-1: not a trace phase's)
 
     def where(self, mask: np.ndarray) -> _Draws:
         return _Draws(*(getattr(self, f)[mask] for f in _DRAW_FIELDS))
@@ -189,7 +190,7 @@ def _draw_requests(profile: Profile, seed: int, phase_index: int, block: int, n:
         else:
             max_tokens[where] = out
         output[where] = out
-    return _Draws(class_index, prompt, output, max_tokens, system)
+    return _Draws(class_index, prompt, output, max_tokens, system, np.full(n, -1, dtype=np.int64))
 
 
 def _trace_draws(profile: Profile, phase: Phase, n: int) -> _Draws:
@@ -209,6 +210,7 @@ def _trace_draws(profile: Profile, phase: Phase, n: int) -> _Draws:
         output,
         output.copy(),
         np.full(n, -1, dtype=np.int64),
+        np.arange(n, dtype=np.int64),
     )
 
 
@@ -256,15 +258,22 @@ def _specs(
 
 def _add_shared(profile: Profile, seed: int, specs: list[RequestSpec], draws: _Draws) -> None:
     """Give each single-turn spec its shared prefix: its class's system prompt (the
-    prompt then holds it before the drawn length), or its phase's reuse document (a
-    share of the drawn length)."""
+    prompt then holds it before the drawn length), its phase's reuse document (a share
+    of the drawn length), or its trace row's hash blocks (a Mooncake trace)."""
     rungs = {i: p for i, p in enumerate(profile.phases) if p.prefix_reuse}
+    traces = {
+        i: p.trace for i, p in enumerate(profile.phases) if p.trace is not None and p.trace.hash_ids
+    }
     system_lengths: dict[int, list[int]] = {}
-    if not rungs and not (draws.system_index >= 0).any():
+    if not rungs and not traces and not (draws.system_index >= 0).any():
         return
     classes, systems = draws.class_index.tolist(), draws.system_index.tolist()
-    for spec, c, k in zip(specs, classes, systems, strict=True):
-        if k >= 0:
+    rows = draws.trace_row.tolist()
+    for spec, c, k, row in zip(specs, classes, systems, rows, strict=True):
+        if row >= 0 and spec.phase in traces:
+            blocks = traces[spec.phase].hash_blocks(row, spec.prompt_tokens)
+            spec.shared = tuple((hash_key(profile.name, h), n) for h, n in blocks)
+        elif k >= 0:
             rc = profile.classes[c]
             if c not in system_lengths:
                 system_lengths[c] = system_prompt_lengths(profile, seed, c)
@@ -282,6 +291,11 @@ def _add_shared(profile: Profile, seed: int, specs: list[RequestSpec], draws: _D
 def system_prompt_key(profile_name: str, class_name: str, k: int) -> str:
     """The content key of system prompt ``k`` of a class."""
     return f"{profile_name}/system/{class_name}/{k}"
+
+
+def hash_key(profile_name: str, hash_id: int) -> str:
+    """The content key of a trace's hash block (every request naming the id shares it)."""
+    return f"{profile_name}/hash/{hash_id}"
 
 
 def reuse_key(profile_name: str, phase_name: str) -> str:

@@ -23,7 +23,7 @@ from harness.profiles.errors import ProfileError
 from harness.profiles.model import Phase, Profile, RequestClass, Slo
 from harness.profiles.sessions import Sessions
 from harness.profiles.system_prompts import SystemPrompts
-from harness.profiles.trace import ReplayTrace
+from harness.profiles.trace import MOONCAKE_BLOCK_TOKENS, ReplayTrace
 
 PROFILE_KEYS = ("name", "seed", "description", "classes", "phases")
 CLASS_KEYS = (
@@ -60,6 +60,7 @@ TRACE_KEYS = (
     "default_class",
     "model",
     "log_type",
+    "hash_block_tokens",
 )
 
 
@@ -329,6 +330,8 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
             for key in ("limit", "default_class", "model", "log_type"):
                 if getattr(t, key) is not None:
                     entry["trace"][key] = getattr(t, key)
+            if t.hash_block_tokens != MOONCAKE_BLOCK_TOKENS:
+                entry["trace"]["hash_block_tokens"] = t.hash_block_tokens
         else:
             entry["concurrency"] = p.concurrency
         if p.classes is not None:

@@ -14,6 +14,13 @@ Column layouts (picked from the header, or forced with `format`):
   (`model`, `log_type`) and are otherwise ignored.
 - ``plain`` — ``arrival_s`` (or ``timestamp``; seconds, float), ``prompt_tokens``,
   ``output_tokens``, optional ``class``.
+- ``mooncake`` — the Mooncake / Kimi traces (JSONL): ``timestamp`` (milliseconds),
+  ``input_length``, ``output_length``, ``hash_ids`` (a list of integers: prompt block
+  ``i`` — ``hash_block_tokens`` tokens, 512 in the public traces — is the block whose id
+  is ``hash_ids[i]``). Requests that share a hash id share that block of their prompt,
+  token for token (``hash_ids``), so the trace's prefix structure reaches the prefix
+  cache; a prompt longer than its blocks ends in tokens of its own, a shorter one cuts
+  its last block.
 
 Rows with 0 prompt or 0 output tokens (failed requests, as BurstGPT logs them) are
 skipped and counted in `num_skipped`; other columns are ignored. Arrivals are sorted
@@ -37,14 +44,20 @@ import numpy as np
 
 from harness.profiles.errors import ProfileError, check_int, check_name, check_number
 
-FORMATS = ("auto", "azure", "burstgpt", "plain")
+FORMATS = ("auto", "azure", "burstgpt", "plain", "mooncake")
+#: Tokens per hash id in the public Mooncake traces.
+MOONCAKE_BLOCK_TOKENS = 512
+#: The most hash ids one request may name (a prompt of 8M tokens at 512 per block).
+MAX_HASH_IDS = 16_384
 
 # layout -> (time column(s), prompt column, output column)
 _LAYOUTS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "azure": (("TIMESTAMP",), "ContextTokens", "GeneratedTokens"),
     "burstgpt": (("Timestamp",), "Request tokens", "Response tokens"),
     "plain": (("arrival_s", "timestamp"), "prompt_tokens", "output_tokens"),
+    "mooncake": (("timestamp",), "input_length", "output_length"),
 }
+_HASH_IDS = "hash_ids"
 _CLASS_COLUMN = "class"
 _DATETIME_RE = re.compile(
     r"^\s*(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2})(?:\.(\d+))?\s*(Z|[+-]\d{2}:?\d{2})?\s*$"
@@ -111,6 +124,18 @@ def _seconds_field(value: Any) -> float:
     return number
 
 
+def _hash_ids(value: Any) -> tuple[int, ...]:
+    """A Mooncake row's ``hash_ids``: a list of non-negative integers."""
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of integers, got {value!r:.60}")
+    if len(value) > MAX_HASH_IDS:
+        raise ValueError(f"{len(value)} hash ids: more than {MAX_HASH_IDS}")
+    for v in value:
+        if type(v) is not int or v < 0:
+            raise ValueError(f"expected non-negative integers, got {v!r:.30}")
+    return tuple(value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReplayTrace:
     """A trace file to replay as an open-loop phase (see the module docstring).
@@ -125,6 +150,7 @@ class ReplayTrace:
     default_class: str | None = None
     model: str | None = None  # BurstGPT: keep only rows of this Model
     log_type: str | None = None  # BurstGPT: keep only rows of this Log Type
+    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS  # Mooncake: tokens per hash id
 
     # Read from the file; shape (n,) each. offsets_s: seconds from the first kept
     # arrival, already divided by time_scale, ascending.
@@ -133,6 +159,8 @@ class ReplayTrace:
     output_tokens: np.ndarray = field(init=False, compare=False, repr=False)
     classes: tuple[str | None, ...] = field(init=False, compare=False, repr=False)
     lines: tuple[int, ...] = field(init=False, compare=False, repr=False)  # file line of each
+    #: Mooncake: each request's hash ids (empty tuples for other layouts)
+    hash_ids: tuple[tuple[int, ...], ...] = field(init=False, compare=False, repr=False)
     layout: str = field(init=False, compare=False)
     num_skipped: int = field(init=False, compare=False)
 
@@ -154,6 +182,7 @@ class ReplayTrace:
         )
         if self.limit is not None:
             check_int("limit", self.limit, minimum=1)
+        check_int("hash_block_tokens", self.hash_block_tokens, minimum=1)
         if self.default_class is not None:
             check_name("default_class", self.default_class)
         for key in ("model", "log_type"):
@@ -181,6 +210,19 @@ class ReplayTrace:
         n = self.num_requests
         gap = self.span_s / (n - 1) if n > 1 and self.span_s > 0 else 1.0 / self.time_scale
         return self.span_s + gap
+
+    def hash_blocks(self, row: int, prompt_tokens: int) -> list[tuple[int, int]]:
+        """Request ``row``'s shared blocks as (hash id, tokens): each id's block, the last
+        one cut to the prompt's length; none past it (a prompt longer than its blocks
+        ends in tokens of its own)."""
+        size = self.hash_block_tokens
+        blocks = []
+        for i, h in enumerate(self.hash_ids[row]):
+            n = min(size, prompt_tokens - i * size)
+            if n <= 0:
+                break
+            blocks.append((h, n))
+        return blocks
 
     def with_time_scale(self, factor: float) -> ReplayTrace:
         import dataclasses
@@ -231,6 +273,7 @@ class ReplayTrace:
         outputs: list[int] = []
         classes: list[str | None] = []
         lines: list[int] = []
+        hashes: list[tuple[int, ...]] = []
         skipped = 0
         layout: str | None = None if self.format == "auto" else self.format
         time_col = prompt_col = output_col = ""
@@ -254,6 +297,9 @@ class ReplayTrace:
                 found = [t for t in times if t in row]
                 time_col = found[0] if found else times[0]
                 is_datetime = layout == "azure"
+                # Mooncake detection needs its hash ids: without, the row is plain-like
+                if layout == "mooncake" and _HASH_IDS not in row:
+                    raise self._fail(lineno, _HASH_IDS, "missing (mooncake layout)")
                 resolved = True
             if self.model is not None and row.get("Model") != self.model:
                 continue
@@ -268,6 +314,8 @@ class ReplayTrace:
                     whole, frac = _parse_datetime(str(row[time_col]))
                 else:
                     seconds = _seconds_field(row[time_col])
+                    if layout == "mooncake":
+                        seconds /= 1000.0  # milliseconds
                     whole, frac = math.floor(seconds), seconds - math.floor(seconds)
             except ValueError as e:
                 raise self._fail(lineno, time_col, str(e)) from None
@@ -284,9 +332,16 @@ class ReplayTrace:
                     check_name(_CLASS_COLUMN, name)
                 except ProfileError as e:
                     raise self._fail(lineno, _CLASS_COLUMN, str(e).split(": ", 1)[1]) from None
+            ids: tuple[int, ...] = ()
+            if layout == "mooncake":
+                try:
+                    ids = _hash_ids(row.get(_HASH_IDS))
+                except ValueError as e:
+                    raise self._fail(lineno, _HASH_IDS, str(e)) from None
             if values[prompt_col] == 0 or values[output_col] == 0:
                 skipped += 1
                 continue
+            hashes.append(ids)
             times_whole.append(whole)
             times_frac.append(frac)
             prompts.append(values[prompt_col])
@@ -318,5 +373,6 @@ class ReplayTrace:
         _set(self, "output_tokens", np.asarray(outputs, dtype=np.int64)[idx])
         _set(self, "classes", tuple(classes[i] for i in idx.tolist()))
         _set(self, "lines", tuple(lines[i] for i in idx.tolist()))
+        _set(self, "hash_ids", tuple(hashes[i] for i in idx.tolist()))
         _set(self, "layout", layout)
         _set(self, "num_skipped", skipped)
