@@ -105,9 +105,10 @@ def add_arguments(parser) -> None:
     group.add_argument(
         "--prompt-mode",
         choices=list(PROMPT_MODES),
-        default="token_ids",
+        default="auto",
         help="completions prompts as token ids (exact lengths), text (sized with /tokenize) "
-        "or auto (token ids below the vocabulary bound /tokenize shows, else text)",
+        "or auto (the default, as `schedscope run --target`: token ids below the vocabulary "
+        "bound /tokenize shows, else text)",
     )
     group.add_argument(
         "--continuous-usage",
@@ -151,7 +152,7 @@ class LoadgenOptions:
     max_in_flight: int = 1000
     model: str = ""
     api_key: str = ""
-    prompt_mode: str = "token_ids"
+    prompt_mode: str = "auto"
     continuous_usage: str = "auto"
     grace: float = GRACE_S
     request_timeout: float = 600.0

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from harness.loadgen.client import FastTransport, OpenAIClient, probe
+from harness.loadgen.options import LoadgenOptions
 from harness.loadgen.prompt_choice import MIN_ID_SPAN, PromptChoice, choose
 from harness.loadgen.prompts import DEFAULT_ID_RANGE
 from harness.profiles.schedule import RequestSpec
@@ -159,3 +160,14 @@ def test_the_custom_arguments_read_their_locust_environment_variables():
 
     assert parse() == ["text", "chat"]
     assert parse("--prompt-mode", "auto") == ["auto", "chat"]  # the command line wins
+
+
+def test_locust_defaults_to_auto_prompts_as_schedscope_run_target_does():
+    """``locust -f loadprofiles/mixed.py`` against a vLLM with a small vocabulary exited 1
+    on "Token id ... is out of vocabulary": token ids were the default."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCUST_PROMPT_MODE",)}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", PARSE], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "auto"
+    assert LoadgenOptions().prompt_mode == "auto"
