@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from harness.profiles.errors import ProfileError
 from harness.profiles.model import Profile
 
@@ -83,10 +85,14 @@ def parse_rate_scale(text: str | float) -> RateScale:
 
 def offered_rate(profile: Profile) -> float:
     """The profile's mean open-loop arrival rate (requests/s) at its own rates: expected
-    arrivals over the open-loop phases' total length. ``ProfileError`` for a profile
-    without open-loop arrivals (a closed-loop profile has no rate to scale)."""
-    opened = [p for p in profile.phases if p.kind == "open"]
-    arrivals = sum(p.expected_requests or 0.0 for p in opened)
+    arrivals over the open-loop phases' total length, a session counted as its mean
+    number of turns (each is a request). ``ProfileError`` for a profile without
+    open-loop arrivals (a closed-loop profile has no rate to scale)."""
+    opened = [(i, p) for i, p in enumerate(profile.phases) if p.kind == "open"]
+    arrivals = sum(
+        (p.expected_requests or 0.0) * requests_per_arrival(profile, i) for i, p in opened
+    )
+    opened = [p for _, p in opened]
     length = sum(p.length_s for p in opened)
     if not opened or length <= 0 or arrivals <= 0:
         raise ProfileError(
@@ -94,6 +100,23 @@ def offered_rate(profile: Profile) -> float:
             "nothing to scale (its closed-loop phases keep their concurrency)"
         )
     return arrivals / length
+
+
+def requests_per_arrival(profile: Profile, phase_index: int) -> float:
+    """The mean number of requests one arrival of phase ``phase_index`` brings: 1 for a
+    single-turn class, a session class's mean turns (estimated from 20,000 draws of a
+    fixed seed: the same figure every time)."""
+    if profile.phases[phase_index].trace is not None:
+        return 1.0
+    weights = profile.class_weights(phase_index)
+    total = float(weights.sum())
+    mean = 0.0
+    for c, w in zip(profile.classes, weights.tolist(), strict=True):
+        turns = 1.0
+        if c.session is not None and w > 0:
+            turns = float(c.session.turns.sample(np.random.default_rng(0), 20_000).mean())
+        mean += w / total * turns
+    return mean
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ open phases and the chunk number for closed phases.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -575,7 +576,9 @@ def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[R
     """Exactly `n` open-loop requests in time order, cycling the open phases back to
     back (closed phases skipped); `seed` defaults to the profile's own. For an all-open
     profile the first cycle equals `build_plan(profile, seed).open_loop_requests()`,
-    and a shorter sample is a prefix of a longer one. Raises ProfileError when the
+    and a shorter sample is a prefix of a longer one. A session's turns are sampled as
+    requests of their own (`flatten_turn`: what sizes an engine's capacity on the mix;
+    their closed-loop timing is no part of a sample). Raises ProfileError when the
     profile has no open-loop phase."""
     seed = profile.seed if seed is None else seed
     check_int("n", n, minimum=0)
@@ -583,16 +586,13 @@ def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[R
     open_phases = [i for i, p in enumerate(profile.phases) if p.kind == "open"]
     if not open_phases:
         raise ProfileError(f"phases: profile {profile.name!r} has no open-loop (`rate`) phase")
-    if profile.has_sessions:
-        raise ProfileError(
-            f"classes: profile {profile.name!r} has session classes, whose turns are sent "
-            "closed-loop: its schedule is a plan (build_plan), not a list of requests"
-        )
     if n == 0:
         return []
     durations = [profile.phases[i].length_s for i in open_phases]
     if not any(_phase_may_have_arrivals(profile.phases[i]) for i in open_phases):
         raise ProfileError(f"phases: profile {profile.name!r} has no arrivals to cycle")
+    if profile.has_sessions:
+        return _sample_with_sessions(profile, n, seed, open_phases, durations)
     period = float(sum(durations))
     times_parts: list[np.ndarray] = []
     phase_parts: list[np.ndarray] = []
@@ -620,3 +620,64 @@ def sample_requests(profile: Profile, n: int, seed: int | None = None) -> list[R
         draws,
         np.concatenate(times_parts)[:n].tolist(),
     )
+
+
+def flatten_turn(turn: RequestSpec, start_at: float) -> RequestSpec:
+    """A session's turn as a request of its own arriving at ``start_at``: its prompt
+    the same length, laid out as the system prompt (and its role marker), the
+    conversation before it as one segment of its session (so a later turn of the same
+    session shares the earlier ones' history, as a prefix cache would find it), then
+    the new message and the markers around it as its own tokens."""
+    assert turn.message_tokens is not None and turn.session_id is not None
+    shared = tuple((key, n + 1) for key, n in turn.shared)  # with the system marker
+    own = turn.message_tokens + 2
+    history = turn.prompt_tokens - sum(n for _, n in shared) - own
+    if history > 0:
+        shared += ((f"{turn.session_id}/history", history),)
+    return dataclasses.replace(
+        turn, scheduled_at=start_at, shared=shared, message_tokens=None, think_time_s=None
+    )
+
+
+def _sample_with_sessions(
+    profile: Profile, n: int, seed: int, open_phases: list[int], durations: list[float]
+) -> list[RequestSpec]:
+    """`sample_requests` of a profile with session classes: whole cycles of its open
+    phases, each session's turns flattened (`flatten_turn`) at its start, in time order;
+    single-turn requests numbered as `sample_requests` numbers them."""
+    period = float(sum(durations))
+    found: list[tuple[float, int, RequestSpec]] = []
+    session_classes = np.array([c.session is not None for c in profile.classes])
+    singles = sessions = cycle = 0
+    while len(found) < n:
+        for i, (start, end) in zip(
+            open_phases, _phase_bounds(durations, cycle * period), strict=True
+        ):
+            times, draws = _open_phase(profile, seed, i, cycle, start, end)
+            starts = session_classes[draws.class_index]
+            drawn = _draw_sessions(profile, seed, i, cycle, times, draws.class_index, sessions)
+            sessions += len(drawn)
+            for session in drawn:
+                for turn in session.turns:
+                    found.append(
+                        (session.start_at, len(found), flatten_turn(turn, session.start_at))
+                    )
+            times, draws = times[~starts], draws.where(~starts)
+            indices = range(singles, singles + times.size)
+            for spec in _specs(
+                profile,
+                seed,
+                _open_ids(profile, seed, indices),
+                indices,
+                [i] * times.size,
+                draws,
+                times.tolist(),
+            ):
+                found.append((spec.open_at, len(found), spec))
+            singles += times.size
+        cycle += 1
+    found.sort(key=lambda f: (f[0], f[1]))
+    specs = [spec for _, _, spec in found[:n]]
+    for index, spec in enumerate(specs):
+        spec.index = index
+    return specs

@@ -191,9 +191,34 @@ def test_bad_session_profiles_are_refused_by_name(mutate, message):
         profile_from_dict(d)
 
 
-def test_a_session_profile_is_a_plan_not_a_request_sample():
-    with pytest.raises(ProfileError, match="session classes"):
-        sample_requests(session_profile(), 10)
+def test_a_session_profile_samples_its_turns_as_requests_of_their_own():
+    """What `--rate-scale auto` sizes the engine's capacity with: every turn, at its
+    session's start, as long as planned, its history shared with its session's later
+    turns; a shorter sample is a prefix of a longer one."""
+    profile = session_profile()
+    short, long = sample_requests(profile, 40), sample_requests(profile, 120)
+    assert [s.request_id for s in short] == [s.request_id for s in long[:40]]
+    assert len({s.request_id for s in long}) == 120
+    assert [s.index for s in long] == list(range(120))
+    times = [s.scheduled_at for s in long]
+    assert times == sorted(times)
+    turns = {t.request_id: t for x in build_plan(profile).sessions() for t in x.turns}
+    flattened = [s for s in long if s.session_id is not None]
+    assert flattened and any(s.turn > 1 for s in flattened)
+    for s in flattened:
+        if s.request_id in turns:
+            assert s.prompt_tokens == turns[s.request_id].prompt_tokens
+        assert s.message_tokens is None and s.own_tokens == s.prompt_tokens - s.shared_tokens
+        history = [n for k, n in s.shared if k.endswith("/history")]
+        assert bool(history) == (s.turn > 1)
+
+
+def test_the_offered_rate_counts_a_session_as_its_mean_turns():
+    from harness.profiles.rate_scale import offered_rate, requests_per_arrival
+
+    profile = session_profile(turns_high=5)  # turns uniform 1..5: mean 3; the other class 1
+    assert requests_per_arrival(profile, 0) == pytest.approx((3 + 1) / 2, abs=0.03)
+    assert offered_rate(profile) == pytest.approx(2.0 * 2.0, abs=0.06)
 
 
 def test_the_plan_digest_covers_think_times_and_system_prompts():
