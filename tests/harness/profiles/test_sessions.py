@@ -236,3 +236,23 @@ def test_max_total_tokens_bounds_a_session_last_turn():
     assert max(t.prompt_tokens + t.max_tokens for s in plan.sessions() for t in s.turns) <= (
         c.max_total_tokens
     )
+
+
+@pytest.mark.parametrize("name", ["chat_sessions", "shared_prefix", "agentic", "cache_ladder"])
+def test_docs_show_each_new_profile_s_planned_arrivals_as_drawn(name):
+    """docs/profiles.md's pictures are what ``arrival_chart`` draws of the shipped
+    profile today (a profile edited without its picture fails here)."""
+    from harness.profiles.arrival_chart import arrival_chart
+    from tests.support.paths import REPO
+
+    docs = (REPO / "docs" / "profiles.md").read_text()
+    line = next(x for x in docs.splitlines() if x.startswith(name + " "))
+    assert line.endswith(arrival_chart(resolve_profile(name)))
+
+
+def test_a_chart_scales_its_tallest_bin_to_a_full_block():
+    from harness.profiles.arrival_chart import BLOCKS, send_chart
+
+    line = send_chart([0.1, 0.2, 0.3, 5.5], 6.0, width=6)
+    assert line.startswith(BLOCKS[-1] + "    " + BLOCKS[3])
+    assert line.endswith("█ = 3/s")
