@@ -104,14 +104,20 @@ class Side:
 def schedule_digest(frame: pl.DataFrame) -> str:
     """16 hex digits over the schedule itself: every request's id, class, prompt and
     output lengths and arrival offset (harness.profiles.digest, whose plan digest a
-    distributed run's workers check). Equal digests: the same arrivals, whichever
-    engine answered them."""
+    distributed run's workers check; none for a session's later turns, whose instants
+    follow the turns before them). Equal digests: the same arrivals, whichever engine
+    answered them."""
+    offset = pl.col("offset_s").cast(pl.Float64)
+    if "turn" in frame.columns:
+        # a session's later turn is sent when the turn before it ended (closed loop): its
+        # instant is the engine's doing, not the schedule's, which plans none for it
+        offset = pl.when(pl.col("turn").fill_null(1) > 1).then(None).otherwise(offset)
     rows = frame.select(
         pl.col("request_id").cast(pl.String),
         pl.col("class").cast(pl.String),
         pl.col("prompt_tokens").cast(pl.Int64),
         pl.col("max_tokens").cast(pl.Int64),
-        pl.col("offset_s").cast(pl.Float64),
+        offset.alias("offset_s"),
     ).rows()
     return digest_rows(rows)
 

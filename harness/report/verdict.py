@@ -65,9 +65,20 @@ def arrival_offsets(frame: pl.DataFrame) -> np.ndarray:
     ``scheduled_at`` (wall-clock instants) do not overlap at all. The load generator's
     ``schedule_offset_s`` is that axis; records without it come from a simulation, whose
     virtual clock starts every policy at 0, so their ``scheduled_at`` is already one.
+    A served row without a planned offset (a closed loop's, a session's later turn)
+    gets its instant on that axis.
     """
-    if "schedule_offset_s" in frame.columns and frame["schedule_offset_s"].null_count() == 0:
-        return frame["schedule_offset_s"].cast(pl.Float64).to_numpy()
+    if "schedule_offset_s" in frame.columns:
+        offsets = frame["schedule_offset_s"].cast(pl.Float64)
+        if offsets.null_count() == 0:
+            return offsets.to_numpy()
+        # Closed-loop rows and a session's later turns have no planned offset: theirs is
+        # their instant on the run's axis (the run starts at scheduled_at - offset of any
+        # row that has both).
+        at = frame["scheduled_at"].cast(pl.Float64)
+        starts = (at - offsets).drop_nulls()
+        if starts.len():
+            return offsets.fill_null(at - starts.median()).to_numpy()
     return frame["scheduled_at"].cast(pl.Float64).to_numpy()
 
 
