@@ -43,6 +43,8 @@ class CellResult:
     #: the prompts the load generator chose (harness/loadgen/prompt_choice.py), served
     #: or --target; None: not known
     prompts: dict | None = None
+    #: its sessions in brief (harness/run/session_summary.py); None: none
+    sessions: dict | None = None
 
     def fail(
         self, kind: str, message: str, log_tail: str | None = None, infrastructure: bool = False
@@ -132,6 +134,7 @@ def write_cell_info(result: CellResult, settings: CellSettings, info: dict) -> C
         "missing": result.missing,
         "counts": result.counts,
         "errors": result.errors,
+        "sessions": result.sessions,
         "generator_limited": result.generator_limited,
         "wall_s": round(result.wall_s, 3),
         "files": result.files,

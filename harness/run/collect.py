@@ -21,6 +21,7 @@ from harness.run.client_stalls import with_client_stalls
 from harness.run.clock_check import check_clocks
 from harness.run.join import join_requests, shift_steps, write_spans
 from harness.run.outcome import judge_load
+from harness.run.session_summary import session_summary
 from harness.run.settings import CellSettings
 from harness.run.target_spans import SOURCE as TARGET_SPANS_SOURCE
 from harness.run.target_spans import join_span_columns
@@ -194,6 +195,7 @@ def _write_requests(
     frame.write_parquet(result.path / "requests.parquet")
     result.counts = dict(sorted(frame.group_by("status").len().iter_rows())) if frame.height else {}
     note_errors(result, frame, max_error_rate)
+    result.sessions = session_summary(frame)
     failed = {k: v for k, v in result.counts.items() if k != "ok"}
     if failed:
         result.warnings.append(

@@ -32,6 +32,7 @@ from harness.run.load_cell import run_load_cell
 from harness.run.matrix import Cell, RunPlan
 from harness.run.outcome import ERROR_RATE_EXIT, exit_code, run_status
 from harness.run.outcome import status as cell_status
+from harness.run.session_summary import session_line
 from harness.run.settings import CellMachine, CellSettings, RunSettings
 from harness.run.simulated_cell import run_simulated_cell
 from harness.run.versions import versions
@@ -454,6 +455,8 @@ def _print_cell(console: Console, r: CellResult) -> None:
     if r.prompts:
         line = PromptChoice.from_dict(r.prompts).line()
         console.print(f"  prompts: {line}", soft_wrap=True, highlight=False)
+    if r.sessions:
+        console.print(f"  sessions: {session_line(r.sessions)}", soft_wrap=True, highlight=False)
     for f in r.failures:
         console.print(
             Text.assemble("  ", (f["kind"], "red"), f": {f['message']}"),

@@ -187,6 +187,8 @@ class CellSettings(RunSettings):
         )
 
     def planned(self) -> tuple[int, float]:
-        """(open-loop requests the cell's schedule sends, its duration in s)."""
+        """(open-loop requests the cell's schedule sends, every turn of its sessions
+        included, its duration in s)."""
         plan = build_plan(self.profile, self.seed)
-        return plan.num_open_requests, plan.duration_s
+        turns = sum(len(s.turns) for s in plan.sessions())
+        return plan.num_open_requests + turns, plan.duration_s

@@ -14,6 +14,7 @@ from harness.run.cell_result import CellResult, Show, note_files, write_cell_inf
 from harness.run.collect import note_errors
 from harness.run.matrix import Cell
 from harness.run.outcome import judge_load
+from harness.run.session_summary import session_summary
 from harness.run.settings import CellSettings
 
 
@@ -53,6 +54,7 @@ def run_simulated_cell(
     (cell_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     result.counts = dict(sorted(frame.group_by("status").len().iter_rows())) if frame.height else {}
     note_errors(result, frame, settings.max_error_rate)
+    result.sessions = session_summary(frame)
     judge_load(result, {}, None)
     result.generator_limited = False
     note_files(result, ("requests.parquet", "steps.parquet", "spans.parquet", "decisions.parquet"))
