@@ -62,9 +62,20 @@ async def replay(
     Returns (one row per request: request_id, class, output_tokens, ttft_s, e2e_s,
     sent_unix, first_unix; the 99th percentile of how late the client sent, seconds).
     ``on_finished`` gets each row as its request ends (a progress bar). Raises
-    :class:`ReplayError` when a request is not answered 200.
+    :class:`ReplayError` when a request is not answered 200, and before sending anything
+    when a spec is a session's turn or shares a prompt segment: this client sends
+    single-turn prompts of their own (sessions, closed loop, and shared prefixes are
+    sent by the load generator, ``schedscope run``), and must not drop them silently.
     """
     import aiohttp
+
+    for spec in specs:
+        if spec.session_id is not None or spec.shared:
+            what = "a session's turn" if spec.session_id is not None else "a shared prefix"
+            raise ReplayError(
+                f"request {spec.request_id} has {what}: the replay client sends single-turn "
+                "prompts of their own; send this schedule with schedscope run (Locust)"
+            )
 
     rows: list[dict] = []
     lags: list[float] = []

@@ -30,3 +30,18 @@ def test_replay_sends_what_the_load_generator_sends():
         assert {k: body[k] for k in REQUEST_FIELDS} == REQUEST_FIELDS
         assert body["min_tokens"] == body["max_tokens"] == 5
     assert [b["priority"] for b in stub.bodies] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "extra, what",
+    [
+        ({"session_id": "s-1", "turn": 2}, "a session's turn"),
+        ({"shared": (("k", 8),)}, "a shared prefix"),
+    ],
+)
+def test_replay_refuses_what_it_cannot_send_before_sending_anything(extra, what):
+    from harness.loadgen.open_loop_client import ReplayError
+
+    spec = RequestSpec("r-1", 0, 0, "c", 16, 2, 2, 0, 0.0, **extra)
+    with pytest.raises(ReplayError, match=f"r-1 has {what}"):
+        asyncio.run(replay("http://127.0.0.1:9", [spec], 1000))
