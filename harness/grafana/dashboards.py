@@ -278,6 +278,27 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
                     ),
                 ),
             ),
+            Panel(
+                "Prompt per request: sent and computed",
+                "Mean prompt tokens per request as sent (vllm:request_prompt_tokens) and as "
+                "computed in its prefill, the cached prefix excluded "
+                "(vllm:request_prefill_kv_computed_tokens). Sessions and agents re-send the "
+                "whole conversation every turn, so the prompt sent grows turn after turn while "
+                "what is computed stays the new message: the gap between the two lines is the "
+                "prefix cache's work. Engines: schedscope and vLLM V1. Healthy: a wide gap on "
+                "multi-turn or shared-prefix traffic. Unhealthy: the lines meet on such traffic "
+                "(cached conversations evicted between turns: think times longer than the "
+                "pool holds them, cache thrash, docs/traps.md: more KV blocks with "
+                "--gpu-memory-utilization, or fewer concurrent sequences with --max-num-seqs; "
+                "or --no-enable-prefix-caching set; or prompts that differ early).",
+                (
+                    Target(_mean("vllm:request_prompt_tokens"), "sent {{model_name}}"),
+                    Target(
+                        _mean("vllm:request_prefill_kv_computed_tokens"),
+                        "computed {{model_name}}",
+                    ),
+                ),
+            ),
         ),
     ),
     Row(

@@ -57,6 +57,7 @@ V1_ONLY_HISTOGRAMS = {
     "vllm:request_time_per_output_token_seconds",
     "vllm:request_inference_time_seconds",
     "vllm:request_num_preemptions",
+    "vllm:request_prefill_kv_computed_tokens",
 }
 SCHEDSCOPE = {
     "schedscope_decisions_total",
