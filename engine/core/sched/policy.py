@@ -135,8 +135,9 @@ class LpmPolicy(Policy):
     #: falls back to FCFS beyond 128 waiting requests.
     WINDOW = 128
 
-    def __init__(self, aging_rate: float = 0.0, window: int = WINDOW) -> None:
+    def __init__(self, aging_rate: float = 0.0, window: int | None = None) -> None:
         super().__init__(aging_rate)
+        window = self.WINDOW if window is None else window
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = window

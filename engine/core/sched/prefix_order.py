@@ -6,7 +6,7 @@ prefix cache holds, times the block size) changes as the cache does, so it canno
 heap key fixed on arrival. Instead each admission pass ranks a *window*: the first
 ``policy.window`` (128) waiting requests in arrival order (the waiting queue's order
 under lpm), each looked up once, ordered by ``LpmPolicy.window_key`` (the most cached
-tokens first, aging as sjf's, ties by arrival). The pass takes the window in that
+tokens first, aging as sjf's, ties in the queue's arrival order). The pass takes the window in that
 order, then the rest of the queue in arrival order (FCFS), stopping, as under every
 policy, at the first request that does not fit.
 
@@ -68,10 +68,12 @@ def ranked_window(
     ranked = []
     for seq in waiting.first(policy.window):
         cached = len(lookup(seq)) * block_size
-        ranked.append((window_key(seq, cached), seq.seq_no, seq, cached))
+        # ties by the queue's own order (arrival time, then arrival into the engine), so
+        # a window with nothing cached is taken exactly as fcfs takes it
+        ranked.append((window_key(seq, cached), seq.policy_key, seq.seq_no, seq, cached))
     ranked.sort(key=_rank)
-    return [(seq, cached) for _, _, seq, cached in ranked]
+    return [(entry[3], entry[4]) for entry in ranked]
 
 
-def _rank(entry: tuple[float, int, Sequence, int]) -> tuple[float, int]:
-    return entry[0], entry[1]  # the key, then arrival order (never the Sequence)
+def _rank(entry: tuple[float, float, int, Sequence, int]) -> tuple[float, float, int]:
+    return entry[0], entry[1], entry[2]  # never compares the Sequence
