@@ -37,7 +37,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.decisions import Decision
 from engine.core.sched.policy import Policy
 from engine.core.sched.preemption import Preemptor, policy_order
-from engine.core.sched.prefix_order import admission_order
+from engine.core.sched.prefix_order import admission_order, prefix_ranking
 from engine.core.sched.scheduler_output import SchedulerOutput
 from engine.core.sched.waiting_queue import WaitingQueue
 from engine.core.sequence import Sequence, SequenceStatus
@@ -77,6 +77,8 @@ class Admission:
         self.running = running
         self.waiting = waiting
         self.preemptor = preemptor
+        #: lpm's ranking of the waiting window (None: the queue's static order)
+        self.ranking = prefix_ranking(policy, waiting, block_manager)
         self._last_wait: tuple[int, str] | None = None  # (seq_no, reason) of the last wait record
 
     def admit(
@@ -201,7 +203,7 @@ class Admission:
             self.note_wait(out, now, d.REASON_MAX_NUM_SEQS)
             return budget
         bm = self.block_manager
-        for seq, lpm_cached in admission_order(self.policy, self.waiting, bm):
+        for seq, lpm_cached in admission_order(self.waiting, self.ranking):
             if budget <= 0:
                 break
             if len(self.running) >= self.max_num_seqs:
@@ -224,7 +226,7 @@ class Admission:
         if len(self.running) >= self.max_num_seqs:
             return
         bm = self.block_manager
-        for seq, lpm_cached in admission_order(self.policy, self.waiting, bm):
+        for seq, lpm_cached in admission_order(self.waiting, self.ranking):
             if len(self.running) >= self.max_num_seqs:
                 break
             cached = bm.lookup(seq)

@@ -21,7 +21,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.request import EngineRequest
 from engine.core.sampling_params import SamplingParams
 from engine.core.sched.policy import LpmPolicy, make_policy
-from engine.core.sched.prefix_order import ranked_window
+from engine.core.sched.prefix_order import PrefixRanking
 from engine.core.sched.waiting_queue import WaitingQueue
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.llm_engine import LLMEngine
@@ -276,6 +276,27 @@ def _seq(i: int, arrival: float, prompt: list[int]) -> Sequence:
     return Sequence(EngineRequest(f"s{i}", prompt, SamplingParams(), arrival), i)
 
 
+def _prefill(bm: BlockManager, prompt: list[int], keep: bool = True) -> None:
+    """A request of ``prompt`` admitted with its hits, prefilled and ended: its full
+    blocks stay cached (``keep``), or are dropped."""
+    s = _seq(-1, 0.0, prompt)
+    bm.allocate(s, bm.lookup(s))
+    bm.register(s, s.num_tokens if keep else 0)
+    bm.free(s, keep_cached=keep)
+
+
+def _reference(live, window, rate, bm):
+    """The ``window`` oldest of ``live`` by ``rate * arrival - cached`` then arrival,
+    each with its cached tokens by a whole lookup."""
+    oldest = sorted(live, key=lambda s: (s.arrival_time, s.seq_no))[:window]
+    cached = {s.seq_no: len(bm.lookup(s)) * 4 for s in oldest}
+    ranked = sorted(
+        oldest,
+        key=lambda s: (rate * s.arrival_time - cached[s.seq_no], s.arrival_time, s.seq_no),
+    )
+    return [(s.seq_no, cached[s.seq_no]) for s in ranked]
+
+
 @settings(max_examples=200, **SETTINGS)
 @given(
     st.lists(
@@ -286,21 +307,27 @@ def _seq(i: int, arrival: float, prompt: list[int]) -> Sequence:
     st.sets(st.integers(0, 19)),
     st.integers(1, 8),
     st.sampled_from([0.0, 1.0, 8.0]),
+    st.lists(st.integers(0, 2), max_size=2),
+    st.integers(0, 6),
+    st.sets(st.integers(0, 19)),
 )
-def test_the_window_is_the_oldest_waiting_ranked_by_aged_cached_length(raw, removed, window, rate):
+def test_the_window_is_the_oldest_waiting_ranked_by_aged_cached_length(
+    raw, removed, window, rate, extend, evict, removed_later
+):
     """Against a plain reference: of the waiting requests still queued (some removed,
     leaving stale heap entries), the ``window`` oldest, sorted by ``rate * arrival -
-    cached tokens`` then arrival order, cached tokens as ``lookup`` finds them. The queue
-    is left as it was (its next request the same)."""
+    cached tokens`` then arrival order, cached tokens as a whole ``lookup`` finds them.
+    The queue is left as it was (its next request the same). Ranked again by the same
+    ranking (its lookups resumed from the first ranking's hits) after the cache changed
+    (prefixes extended, cached blocks evicted) and more requests left: the reference
+    again."""
     bm = BlockManager(4, 64, 0, watermark=0.0, enable_prefix_caching=True)
     prefixes = [list(range(100 * k, 100 * k + 4 * (k + 1))) for k in range(3)]  # 1..3 blocks
     for p in prefixes:  # cache each prefix: prefilled by a request that has ended
-        s = _seq(-1, 0.0, [*p, 1])
-        bm.allocate(s, bm.lookup(s))
-        bm.register(s, s.num_tokens)
-        bm.free(s)
+        _prefill(bm, [*p, 1])
     waiting = WaitingQueue()
     policy = LpmPolicy(rate, window)
+    ranking = PrefixRanking(policy, waiting, bm)
     seqs = []
     for i, (arrival, share, extra) in enumerate(raw):
         prompt = [*prefixes[share], *range(9000, 9000 + extra)] if share >= 0 else [7000 + i] * 5
@@ -308,23 +335,30 @@ def test_the_window_is_the_oldest_waiting_ranked_by_aged_cached_length(raw, remo
         s.policy_key = policy.key(s)
         waiting.push(s, s.arrival_time)
         seqs.append(s)
-    for i in sorted(removed):
-        if i < len(seqs):
-            waiting.remove(seqs[i], 10.0)
-            seqs[i].status = SequenceStatus.RUNNING
+
+    def leave(indices):
+        for i in sorted(indices):
+            if i < len(seqs) and seqs[i].status is SequenceStatus.WAITING:
+                waiting.remove(seqs[i], 10.0)
+                seqs[i].status = SequenceStatus.RUNNING
+
+    leave(removed)
     live = [s for s in seqs if s.status is SequenceStatus.WAITING]
     head = waiting.peek()
-
-    oldest = sorted(live, key=lambda s: (s.arrival_time, s.seq_no))[:window]
-    cached = {s.seq_no: len(bm.lookup(s)) * 4 for s in oldest}
-    expected = sorted(
-        oldest,
-        key=lambda s: (rate * s.arrival_time - cached[s.seq_no], s.arrival_time, s.seq_no),
-    )
-    got = ranked_window(policy, waiting, bm)
-    assert [(s.seq_no, c) for s, c in got] == [(s.seq_no, cached[s.seq_no]) for s in expected]
+    got = ranking.ranked_window()
+    assert [(s.seq_no, c) for s, c in got] == _reference(live, window, rate, bm)
     assert waiting.peek() is head and len(waiting) == len(live)
     assert waiting.first(len(seqs) + 1) == sorted(live, key=lambda s: (s.arrival_time, s.seq_no))
+
+    for k in extend:  # a longer prompt behind prefix k: two more blocks cached after it
+        _prefill(bm, [*prefixes[k], *range(9000, 9008), 1])
+    if evict:  # a cold request takes every truly free block and ``evict`` cached ones
+        free, evictable = bm.free_pools
+        _prefill(bm, [5000] * (4 * (len(free) + min(evict, len(evictable)))), keep=False)
+    leave(removed_later)
+    live = [s for s in seqs if s.status is SequenceStatus.WAITING]
+    got = ranking.ranked_window()
+    assert [(s.seq_no, c) for s, c in got] == _reference(live, window, rate, bm)
 
 
 @settings(max_examples=200, **SETTINGS)
