@@ -130,9 +130,9 @@ class LpmPolicy(Policy):
     """
 
     name = "lpm"
-    #: Waiting requests ranked per step, the oldest first; the rest wait in arrival
-    #: order. A bound on the per-step cost (one prefix lookup each), as SGLang, which
-    #: falls back to FCFS beyond 128 waiting requests.
+    #: Waiting requests ranked per step, the oldest; the rest wait in arrival order. A
+    #: bound on the per-step cost (one prefix lookup each); SGLang's lpm bounds it at the
+    #: same number, ordering the whole queue FCFS while more than 128 wait.
     WINDOW = 128
 
     def __init__(self, aging_rate: float = 0.0, window: int | None = None) -> None:

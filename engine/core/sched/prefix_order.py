@@ -15,8 +15,10 @@ the queue's length: ``window`` pops and pushes of the queue's heap and ``window`
 lookups; a step with no free seat (or no token budget) ranks nothing. A lookup resumes
 from the hits the request's lookup of the pass before found (``BlockManager.lookup_again``:
 unless one of them was evicted since), so a request that stays in the window costs what
-the cache changed for it, not its whole prefix again. SGLang does the same: it matches
-the prefixes of the waiting queue each round and falls back to FCFS beyond 128.
+the cache changed for it, not its whole prefix again. SGLang bounds the same cost
+differently: it matches the prefixes of the whole waiting queue each round, and orders
+the whole queue FCFS while more than 128 wait; the window keeps lpm's order among the
+oldest 128 however long the queue.
 
 The ranking is taken once per pass, when the pass first asks for a request: an
 admission earlier in the same pass may register blocks (or evict some) that a later
