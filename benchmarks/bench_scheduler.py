@@ -8,6 +8,14 @@ the executor), with every running request decoding and none finishing. Prompts s
 no prefix (as independent users' prompts), so the cache costs its bookkeeping and
 finds nothing.
 
+lpm ranks a window of the waiting queue (its oldest 128) in every step that has a seat
+to fill, one prefix lookup each; with every seat taken (the steps above) it ranks
+nothing. So it is measured twice more, beside fcfs, in steps that admit: one running
+request finishes in about every step and a waiting one takes its seat (R=256, W=10,000),
+once with prompts sharing nothing (each lookup one miss) and once with every prompt
+behind one cached 256-token system prompt (each lookup walks 16 blocks). Target: lpm's
+step <= 1 ms there too.
+
 Run: .venv/bin/python benchmarks/bench_scheduler.py [--json FILE] (seconds; --quick is the
 same run)
 """
@@ -28,6 +36,8 @@ from harness.bench.script import BenchParser, bench_main
 TARGET_MS = 1.0
 TARGET_GROWTH = 1.5
 TARGET_CACHING = 1.2
+#: Every policy (lpm ranks nothing in these steps: every seat is taken).
+POLICIES = ("fcfs", "sjf", "priority", "lpm")
 
 
 def prompt(i: int) -> list[int]:
@@ -73,6 +83,41 @@ def build(
     return scheduler
 
 
+def build_admitting(policy: str, running: int, waiting: int, shared: int, steps: int) -> Scheduler:
+    """R running requests of which about one finishes per step (over ``steps`` steps),
+    W waiting to take their seats; every prompt begins with the same ``shared`` tokens
+    (0: prompts share nothing), cached once the running requests are prefilled."""
+    config = SchedulerConfig(
+        max_num_seqs=running,
+        max_num_batched_tokens=8192,
+        max_model_len=1_000_000,
+        scheduling_policy=policy,
+    )
+    blocks = BlockManager(
+        16,
+        num_device_blocks=running * 200 + waiting * 4,
+        num_host_blocks=0,
+        enable_prefix_caching=True,
+    )
+    scheduler = Scheduler(config, blocks, eos_token_id=2)
+    system = [7] * shared
+    never = SamplingParams(max_tokens=100_000)
+    t = 0.0
+    for i in range(running):
+        # request i ends ~i * steps / running steps into the timed steps
+        params = SamplingParams(max_tokens=8 + i * steps // running)
+        scheduler.add(EngineRequest(f"r{i}", system + prompt(i), params, t), t)
+        t += 1e-3
+    for _ in range(4):
+        out = scheduler.schedule(t)
+        scheduler.update(out, [3] * len(out.seqs), t)
+    assert len(scheduler.running) == running, len(scheduler.running)
+    for i in range(waiting):
+        scheduler.add(EngineRequest(f"w{i}", system + prompt(running + i), never, t), t)
+        t += 1e-6
+    return scheduler
+
+
 def time_steps(scheduler: Scheduler, steps: int) -> float:
     """Median milliseconds per step over ``steps`` steps."""
     samples = []
@@ -96,7 +141,7 @@ def parser() -> BenchParser:
 def run(args) -> list[Figure]:
     figures = []
     print(f"{'policy':9} {'max_wait':>8} {'W':>7} {'ms/step':>8}   target")
-    for policy in ("fcfs", "sjf", "priority"):
+    for policy in POLICIES:
         for max_wait in (None, 3600.0):
             per_w = {}
             for waiting in (100, 10_000):
@@ -125,6 +170,39 @@ def run(args) -> list[Figure]:
                 )
             figures.append(Figure(f"growth W=100 to W=10,000, {label}", growth, "x", TARGET_GROWTH))
     figures += caching_cost(args)
+    figures += admitting_cost(args)
+    return figures
+
+
+def admitting_cost(args) -> list[Figure]:
+    """fcfs and lpm at R, W=10,000 in steps that admit (one seat freed per step),
+    prompts sharing nothing and sharing a cached 256-token system prompt."""
+    print(f"\nadmitting one request per step, R={args.running} W=10,000")
+    print(f"{'prompts':14} {'fcfs ms':>8} {'lpm ms':>8} {'ratio':>7}   target")
+    figures = []
+    for label, shared in (("own", 0), ("shared 256", 256)):
+        per = {
+            policy: time_steps(
+                build_admitting(policy, args.running, 10_000, shared, args.steps), args.steps
+            )
+            for policy in ("fcfs", "lpm")
+        }
+        ratio = per["lpm"] / per["fcfs"]
+        verdict = "MET" if per["lpm"] <= TARGET_MS else "MISSED"
+        print(
+            f"{label:14} {per['fcfs']:8.3f} {per['lpm']:8.3f} {ratio:6.2f}x   "
+            f"lpm <= {TARGET_MS} ms: {verdict}"
+        )
+        for policy, ms in per.items():
+            figures.append(
+                Figure(
+                    f"ms per admitting step, {policy}, prompts {label}, R={args.running} W=10,000",
+                    ms,
+                    "ms",
+                    TARGET_MS if policy == "lpm" else None,
+                    note=f"median of {args.steps} steps; lpm / fcfs {ratio:.2f}x",
+                )
+            )
     return figures
 
 
@@ -133,7 +211,7 @@ def caching_cost(args) -> list[Figure]:
     alternately (three rounds each) so the machine's drift falls on both."""
     print(f"\n{'policy':9} {'off ms':>8} {'on ms':>8} {'ratio':>7}   target")
     figures = []
-    for policy in ("fcfs", "sjf", "priority"):
+    for policy in POLICIES:
         off, on = [], []
         for _ in range(3):
             off.append(time_steps(build(policy, args.running, 10_000, None, False), args.steps))

@@ -17,7 +17,7 @@ PREEMPTION_MODES: tuple[str, ...] = ("auto", "swap", "recompute")
 #: The knob's allowed values, in the order the docs list them: the one list of policy
 #: names (the CLI's choices, run files, the report). The scheduler's registry
 #: (engine/core/sched/policy.py) holds a class for each and refuses any other.
-SCHEDULING_POLICIES: tuple[str, ...] = ("fcfs", "sjf", "priority")
+SCHEDULING_POLICIES: tuple[str, ...] = ("fcfs", "sjf", "priority", "lpm")
 BATCHING_MODES: tuple[str, ...] = ("continuous", "static")
 SIZE_ESTIMATORS: tuple[str, ...] = ("request", "oracle")
 
@@ -61,7 +61,9 @@ class SchedulerConfig:
     scheduling_policy: str = field(
         default="fcfs",
         metadata=_help(
-            "Order of service: fcfs, sjf (shortest estimated job) or priority.",
+            "Order of service: fcfs, sjf (shortest estimated job), priority, or lpm "
+            "(longest prefix match: the waiting request with the most prompt tokens in the "
+            "prefix cache first, among the oldest 128 waiting; fcfs with prefix caching off).",
             choices=SCHEDULING_POLICIES,
         ),
     )
@@ -80,8 +82,9 @@ class SchedulerConfig:
     aging_rate: float = field(
         default=0.0,
         metadata=_help(
-            "sjf/priority aging: a waiting request's key improves by this much per second "
-            "waited (sjf: tokens per second; priority: priority levels per second)."
+            "sjf/priority/lpm aging: a waiting request's key improves by this much per second "
+            "waited (sjf: tokens of size per second; priority: priority levels per second; "
+            "lpm: cached tokens per second)."
         ),
     )
     max_wait_s: float | None = field(

@@ -30,7 +30,7 @@ def test_the_real_rules_gate_step_cost_and_gross_latency():
 
 def test_the_committed_baselines_are_readable():
     simulated = open_side(CI / "baselines" / "simulated.json", "baseline")
-    assert simulated.simulated and set(simulated.cells) == {"fcfs", "sjf", "priority"}
+    assert simulated.simulated and set(simulated.cells) == {"fcfs", "sjf", "priority", "lpm"}
     assert simulated.identity["profile"] == "mixed" and simulated.identity["seed"] == 7
     real = open_side(CI / "baselines" / "real-torch.json", "baseline")
     assert not real.simulated and real.identity["machine"]

@@ -132,6 +132,22 @@ class BlockManager:
         limit = (seq.num_tokens - 1) // self.block_size
         return self.cache.lookup(seq, limit) if limit > 0 else []
 
+    @property
+    def num_forgotten_blocks(self) -> int:
+        """Cached blocks whose content was dropped so far (evicted, or never written): what
+        :meth:`lookup_again` needs of the moment of an earlier lookup."""
+        return self.cache.forgets
+
+    def lookup_again(self, seq: Sequence, hits: Seq[int], since: int) -> list[int]:
+        """:meth:`lookup`, given the ``hits`` an earlier lookup of ``seq`` found when
+        :attr:`num_forgotten_blocks` was ``since`` (``seq``'s tokens unchanged since):
+        it walks on from them unless one of them has been evicted since, so a waiting
+        request looked up again each step costs what its cache changed."""
+        if not self.enable_prefix_caching:
+            return []
+        limit = (seq.num_tokens - 1) // self.block_size
+        return self.cache.lookup_again(seq, limit, hits, since) if limit > 0 else []
+
     def evicted_prefix(self, seq: Sequence, cached: Seq[int]) -> int:
         """Tokens of ``seq`` just after its hits ``cached`` (from :meth:`lookup`) that the
         cache had held and evicted (``PrefixCache.evicted_after``): they would have been

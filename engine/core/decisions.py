@@ -69,7 +69,13 @@ class Decision:
     sequences of an ``idle_running`` record. ``num_cached_tokens``: on an ``admit`` or
     ``recompute``, the tokens of ``num_tokens`` found in the prefix cache (not computed);
     ``num_evicted_prefix_tokens``: the tokens just after those that the cache had held
-    and evicted (they would have been hits: cache thrash).
+    and evicted (they would have been hits: cache thrash). ``lpm_cached_tokens``: on an
+    ``admit`` or ``recompute`` under the lpm policy, the cached prefix (tokens) that
+    ranked the request when its admission pass ranked the waiting window
+    (``engine.core.sched.prefix_order``); it may differ from ``num_cached_tokens`` when an
+    admission earlier in that pass registered or evicted blocks of its prefix. None: not
+    ranked by its prefix (another policy, prefix caching off, beyond the window, a
+    max-wait admission).
     """
 
     kind: str
@@ -87,6 +93,7 @@ class Decision:
     predicted_recompute_s: float | None = None
     num_cached_tokens: int = 0
     num_evicted_prefix_tokens: int = 0
+    lpm_cached_tokens: int | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -105,4 +112,5 @@ class Decision:
             "predicted_recompute_s": self.predicted_recompute_s,
             "num_cached_tokens": self.num_cached_tokens,
             "num_evicted_prefix_tokens": self.num_evicted_prefix_tokens,
+            "lpm_cached_tokens": self.lpm_cached_tokens,
         }

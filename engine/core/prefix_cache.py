@@ -16,6 +16,13 @@ unreachable, as they would be in a per-block index (their key names an evicted p
 A content is registered once: a request computing a content someone registered first
 keeps its copy unregistered and follows the existing one.
 
+A lookup may resume from the hits of an earlier lookup of the same tokens (a waiting
+request ranked again each step: lpm, ``engine.core.sched.prefix_order``): while none of
+those blocks has been forgotten since (evicted, or dropped unwritten), they are still the
+same path from the first block (a content is registered once; a chain is cut only where
+a block of it is forgotten), so only what follows them needs walking. Each forgotten block
+records when (:attr:`PrefixCache.forgets`, a count), so that is checked per hit.
+
 Evicted chains are kept as *ghosts* (their heads by key, as many blocks' worth as the
 pool holds): a lookup that stops can say how many more of the request's blocks the cache
 had held and evicted (cache thrash). The ghosts are a lower bound: a content computed
@@ -93,6 +100,11 @@ class PrefixCache:
         # chains whose head was evicted, by head key, oldest first; their blocks counted
         self.ghosts: OrderedDict[PrefixKey, Chain] = OrderedDict()
         self.ghost_blocks = 0
+        #: Registered blocks forgotten so far (evicted, or dropped unwritten), and for each
+        #: block that count just after it was last forgotten (0: never): a lookup taken
+        #: when the count was ``n`` still holds while each of its hits reads <= ``n``.
+        self.forgets = 0
+        self.forgotten_at = [0] * num_device_blocks
 
     # -- reading ------------------------------------------------------------------------
     def is_registered(self, block: int) -> bool:
@@ -130,10 +142,24 @@ class PrefixCache:
 
     def lookup(self, seq: Sequence, limit: int) -> list[int]:
         """The blocks holding the longest run of ``seq``'s first ``limit`` blocks."""
-        hits: list[int] = []
+        return self._walk(seq, limit, [])
+
+    def lookup_again(self, seq: Sequence, limit: int, hits: Seq[int], since: int) -> list[int]:
+        """:meth:`lookup`, given the ``hits`` an earlier lookup of ``seq``'s same tokens
+        found when :attr:`forgets` was ``since``: they are kept, and only what follows
+        them walked, unless one of them has been forgotten since (then a whole lookup)."""
+        if hits and max(map(self.forgotten_at.__getitem__, hits)) > since:
+            return self._walk(seq, limit, [])
+        return self._walk(seq, limit, list(hits[:limit]))
+
+    def _walk(self, seq: Sequence, limit: int, hits: list[int]) -> list[int]:
+        """``hits`` (a valid run from ``seq``'s first block) extended as far as it goes."""
         holder: int | None = None
         serial = 0
-        for block in range(limit):
+        if hits:
+            holder = hits[-1]
+            serial = self.serial(holder)
+        for block in range(len(hits), limit):
             found = self.child(holder, serial, seq, block)
             if found is None:
                 break
@@ -235,6 +261,8 @@ class PrefixCache:
         if chain is None:
             return
         self.chain_of[block] = None
+        self.forgets += 1
+        self.forgotten_at[block] = self.forgets
         i = self.index_of[block]
         if i < chain.valid:
             chain.valid = i
@@ -247,12 +275,15 @@ class PrefixCache:
         """Take ``n`` blocks from the eviction ``queue``'s head, each :meth:`forget`-ten
         as evicted (inlined: the hot path of a full pool)."""
         popitem, chain_of, index_of = queue.popitem, self.chain_of, self.index_of
+        forgotten_at, forgets = self.forgotten_at, self.forgets
         taken = []
         for _ in range(n):
             block = popitem(False)[0]
             chain = chain_of[block]
             assert chain is not None  # an evictable block is registered
             chain_of[block] = None
+            forgets += 1
+            forgotten_at[block] = forgets
             i = index_of[block]
             if i < chain.valid:
                 chain.valid = i
@@ -260,6 +291,7 @@ class PrefixCache:
                 del self.heads[chain.head_key]
                 self._ghost(chain)
             taken.append(block)
+        self.forgets = forgets
         return taken
 
     def _ghost(self, chain: Chain) -> None:

@@ -79,6 +79,9 @@ STEP = "schedscope.step"
 CACHED_TOKENS = "schedscope.prefix_cache.cached_tokens"
 #: ... and the tokens after those that the cache had held and evicted (cache thrash).
 EVICTED_PREFIX_TOKENS = "schedscope.prefix_cache.evicted_prefix_tokens"
+#: Under the lpm policy: the cached prefix (tokens) that ranked the admission (absent when
+#: its prefix did not rank it: beyond the window, a max-wait admission, caching off).
+LPM_CACHED_TOKENS = "schedscope.lpm.cached_tokens"
 
 
 _PREFILL_EVENT = "p"
@@ -432,6 +435,8 @@ class SpanObserver:
                 attributes["schedscope.queue_s"] = dec.time - start
                 attributes[CACHED_TOKENS] = dec.num_cached_tokens
                 attributes[EVICTED_PREFIX_TOKENS] = dec.num_evicted_prefix_tokens
+                if dec.lpm_cached_tokens is not None:
+                    attributes[LPM_CACHED_TOKENS] = dec.lpm_cached_tokens
                 out.append((SCHEDULE, start, dec.time, attributes))
             elif kind == d.PREEMPT:
                 close_decode(dec.time)
@@ -474,6 +479,8 @@ class SpanObserver:
                 attributes["schedscope.recompute.num_tokens"] = dec.num_tokens
                 attributes["schedscope.num_blocks"] = dec.num_blocks
                 attributes[CACHED_TOKENS] = dec.num_cached_tokens
+                if dec.lpm_cached_tokens is not None:
+                    attributes[LPM_CACHED_TOKENS] = dec.lpm_cached_tokens
                 recompute = [dec.time, dec.time, attributes]
             else:  # reject, abort, fail: the request ends here
                 close_decode(dec.time)

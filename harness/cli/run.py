@@ -48,7 +48,8 @@ def run(
     policy: str = typer.Option(
         "fcfs,sjf,priority",
         "--policy",
-        help="Policies to compare: a comma-separated list or 'all'.",
+        help="Policies to compare: a comma-separated list of fcfs, sjf, priority and lpm "
+        "(longest cached prefix first; fcfs with prefix caching off), or 'all' (all four).",
     ),
     out: Path | None = typer.Option(
         None, "--out", help="Run root (default: runs/<YYYYmmdd-HHMMSS>)."

@@ -26,7 +26,8 @@ def simulate(
     policy: str = typer.Option(
         "fcfs",
         "--policy",
-        help="fcfs, sjf or priority; a comma-separated list or 'all' compares several.",
+        help="fcfs, sjf, priority or lpm (longest cached prefix first; fcfs with prefix "
+        "caching off); a comma-separated list or 'all' (every policy) compares several.",
     ),
     out: Path = typer.Option(Path("runs/simulate"), "--out", help="Directory for the records."),
     cost_model: str | None = options.cost_model_option(),

@@ -32,6 +32,7 @@ SCHEMA: Schema = {
     "predicted_recompute_s": pl.Float64,
     "num_cached_tokens": pl.Int64,
     "num_evicted_prefix_tokens": pl.Int64,
+    "lpm_cached_tokens": pl.Int64,
 }
 
 

@@ -4,8 +4,8 @@ values, and which combinations are skipped (docs/tune.md, "The space").
 A :class:`Param` is one knob: categorical ``choices`` (``"none"`` stands for an unset
 knob, e.g. no ``max_wait_s`` bound), or an ``int``/``float`` range (``log`` for a
 logarithmic one). ``when`` makes it conditional: searched only when an earlier
-categorical knob has one of the listed values (``aging_rate`` only under sjf and
-priority), else left at the current configuration's value.
+categorical knob has one of the listed values (``aging_rate`` only under sjf, priority
+and lpm), else left at the current configuration's value.
 
 :data:`DEFAULT_PARAMS` covers the scheduler's knobs: the policy, its aging rate and
 max-wait bound, ``max_num_seqs``, ``max_num_batched_tokens``, chunked prefill, the KV
@@ -81,19 +81,23 @@ class Param:
         return f"{self.name}: {values}" + (f" (when {cond})" if cond else "")
 
 
+#: The policies that may hold a request back behind later ones (so aging and the max-wait
+#: bound mean something): every policy but fcfs.
+AGED_POLICIES: tuple[str, ...] = tuple(p for p in SCHEDULING_POLICIES if p != "fcfs")
+
 DEFAULT_PARAMS: tuple[Param, ...] = (
     Param("scheduling_policy", "categorical", SCHEDULING_POLICIES),
     Param(
         "aging_rate",
         "categorical",
         (0.0, 0.1, 1.0, 10.0, 100.0, 1000.0),
-        when={"scheduling_policy": ("sjf", "priority")},
+        when={"scheduling_policy": AGED_POLICIES},
     ),
     Param(
         "max_wait_s",
         "categorical",
         (NONE, 1.0, 2.0, 5.0, 10.0, 20.0),
-        when={"scheduling_policy": ("sjf", "priority")},
+        when={"scheduling_policy": AGED_POLICIES},
     ),
     Param("max_num_seqs", "int", low=16, high=512, log=True),
     Param("max_num_batched_tokens", "int", low=256, high=8192, log=True),

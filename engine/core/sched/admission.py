@@ -6,10 +6,16 @@ The paths, all called by the batching regime (``engine.core.sched.batching``):
   first, preempting whatever they must; then, under a policy that preempts for waiting
   requests (priority), the best waiting request when it lacks a slot or blocks takes
   them from worse running requests and is admitted in that very step;
-- :meth:`Admission.waiting` — new prefills in policy order while a slot, the token
-  budget and blocks allow; the first that does not fit stops the loop (no skipping
+- :meth:`Admission.waiting_requests` — new prefills in policy order while a slot, the
+  token budget and blocks allow; the first that does not fit stops the loop (no skipping
   ahead) and its reason is recorded as a ``wait`` decision;
 - :meth:`Admission.batch` — static batching: a whole batch in policy order.
+
+"Policy order" for these two is the waiting queue's static order, except under lpm,
+whose order of a pass ranks a window of the queue by cached prefix
+(``engine.core.sched.prefix_order``); a ``wait`` decision without a request of its own
+(:meth:`Admission.note_wait`) names the queue's head in its static order (under lpm the
+oldest waiting request: ranking a window only to name it would cost lookups).
 
 An admission is an ``admit`` decision the first time and a ``recompute`` decision when a
 recompute-preempted request re-enters to re-prefill.
@@ -31,6 +37,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.decisions import Decision
 from engine.core.sched.policy import Policy
 from engine.core.sched.preemption import Preemptor, policy_order
+from engine.core.sched.prefix_order import admission_order, prefix_ranking
 from engine.core.sched.scheduler_output import SchedulerOutput
 from engine.core.sched.waiting_queue import WaitingQueue
 from engine.core.sequence import Sequence, SequenceStatus
@@ -70,6 +77,8 @@ class Admission:
         self.running = running
         self.waiting = waiting
         self.preemptor = preemptor
+        #: lpm's ranking of the waiting window (None: the queue's static order)
+        self.ranking = prefix_ranking(policy, waiting, block_manager)
         self._last_wait: tuple[int, str] | None = None  # (seq_no, reason) of the last wait record
 
     def admit(
@@ -80,9 +89,11 @@ class Admission:
         reason: str,
         n: int,
         cached: list[int] | None = None,
+        lpm_cached_tokens: int | None = None,
     ) -> None:
         """Move a waiting request into the running set and (if ``n``) into this step;
-        ``cached``: its prefix hits (:meth:`BlockManager.lookup`), taken as computed."""
+        ``cached``: its prefix hits (:meth:`BlockManager.lookup`), taken as computed;
+        ``lpm_cached_tokens``: the cached length that ranked it under lpm (recorded)."""
         bm = self.block_manager
         caching = bm.enable_prefix_caching
         num_cached = evicted = 0
@@ -121,6 +132,7 @@ class Admission:
                 num_tokens=seq.num_tokens,
                 num_cached_tokens=num_cached,
                 num_evicted_prefix_tokens=evicted,
+                lpm_cached_tokens=lpm_cached_tokens,
             )
         )
         if n:
@@ -185,10 +197,14 @@ class Admission:
 
     def waiting_requests(self, out: SchedulerOutput, now: float, budget: int) -> int:
         """New prefills in policy order while a slot, the budget and blocks allow."""
+        if budget <= 0:
+            return budget
+        if len(self.running) >= self.max_num_seqs:  # checked first: lpm ranks nothing then
+            self.note_wait(out, now, d.REASON_MAX_NUM_SEQS)
+            return budget
         bm = self.block_manager
-        while budget > 0:
-            seq = self.waiting.peek()
-            if seq is None:
+        for seq, lpm_cached in admission_order(self.waiting, self.ranking):
+            if budget <= 0:
                 break
             if len(self.running) >= self.max_num_seqs:
                 self.note_wait(out, now, d.REASON_MAX_NUM_SEQS, seq)
@@ -201,21 +217,23 @@ class Admission:
             if not bm.can_allocate(seq, bool(self.running), cached):
                 self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
                 break
-            self.admit(seq, out, now, d.REASON_POLICY_ORDER, n, cached)
+            self.admit(seq, out, now, d.REASON_POLICY_ORDER, n, cached, lpm_cached)
             budget -= n
         return budget
 
     def batch(self, out: SchedulerOutput, now: float) -> None:
         """Static batching: admit a whole batch in policy order (prefilled next step)."""
-        while len(self.running) < self.max_num_seqs:
-            seq = self.waiting.peek()
-            if seq is None:
+        if len(self.running) >= self.max_num_seqs:
+            return
+        bm = self.block_manager
+        for seq, lpm_cached in admission_order(self.waiting, self.ranking):
+            if len(self.running) >= self.max_num_seqs:
                 break
-            cached = self.block_manager.lookup(seq)
-            if not self.block_manager.can_allocate(seq, bool(self.running), cached):
+            cached = bm.lookup(seq)
+            if not bm.can_allocate(seq, bool(self.running), cached):
                 self.note_wait(out, now, d.REASON_OUT_OF_BLOCKS, seq)
                 break
-            self.admit(seq, out, now, d.REASON_STATIC_BATCH, 0, cached)
+            self.admit(seq, out, now, d.REASON_STATIC_BATCH, 0, cached, lpm_cached)
 
     def note_wait(
         self, out: SchedulerOutput, now: float, reason: str, seq: Sequence | None = None

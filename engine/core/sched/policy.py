@@ -10,6 +10,13 @@ arrival) - rate * t``. The last term is the same for every request, so the order
 is that of ``base + rate * arrival`` at all times, and a heap with that fixed key
 never needs re-sorting. The hard bound ``max_wait_s`` is not an ordering: the
 scheduler handles it by watching the request that has waited longest.
+
+One policy orders waiting requests by something that changes while they wait: lpm
+(longest prefix match) by how much of each prompt the prefix cache holds. Its static
+key is the arrival time, as fcfs's (the running set's order, so preemption victims are
+the latest arrivals, and the waiting queue's arrival order); which waiting request is
+admitted next is decided each step over a bounded window of that queue
+(``engine.core.sched.prefix_order``), with :meth:`LpmPolicy.window_key`.
 """
 
 from __future__ import annotations
@@ -108,6 +115,45 @@ class PriorityPolicy(Policy):
 
     def base_key(self, seq: Sequence) -> float:
         return float(seq.priority)
+
+
+@register
+class LpmPolicy(Policy):
+    """Longest prefix match (SGLang's ``lpm``): the waiting request whose prompt has the
+    most tokens in the prefix cache first, ties by arrival; FCFS everywhere else.
+
+    The cached length changes as the cache does, so it is no static key: each step the
+    admission ranks the first :attr:`window` waiting requests in arrival order by
+    :meth:`window_key` (``engine.core.sched.prefix_order``), and takes the rest of the
+    queue in arrival order. The static key is the arrival time, as fcfs's: the running
+    set's order (preemption victims are the latest arrivals) and the queue's order.
+    """
+
+    name = "lpm"
+    #: Waiting requests ranked per step, the oldest; the rest wait in arrival order. A
+    #: bound on the per-step cost (one prefix lookup each); SGLang's lpm bounds it at the
+    #: same number, ordering the whole queue FCFS while more than 128 wait.
+    WINDOW = 128
+
+    def __init__(self, aging_rate: float = 0.0, window: int | None = None) -> None:
+        super().__init__(aging_rate)
+        window = self.WINDOW if window is None else window
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+
+    def base_key(self, seq: Sequence) -> float:
+        return 0.0
+
+    def key(self, seq: Sequence) -> float:
+        return seq.arrival_time
+
+    def window_key(self, seq: Sequence, cached_tokens: int) -> float:
+        """The rank of waiting ``seq`` whose prompt has ``cached_tokens`` tokens in the
+        prefix cache: lower is admitted earlier. Aging as sjf's: the aged key at ``now``,
+        ``-cached_tokens - aging_rate * (now - arrival)``, orders as this one does (the
+        ``now`` term is every request's)."""
+        return self.aging_rate * seq.arrival_time - cached_tokens
 
 
 class ReversedPolicy(Policy):

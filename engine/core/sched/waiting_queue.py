@@ -56,6 +56,20 @@ class WaitingQueue:
             heapq.heappop(heap)  # stale: admitted, aborted or re-queued since
         return None
 
+    def first(self, n: int) -> list[Sequence]:
+        """The ``n`` best waiting requests under the static key, best first (fewer when
+        fewer wait). O((n + stale entries met) log length): they are popped and pushed
+        back, and the stale entries met on the way are dropped for good."""
+        heap = self._by_key
+        live: list[tuple[float, int, int, Sequence]] = []
+        while heap and len(live) < n:
+            entry = heapq.heappop(heap)
+            if self._is_live(entry):
+                live.append(entry)
+        for entry in live:
+            heapq.heappush(heap, entry)
+        return [entry[3] for entry in live]
+
     def remove(self, seq: Sequence, now: float) -> None:
         """Take a waiting request out (admitted, aborted): its entries go stale."""
         self._len -= 1

@@ -8,7 +8,9 @@ counts equal the block tables holding each block; no key maps to two blocks
 (``check_invariants``); every live request reads, at every computed position, the token
 it has there, and the same tokens before it (so a hit never returned a block whose
 content or prefix differs, and nobody wrote into a block someone else reads); every
-registered block holds the content of its key.
+registered block holds the content of its key; and a waiting request looked up again
+from the hits of an earlier lookup (``lookup_again``, as lpm does each step) finds what a
+whole lookup finds, however long ago the earlier one was.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         # including that position (a real model's KV is a function of the whole prefix)
         self.device: dict[tuple[int, int], tuple[int, ...]] = {}
         self.host: dict[tuple[int, int], tuple[int, ...]] = {}
+        # (seq_no, num_tokens) of a waiting request -> (hits, num_forgotten_blocks) of its
+        # first lookup in this waiting spell, and of its latest one (lookup_again's)
+        self.first_lookup: dict[tuple[int, int], tuple[list[int], int]] = {}
+        self.last_lookup: dict[tuple[int, int], tuple[list[int], int]] = {}
 
     # -- helpers -----------------------------------------------------------------------
     def tokens(self, seq: Sequence) -> list[int]:
@@ -140,7 +146,30 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.swapped.remove(seq)
         self.running.append(seq)
 
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def fail(self, data: st.DataObject) -> None:
+        """A failed step: the request ends and its blocks' keys are dropped (their KV may
+        never have been written), but for blocks others still hold."""
+        seq = data.draw(st.sampled_from(self.running))
+        self.bm.free(seq, keep_cached=False)
+        self.running.remove(seq)
+
     # -- invariants --------------------------------------------------------------------
+    @invariant()
+    def a_lookup_again_finds_what_a_whole_lookup_finds(self) -> None:
+        now = self.bm.num_forgotten_blocks
+        first, last = {}, {}
+        for seq in self.waiting:
+            spell = (seq.seq_no, seq.num_tokens)
+            hits = self.bm.lookup(seq)
+            for memo, kept in ((self.first_lookup, first), (self.last_lookup, last)):
+                earlier, since = memo.get(spell, (hits, now))
+                again = self.bm.lookup_again(seq, earlier, since)
+                assert again == hits, (seq, earlier, since, again, hits)
+                kept[spell] = (earlier, since) if memo is self.first_lookup else (again, now)
+        self.first_lookup, self.last_lookup = first, last
+
     @invariant()
     def blocks_are_conserved_and_counted(self) -> None:
         self.bm.check_invariants(self.running + self.swapped + self.waiting)

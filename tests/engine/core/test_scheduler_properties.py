@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from engine.core import decisions as d
 from engine.core.cost_model import CostModel
+from engine.core.sched.policy import LpmPolicy
 from engine.core.sched.preemption import policy_order
 from engine.core.sequence import SequenceStatus
 from engine.llm_engine import LLMEngine
@@ -59,7 +60,7 @@ def cases(draw, *, max_requests: int = 14) -> Case:
         enable_chunked_prefill=chunked,
         max_num_batched_tokens=budget,
         max_num_seqs=draw(st.integers(1, 8)),
-        scheduling_policy=draw(st.sampled_from(["fcfs", "sjf", "priority"])),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "sjf", "priority", "lpm"])),
         preemption_mode=draw(st.sampled_from(["auto", "swap", "recompute"])),
         aging_rate=draw(st.sampled_from([0.0, 0.0, 1.0, 100.0, 10_000.0])),
         max_wait_s=None,  # its own properties below
@@ -117,7 +118,7 @@ def recompute_cases(draw) -> Case:
         enable_chunked_prefill=True,
         max_num_batched_tokens=draw(st.integers(1, 3)) * block_size,
         max_num_seqs=draw(st.integers(2, 6)),
-        scheduling_policy=draw(st.sampled_from(["fcfs", "sjf", "priority"])),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "sjf", "priority", "lpm"])),
         preemption_mode=draw(st.sampled_from(["recompute", "auto"])),
         aging_rate=0.0,
         batching="continuous",
@@ -280,18 +281,21 @@ def check_victim_order(record: StepRecord, sched, protected: set[str]) -> None:
 
 def check_admission_order(record: StepRecord, sched, trace: Trace) -> None:
     """Admissions come max-wait first (oldest first), then in policy order; no request
-    left waiting is better than one admitted in policy order."""
+    left waiting is better than one admitted in policy order. Under lpm, policy order is
+    its ranked window (by the cached length each admission records) first, then the
+    rest in arrival order (``check_lpm_order``)."""
     admitted = [x for x in record.decisions if x.kind in (d.ADMIT, d.RECOMPUTE)]
     reasons = [x.reason for x in admitted]
     if d.REASON_MAX_WAIT in reasons:
         last_max_wait = len(reasons) - 1 - reasons[::-1].index(d.REASON_MAX_WAIT)
         assert all(r == d.REASON_MAX_WAIT for r in reasons[: last_max_wait + 1]), reasons
     by_id = {s.request_id: s for s in trace.seqs.values()}
-    in_order = [
-        by_id[x.request_id]
-        for x in admitted
-        if x.reason in (d.REASON_POLICY_ORDER, d.REASON_STATIC_BATCH)
-    ]
+    ordered = [x for x in admitted if x.reason in (d.REASON_POLICY_ORDER, d.REASON_STATIC_BATCH)]
+    in_order = [by_id[x.request_id] for x in ordered]
+    if isinstance(sched.policy, LpmPolicy):
+        check_lpm_order(ordered, in_order, sched)
+        return
+    assert all(x.lpm_cached_tokens is None for x in admitted)
     keys = [policy_order(s) for s in in_order]
     assert keys == sorted(keys), f"admitted out of policy order: {[s.request_id for s in in_order]}"
     if in_order:
@@ -299,6 +303,39 @@ def check_admission_order(record: StepRecord, sched, trace: Trace) -> None:
         waiting = [s for s in sched.requests.values() if s.status is SequenceStatus.WAITING]
         better = [s.request_id for s in waiting if policy_order(s) < worst_admitted]
         assert not better, f"{better} still waiting, better than admitted {in_order[-1].request_id}"
+
+
+def check_lpm_order(ordered: list[d.Decision], in_order: list, sched) -> None:
+    """lpm: the admissions its window ranked (``lpm_cached_tokens`` set; only with prefix
+    caching on) come first, by their recorded ranking key, then the rest in arrival
+    order; once the pass went past the window, every request still waiting arrived after
+    the last it admitted."""
+    policy = sched.policy
+    caching = sched.block_manager.enable_prefix_caching
+    ranked = [x.lpm_cached_tokens is not None for x in ordered]
+    assert ranked == sorted(ranked, reverse=True), ranked  # ranked ones first
+    if any(x.lpm_cached_tokens for x in ordered):
+        event("lpm: a ranked admission found a cached prefix")
+    assert caching or not any(ranked)
+    keys = [
+        (policy.window_key(s, x.lpm_cached_tokens), policy_order(s))
+        for x, s in zip(ordered, in_order, strict=True)
+        if x.lpm_cached_tokens is not None
+    ]
+    assert keys == sorted(keys), f"ranked out of order: {[s.request_id for s in in_order]}"
+    for x in ordered:
+        if x.lpm_cached_tokens is not None:
+            assert x.lpm_cached_tokens % sched.block_manager.block_size == 0, x
+    rest = [
+        policy_order(s)
+        for x, s in zip(ordered, in_order, strict=True)
+        if x.lpm_cached_tokens is None
+    ]
+    assert rest == sorted(rest), f"past the window out of arrival order: {rest}"
+    if rest:
+        waiting = [s for s in sched.requests.values() if s.status is SequenceStatus.WAITING]
+        older = [s.request_id for s in waiting if policy_order(s) < rest[-1]]
+        assert not older, f"{older} still waiting, older than one admitted past the window"
 
 
 def check_preemption_mode(x: d.Decision, mode: str) -> None:
@@ -498,7 +535,7 @@ def max_wait_cases(draw, *, arrivals: str = "bursty", swap_only: bool = True) ->
         enable_chunked_prefill=True,
         max_num_batched_tokens=draw(st.integers(1, 6)) * block_size,
         max_num_seqs=draw(st.integers(1, 4)),
-        scheduling_policy=draw(st.sampled_from(["fcfs", "sjf", "priority"])),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "sjf", "priority", "lpm"])),
         preemption_mode=mode,
         aging_rate=draw(st.sampled_from([0.0, 5.0])),
         max_wait_s=draw(st.integers(1, 12)) * STEP_S,

@@ -275,3 +275,32 @@ def test_admission_spans_carry_the_prefix_cache_hits():
         if s.attributes.get(sp.DECISION) == "admit"
     }
     assert admits == {"a": 0, "b": 8}
+
+
+def test_an_lpm_admission_span_carries_the_cached_length_that_ranked_it():
+    """One seat: while "a" runs, cold "c" and then "b" (sharing a's first two blocks)
+    arrive. Under lpm "b" goes first, its schedule span saying the 8 cached tokens that
+    ranked it (``schedscope.lpm.cached_tokens``), "c"'s 0; under fcfs the attribute is
+    absent and "c" goes first."""
+    shared = tuple(range(100, 108))
+    reqs = [
+        Req("a", 0.0, 11, 3, prompt=(*shared, 1, 2, 3)),
+        Req("c", STEP_S, 11, 3),
+        Req("b", 2 * STEP_S, 11, 3, prompt=(*shared, 4, 5, 6)),
+    ]
+    for policy, order, ranked in (
+        ("lpm", ["a", "b", "c"], {"a": 0, "b": 8, "c": 0}),
+        ("fcfs", ["a", "c", "b"], {}),
+    ):
+        engine = make_engine(block_size=4, gpu_blocks=32, max_num_seqs=1, scheduling_policy=policy)
+        trace, spans = run_traced(engine, reqs)
+        check_spans(trace, spans)
+        assert trace.admission_order() == order
+        schedule = [s for s in spans if s.attributes.get(sp.DECISION) == "admit"]
+        assert {
+            s.attributes[sp.REQUEST_ID]: s.attributes[sp.LPM_CACHED_TOKENS]
+            for s in schedule
+            if sp.LPM_CACHED_TOKENS in s.attributes
+        } == ranked
+        cached = {s.attributes[sp.REQUEST_ID]: s.attributes[sp.CACHED_TOKENS] for s in schedule}
+        assert cached == {"a": 0, "b": 8, "c": 0}

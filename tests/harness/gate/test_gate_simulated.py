@@ -155,5 +155,6 @@ def test_the_simulated_gate_of_ci_passes_on_this_tree(tmp_path):
         "fcfs",
         "sjf",
         "priority",
+        "lpm",
     }
     assert (out / "gate-simulated.xml").is_file()

@@ -62,7 +62,7 @@ def cases(draw):
         max_num_seqs=draw(st.integers(1, 24)),
         max_num_batched_tokens=budget,
         max_model_len=max_model_len,
-        scheduling_policy=draw(st.sampled_from(["fcfs", "sjf", "priority"])),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "sjf", "priority", "lpm"])),
         preemption_mode=draw(st.sampled_from(["auto", "swap", "recompute"])),
         aging_rate=draw(st.sampled_from([0.0, 50.0])),
         max_wait_s=draw(st.sampled_from([None, 0.5])),

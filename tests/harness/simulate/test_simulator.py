@@ -93,11 +93,38 @@ def test_same_seed_same_bytes(tmp_path):
     a = _simulate_cli(tmp_path, "a", "--policy", "all", "--num-requests", "600")
     b = _simulate_cli(tmp_path, "b", "--policy", "all", "--num-requests", "600")
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    assert len(files) == 13  # 3 policies x 4 files + the combined summary
+    assert len(files) == 17  # 4 policies (fcfs, sjf, priority, lpm) x 4 files + the summary
+    assert sorted({rel.parts[0] for rel in files if len(rel.parts) > 1}) == [
+        "fcfs",
+        "lpm",
+        "priority",
+        "sjf",
+    ]
     for rel in files:
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
     c = _simulate_cli(tmp_path, "c", "--policy", "all", "--num-requests", "600", "--seed", "43")
     assert (c / "fcfs/requests.parquet").read_bytes() != (a / "fcfs/requests.parquet").read_bytes()
+
+
+def test_lpm_simulates_the_same_records_twice_and_ranks_its_re_hits():
+    """Under lpm on a small KV pool with recompute preemption (a re-admitted request
+    re-hits its own cached blocks: the simulator's prompts share nothing else), the
+    same records twice, and admissions ranked by the cached length they found."""
+    profile = resolve_profile("swap_pressure")
+    config = EngineConfig(
+        SchedulerConfig(scheduling_policy="lpm", preemption_mode="recompute"),
+        CacheConfig(num_gpu_blocks_override=300),
+    )
+    a = simulate(profile, config, CostModel(), seed=7)
+    b = simulate(profile, config, CostModel(), seed=7)
+    assert a.num_steps == b.num_steps and a.requests.equals(b.requests, null_equal=True)
+    assert a.steps is not None and b.steps is not None and a.steps.equals(b.steps)
+    decisions = decisions_frame(a.decisions)
+    assert decisions.equals(decisions_frame(b.decisions), null_equal=True)
+    admitted = decisions.filter(pl.col("kind").is_in(["admit", "recompute"]))
+    ranked = admitted.filter(pl.col("reason") == "policy_order")["lpm_cached_tokens"]
+    assert ranked.null_count() == 0 and (ranked > 0).any()
+    assert a.requests["status"].eq("ok").all()
 
 
 def test_single_policy_layout_and_columns(tmp_path):

@@ -5,10 +5,10 @@ Each case simulates a small schedule through :func:`harness.simulate.driver.run_
 (what ``schedscope simulate`` calls) and compares the SHA-256 (its first 48 hex
 digits) of every file it writes (``requests.parquet``, ``decisions.parquet``,
 ``steps.parquet``, ``summary.json``, per policy and combined) with the digests below.
-The cases cover the default profile under
-every policy, starvation with aging and a max-wait bound, swap and recompute
-preemption on a small KV pool (and the recompute case with prefix caching off: the
-outputs are byte-identical run to run with it on or off), static batching, whole
+The cases cover the default profile under fcfs, sjf and priority, lpm under recompute
+preemption (its re-hits ranked), starvation with aging and a max-wait bound, swap and
+recompute preemption on a small KV pool (and the recompute case with prefix caching off:
+the outputs are byte-identical run to run with it on or off), static batching, whole
 prefills, a closed loop, and a run without decisions.
 
 A deliberate change of simulated results (a scheduler or cost-model change) changes
@@ -73,6 +73,13 @@ CASES: dict[str, tuple[str, tuple[str, ...], dict, int | None, float]] = {
         100,
         1.0,
     ),
+    "swap-recompute-lpm": (
+        "swap_pressure",
+        ("lpm",),
+        {"num_gpu_blocks_override": 300, "preemption_mode": "recompute"},
+        100,
+        1.0,
+    ),
     "static": ("mixed", ("fcfs",), {"batching": "static", "max_num_seqs": 32}, 400, 1.0),
     "whole-prefill": (
         "mixed",
@@ -88,30 +95,34 @@ CASES: dict[str, tuple[str, tuple[str, ...], dict, int | None, float]] = {
 DIGITS = 48
 
 #: Made by the simulator before its decode-run speed-up (main at 8788008); summary.json
-#: regenerated when the knobs recorded in it gained --enforce-eager.
+#: regenerated when the knobs recorded in it gained --enforce-eager; decisions.parquet
+#: when it gained the lpm_cached_tokens column (each file written without the column was
+#: byte-identical to its digest before), and swap-recompute-lpm made with the lpm policy;
+#: requests.parquet when it gained the phase, session_id and turn columns (every value of
+#: the columns before unchanged).
 GOLDEN: dict[str, dict[str, str]] = {
     "swap-recompute-uncached": {
-        "decisions.parquet": "3f82a8d76eb82a4d3f7e7d61d3a7142f2123d5c668562a26",
+        "decisions.parquet": "4e2ef4066357011cb2c5d97575dc34c87f02a073d2d28a3b",
         "requests.parquet": "58228a401c9ccb38b2889d372f2b7d613c517883bdb54bd4",
         "steps.parquet": "bcd24a9831edf3033b1c20dee08aeab0a26cc268fa3f121c",
         "summary.json": "a8c73a54f3712342b52ea724f105c8d3ebefe38ca4c3429a",
     },
     "closed-loop": {
-        "decisions.parquet": "50e572c6c9499b707234e2a449322b6a295f1c0682ae9b40",
+        "decisions.parquet": "f401cde4ba6dcaa8e240ea88219092b5feb14d04c3d38b48",
         "requests.parquet": "40d05e3bf623ac25b058a3060fccb1e3fd907b0c592d59e2",
         "steps.parquet": "f1bdd2fe78d053b0461f66aa91ddfb37a4bac136d6658fcb",
         "summary.json": "66565d93c12bcbc37d30361098f140ea5e0cf2d650ca2a69",
     },
     "mixed-all": {
-        "fcfs/decisions.parquet": "94dcfeeed18e6eb0f4e1c28ddf96e5bb050ea830ac423301",
+        "fcfs/decisions.parquet": "e5b8b801f2d68dbaa6d992773a2478ca213e8000945065af",
         "fcfs/requests.parquet": "7385b9bf7becedd5e2bfa4fbb671cba895d6d3322d8aa551",
         "fcfs/steps.parquet": "52116ae3225685908423fa191d6e69a6db5142d9a31da135",
         "fcfs/summary.json": "11c510bd6624a14c006c9e9f52ecedc8da94c320a6f5c192",
-        "priority/decisions.parquet": "f04478fdf5dba3a37c2df1c23f86a1b259b8365ea21dee23",
+        "priority/decisions.parquet": "ad49da67b401ccabc46cbe22ea3bee5f3e749e28d6d02806",
         "priority/requests.parquet": "0ea805ee1a8dec62090043ea29414e5f49a91610f919d88a",
         "priority/steps.parquet": "1a1347733f970f5789baded59e24d41cb663de77f5adb395",
         "priority/summary.json": "6a4058da9578f0789093c1f8605a476bf004e9c5fef3f5bb",
-        "sjf/decisions.parquet": "ae1e57b86c0c9f23c6ae0193582d1e06843e0575ccbb7ebe",
+        "sjf/decisions.parquet": "194ccc3e4d416c41e759923569d7d8a882ccf8cec490d9f4",
         "sjf/requests.parquet": "96a7587675fd49cbe97f9f3ed05f978b3123703e144b7655",
         "sjf/steps.parquet": "173229303a96413099b69dc4b3ef118138673e65c205997f",
         "sjf/summary.json": "063a587f5da2f9904fce99239b4c2c1cb2581d0e833e258d",
@@ -123,57 +134,63 @@ GOLDEN: dict[str, dict[str, str]] = {
         "summary.json": "c2df8124c6d3e2abee6c810c878d7c59610d870adf3c0b68",
     },
     "starvation-maxwait": {
-        "priority/decisions.parquet": "318566fe8c695ccd96589d229fa189f75d007d29532a0bca",
+        "priority/decisions.parquet": "ecfe27fe919bbabbaaa28ba9a3d2e94350b886831a127fa5",
         "priority/requests.parquet": "5fbb433fe5aebdb896506b5a6804b736c31ba126ec712197",
         "priority/steps.parquet": "837b115b30c5b07c00aa78eedd13c3bb7ddf785b4a894703",
         "priority/summary.json": "3be25f7357c18071c65ff0b83fb31ebd001c1df54b54d577",
-        "sjf/decisions.parquet": "7e38caf47a767806ca05c0b28e9d59dfaafbc8dd794974c2",
+        "sjf/decisions.parquet": "76d2776b27b890215570b8e618db2a94c0b04d5c8a5e255a",
         "sjf/requests.parquet": "35a0eb601793ddc22d68db5ab86be7415b9617002b81819f",
         "sjf/steps.parquet": "24741f9234fa714830118c390d74699249146bb14c3b7d15",
         "sjf/summary.json": "b08080680f0ac0076f15dc0e943a47e4257fe085eeeb1c5a",
         "summary.json": "b5002a81b5e57ec45c3b2879274850bbd261dd6130b8a0a4",
     },
     "starvation-sjf-aging": {
-        "decisions.parquet": "9f0416a567b6cf4d4eff1bab3392112ee6545aa90e1b326e",
+        "decisions.parquet": "262ec0cfe17ee5d311980feba902a82f1d4ce106a9841b77",
         "requests.parquet": "756e1a2bd22937dffcdc4ec97ba3cf251c60bff7bd1945fb",
         "steps.parquet": "2d0ad9ce1722b9a4ad200cb494f3f7096b5085e3e7103884",
         "summary.json": "0f0d5168b25e7187e925dc7af778d421187f7378f78553c5",
     },
     "static": {
-        "decisions.parquet": "3bd00699164de1f04fd4baf4ab6e9669523eebb978cc9269",
+        "decisions.parquet": "7b5bb9ca0f40c60213fa55d0e7175492efb6cfcccdb0f8b3",
         "requests.parquet": "337a78d91557c99aaa12a3931e3f13060ab74bf9daa0f9f0",
         "steps.parquet": "533d9a4cdb055df7bf1a9163d631d2c05a72a66806661fb7",
         "summary.json": "ede5ba15aa2baeb049e500911be778ccb3aebd5d40355278",
     },
     "swap-auto": {
-        "fcfs/decisions.parquet": "37a3d814404dae27900af989bb6812268deaee73dac0f301",
+        "fcfs/decisions.parquet": "b5bb669979c1023708a223baed0deb91817462d9ccca66b4",
         "fcfs/requests.parquet": "3570b9ee27274de35a6e289800729541c623e1c752df00dd",
         "fcfs/steps.parquet": "b71a386416b16b9f63d9047677cca4a52493b59e4c26bcd0",
         "fcfs/summary.json": "336a24e7117469327d3cf76ae068d4a3662af01c42a3eee7",
-        "priority/decisions.parquet": "043eb3beba55d4ad33cc6be1292341cb357460517fbd533b",
+        "priority/decisions.parquet": "09b7af1e1eb8171ce744ff5350033cccdb4095e07d811a6e",
         "priority/requests.parquet": "eee224836570b729040dcb89665f963ca551a498bd79b4ca",
         "priority/steps.parquet": "334a712dfb7852873f452defd530793ed19d372bdefac059",
         "priority/summary.json": "ef417b00088a042e31478e50c388220154513ed6a2669d0c",
-        "sjf/decisions.parquet": "c94e5cf1a43529d55a84647da435b6a588388b664a9b03d3",
+        "sjf/decisions.parquet": "308cfb7b5929bb55e195d77959bf11db88ec785c8a349fdb",
         "sjf/requests.parquet": "28e538b0a0a2e6db68fd5abacf5bfa3122d92540b18c8efe",
         "sjf/steps.parquet": "3fb11891db1a58fe67c35e27b414dfe2f36c7c1549df5066",
         "sjf/summary.json": "ce8fd781b7eb6750242d715c828b20db10acef0f4bd9c7f2",
         "summary.json": "e4b8c1da5332e09468231c153e4cb962395fc9e9d3003f2a",
     },
     "swap-recompute": {
-        "decisions.parquet": "257a736389f8417206eb22265d013e292983473d3960334a",
+        "decisions.parquet": "2b31a022c0644ba154041f248ca6706c4ca43a6a07945688",
         "requests.parquet": "7fffd4ef14cf503a0e4d291e68798674aea2470f18023624",
         "steps.parquet": "2bcc4cebe86595f041fb69673d24c67a751b2c8943f30f5c",
         "summary.json": "a68c945e99f47024eca3768a4eb5074ac9f41d48bade30c5",
     },
+    "swap-recompute-lpm": {
+        "decisions.parquet": "43ac8a1b1b2a4b01273b34dfd35d648562eb51cd5d15ea2c",
+        "requests.parquet": "5e3e3ceab7ce4576e1431d0f3135eb3222dd6c9d63defc7f",
+        "steps.parquet": "ab3ef489e876be954a2b614d57518f6ed46c49b445f10d37",
+        "summary.json": "d75b0e0230cd297bc2a8a9fe3c2175e1e3fdca7bbcca0e9d",
+    },
     "swap-swap": {
-        "decisions.parquet": "b3d9261fdd76510789e633df1e5329877463f69e745aa55c",
+        "decisions.parquet": "f3d918c4c6ba35052c5e665eeb5d78b22e5e546e0b07eda8",
         "requests.parquet": "625caa04d0b5b1a6a5a7dbbb82170f888030f6d75762c593",
         "steps.parquet": "d4423163b284a0945ade78770aaf6d34344d13b1e29ba2d4",
         "summary.json": "d834303f6815e691bc8371a253d15b68857b13c94553d420",
     },
     "whole-prefill": {
-        "decisions.parquet": "3e0c5f4badcabf0d548caab6075739220223677d24c4fbc9",
+        "decisions.parquet": "fd36575fb5a8cbd7c8000f8935455e5f7cfc6dccb99d45a0",
         "requests.parquet": "1dbeae3f3faebd0ace1520d85fe7ec381ddbeb8bdfea2beb",
         "steps.parquet": "9fb53b3ea699b0990136ebfce48e702fd8873972833ee6dd",
         "summary.json": "68204357e86672a3efbb342b6ec54d30b2548293734ee30a",

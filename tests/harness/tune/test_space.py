@@ -38,6 +38,23 @@ def test_suggestions_are_whole_configs_with_the_token_budget_on_blocks():
             assert knobs["aging_rate"] == 0.0 and knobs["max_wait_s"] is None
 
 
+def test_the_policy_is_searched_over_every_policy_and_lpm_ages_as_sjf_and_priority():
+    policy = next(p for p in DEFAULT_PARAMS if p.name == "scheduling_policy")
+    assert policy.choices == ("fcfs", "sjf", "priority", "lpm")
+    for name in ("aging_rate", "max_wait_s"):
+        param = next(p for p in DEFAULT_PARAMS if p.name == name)
+        assert [c for c in policy.choices if param.applies({"scheduling_policy": c})] == [
+            "sjf",
+            "priority",
+            "lpm",
+        ]
+    # a suggestion under lpm is a configuration the engine takes
+    lpm = next(
+        k for seed in range(200) if (k := _suggest(Space(), seed))["scheduling_policy"] == "lpm"
+    )
+    assert build_engine_config(lpm).scheduler.scheduling_policy == "lpm"
+
+
 def test_none_choice_unsets_the_knob():
     space = space_from_dict({"base": "empty", "params": {"max-wait-s": {"choices": ["none"]}}})
     assert _suggest(space, 0, {**knob_defaults(), "max_wait_s": 3.0})["max_wait_s"] is None
