@@ -37,6 +37,7 @@ def _policy(p: PolicyReport) -> dict:
         prompts=p.data.prompts,
         server_columns_source=p.data.server_source,
         prefix_cache=p.prefix_cache,
+        sessions=p.sessions,
     )
 
 
@@ -54,10 +55,14 @@ def summary_json(report: Report) -> dict:
             "verdicts": rr.verdicts,
             "against_fcfs": rr.against_fcfs,
             "policies": {n: _policy(p) for n, p in rr.policies.items()},
+            # Only when the run's profile has prefix-reuse rungs (harness/report/cache_ladder.py)
+            **({"cache_ladder": rr.cache_ladder} if rr.cache_ladder else {}),
         }
     first = report.runs[0]
     # Only when the run has it: an old run's summary.json keeps its keys.
     check = {"simulator_check": first.simulator_check} if first.simulator_check else {}
+    if first.cache_ladder:
+        check["cache_ladder"] = first.cache_ladder
     return report_summary(
         first.run.info,
         runs[first.run.label]["policies"],
