@@ -504,8 +504,9 @@ SESSIONS_TEXT = (
 )
 TURN_TEXT = (
     "Hit rate by turn: cached over prompt tokens of the admitted turns with cached_tokens "
-    "known, (n) the turns each is over; the turns from {tail} on in one bucket, every turn "
-    "after the first in the last column."
+    "known, (n) the turns each is over (– (0): none of that turn's rows was admitted: "
+    "unsent, cut or rejected); the turns from {tail} on in one bucket, every turn after the "
+    "first in the last column."
 )
 
 
@@ -579,11 +580,14 @@ def turn_headers(report: Report) -> list[str]:
 
 def _hit_cell(hit: dict | None, note: str | None) -> str:
     """``80.7% (125)``: a hit rate and the turns it is over; "–" where no such turn was
-    planned; the note ("prefix caching off", "not recorded") where there is no rate."""
+    planned, "– (0)" where none of them was admitted (all unsent, cut or rejected); the
+    cell's note ("prefix caching off", "not recorded") where it has no rates."""
     if hit is None:
         return "–"
+    if note is not None:
+        return f"{note} ({hit['requests']})"
     if hit["hit_rate"] is None:
-        return f"{note or NOT_RECORDED} ({hit['requests']})"
+        return f"– ({hit['requests']})"
     return f"{hit['hit_rate']:.1%} ({hit['requests']})"
 
 

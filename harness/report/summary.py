@@ -7,7 +7,10 @@ The schema is ``harness/records/summary.py``'s (:func:`~harness.records.summary.
 duration_s, stall_threshold_s, ...}`` — and adds ``runs.<label>`` (every run side by
 side, with the info it was read with), ``verdicts``, ``against_fcfs``, ``diagnosis``
 and, per group, ``itl_s``, ``stalls_by_cause``, ``stall_time_s``, ``generator_lag_s``,
-``slo_met``. This module fills it from a built :class:`~harness.report.build.Report`.
+``slo_met``; per policy ``prefix_cache`` and ``sessions`` (null when the cell has no
+session rows); ``cache_ladder`` (the first run's, and each run's under ``runs``) only
+for a run whose profile has prefix-reuse rungs. This module fills it from a built
+:class:`~harness.report.build.Report`.
 """
 
 from __future__ import annotations

@@ -277,10 +277,10 @@ def test_a_session_row_without_a_turn_is_a_broken_cell(tmp_path):
 # -- rendered -------------------------------------------------------------------------
 
 
-def _write_run(root: Path, frame: pl.DataFrame) -> Path:
+def _write_run(root: Path, frame: pl.DataFrame, config: dict = ON) -> Path:
     (root / "fcfs").mkdir(parents=True)
     frame.write_parquet(root / "fcfs" / "requests.parquet")
-    summary = {"mode": "simulate", "profile": "mixed", "policies": {"fcfs": {"config": ON}}}
+    summary = {"mode": "simulate", "profile": "mixed", "policies": {"fcfs": {"config": config}}}
     (root / "summary.json").write_text(json.dumps(summary))
     return root
 
@@ -341,6 +341,37 @@ def test_the_section_is_rendered_with_its_counts(tmp_path):
     assert hits["all"]["turns ≥ 2"] == "73.5% (9)"
     page = paths["html"].read_text()
     assert 'id="sessions"' in page and "84.6% (2)" in page
+
+
+def test_a_turn_none_of_whose_rows_was_admitted_reads_a_dash_not_zero(tmp_path):
+    # s3 (turn 2 cut, turn 3 unsent) and s4 (never started): turns 2 and 3 planned,
+    # none of their rows admitted
+    frame = _frame(turns=[t for t in TURNS if t[0] in ("s3", "s4")])
+    paths = generate_report([_write_run(tmp_path / "run", frame)], options=OPTIONS)
+    entry = json.loads(paths["summary"].read_text())["policies"]["fcfs"]["sessions"]
+    assert entry["hit_rate_note"] is None
+    assert entry["overall"]["hit_rate_by_turn"]["3"] == {
+        "requests": 0,
+        "prompt_tokens": None,
+        "cached_tokens": None,
+        "hit_rate": None,
+    }
+    hits = _table(
+        _section(paths["markdown"].read_text(), "Sessions"), "run | policy | class | turn 1"
+    )
+    assert hits["chat"]["turn 1"] == "0.0% (1)"
+    assert hits["chat"]["turn 2"] == hits["chat"]["turn 3"] == "– (0)"
+    assert hits["chat"]["turns ≥ 2"] == "– (0)"
+
+
+def test_caching_off_is_said_in_the_section(tmp_path):
+    off = {"cache": {"enable_prefix_caching": False}}
+    paths = generate_report([_write_run(tmp_path / "run", _frame(), off)], options=OPTIONS)
+    section = _section(paths["markdown"].read_text(), "Sessions")
+    assert "(9 and 4 turns); hit rate prefix caching off; 2 of 5 sessions" in section
+    hits = _table(section, "run | policy | class | turn 1")
+    assert hits["chat"]["turn 1"] == "prefix caching off (3)"
+    assert "%" not in "".join(c for row in hits.values() for c in row.values())
 
 
 def test_a_run_without_sessions_has_no_section(tmp_path):
