@@ -116,6 +116,17 @@ def censored_bounds(cut: pl.DataFrame, metric: str) -> np.ndarray:
     return cut.select(censored_bound(metric).cast(pl.Float64)).to_series().to_numpy()
 
 
+def censored_metric(frame: pl.DataFrame, metric: str) -> dict:
+    """The distribution of ``metric`` (one of :data:`CENSORED_METRICS`) over the
+    requests of ``frame``: the ``ok`` ones measured, those cut in flight at their lower
+    bounds (:func:`censored_distribution`); failed ones in no statistic."""
+    ok = frame.filter(pl.col("status") == "ok")
+    measured = ok[metric].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    cut = cut_rows(frame)
+    bounds = censored_bounds(cut, metric) if cut.height else np.empty(0)
+    return censored_distribution(measured, bounds)
+
+
 def distributions(ok: pl.DataFrame) -> dict[str, dict]:
     """:func:`distribution` of every column of :data:`LATENCY_METRICS` that ``ok`` has."""
     return {

@@ -5,7 +5,9 @@ One concept per module: ``inputs`` (finding and scanning the record files),
 ``validate`` (whether a cell's files can be used: broken cells are named and left out),
 ``stats`` (percentiles, Jain, SLOs, bootstrap), ``tables`` (per policy x class
 statistics), ``stalls`` (attribution), ``diagnosis`` (the five traps), ``prefix_cache``
-(hit rates, evictions, a target's counters), ``verdict`` (objectives and noise),
+(hit rates, evictions, a target's counters), ``sessions`` (multi-turn conversations:
+first vs later turns, hit rate by turn, completion), ``cache_ladder`` (prefix-reuse
+rungs side by side), ``verdict`` (objectives and noise),
 ``figures`` (Plotly), ``simulator_check`` (a served run against its simulation),
 ``build`` (assembling), ``summary`` (summary.json) and ``render`` (HTML, Markdown,
 Parquet).

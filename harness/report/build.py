@@ -8,17 +8,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
 from engine.core.token_timing import STALL_FLOOR_S
 from harness.report import (
+    cache_ladder,
     diagnosis,
     errors,
     figures,
     prefix_cache,
+    sessions,
     simulator_check,
     stalls,
     tables,
@@ -26,6 +28,9 @@ from harness.report import (
 )
 from harness.report.cells import baseline, cell_groups
 from harness.report.inputs import BrokenCell, PolicyData, ReportInputError, RunData, open_runs
+
+if TYPE_CHECKING:
+    from harness.profiles import Profile
 
 
 @dataclass
@@ -58,6 +63,8 @@ class PolicyReport:
     undiagnosed: str | None = None
     #: summary.json's ``prefix_cache`` (harness/report/prefix_cache.py); None: nothing known
     prefix_cache: dict | None = None
+    #: summary.json's ``sessions`` (harness/report/sessions.py); None: no session rows
+    sessions: dict | None = None
 
 
 @dataclass
@@ -73,6 +80,9 @@ class RunReport:
     #: served vs simulated per cell and class (harness/report/simulator_check.py); None
     #: when no cell has a simulated counterpart
     simulator_check: dict | None = None
+    #: the rungs of a prefix-reuse ladder side by side (harness/report/cache_ladder.py);
+    #: None when the run's profile has none
+    cache_ladder: dict | None = None
 
 
 @dataclass
@@ -87,11 +97,9 @@ class Report:
     broken: list[BrokenCell] = field(default_factory=list)
 
 
-def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
-    """(class -> SLOs, where they came from): the profile named by ``--profile``, the
-    run's summary.json, its run config or its rows, the first that resolves."""
-    from harness.profiles import ProfileError, resolve_profile
-
+def _profile_candidates(options: ReportOptions | None, run: RunData) -> list[tuple[str, str]]:
+    """(profile name or file, where it was named) for ``run``, in the order the SLOs take
+    them: ``--profile``, the run's summary.json, its run config, its rows."""
     candidates = []
     if options is not None and options.profile:
         candidates.append((options.profile, "--profile"))
@@ -110,19 +118,43 @@ def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
             )
             candidates += [(n, "requests.parquet profile") for n in names[:1]]
             break
+    return candidates
+
+
+def _resolve(candidates: list[tuple[str, str]]) -> tuple[Profile | None, str | None]:
+    """The first candidate that resolves to a profile, and where it was named."""
+    from harness.profiles import ProfileError, resolve_profile
+
     for name, source in candidates:
         try:
-            profile = resolve_profile(name)
+            return resolve_profile(name), source
         except (ProfileError, OSError):
             continue
-        return (
-            {
-                c.name: {k: getattr(c.slo, k) for k in ("ttft_s", "tpot_s", "e2e_s")}
-                for c in profile.classes
-            },
-            f"profile '{profile.name}' ({source})",
-        )
-    return {}, "none found (goodput counts finished requests only; pass --profile)"
+    return None, None
+
+
+def run_profile(options: ReportOptions | None, run: RunData) -> tuple[Profile | None, str | None]:
+    """The run's own profile (its summary.json, run config or rows; ``--profile`` only
+    when none of those resolves), and where it was named: what the rows' ``phase``
+    numbers index (the cache ladder's rungs). (None, None) when none resolves."""
+    candidates = _profile_candidates(options, run)
+    own = [c for c in candidates if c[1] != "--profile"]
+    return _resolve(own + [c for c in candidates if c[1] == "--profile"])
+
+
+def run_slos(options: ReportOptions | None, run: RunData) -> tuple[dict, str]:
+    """(class -> SLOs, where they came from): the profile named by ``--profile``, the
+    run's summary.json, its run config or its rows, the first that resolves."""
+    profile, source = _resolve(_profile_candidates(options, run))
+    if profile is None:
+        return {}, "none found (goodput counts finished requests only; pass --profile)"
+    return (
+        {
+            c.name: {k: getattr(c.slo, k) for k in ("ttft_s", "tpot_s", "e2e_s")}
+            for c in profile.classes
+        },
+        f"profile '{profile.name}' ({source})",
+    )
 
 
 def slos_known(slos: dict, frames: list[pl.DataFrame]) -> bool:
@@ -186,7 +218,13 @@ def _policy_report(data: PolicyData, slos: dict, options: ReportOptions) -> Poli
     )
     policy.errors = _errors(data)
     policy.prefix_cache = prefix_cache.prefix_cache(data, frame)
+    policy.sessions = sessions.sessions(frame, caching_on(policy))
     return policy
+
+
+def caching_on(policy: PolicyReport) -> bool | None:
+    """Whether the cell ran with the prefix cache (None: not recorded)."""
+    return (policy.prefix_cache or {}).get("enabled")
 
 
 def _first_line(exc: Exception) -> str:
@@ -271,7 +309,13 @@ def _build_run(run: RunData, options: ReportOptions) -> RunReport:
     check = simulator_check.for_cells(
         {n: (p.data.path, p.frame) for n, p in policies.items()}, identities
     )
-    return RunReport(run, slos, slo_source, policies, short_class, long_class, v, vs, check)
+    profile, profile_source = run_profile(options, run)
+    ladder = cache_ladder.cache_ladder(
+        profile,
+        profile_source,
+        {n: (p.frame, caching_on(p)) for n, p in policies.items()},
+    )
+    return RunReport(run, slos, slo_source, policies, short_class, long_class, v, vs, check, ladder)
 
 
 def _errors(data: PolicyData) -> dict:
@@ -311,6 +355,10 @@ def _figures(report: Report) -> list[tuple[str, str, object]]:
         fig = figures.queue_timeline(key, p.data.steps, p.data.metrics, arrivals, origins[key])
         if fig is not None:
             out.append(("timeline", f"{key}: queue depth and KV usage", fig))
+    for rr in report.runs:
+        fig = figures.cache_ladder(rr.run.label, rr.cache_ladder) if rr.cache_ladder else None
+        if fig is not None:
+            out.append(("ladder", f"{rr.run.label}: cache ladder", fig))
     fig = figures.stalls_timeline({k: p.stalls for k, p in keyed.items()}, origins)
     if fig is not None:
         out.append(("stalls", "Stalls over time by cause", fig))

@@ -528,3 +528,65 @@ def tradeoff_front(
     fig.update_yaxes(title_text=value_title, row=1, col=1)
     fig.update_layout(title=title, **LAYOUT)
     return fig
+
+
+def cache_ladder(label: str, ladder: dict) -> go.Figure | None:
+    """A run's cache ladder (harness/report/cache_ladder.py): its rungs on x (in the
+    profile's order), TTFT p50 (solid) and p95 (dashed) in ms on the left axis and the
+    hit rate (dotted, %) on the right, one colour per policy. None when no policy has a
+    rung's figures."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    if not ladder.get("policies"):
+        return None
+    names = [r["name"] for r in ladder["rungs"]]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
+    for n, (policy, by_rung) in enumerate(ladder["policies"].items()):
+        color = palette[n % len(palette)]
+        rungs = [by_rung[name] for name in names]
+        for stat, dash in (("p50", "solid"), ("p95", "dash")):
+            values = [r["ttft_s"].get(stat) for r in rungs]
+            fig.add_trace(
+                go.Scatter(
+                    x=names,
+                    y=[None if v is None else v * 1000 for v in values],
+                    mode="lines+markers",
+                    name=f"{policy} TTFT {stat}",
+                    legendgroup=policy,
+                    line=dict(color=color, dash=dash),
+                    customdata=[r["ttft_s"].get("count", 0) for r in rungs],
+                    hovertemplate=f"{policy}<br>%{{x}}: TTFT {stat} %{{y:.1f}} ms"
+                    "<br>over %{customdata} requests<extra></extra>",
+                ),
+                secondary_y=False,
+            )
+        hits = [r["hit_rate"] for r in rungs]
+        fig.add_trace(
+            go.Scatter(
+                x=names,
+                y=[None if v is None else v * 100 for v in hits],
+                mode="lines+markers",
+                name=f"{policy} hit rate",
+                legendgroup=policy,
+                line=dict(color=color, dash="dot"),
+                marker=dict(symbol="diamond"),
+                customdata=[r["hit_rate_requests"] for r in rungs],
+                hovertemplate=f"{policy}<br>%{{x}}: hit rate %{{y:.1f}}%"
+                "<br>over %{customdata} admitted requests<extra></extra>",
+            ),
+            secondary_y=True,
+        )
+    fig.update_xaxes(title_text="rung (the profile's phases with prefix_reuse)")
+    fig.update_yaxes(title_text="TTFT (ms)", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(
+        title_text="hit rate (%)",
+        range=[0, 100],
+        tickmode="linear",
+        dtick=20,
+        showgrid=False,
+        secondary_y=True,
+    )
+    fig.update_layout(title=f"{label}: TTFT and hit rate per rung", **LAYOUT)
+    return fig

@@ -469,6 +469,258 @@ def _has_prefix_cache(report: Report) -> bool:
     return any(p.prefix_cache for rr in report.runs for p in rr.policies.values())
 
 
+SESSION_HEADERS = [
+    "run",
+    "policy",
+    "class",
+    "sessions",
+    "finished",
+    "failed",
+    "cut",
+    "not started",
+    "turns planned",
+    "turns sent",
+    "turns/session planned",
+    "turns/session sent",
+    "TTFT p50 turn 1",
+    "TTFT p95 turn 1",
+    "n turn 1",
+    "TTFT p50 later",
+    "TTFT p95 later",
+    "n later",
+    "duration mean",
+    "duration p95",
+    "n finished",
+]
+SESSIONS_TEXT = (
+    "One row per policy x class of the cells with multi-turn sessions. Sessions: planned, "
+    "each exactly one of finished (every turn ok), failed (a turn failed: the session ended "
+    "there, its later turns unsent), cut (the run's end cut a turn in flight or left turns "
+    "unsent) and not started (no turn sent). Turns: the rows planned and sent, and their mean "
+    "per session. TTFT of first turns (turn 1) and later turns (turn >= 2) over the ok turns, "
+    "turns cut in flight at their lower bounds (≥), failed turns in none; n: the turns each "
+    "is over. Duration of a finished session: its first turn's scheduled send to its last "
+    "token; n: the finished sessions it is over (docs/report.md, 'Sessions')."
+)
+TURN_TEXT = (
+    "Hit rate by turn: cached over prompt tokens of the admitted turns with cached_tokens "
+    "known, (n) the turns each is over (– (0): none of that turn's rows was admitted: "
+    "unsent, cut or rejected); the turns from {tail} on in one bucket, every turn after the "
+    "first in the last column."
+)
+
+
+def _session_cells(report: Report) -> Iterator[tuple[str, str, dict]]:
+    """(run label, policy, its sessions entry) of every cell with session rows."""
+    for rr in report.runs:
+        for name, p in rr.policies.items():
+            if p.sessions:
+                yield rr.run.label, name, p.sessions
+
+
+def _has_sessions(report: Report) -> bool:
+    return next(_session_cells(report), None) is not None
+
+
+def _session_groups(entry: dict) -> list[tuple[str, dict]]:
+    return [("all", entry["overall"]), *entry["by_class"].items()]
+
+
+def session_rows(report: Report) -> list[list[str]]:
+    """The sessions table: per cell with sessions, ``all`` then each class."""
+    rows = []
+    for label, name, entry in _session_cells(report):
+        for cls, g in _session_groups(entry):
+            s, t, d = g["sessions"], g["turns"], g["duration_s"]
+            first, later = g["ttft_first_s"], g["ttft_later_s"]
+            rows.append(
+                [
+                    label,
+                    name,
+                    cls,
+                    str(s["planned"]),
+                    str(s["finished"]),
+                    str(s["failed"]),
+                    str(s["cut"]),
+                    str(s["not_started"]),
+                    str(t["planned"]),
+                    str(t["sent"]),
+                    _num(t["mean_planned"]),
+                    _num(t["mean_sent"]),
+                    _stat(first, "p50"),
+                    _stat(first, "p95"),
+                    str(first["count"]),
+                    _stat(later, "p50"),
+                    _stat(later, "p95"),
+                    str(later["count"]),
+                    _ms(d["mean"]),
+                    _ms(d["p95"]),
+                    str(d["count"]),
+                ]
+            )
+    return rows
+
+
+def _turn_buckets(report: Report) -> list[str]:
+    """Every hit-rate bucket any cell has, in turn order."""
+    found = {
+        b
+        for _, _, entry in _session_cells(report)
+        for _, g in _session_groups(entry)
+        for b in g["hit_rate_by_turn"]
+    }
+    return sorted(found, key=lambda b: int(b.rstrip("+")))
+
+
+def turn_headers(report: Report) -> list[str]:
+    """The hit-rate-by-turn table's headers: a column per turn bucket, then every later
+    turn together (turn 1 is the first turns: its column is theirs)."""
+    return ["run", "policy", "class", *[f"turn {b}" for b in _turn_buckets(report)], "turns ≥ 2"]
+
+
+def _hit_cell(hit: dict | None, note: str | None) -> str:
+    """``80.7% (125)``: a hit rate and the turns it is over; "–" where no such turn was
+    planned, "– (0)" where none of them was admitted (all unsent, cut or rejected); the
+    cell's note ("prefix caching off", "not recorded") where it has no rates."""
+    if hit is None:
+        return "–"
+    if note is not None:
+        return f"{note} ({hit['requests']})"
+    if hit["hit_rate"] is None:
+        return f"– ({hit['requests']})"
+    return f"{hit['hit_rate']:.1%} ({hit['requests']})"
+
+
+def turn_rows(report: Report) -> list[list[str]]:
+    """The hit rate by turn: per cell with sessions, ``all`` then each class."""
+    buckets = _turn_buckets(report)
+    rows = []
+    for label, name, entry in _session_cells(report):
+        note = entry.get("hit_rate_note")
+        for cls, g in _session_groups(entry):
+            by = g["hit_rate_by_turn"]
+            rows.append(
+                [
+                    label,
+                    name,
+                    cls,
+                    *[_hit_cell(by.get(b), note) for b in buckets],
+                    _hit_cell(g["hit_rate_later"], note),
+                ]
+            )
+    return rows
+
+
+def session_lines(report: Report) -> list[str]:
+    """Per cell, what its later turns gain: TTFT p50 and hit rate against the first
+    turns' (the prose line of the Sessions section)."""
+    lines = []
+    for label, name, entry in _session_cells(report):
+        g = entry["overall"]
+        first, later = g["ttft_first_s"], g["ttft_later_s"]
+        text = (
+            f"{label}/{name}: later turns: TTFT p50 {_stat(later, 'p50')} vs "
+            f"{_stat(first, 'p50')} on first turns ({later['count']} and {first['count']} "
+            "turns); hit rate "
+        )
+        note = entry.get("hit_rate_note")
+        hit_first, hit_later = g["hit_rate_first"], g["hit_rate_later"]
+        if note is not None:
+            text += note
+        else:
+            text += (
+                f"{_pct(hit_later['hit_rate'])} vs {_pct(hit_first['hit_rate'])} on first "
+                f"turns ({hit_later['requests']} and {hit_first['requests']} admitted turns)"
+            )
+        s = g["sessions"]
+        text += (
+            f"; {s['finished']} of {s['planned']} sessions finished, {s['failed']} ended by a "
+            f"failed turn, {s['cut']} cut by the run's end, {s['not_started']} not started"
+        )
+        lines.append(text)
+    return lines
+
+
+LADDER_FIGURES = (
+    "requests ok / all",
+    "TTFT p50",
+    "TTFT p95",
+    "TTFT n",
+    "span",
+    "req/s",
+    "tok/s",
+    "hit rate",
+    "hit-rate n",
+)
+LADDER_TEXT = (
+    "The same load at each rung of prefix reuse (the profile's phases with prefix_reuse), "
+    "side by side. TTFT over the ok requests (cut ones at their lower bounds, ≥), n the "
+    "requests it is over; span: the rung's first scheduled send to its last token; req/s "
+    "and tok/s: its ok requests and their output tokens over the span; hit rate: cached "
+    "over prompt tokens of its admitted requests with cached_tokens known, n of them "
+    "(docs/report.md, 'Cache ladder')."
+)
+
+
+def _ladders(report: Report) -> Iterator[tuple[str, dict]]:
+    for rr in report.runs:
+        if rr.cache_ladder:
+            yield rr.run.label, rr.cache_ladder
+
+
+def _has_ladder(report: Report) -> bool:
+    return next(_ladders(report), None) is not None
+
+
+def ladder_headers(ladder: dict) -> list[str]:
+    return ["run", "policy", "figure", *[r["name"] for r in ladder["rungs"]]]
+
+
+def ladder_rows(label: str, ladder: dict) -> list[list[str]]:
+    """One run's ladder table: per policy, one row per figure, the rungs side by side."""
+    rows = []
+    names = [r["name"] for r in ladder["rungs"]]
+    for name, by_rung in ladder["policies"].items():
+        rungs = [by_rung[n] for n in names]
+        cells = {
+            "requests ok / all": [f"{r['ok']} / {r['requests']}" for r in rungs],
+            "TTFT p50": [_stat(r["ttft_s"], "p50") for r in rungs],
+            "TTFT p95": [_stat(r["ttft_s"], "p95") for r in rungs],
+            "TTFT n": [str(r["ttft_s"]["count"]) for r in rungs],
+            "span": [_num(r["span_s"]) + " s" if r["span_s"] is not None else "–" for r in rungs],
+            "req/s": [_num(r["throughput_rps"]) for r in rungs],
+            "tok/s": [_num(r["output_tokens_per_s"], 0) for r in rungs],
+            "hit rate": [
+                _pct(r["hit_rate"]) if r["hit_rate_requests"] else NOT_RECORDED for r in rungs
+            ],
+            "hit-rate n": [str(r["hit_rate_requests"]) for r in rungs],
+        }
+        rows += [[label, name, figure, *cells[figure]] for figure in LADDER_FIGURES]
+    return rows
+
+
+def ladder_lines(label: str, ladder: dict) -> list[str]:
+    """Where the rungs came from, what was left out, and per policy the two ends."""
+    rungs = ladder["rungs"]
+    lines = [
+        f"{label}: {len(rungs)} rungs of profile '{ladder['profile']}' "
+        f"({ladder['profile_source']}), read from {ladder['source']}: "
+        + ", ".join(f"{r['name']} ({r['prefix_reuse']:.0%})" for r in rungs)
+    ]
+    lines += [f"{label}/{note}" for note in ladder["notes"]]
+    if len(rungs) >= 2:
+        low, high = rungs[0]["name"], rungs[-1]["name"]
+        for name, by_rung in ladder["policies"].items():
+            a, b = by_rung[low], by_rung[high]
+            lines.append(
+                f"{label}/{name}: {low} → {high}: TTFT p50 {_stat(a['ttft_s'], 'p50')} → "
+                f"{_stat(b['ttft_s'], 'p50')}, TTFT p95 {_stat(a['ttft_s'], 'p95')} → "
+                f"{_stat(b['ttft_s'], 'p95')}, hit rate {_pct(a['hit_rate'])} → "
+                f"{_pct(b['hit_rate'])}"
+            )
+    return lines
+
+
 SPEED_BAND_TEXT = (
     "The same schedule simulated again at the fastest and the slowest speed this "
     "machine's fit saw its steps run at: a served run here lands in the range when the "
@@ -746,6 +998,36 @@ def write_markdown(report: Report, path: Path) -> None:
         rows = prefix_rows(report)
         if rows:
             parts += [_md_table(PREFIX_HEADERS, rows), "", md(PREFIX_TEXT), ""]
+    if _has_sessions(report):
+        parts += [
+            "## Sessions",
+            "",
+            *[f"- {md(line)}" for line in session_lines(report)],
+            "",
+            _md_table(SESSION_HEADERS, session_rows(report)),
+            "",
+            md(SESSIONS_TEXT),
+            "",
+            _md_table(turn_headers(report), turn_rows(report)),
+            "",
+            md(TURN_TEXT.format(tail=_tail(report))),
+            "",
+        ]
+    if _has_ladder(report):
+        parts += ["## Cache ladder", ""]
+        for label, ladder in _ladders(report):
+            parts += [
+                *[f"- {md(line)}" for line in ladder_lines(label, ladder)],
+                "",
+                _md_table(ladder_headers(ladder), ladder_rows(label, ladder)),
+                "",
+            ]
+        parts += [
+            md(LADDER_TEXT),
+            "",
+            "Its picture (TTFT and hit rate per rung) is in report.html.",
+            "",
+        ]
     if _has_simulator_check(report):
         parts += [
             "## Simulator vs this run",
@@ -894,6 +1176,33 @@ def write_html(report: Report, path: Path) -> int:
                 else ""
             )
         )
+    count = 0
+    config = {"displaylogo": False, "responsive": True}
+    if _has_sessions(report):
+        body.append(
+            '<h2 id="sessions">Sessions</h2><ul>'
+            + "".join(f"<li>{e(line)}</li>" for line in session_lines(report))
+            + '</ul><div class="wrap">'
+            + _html_table(SESSION_HEADERS, session_rows(report), "sessions")
+            + f"</div><p>{e(SESSIONS_TEXT)}</p>"
+            + '<div class="wrap">'
+            + _html_table(turn_headers(report), turn_rows(report), "session-turns")
+            + f"</div><p>{e(TURN_TEXT.format(tail=_tail(report)))}</p>"
+        )
+    if _has_ladder(report):
+        body.append('<h2 id="cache-ladder">Cache ladder</h2>')
+        for label, ladder in _ladders(report):
+            body.append(
+                "<ul>"
+                + "".join(f"<li>{e(line)}</li>" for line in ladder_lines(label, ladder))
+                + '</ul><div class="wrap">'
+                + _html_table(ladder_headers(ladder), ladder_rows(label, ladder), "cache-ladder")
+                + "</div>"
+            )
+        body.append(f"<p>{e(LADDER_TEXT)}</p>")
+        for t, fig in [(t, f) for s, t, f in report.figures if s == "ladder"]:
+            count += 1
+            body.append(_plot_div("ladder", t, fig, count, config))
     if _has_simulator_check(report):
         body.append(
             '<h2 id="simulator-check">Simulator vs this run</h2><p>Each served cell\'s '
@@ -918,8 +1227,6 @@ def write_html(report: Report, path: Path) -> int:
         "stalls": "Stalls over time",
         "waterfall": "The slowest requests",
     }
-    count = 0
-    config = {"displaylogo": False, "responsive": True}
     for section, title in sections.items():
         figs = [(t, f) for s, t, f in report.figures if s == section]
         body.append(f'<h2 id="fig-{section}">{e(title)}</h2>')
@@ -927,10 +1234,7 @@ def write_html(report: Report, path: Path) -> int:
             body.append(f'<p class="missing">No data for this picture ({e(section)}).</p>')
         for t, fig in figs:
             count += 1
-            div = fig.to_html(
-                full_html=False, include_plotlyjs=False, config=config, div_id=f"plot-{count}"
-            )
-            body.append(f'<div class="plot" data-section="{section}" title="{e(t)}">{div}</div>')
+            body.append(_plot_div(section, t, fig, count, config))
     body.append(
         "<h2>Notes</h2><ul>"
         + "".join(f"<li>{e(n)}</li>" for n in _notes(report))
@@ -943,6 +1247,19 @@ def write_html(report: Report, path: Path) -> int:
     )
     path.write_text(page, encoding="utf-8")
     return count
+
+
+def _plot_div(section: str, title: str, fig, count: int, config: dict) -> str:
+    """One figure's ``<div>`` (its data and one inline script; plotly.js is in the head)."""
+    div = fig.to_html(
+        full_html=False, include_plotlyjs=False, config=config, div_id=f"plot-{count}"
+    )
+    return f'<div class="plot" data-section="{section}" title="{html.escape(title)}">{div}</div>'
+
+
+def _tail(report: Report) -> str:
+    """The first turn of the tail bucket (``6+``) the sessions of the report use."""
+    return next(f"{entry['tail_turn']}" for _, _, entry in _session_cells(report))
 
 
 def write_outputs(report: Report, out: Path) -> dict[str, Path]:

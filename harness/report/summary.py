@@ -7,7 +7,10 @@ The schema is ``harness/records/summary.py``'s (:func:`~harness.records.summary.
 duration_s, stall_threshold_s, ...}`` — and adds ``runs.<label>`` (every run side by
 side, with the info it was read with), ``verdicts``, ``against_fcfs``, ``diagnosis``
 and, per group, ``itl_s``, ``stalls_by_cause``, ``stall_time_s``, ``generator_lag_s``,
-``slo_met``. This module fills it from a built :class:`~harness.report.build.Report`.
+``slo_met``; per policy ``prefix_cache`` and ``sessions`` (null when the cell has no
+session rows); ``cache_ladder`` (the first run's, and each run's under ``runs``) only
+for a run whose profile has prefix-reuse rungs. This module fills it from a built
+:class:`~harness.report.build.Report`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def _policy(p: PolicyReport) -> dict:
         prompts=p.data.prompts,
         server_columns_source=p.data.server_source,
         prefix_cache=p.prefix_cache,
+        sessions=p.sessions,
     )
 
 
@@ -54,10 +58,14 @@ def summary_json(report: Report) -> dict:
             "verdicts": rr.verdicts,
             "against_fcfs": rr.against_fcfs,
             "policies": {n: _policy(p) for n, p in rr.policies.items()},
+            # Only when the run's profile has prefix-reuse rungs (harness/report/cache_ladder.py)
+            **({"cache_ladder": rr.cache_ladder} if rr.cache_ladder else {}),
         }
     first = report.runs[0]
     # Only when the run has it: an old run's summary.json keeps its keys.
     check = {"simulator_check": first.simulator_check} if first.simulator_check else {}
+    if first.cache_ladder:
+        check["cache_ladder"] = first.cache_ladder
     return report_summary(
         first.run.info,
         runs[first.run.label]["policies"],

@@ -61,6 +61,11 @@ REQUEST_COLUMNS = {
         "first_scheduled_at",
         "first_token_at",
         "finished_at",
+        # a session's turns (harness/report/sessions.py) and a cache ladder's rungs
+        # (harness/report/cache_ladder.py): null in older records
+        "phase",
+        "session_id",
+        "turn",
     )
 }
 #: Stall columns absent from the records read 0 (the records keep only stalls above

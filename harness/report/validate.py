@@ -76,6 +76,7 @@ NON_NEGATIVE = (
     "cached_tokens",
     "evicted_prefix_tokens",
     "num_stalls",
+    "phase",
     "slo_ttft_s",
     "slo_tpot_s",
     "slo_e2e_s",
@@ -86,8 +87,11 @@ FINITE = ("scheduled_at", "sent_at", "first_scheduled_at", "first_token_at", "fi
 STRING, NUMBER, NUMBER_LIST, STALL_LIST = "string", "number", "list of numbers", "stall list"
 #: How each column the report reads must be typed, when present.
 EXPECTED_KINDS = {
-    **{c: STRING for c in ("request_id", "policy", "profile", "class", "status", "error")},
-    **{c: NUMBER for c in (*NON_NEGATIVE, *FINITE, "priority", "http_status")},
+    **{
+        c: STRING
+        for c in ("request_id", "policy", "profile", "class", "status", "error", "session_id")
+    },
+    **{c: NUMBER for c in (*NON_NEGATIVE, *FINITE, "priority", "http_status", "turn")},
     "itl_s": NUMBER_LIST,
     "stalls": STALL_LIST,
 }
@@ -243,7 +247,30 @@ def row_problems(lazy: pl.LazyFrame) -> list[str]:
         )
     if row["no_arrival"]:
         problems.append(f"{row['no_arrival']} row(s) without scheduled_at")
-    return problems + bad_values(lazy)
+    return problems + _turn_problems(lazy) + bad_values(lazy)
+
+
+def _turn_problems(lazy: pl.LazyFrame) -> list[str]:
+    """A session's row (``session_id`` set) without a turn number of 1 or more: the
+    report's sessions section counts every turn by its number, so such a row could only
+    be dropped from it."""
+    names = lazy.collect_schema().names()
+    if "session_id" not in names:
+        return []
+    turn = pl.col("turn").cast(pl.Float64) if "turn" in names else pl.lit(None, pl.Float64)
+    bad = pl.col("session_id").is_not_null() & ~(turn >= 1).fill_null(False)
+    ids = pl.col("request_id").cast(pl.String)
+    row = (
+        lazy.select(bad.sum().alias("n"), ids.filter(bad).first().alias("first"))
+        .collect()
+        .row(0, named=True)
+    )
+    if not row["n"]:
+        return []
+    return [
+        f"{row['n']} session row(s) (session_id set) without a turn of 1 or more "
+        f"(first: request {row['first']})"
+    ]
 
 
 def check_requests(path: Path) -> list[str]:
