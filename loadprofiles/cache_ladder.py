@@ -9,9 +9,10 @@ one before it in the cache.
 
 Traffic: Poisson 10 requests/s, 30 s per rung (at the 0% rung near the served bundled
 engine's capacity on 2 cores, so a queue forms there and the policies differ; the
-higher rungs are the same arrivals made cheaper by the cache); one class, `doc_qa`: prompts lognormal
-around 600 tokens (at most 1,500), ~40 output tokens (at most 128). A rung's reuse is a
-phase's `prefix_reuse`: the first share of each prompt is the rung's document.
+higher rungs are the same arrivals made cheaper by the cache); one class, `doc_qa`:
+prompts lognormal around 600 tokens (at most 1,500), ~40 output tokens (at most 128). A
+rung's reuse is a phase's `prefix_reuse`: the first share of each prompt is the rung's
+document.
 """
 
 from harness.loadgen.expose import expose

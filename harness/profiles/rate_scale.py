@@ -88,11 +88,12 @@ def offered_rate(profile: Profile) -> float:
     arrivals over the open-loop phases' total length, a session counted as its mean
     number of turns (each is a request). ``ProfileError`` for a profile without
     open-loop arrivals (a closed-loop profile has no rate to scale)."""
-    opened = [(i, p) for i, p in enumerate(profile.phases) if p.kind == "open"]
+    indices = [i for i, p in enumerate(profile.phases) if p.kind == "open"]
+    opened = [profile.phases[i] for i in indices]
     arrivals = sum(
-        (p.expected_requests or 0.0) * requests_per_arrival(profile, i) for i, p in opened
+        (p.expected_requests or 0.0) * requests_per_arrival(profile, i)
+        for i, p in zip(indices, opened, strict=True)
     )
-    opened = [p for _, p in opened]
     length = sum(p.length_s for p in opened)
     if not opened or length <= 0 or arrivals <= 0:
         raise ProfileError(

@@ -19,8 +19,8 @@ def session_summary(frame: pl.DataFrame) -> dict | None:
     ok = turns.filter((pl.col("status") == "ok") & pl.col("cached_tokens").is_not_null())
 
     def hit_rate(rows: pl.DataFrame) -> float | None:
-        prompt = rows["prompt_tokens"].sum()
-        return float(rows["cached_tokens"].sum() / prompt) if rows.height and prompt else None
+        prompt = int(rows["prompt_tokens"].sum())
+        return int(rows["cached_tokens"].sum()) / prompt if rows.height and prompt else None
 
     return {
         "sessions": turns["session_id"].n_unique(),
