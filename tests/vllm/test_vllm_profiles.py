@@ -146,3 +146,36 @@ def test_a_shipped_profile_runs_under_locust_against_vllm_with_complete_records(
         frame["output_tokens"].sum()
     )
     assert after["prompt_tokens"] - before["prompt_tokens"] == frame["server_prompt_tokens"].sum()
+
+
+def test_plain_locust_against_vllm_chooses_prompts_its_vocabulary_takes(vllm_server, tmp_path):
+    """``locust -f loadprofiles/mixed.py --headless -t 25s --host <vLLM>`` with no
+    schedscope option: the default ``--prompt-mode auto`` finds the vocabulary's bound
+    (token ids at or above it were the default, and vLLM refused them: exit 1)."""
+    records = tmp_path / "records"
+    done = subprocess.run(
+        [
+            LOCUST,
+            "-f",
+            str(REPO / "loadprofiles" / "mixed.py"),
+            "--host",
+            vllm_server.url,
+            "--headless",
+            "--only-summary",
+            "-t",
+            "25s",
+            "--records-dir",
+            str(records),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = merge_records(records)
+    assert summary["prompts"]["requested"] == "auto", summary["prompts"]
+    assert summary["prompts"]["id_range"][1] <= 1280, summary["prompts"]
+    assert summary["status_counts"].get("ok", 0) > 0
+    assert not set(summary["status_counts"]) - {"ok", "aborted"}, summary["status_counts"]
