@@ -33,7 +33,9 @@ LOCUST = str(Path(sys.executable).parent / "locust")
 DURATION_SCALE = 0.04
 RATE_SCALE = 0.25
 #: Profiles too sparse for a quarter of their rate (no request at all).
-FULL_RATE = {"swap_pressure"}
+FULL_RATE = {"swap_pressure", "agentic"}
+#: Profiles with no arrival in 0.04 of their length (few, slow arrivals).
+DURATION_SCALES = {"agentic": 0.1}
 PROFILES = sorted(set(shipped_profile_names(aliases=False)) - {"default_py_example"})
 
 
@@ -77,7 +79,7 @@ def test_a_shipped_profile_runs_under_locust_against_vllm_with_complete_records(
             "--headless",
             "--only-summary",
             "--duration-scale",
-            str(DURATION_SCALE),
+            str(DURATION_SCALES.get(name, DURATION_SCALE)),
             "--rate-scale",
             str(rate_scale),
             "--prompt-mode",
@@ -103,7 +105,9 @@ def test_a_shipped_profile_runs_under_locust_against_vllm_with_complete_records(
     frame = pl.read_parquet(records / "requests.parquet")
 
     plan = build_plan(
-        resolve_profile(name).with_duration_scale(DURATION_SCALE).with_rate_scale(rate_scale)
+        resolve_profile(name)
+        .with_duration_scale(DURATION_SCALES.get(name, DURATION_SCALE))
+        .with_rate_scale(rate_scale)
     )
     turns = [t for session in plan.sessions() for t in session.turns]
     expected = {s.request_id for s in plan.open_loop_requests() + turns}
