@@ -21,7 +21,12 @@ for 15 s, past the running batch, so a queue forms and the policies differ (simu
 seed 42: fcfs keeps every class's TTFT p95 near 1.1 s; sjf and priority favour one
 tenant; lpm serves the later turns, whose conversations are cached, in 0.25-0.8 s and
 leaves the colder first turns of the tenant with the shorter system prompt waiting:
-5.8 s at p95). Scale it with --rate-scale (sessions per second) or --rate-scale auto.
+5.8 s at p95). Served at 1x on a 2-core VM whose engine completes ~10 turns/s of this mix
+(`benchmarks/bench_sessions.py`, fcfs, 2026-12-07): later turns hit 88.6%, TTFT p50
+0.5-0.8 s and E2E p50 18 s; with --no-enable-prefix-caching TTFT p50 12.7 s and E2E p50
+43 s. That machine takes minutes to drain the surge: on a slower one, or to compare
+policies near (not far past) capacity, use --rate-scale auto (sessions per second
+scaled to 80% of the engine's capacity on the mix) or --rate-scale F.
 """
 
 from harness.loadgen.expose import expose
