@@ -52,7 +52,7 @@ from harness.loadgen import options as opts_mod
 from harness.loadgen.master_guard import MasterGuard, worker_token
 from harness.loadgen.master_side import WORKERS_FILE as WORKERS_FILE  # tests import it here
 from harness.loadgen.master_side import MasterSide
-from harness.loadgen.process_run import ProcessRun, cut_notice
+from harness.loadgen.process_run import ProcessRun, cut_notice, plan_of
 from harness.loadgen.worker_side import WorkerSide
 
 log = logging.getLogger("schedscope.loadgen")
@@ -124,7 +124,9 @@ class _State:
         if notice:
             print(notice, file=sys.stderr, flush=True)
         run_id = f"{self.profile.name}-{int(time.time() * 1000)}"
-        duration = self.profile.with_duration_scale(options.duration_scale).duration_s
+        # the schedule, and its sessions' think times past its end (their turns go on)
+        plan = plan_of(self.profile, options)
+        duration = plan.duration_s + plan.session_tail_s
         if self.master is not None:
             start: float | None = self.master.start(
                 environment.runner, self.profile, options, run_id

@@ -70,6 +70,13 @@ def cut_notice(profile, options: opts_mod.LoadgenOptions, run_time: float | None
     )
     if closed:
         msg += f"; closed-loop phase(s) {', '.join(closed)} cut short or not run"
+    sessions = plan.sessions()
+    late = sum(1 for s in sessions if s.start_at >= run_time)
+    if sessions:
+        msg += (
+            f"; {late} of its {len(sessions)} sessions start at or after {run_time:g} s and "
+            "the others' turns after it are not sent"
+        )
     return msg + " (their rows: status aborted; not failures)"
 
 

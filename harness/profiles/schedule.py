@@ -513,6 +513,16 @@ class Plan:
         """Every session of the plan, in start (and index) order."""
         return [s for p in self.phases for s in p.sessions]
 
+    @property
+    def session_tail_s(self) -> float:
+        """Seconds past the schedule's end that its sessions' think times alone reach:
+        a session's later turns are sent after the turns before them, so they can go on
+        after the last phase (the answers' own time comes on top)."""
+        ends = [
+            s.start_at + sum(t.think_time_s or 0.0 for t in s.turns) for s in self.sessions()
+        ]
+        return max(0.0, max(ends, default=0.0) - self.duration_s)
+
     def open_loop_requests(self) -> list[RequestSpec]:
         """Every open-loop spec of the plan, in time (and index) order."""
         return [spec for p in self.phases for spec in p.requests]

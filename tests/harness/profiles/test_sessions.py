@@ -256,3 +256,10 @@ def test_a_chart_scales_its_tallest_bin_to_a_full_block():
     line = send_chart([0.1, 0.2, 0.3, 5.5], 6.0, width=6)
     assert line.startswith(BLOCKS[-1] + "    " + BLOCKS[3])
     assert line.endswith("█ = 3/s")
+
+
+def test_the_session_tail_is_how_far_think_times_reach_past_the_schedule():
+    plan = build_plan(session_profile(think=2.0))
+    ends = [s.start_at + sum(t.think_time_s or 0 for t in s.turns) for s in plan.sessions()]
+    assert plan.session_tail_s == pytest.approx(max(0.0, max(ends) - plan.duration_s))
+    assert build_plan(resolve_profile("mixed")).session_tail_s == 0.0
