@@ -263,3 +263,18 @@ def test_the_session_tail_is_how_far_think_times_reach_past_the_schedule():
     ends = [s.start_at + sum(t.think_time_s or 0 for t in s.turns) for s in plan.sessions()]
     assert plan.session_tail_s == pytest.approx(max(0.0, max(ends) - plan.duration_s))
     assert build_plan(resolve_profile("mixed")).session_tail_s == 0.0
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_a_distributed_run_splits_sessions_whole_never_their_turns(workers):
+    from harness.loadgen.split import share
+
+    plan = build_plan(session_profile())
+    shares = [share(plan, w, workers) for w in range(workers)]
+    sessions = [s.session_id for sh in shares for s in sh.sessions]
+    assert sorted(sessions) == sorted(s.session_id for s in plan.sessions())  # each once
+    for w, sh in enumerate(shares):
+        assert all(s.index % workers == w for s in sh.sessions)
+    ids = [i for sh in shares for i in sh.scheduled_ids]
+    turns = [t.request_id for s in plan.sessions() for t in s.turns]
+    assert sorted(ids) == sorted([s.request_id for s in plan.open_loop_requests()] + turns)
