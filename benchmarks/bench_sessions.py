@@ -164,7 +164,11 @@ def ladder_table(frame: pl.DataFrame, phases: list[str]) -> pl.DataFrame:
 
 
 def ladder_figures(args, root: Path) -> list[Figure]:
-    profile = resolve_profile("cache_ladder").with_rate_scale(args.rate_scale)
+    profile = (
+        resolve_profile("cache_ladder")
+        .with_rate_scale(args.rate_scale)
+        .with_duration_scale(args.duration_scale)
+    )
     phases = [p.name for p in profile.phases]
     tables: dict[str, pl.DataFrame] = {}
     for policy in SCHEDULING_POLICIES:
@@ -172,12 +176,9 @@ def ladder_figures(args, root: Path) -> list[Figure]:
         tables[f"simulated {policy}"] = ladder_table(simulate(profile, config).requests, phases)
     if args.served:
         for policy in [p for p in ("fcfs", "lpm") if p in SCHEDULING_POLICIES]:
-            cell = serve(
-                "cache_ladder",
-                policy,
-                root / f"ladder-{policy}",
-                ["--rate-scale", str(args.rate_scale)],
-            )
+            scales = ["--rate-scale", str(args.rate_scale)]
+            scales += ["--duration-scale", str(args.duration_scale)]  # run's default: 0.25
+            cell = serve("cache_ladder", policy, root / f"ladder-{policy}", scales)
             tables[f"served {policy}"] = ladder_table(
                 pl.read_parquet(cell / "requests.parquet"), phases
             )
