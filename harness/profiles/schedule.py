@@ -518,9 +518,7 @@ class Plan:
         """Seconds past the schedule's end that its sessions' think times alone reach:
         a session's later turns are sent after the turns before them, so they can go on
         after the last phase (the answers' own time comes on top)."""
-        ends = [
-            s.start_at + sum(t.think_time_s or 0.0 for t in s.turns) for s in self.sessions()
-        ]
+        ends = [s.start_at + sum(t.think_time_s or 0.0 for t in s.turns) for s in self.sessions()]
         return max(0.0, max(ends, default=0.0) - self.duration_s)
 
     def open_loop_requests(self) -> list[RequestSpec]:
