@@ -186,18 +186,23 @@ class Dispatcher:
                 self._slots.acquire()
             else:
                 self._slots.acquire(blocking=False)
+            if self._stopping:  # stopped while it waited for a slot: cut, not failed
+                self._slots.release()
+                return  # its turns from i on get their rows in _write_unsent
             row = self.client.new_row(spec, "session", due, capped)
             self._session_next[session.session_id] = i + 1
             messages = self.client.session_messages(spec, history)
             answer: list[str] = []
             self._one(spec, row, True, messages, answer)
             if row["status"] != "ok":
-                for later in session.turns[i + 1 :]:
+                for j, later in enumerate(session.turns[i + 1 :], start=i + 1):
+                    # counted as written first: a worker's write may yield (its rows go to
+                    # the master), and a stop there must not write the row again
+                    self._session_next[session.session_id] = j + 1
                     unsent = self.client.new_row(later, "session", unix_now(), False)
                     unsent["error"] = session_ended(i + 1)
                     self.writer.write(unsent)
                     self.turns_after_failure += 1
-                self._session_next[session.session_id] = len(session.turns)
                 return
             history += [messages[-1], {"role": "assistant", "content": "".join(answer)}]
             due = row["last_token_at"] or unix_now()

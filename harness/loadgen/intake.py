@@ -78,12 +78,16 @@ class Intake:
         self.run_id = run_id
         self.workers = max(1, workers)
         self.plan = plan
-        self._open: dict[str, int] = {}  # open-loop request id -> its worker
+        #: open-loop request id (or a session's turn's) -> its worker
+        self._open: dict[str, int] = {}
         self._closed: dict[str, tuple[int, int]] = {}  # id prefix -> (phase, concurrency)
         if plan is None:
             return
         for spec in plan.open_loop_requests():
             self._open[spec.request_id] = spec.index % self.workers
+        for session in plan.sessions():  # a session is one worker's, whole (split.share)
+            for turn in session.turns:
+                self._open[turn.request_id] = session.index % self.workers
         for p in plan.phases:
             if p.concurrency is not None:  # a closed phase
                 self._closed[f"{plan.profile.name}-{plan.seed}-c{p.index}-"] = (

@@ -642,8 +642,16 @@ def flatten_turn(turn: RequestSpec, start_at: float) -> RequestSpec:
     history = turn.prompt_tokens - sum(n for _, n in shared) - own
     if history > 0:
         shared += ((f"{turn.session_id}/history", history),)
+    # no session_id or turn: a sample's requests are no conversation (they all arrive at
+    # their session's start), and records of one must not read as sessions
     return dataclasses.replace(
-        turn, scheduled_at=start_at, shared=shared, message_tokens=None, think_time_s=None
+        turn,
+        scheduled_at=start_at,
+        shared=shared,
+        message_tokens=None,
+        think_time_s=None,
+        session_id=None,
+        turn=None,
     )
 
 

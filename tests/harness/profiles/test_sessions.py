@@ -203,14 +203,15 @@ def test_a_session_profile_samples_its_turns_as_requests_of_their_own():
     times = [s.scheduled_at for s in long]
     assert times == sorted(times)
     turns = {t.request_id: t for x in build_plan(profile).sessions() for t in x.turns}
-    flattened = [s for s in long if s.session_id is not None]
-    assert flattened and any(s.turn > 1 for s in flattened)
+    flattened = [s for s in long if s.request_id in turns]
+    assert flattened and any(turns[s.request_id].turn > 1 for s in flattened)
     for s in flattened:
-        if s.request_id in turns:
-            assert s.prompt_tokens == turns[s.request_id].prompt_tokens
+        assert s.prompt_tokens == turns[s.request_id].prompt_tokens
         assert s.message_tokens is None and s.own_tokens == s.prompt_tokens - s.shared_tokens
         history = [n for k, n in s.shared if k.endswith("/history")]
-        assert bool(history) == (s.turn > 1)
+        assert bool(history) == (turns[s.request_id].turn > 1)
+        # a sample is no conversation: its records must not read as sessions
+        assert s.session_id is None and s.turn is None
 
 
 def test_the_offered_rate_counts_a_session_as_its_mean_turns():
