@@ -336,8 +336,10 @@ class OpenAIClient:
             self.base_headers["Authorization"] = f"Bearer {api_key}"
 
     # -- bodies ---------------------------------------------------------------------
-    def prompt_method(self) -> str:
-        if self.prompt_mode == "token_ids":
+    def prompt_method(self, spec=None) -> str:
+        """How the prompt was sized: ``token_ids``, or text sized with ``tokenize`` or
+        ``estimate`` (one token per word); a session's turn is always text (chat)."""
+        if self.prompt_mode == "token_ids" and (spec is None or spec.session_id is None):
             return "token_ids"
         return self.sizer.method if self.sizer is not None else "estimate"
 
@@ -415,7 +417,7 @@ class OpenAIClient:
             "prompt_tokens": spec.prompt_tokens,
             "server_prompt_tokens": None,
             "cached_tokens": None,
-            "prompt_method": self.prompt_method(),
+            "prompt_method": self.prompt_method(spec),
             "output_tokens": None,
             "max_tokens": spec.output_tokens,
             "status": "aborted",

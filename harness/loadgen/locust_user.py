@@ -124,9 +124,9 @@ class _State:
         if notice:
             print(notice, file=sys.stderr, flush=True)
         run_id = f"{self.profile.name}-{int(time.time() * 1000)}"
-        # the schedule, and its sessions' think times past its end (their turns go on)
-        plan = plan_of(self.profile, options)
-        duration = plan.duration_s + plan.session_tail_s
+        duration = self.profile.with_duration_scale(options.duration_scale).duration_s
+        if self.profile.has_sessions:  # their think times go on past the schedule's end
+            duration += plan_of(self.profile, options).session_tail_s
         if self.master is not None:
             start: float | None = self.master.start(
                 environment.runner, self.profile, options, run_id
