@@ -551,27 +551,47 @@ def build_plan(profile: Profile, seed: int | None = None) -> Plan:
         requests: list[RequestSpec] = []
         sessions: list[SessionSpec] = []
         if phase.kind == "open":
-            times, draws = _open_phase(profile, seed, i, 0, start, end)
-            starts = session_classes[draws.class_index]
-            if starts.any():
-                sessions = _draw_sessions(
-                    profile, seed, i, 0, times, draws.class_index, num_sessions
-                )
-                num_sessions += len(sessions)
-                times, draws = times[~starts], draws.where(~starts)
-            indices = range(num_open, num_open + times.size)
-            requests = _specs(
-                profile,
-                seed,
-                _open_ids(profile, seed, indices),
-                indices,
-                [i] * times.size,
-                draws,
-                times.tolist(),
+            requests, sessions = _open_block(
+                profile, seed, i, 0, (start, end), session_classes, num_open, num_sessions
             )
-            num_open += times.size
+            num_open += len(requests)
+            num_sessions += len(sessions)
         phases.append(PhasePlan(i, phase, start, end, requests, profile, seed, sessions=sessions))
     return Plan(profile, seed, phases)
+
+
+def _open_block(
+    profile: Profile,
+    seed: int,
+    phase_index: int,
+    block: int,
+    window: tuple[float, float],
+    session_classes: np.ndarray,
+    first_open: int,
+    first_session: int,
+) -> tuple[list[RequestSpec], list[SessionSpec]]:
+    """One block of an open phase's arrivals in ``window``: its single-turn requests
+    (numbered from ``first_open``) and its sessions (from ``first_session``).
+    ``session_classes``: which of the profile's classes are session classes."""
+    times, draws = _open_phase(profile, seed, phase_index, block, *window)
+    starts = session_classes[draws.class_index]
+    sessions: list[SessionSpec] = []
+    if starts.any():
+        sessions = _draw_sessions(
+            profile, seed, phase_index, block, times, draws.class_index, first_session
+        )
+        times, draws = times[~starts], draws.where(~starts)
+    indices = range(first_open, first_open + times.size)
+    requests = _specs(
+        profile,
+        seed,
+        _open_ids(profile, seed, indices),
+        indices,
+        [phase_index] * times.size,
+        draws,
+        times.tolist(),
+    )
+    return requests, sessions
 
 
 def _phase_may_have_arrivals(phase: Phase) -> bool:
@@ -669,28 +689,18 @@ def _sample_with_sessions(
         for i, (start, end) in zip(
             open_phases, _phase_bounds(durations, cycle * period), strict=True
         ):
-            times, draws = _open_phase(profile, seed, i, cycle, start, end)
-            starts = session_classes[draws.class_index]
-            drawn = _draw_sessions(profile, seed, i, cycle, times, draws.class_index, sessions)
+            requests, drawn = _open_block(
+                profile, seed, i, cycle, (start, end), session_classes, singles, sessions
+            )
             sessions += len(drawn)
             for session in drawn:
                 for turn in session.turns:
                     found.append(
                         (session.start_at, len(found), flatten_turn(turn, session.start_at))
                     )
-            times, draws = times[~starts], draws.where(~starts)
-            indices = range(singles, singles + times.size)
-            for spec in _specs(
-                profile,
-                seed,
-                _open_ids(profile, seed, indices),
-                indices,
-                [i] * times.size,
-                draws,
-                times.tolist(),
-            ):
+            for spec in requests:
                 found.append((spec.open_at, len(found), spec))
-            singles += times.size
+            singles += len(requests)
         cycle += 1
     found.sort(key=lambda f: (f[0], f[1]))
     specs = [spec for _, _, spec in found[:n]]
