@@ -4,6 +4,7 @@ the fit."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import partial
 from pathlib import Path
@@ -76,6 +77,23 @@ def calibrate(
         "run.json beside the steps records (a run cell's, a served calibration's), "
         "else for --executor (then required) and --torch-threads.",
     ),
+    from_run: list[Path] = typer.Option(
+        [],
+        "--from-run",
+        help="Fit a cost model of an external engine (vLLM, SGLang, a bundled engine "
+        "served elsewhere) from `schedscope run --target` runs against it (a run or cell "
+        "directory; repeatable): its steps rebuilt from the client's token times, the last "
+        "fifth of each run held out. Stored under the target's fingerprint (engine, "
+        "version, model, knobs, KV cache, the load's machine), never this machine's; "
+        "`simulate --cost-model target:NAME` uses it (docs/simulator.md).",
+    ),
+    target_knobs: str | None = typer.Option(
+        None,
+        "--target-knobs",
+        help="With --from-run: the knobs the target was started with, in vLLM's flag "
+        'names ("--max-num-seqs 64 --max-num-batched-tokens 4096"), over what the runs '
+        "recorded (run --target-knobs) and what the target's metrics said.",
+    ),
     method: str | None = typer.Option(
         None,
         "--method",
@@ -132,6 +150,11 @@ def calibrate(
     """
     model = engine_config.model
     block_size = engine_config.cache.block_size
+    if target_knobs is not None and not from_run:
+        raise typer.BadParameter("only with --from-run", param_hint="--target-knobs")
+    if from_run and not show:
+        _calibrate_from_run(from_run, target_knobs, out, bool(from_steps), method)
+        return
     if show:
         show_store(
             fingerprint(
@@ -204,6 +227,41 @@ def calibrate(
         fit_summary(fitted, from_steps=chosen != "profile", target=HOLDOUT_TARGETS.get(way))
     )
     console.print(f"written: {out}", soft_wrap=True, highlight=False, markup=False)
+
+
+def _calibrate_from_run(
+    paths: list[Path], target_knobs: str | None, out: Path | None, steps: bool, method: str | None
+) -> None:
+    """--from-run: fit the target of ``paths``, store it under its fingerprint (or write
+    ``out``), and say how much of the runs was usable and how well it fits."""
+    from harness.calibration.from_run import FromRunError, calibrate_from_runs
+
+    if steps or method is not None:
+        raise typer.BadParameter(
+            "--from-run fits an external engine from its runs: not with --from-steps or --method",
+            param_hint="--from-run",
+        )
+    plain = partial(console.print, soft_wrap=True, highlight=False, markup=False)
+    try:
+        fitted = calibrate_from_runs(paths, target_knobs)
+    except FromRunError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--from-run") from None
+    for line in fitted.lines:
+        plain(line)
+    entry = fitted.identity.fingerprint_dict()
+    if out is None:
+        out = cost_store.save_target(fitted.model, entry, fitted.fingerprint)
+    else:
+        save_cost_model(dataclasses.replace(fitted.model, fingerprint=entry), out)
+    console.print(cost_model_table(fitted.model))
+    fit = fitted.model.fit
+    plain(
+        f"in-sample median relative error {fit['train_median_rel_error']:.1%} over "
+        f"{fit['train_points']:,} steps; "
+        + fit_summary(fitted.model, from_steps=True)
+        + f" ({fit['holdout']})"
+    )
+    plain(f"written: {out} (simulate --cost-model target:{fitted.fingerprint.name})")
 
 
 def served_knob_flags(knob_values: dict) -> list[str]:
@@ -301,6 +359,16 @@ def _sources_line(sources: list[dict]) -> str:
 
 
 def _entry_state(entry: cost_store.StoredModel, machine: Fingerprint) -> str:
+    if entry.target is not None and entry.model is not None:
+        error = entry.holdout_error
+        fit = entry.model.fit
+        return (
+            f"TARGET {entry.target.describe()}; fitted "
+            f"{entry.model.fitted_at or 'at an unknown time'} from "
+            f"{fit.get('steps_measured', '?')} steps rebuilt from "
+            f"{fit.get('streamed_requests', '?')} streams, held-out median error "
+            f"{'unknown' if error is None else f'{error:.1%}'}"
+        )
     if entry.model is None or entry.fingerprint is None:
         return f"unusable ({entry.problem})"
     error = entry.holdout_error

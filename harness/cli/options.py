@@ -71,6 +71,37 @@ def cost_model_option(there: str = ""):
     )
 
 
+def target_cost_model(value: str | None):
+    """``--cost-model target:NAME`` (or a file holding a target's fit: calibrate --from-run
+    --out) as (its Choice, the knobs that simulate that engine, the line saying so); None
+    for any other value. An unknown target or a file that is not a cost model: a bad
+    parameter naming --cost-model (exit 2)."""
+    from harness.costmodel import store as cost_store
+    from harness.costmodel.choice import Choice, is_named_choice
+
+    if value is None or is_named_choice(value):
+        return None
+    if value.startswith(cost_store.TARGET_PREFIX):
+        try:
+            entry = cost_store.find_target(value[len(cost_store.TARGET_PREFIX) :])
+        except LookupError as exc:
+            raise typer.BadParameter(str(exc.args[0]), param_hint="--cost-model") from None
+    else:
+        entry = cost_store.load(Path(value))
+        if entry.target is None:
+            return None  # a machine's fit or a plain file: the usual choice reads it
+    assert entry.model is not None and entry.target is not None
+    knobs = entry.simulate_knobs
+    assumed = entry.model.fingerprint.get("assumed_knobs") or []
+    line = (
+        f"cost model: {entry.path}, the fit of {entry.target.describe()}; its engine's "
+        "knobs simulated where not given: "
+        + " ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+        + (f" (assumed, not read from the target: {', '.join(assumed)})" if assumed else "")
+    )
+    return Choice(entry.model, entry.path, line), knobs
+
+
 def executor_option(default: str = "torch", there: str = ""):
     """``--executor torch|sim``: the served engine's executor."""
     return typer.Option(

@@ -156,6 +156,14 @@ def run(
         "--target-model",
         help="With --target: the model name to send (default: the first of its /v1/models).",
     ),
+    target_knobs: str | None = typer.Option(
+        None,
+        "--target-knobs",
+        help="With --target: the knobs it was started with, in vLLM's flag names "
+        '("--max-num-seqs 64 --max-num-batched-tokens 4096"), recorded in each cell\'s '
+        "run.json so `schedscope calibrate --from-run` fits and names the engine they made "
+        "(a target does not say them all: vLLM's /metrics gives its KV cache only).",
+    ),
     workers: int = typer.Option(
         1,
         "--workers",
@@ -238,9 +246,9 @@ def run(
             f"{endpoint!r}: expected one of {', '.join(ENDPOINTS)}",
             param_hint="--endpoint (or LOCUST_ENDPOINT)",
         )
-    if target_model is not None and not target:
-        raise typer.BadParameter("only with --target", param_hint="--target-model")
     settings = _settings(
+        target_knobs=target_knobs,
+        target_model=target_model,
         executor=executor,
         torch_threads=torch_threads,
         cpu_split=parse_cpu_split_option(cpu_split),

@@ -10,12 +10,12 @@ import typer
 
 from engine.config import ConfigError, EngineConfig
 from harness.cli import options
-from harness.cli.app import console
+from harness.cli.app import console, err_console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
 from harness.cli.rate_scale import rate_scale_option
 from harness.costmodel.machine import fingerprint
 from harness.profiles import Profile, ProfileError, resolve_profile
-from harness.serve.knobs import build_engine_config, with_engine_knobs
+from harness.serve.knobs import build_engine_config, given_knobs, with_engine_knobs
 from harness.simulate.compare import print_comparison, print_span_counts, print_speed_band
 
 
@@ -30,7 +30,10 @@ def simulate(
         "caching off); a comma-separated list or 'all' (every policy) compares several.",
     ),
     out: Path = typer.Option(Path("runs/simulate"), "--out", help="Directory for the records."),
-    cost_model: str | None = options.cost_model_option(),
+    cost_model: str | None = options.cost_model_option(
+        "Or target:NAME (a fit of an external engine: `schedscope calibrate --from-run`; "
+        "its engine's knobs are simulated where not given)."
+    ),
     seed: int | None = options.seed_option(),
     rate_scale: str = rate_scale_option(),
     duration_scale: float = options.duration_scale_option(
@@ -72,10 +75,19 @@ def simulate(
     check_faults()
     spec = scale_flag.parse(rate_scale)
     prof = _scaled_profile(profile, spec.factor or 1.0, duration_scale)
+    target = options.target_cost_model(cost_model)
+    if target is not None:
+        # the target's engine where the user gave no knob of their own
+        given = given_knobs()
+        knob_values = {
+            **knob_values,
+            **{k: v for k, v in target[1].items() if k not in given and k in knob_values},
+        }
+        err_console.print(target[0].line, soft_wrap=True, highlight=False, markup=False)
     configs = _policy_configs(knob_values, policies)
     first = next(iter(configs.values()))
     machine = fingerprint(first.model)
-    choice = choose_cost_model(cost_model, machine)
+    choice = target[0] if target is not None else choose_cost_model(cost_model, machine)
     model = choice.model
     extra = None
     if spec.auto:

@@ -9,6 +9,11 @@ FILE`` reads it), whose ``fingerprint`` field says what it was fitted on. A refi
 the same machine replaces the file. Beside it, ``cost-model-<key>.steps.npz`` holds
 the step cycles it was fitted from, by source (:mod:`harness.costmodel.evidence`), when they
 were step cycles: a served run's cell refits from that pool plus its own steps.
+
+Fits of external engines (``schedscope calibrate --from-run``) live beside them as
+``cost-model-target-<key>.json``, keyed by the target's fingerprint
+(:mod:`harness.costmodel.target`), never this machine's: :func:`save_target`,
+:func:`find_target` (``--cost-model target:<name>``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 from engine.core.cost_model import CostModel, CostModelError
 from harness.costmodel.evidence import Evidence
 from harness.costmodel.machine import Fingerprint, FingerprintError
+from harness.costmodel.target import TargetError, TargetFingerprint, is_target
 
 #: Overrides the store's directory (tests, a shared team directory, CI).
 STORE_ENV = "SCHEDSCOPE_COST_MODEL_DIR"
@@ -44,6 +50,15 @@ class StoredModel:
     model: CostModel | None = None
     fingerprint: Fingerprint | None = None
     problem: str | None = None
+    #: an external engine's fit (calibrate --from-run): its fingerprint (``fingerprint``
+    #: is then None)
+    target: TargetFingerprint | None = None
+
+    @property
+    def simulate_knobs(self) -> dict:
+        """A target fit's knobs that simulate its engine ({} for a machine's fit)."""
+        knobs = self.model.fingerprint.get("simulate_knobs") if self.model else None
+        return dict(knobs) if isinstance(knobs, dict) and self.target is not None else {}
 
     @property
     def holdout_error(self) -> float | None:
@@ -111,6 +126,12 @@ def load(path: Path) -> StoredModel:
         return StoredModel(path, problem=str(exc))
     if not model.fingerprint:
         return StoredModel(path, model, problem="no fingerprint recorded")
+    if is_target(model.fingerprint):
+        try:
+            target = TargetFingerprint.from_dict(model.fingerprint)
+        except (TargetError, TypeError) as exc:
+            return StoredModel(path, model, problem=f"unreadable target fingerprint: {exc}")
+        return StoredModel(path, model, target=target)
     try:
         fingerprint = Fingerprint.from_dict(model.fingerprint)
     except (FingerprintError, TypeError) as exc:
@@ -139,3 +160,43 @@ def find(fingerprint: Fingerprint, directory: Path | None = None) -> Lookup:
             stale.append(entry)
     newest = max(matches, key=lambda e: e.model.fitted_at if e.model else "", default=None)
     return Lookup(newest, tuple(stale))
+
+
+#: ``--cost-model target:<name>``: a stored fit of an external engine.
+TARGET_PREFIX = "target:"
+
+
+def target_path_for(target: TargetFingerprint, directory: Path | None = None) -> Path:
+    return (directory or store_dir()) / f"cost-model-target-{target.key}.json"
+
+
+def save_target(
+    model: CostModel, fingerprint: dict, target: TargetFingerprint, directory: Path | None = None
+) -> Path:
+    """Store ``model`` as the fit of the external engine ``target`` (``fingerprint``:
+    its store entry, :meth:`TargetIdentity.fingerprint_dict`); a refit of the same
+    target replaces it. The model's path."""
+    path = target_path_for(target, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dataclasses.replace(model, fingerprint=fingerprint).save(path)
+    return path
+
+
+def target_entries(directory: Path | None = None) -> list[StoredModel]:
+    """The stored fits of external engines, oldest first."""
+    found = [e for e in entries(directory) if e.target is not None and e.model is not None]
+    return sorted(found, key=lambda e: e.model.fitted_at if e.model else "")
+
+
+def find_target(name: str, directory: Path | None = None) -> StoredModel:
+    """The newest stored target fit whose name or key is ``name``; LookupError lists the
+    stored targets when none is."""
+    stored = target_entries(directory)
+    found = [e for e in stored if e.target and name in (e.target.name, e.target.key)]
+    if found:
+        return found[-1]
+    known = ", ".join(sorted({f"{e.target.name} ({e.target.key})" for e in stored if e.target}))
+    raise LookupError(
+        f"no stored fit of target {name!r} in {directory or store_dir()}"
+        + (f"; stored: {known}" if known else "; none stored: `schedscope calibrate --from-run`")
+    )

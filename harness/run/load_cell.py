@@ -17,6 +17,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from harness.costmodel.target_identity import TARGET_INFO_KEY, TARGET_KNOBS_KEY
 from harness.loadgen.options import GRACE_S, env_var
 from harness.records.redact import redact_argv, redact_url
 from harness.run.cell_result import CellResult, LoadCell, Show, note_files, write_cell_info
@@ -32,6 +33,7 @@ from harness.run.loadgen import LOCUST_OK_CODES, LocustRun, profile_file
 from harness.run.matrix import Cell
 from harness.run.server import ServedEngine, ServerStartError
 from harness.run.settings import CellSettings
+from harness.run.target_info import read_target_info
 from harness.serve.knobs import knob_flags
 
 #: Beyond the schedule's planned end and Locust's grace, a Locust run is cut after this.
@@ -64,6 +66,7 @@ def run_load_cell(cell: Cell, cell_dir: Path, settings: CellSettings, show: Show
     run.result.scheduled = scheduled
     for d in (run.raw, run.records):
         d.mkdir(parents=True, exist_ok=True)
+    target_check = None
     with ExitStack() as stack:
         server = None
         url = settings.target
@@ -77,13 +80,21 @@ def run_load_cell(cell: Cell, cell_dir: Path, settings: CellSettings, show: Show
         else:
             assert url is not None  # a cell that is not served is a --target's
             run.info["url"] = redact_url(url)
+            run.info[TARGET_KNOBS_KEY] = settings.target_knobs
+            before = read_target_info(url, settings.api_key, settings.target_model)
+            target_check = _find_target_check(run, url, before)
         load_s = _run_load(run, url)
         if server is not None:
             _stop_server(server, run)
+        else:
+            after = read_target_info(url, settings.api_key, settings.target_model)
+            run.info[TARGET_INFO_KEY] = {"before": before, "after": after}
     epoch = server.health.get("clock_epoch_unix") if server is not None else None
     collect(run.result, settings, run.records, run.raw, epoch, run.info, load_s)
     if run.result.mode == "serve":
         _check_simulator(run)
+    elif target_check is not None:
+        _check_target_simulator(run, target_check)
     run.result.wall_s = time.monotonic() - started
     return write_cell_info(run.result, settings, run.info)
 
@@ -115,6 +126,38 @@ def _check_simulator(run: LoadCell) -> None:
         )
     except Exception as exc:  # noqa: BLE001 - as above
         run.result.warnings.append(f"cost model fit: {type(exc).__name__}: {exc}")
+
+
+def _find_target_check(run: LoadCell, url: str, before: dict):
+    """The stored fit of the cell's target (harness/run/target_check.py), found before the
+    load; None (with the cell's warning) when its identity cannot be read."""
+    from harness.run.target_check import find_check
+
+    settings = run.settings
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    try:
+        found = find_check(url, before, settings.target_knobs, settings.machine, headers)
+    except Exception as exc:  # noqa: BLE001 - the load runs without a check
+        found = f"{type(exc).__name__}: {exc}"
+    if isinstance(found, str):
+        run.result.warnings.append(f"simulator check: the target's identity: {found}")
+        return None
+    return found
+
+
+def _check_target_simulator(run: LoadCell, check) -> None:
+    """A --target cell's schedule simulated with its target's stored fit; never its
+    failure."""
+    from harness.run.simulator_check import RUN_JSON_KEY
+    from harness.run.target_check import simulate_target
+
+    settings = run.settings
+    try:
+        run.info[RUN_JSON_KEY] = simulate_target(
+            check, run.cell.name, settings.profile, settings.seed, run.cell_dir, run.show
+        )
+    except Exception as exc:  # noqa: BLE001 - the target's records stand without it
+        run.result.warnings.append(f"simulator check: {type(exc).__name__}: {exc}")
 
 
 def _serve_args(cell: Cell, settings: CellSettings, raw: Path) -> list[str]:

@@ -62,6 +62,11 @@ class RunSettings:
     target_otlp_grpc_port: int | None = None
     #: the bearer token for ``target`` (never written to a file)
     api_key: str | None = None
+    #: with ``target``: the knobs it was started with, in vLLM's flag names (recorded in
+    #: each cell's run.json for ``calibrate --from-run``: harness/costmodel/target.py)
+    target_knobs: str | None = None
+    #: with ``target``: the model name sent (None: the first of its /v1/models)
+    target_model: str | None = None
     #: scrape with a real Prometheus instead of reading /metrics directly
     prometheus: bool = False
     #: seconds Locust waits after the schedule for the last responses (None: each served
@@ -104,6 +109,19 @@ class RunSettings:
             raise RunSettingsError(
                 "--target-otlp-grpc-port", "OTLP/HTTP and OTLP/gRPC need ports of their own"
             )
+        for value, flag in (
+            (self.target_knobs, "--target-knobs"),
+            (self.target_model, "--target-model"),
+        ):
+            if value is not None and self.target is None:
+                raise RunSettingsError(flag, "only with --target")
+        if self.target_knobs is not None:
+            from harness.costmodel.target import TargetError, parse_knobs
+
+            try:
+                parse_knobs(self.target_knobs)
+            except TargetError as exc:
+                raise RunSettingsError("--target-knobs", str(exc)) from None
         if self.grace_s is not None and self.grace_s < 0:
             raise RunSettingsError("--grace", f"{self.grace_s:g}: must be >= 0")
         if self.start_timeout_s <= 0:

@@ -132,6 +132,23 @@ def with_engine_knobs(exclude: frozenset[str] = frozenset()):
     return decorate
 
 
+def given_knobs() -> set[str]:
+    """The knobs the running command's user gave (command line or environment), from
+    click's context; empty outside a command."""
+    import click
+    from click.core import ParameterSource
+
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return set()
+    given = set()
+    for name in knob_types():
+        source = context.get_parameter_source(name)
+        if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            given.add(name)
+    return given
+
+
 def knob_types() -> dict[str, typing.Any]:
     """Knob field name -> its type hint (SchedulerConfig, CacheConfig, ExecutionConfig,
     model)."""
