@@ -31,6 +31,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,8 +40,8 @@ from harness.calibration.stream_steps import StreamSteps, StreamStepsError, rebu
 from harness.costmodel.target import TargetError, TargetFingerprint
 from harness.costmodel.target_identity import TargetIdentity, identity
 
-#: The share of each run's measured steps, its last in time, held out of the fit.
-HOLDOUT_SHARE = 0.2
+if TYPE_CHECKING:
+    import polars as pl
 
 #: The share of each run's measured steps, its last in time, held out of the fit.
 HOLDOUT_SHARE = 0.2
@@ -56,8 +57,9 @@ class TargetRun:
 
     path: Path
     info: dict
-    requests: object  # pl.DataFrame
-    metrics: object | None  # pl.DataFrame, None when the run scraped nothing
+    requests: pl.DataFrame
+    #: None when the run scraped nothing
+    metrics: pl.DataFrame | None
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,62 @@ def client_latency(run: TargetRun, model: CostModel, steps: StreamSteps) -> list
     return out
 
 
+def _client_latency(runs, rebuilt, fitted, simulate, knobs_text, lines) -> tuple[float, dict]:
+    """The fit's client latency (and its statistics), with a line saying how it was
+    found: by replaying the runs' schedules (:mod:`harness.calibration.replay_latency`),
+    else from the requests sent to an idle engine, else 0."""
+    from engine.config import ConfigError
+    from harness.calibration.replay_latency import FIT_SHARE, replay
+    from harness.costmodel.target_identity import target_policy
+    from harness.serve.knobs import build_engine_config
+
+    idle = [v for run, s in zip(runs, rebuilt, strict=True) for v in client_latency(run, fitted, s)]
+    idle_s = max(0.0, float(np.median(idle))) if idle else None
+    stats: dict = {"idle_sends": len(idle), "idle_send_latency_s": idle_s}
+    try:
+        policy = target_policy(runs[0].info, knobs_text)
+        config = build_engine_config({**simulate, "scheduling_policy": policy})
+        replayed = replay(runs, fitted, config)
+    except (TargetError, ConfigError) as exc:
+        replayed = None
+        lines.append(f"the runs' schedules were not replayed: {exc}")
+    if replayed is not None:
+        lines += [f"not replayed: {why}" for why in replayed.skipped]
+    if replayed is not None and replayed.latency_s is not None:
+        stats["replay"] = {
+            "latency_s": replayed.latency_s,
+            "fitted_requests": replayed.fitted_requests,
+            "held_out_requests": replayed.held_out_requests,
+            "held_out": replayed.held_out,
+        }
+        held = ", ".join(
+            f"{metric.replace('_s_', ' ')} {v['simulated'] * 1e3:.0f} ms vs "
+            f"{v['served'] * 1e3:.0f} ms served ({v['rel_error']:+.1%})"
+            for metric, v in replayed.held_out.items()
+            if v["rel_error"] is not None
+        )
+        lines.append(
+            f"client latency: {replayed.latency_s * 1e3:.2f} ms (served TTFT p50 less "
+            f"simulated, over the first {FIT_SHARE:.0%} of the runs' schedules, "
+            f"{replayed.fitted_requests:,} requests"
+            + (f"; the idle sends alone said {idle_s * 1e3:.2f} ms" if idle_s is not None else "")
+            + f"); held out, the last {1 - FIT_SHARE:.0%} ({replayed.held_out_requests:,} "
+            f"requests): {held or 'nothing to score'}"
+        )
+        return replayed.latency_s, stats
+    if idle_s is not None:
+        lines.append(
+            f"client latency: {idle_s * 1e3:.2f} ms (median over {len(idle)} requests sent to "
+            "an idle engine: TTFT from the send less their step's price)"
+        )
+        return idle_s, stats
+    lines.append(
+        "client latency: 0 (no schedule replayed and no request sent to an idle engine: "
+        "the time outside the steps is not in the fit)"
+    )
+    return 0.0, stats
+
+
 def calibrate_from_runs(
     paths: list[Path],
     knobs_text: str | None = None,
@@ -251,21 +309,7 @@ def calibrate_from_runs(
         )
     except CalibrationError as exc:
         raise FromRunError(f"{exc} (steps rebuilt from the streams)") from None
-    latencies = [
-        v for run, s in zip(runs, rebuilt, strict=True) for v in client_latency(run, fitted, s)
-    ]
-    if latencies:
-        latency = max(0.0, float(np.median(latencies)))
-        lines.append(
-            f"client latency: {latency * 1e3:.2f} ms (median over {len(latencies)} requests "
-            "sent to an idle engine: TTFT from the send less their step's price)"
-        )
-    else:
-        latency = 0.0
-        lines.append(
-            "client latency: 0 (no request was sent to an idle engine: the network's time "
-            "is not in the fit)"
-        )
+    latency, latency_stats = _client_latency(runs, rebuilt, fitted, simulate, knobs_text, lines)
     stats = {
         **fitted.fit,
         "method": "steps rebuilt from client token times (calibrate --from-run)",
@@ -277,7 +321,7 @@ def calibrate_from_runs(
         "steps_not_bounded": sum(s.steps_not_bounded for s in rebuilt),
         "generator_limited_steps_left_out": sum(s.generator_limited_steps for s in rebuilt),
         "coalesced_chunks": sum(s.coalesced_chunks for s in rebuilt),
-        "idle_sends": len(latencies),
+        **latency_stats,
     }
     model = dataclasses.replace(
         fitted,

@@ -21,6 +21,7 @@ from harness.simulate.compare import print_comparison, print_span_counts, print_
 
 @with_engine_knobs(exclude=frozenset({"scheduling_policy"}))
 def simulate(
+    context: typer.Context,
     knob_values: dict,
     profile: str = options.profile_option(),
     policy: str = typer.Option(
@@ -78,7 +79,7 @@ def simulate(
     target = options.target_cost_model(cost_model)
     if target is not None:
         # the target's engine where the user gave no knob of their own
-        given = given_knobs()
+        given = given_knobs(context)
         knob_values = {
             **knob_values,
             **{k: v for k, v in target[1].items() if k not in given and k in knob_values},

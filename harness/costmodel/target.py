@@ -224,15 +224,15 @@ def simulate_knobs(
         for knob, value in VLLM_ASSUMED_DEFAULTS.items():
             out[knob] = value
             assumed.append(knob)
-    not_simulated = []
+    not_simulated: list[str] = []
     for flag, text in knobs.items():
-        knob = VLLM_FLAG_KNOBS.get(flag)
-        if knob is None:
+        found = VLLM_FLAG_KNOBS.get(flag)
+        if found is None:
             not_simulated.append(flag)
             continue
-        out[knob] = knob_value(knob, text)
-        if knob in assumed:
-            assumed.remove(knob)
+        out[found] = knob_value(found, text)
+        if found in assumed:
+            assumed.remove(found)
     if block_size:
         out["block_size"] = block_size
     if kv_blocks:

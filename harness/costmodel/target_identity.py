@@ -103,14 +103,28 @@ def _target_info(info: dict) -> tuple[dict, list[str]]:
     recorded = info.get(TARGET_INFO_KEY)
     if not isinstance(recorded, dict):
         return {}, []
-    before = recorded.get("before") if isinstance(recorded.get("before"), dict) else {}
-    after = recorded.get("after") if isinstance(recorded.get("after"), dict) else None
+    before = recorded.get("before")
+    before = before if isinstance(before, dict) else {}
+    after = recorded.get("after")
+    after = after if isinstance(after, dict) else None
     changes = []
     if after:
         for name in ("engine", "version", "model", "max_model_len"):
             if after.get(name) is not None and before.get(name) != after.get(name):
                 changes.append(f"{name} {before.get(name)} -> {after.get(name)}")
     return before, changes
+
+
+def target_policy(info: dict, knobs_text: str | None = None) -> str:
+    """The target's scheduling policy: its ``--scheduling-policy`` knob (given at the run
+    or now), else fcfs (vLLM's default). TargetError when the knobs cannot be read."""
+    knobs: dict[str, str] = {}
+    recorded = info.get(TARGET_KNOBS_KEY)
+    if isinstance(recorded, str) and recorded:
+        knobs.update(parse_knobs(recorded))
+    if knobs_text:
+        knobs.update(parse_knobs(knobs_text))
+    return knobs.get("--scheduling-policy", "fcfs")
 
 
 def identity(info: dict, metrics, knobs_text: str | None = None) -> TargetIdentity:
@@ -171,6 +185,6 @@ def identity(info: dict, metrics, knobs_text: str | None = None) -> TargetIdenti
         knobs=tuple(sorted(knobs.items())),
         block_size=block_size,
         kv_blocks=kv_blocks,
-        load_machine=load_machine(machine),
+        load_machine=load_machine(machine if isinstance(machine, dict) else {}),
     )
     return TargetIdentity(fingerprint, simulate, assumed, not_simulated)

@@ -207,6 +207,7 @@ def simulator_lines(report: Report) -> list[str]:
                 + {"builtin": "the built-in cost model", None: "an unrecorded cost model"}.get(
                     model.get("model"), str(model.get("model"))
                 )
+                + (f", the fit of target:{model['target']}" if model.get("target") else "")
                 + (f" (fitted {model['fitted_at']})" if model.get("fitted_at") else "")
                 + (f" [key {model['fingerprint_key']}]" if model.get("fingerprint_key") else "")
                 + {
@@ -1033,7 +1034,8 @@ def write_markdown(report: Report, path: Path) -> None:
             "## Simulator vs this run",
             "",
             "Each served cell's schedule simulated with the cost model this machine had "
-            "before the run (docs/report.md).",
+            "before the run; a --target cell's with the stored fit of its target "
+            "(docs/report.md).",
             "",
             _md_table(SIMULATOR_HEADERS, simulator_rows(report)),
             "",
@@ -1206,7 +1208,8 @@ def write_html(report: Report, path: Path) -> int:
     if _has_simulator_check(report):
         body.append(
             '<h2 id="simulator-check">Simulator vs this run</h2><p>Each served cell\'s '
-            "schedule simulated with the cost model this machine had before the run.</p>"
+            "schedule simulated with the cost model this machine had before the run; a "
+            "--target cell's with the stored fit of its target.</p>"
             '<div class="wrap">'
             + _html_table(SIMULATOR_HEADERS, simulator_rows(report), "simulator-check")
             + "</div><ul>"

@@ -20,12 +20,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from harness.costmodel import store as cost_store
-from harness.costmodel.target import TargetError, parse_knobs
+from harness.costmodel.target import TargetError
 from harness.costmodel.target_identity import (
     TARGET_INFO_KEY,
     TARGET_KNOBS_KEY,
     TargetIdentity,
     identity,
+    target_policy,
 )
 from harness.report.simulator_check import SIMULATED_DIR
 
@@ -94,7 +95,7 @@ def find_check(
     }
     try:
         found = identity(info, metrics)
-        policy = parse_knobs(target_knobs or "").get("--scheduling-policy", "fcfs")
+        policy = target_policy(info)
     except TargetError as exc:
         return str(exc)
     stored = [

@@ -132,19 +132,13 @@ def with_engine_knobs(exclude: frozenset[str] = frozenset()):
     return decorate
 
 
-def given_knobs() -> set[str]:
-    """The knobs the running command's user gave (command line or environment), from
-    click's context; empty outside a command."""
-    import click
-    from click.core import ParameterSource
-
-    context = click.get_current_context(silent=True)
-    if context is None:
-        return set()
+def given_knobs(context: typer.Context) -> set[str]:
+    """The knobs the user of the command of ``context`` gave (on the command line or
+    in the environment), not left at their defaults."""
     given = set()
     for name in knob_types():
         source = context.get_parameter_source(name)
-        if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
             given.add(name)
     return given
 
