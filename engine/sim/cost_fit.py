@@ -196,12 +196,13 @@ def fit_cycles(
     source: str = "",
     client_latency_s: float = 0.0,
     held: np.ndarray | None = None,
+    power: float = STEP_FIT_POWER,
 ) -> CostModel:
     """A cost model fitted to step cycles already turned into features (``x``, one row
     per step, FEATURES order) and seconds (``y``, all > 0): the rows of ``held`` (a mask;
     default every HOLDOUT_EVERY-th row) held out and scoring the fit, the rest fitted
     (what :func:`fit_from_steps` does with a run's steps; ``harness.costmodel.evidence``
-    pools several runs' rows)."""
+    pools several runs' rows). ``power``: the weights' (``fit``)."""
     if len(y) < 2 * len(FEATURES):
         raise CalibrationError(
             f"{len(y)} step cycles are too few to fit {len(FEATURES)} "
@@ -212,7 +213,7 @@ def fit_cycles(
         held[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY] = True
     elif held.shape != y.shape or not held.any() or held.all():
         raise CalibrationError("the held-out steps must be some, not all, of the steps")
-    coef = fit(x[~held], y[~held], power=STEP_FIT_POWER)
+    coef = fit(x[~held], y[~held], power=power)
     fitted = CostModel.from_coefficients(
         (float(c) for c in coef),
         device="fitted from step records",

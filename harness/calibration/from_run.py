@@ -36,7 +36,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.core.cost_model import CostModel
-from harness.calibration.stream_steps import StreamSteps, StreamStepsError, rebuild
+from harness.calibration.stream_steps import (
+    WINDOW_STEPS,
+    StreamSteps,
+    StreamStepsError,
+    rebuild,
+)
 from harness.costmodel.target import TargetError, TargetFingerprint
 from harness.costmodel.target_identity import TargetIdentity, identity
 
@@ -127,6 +132,12 @@ def read_run(path: Path) -> TargetRun:
     if missing:
         raise FromRunError(f"{path}: requests.parquet lacks {missing} (docs/records.md)")
     return TargetRun(path, info, requests, metrics)
+
+
+def window_size(measured_steps: int) -> int:
+    """Steps per window: :data:`WINDOW_STEPS`, fewer for a short run so that it still
+    gives about 100 windows to fit (ten parameters), one step each below 200 steps."""
+    return max(1, min(WINDOW_STEPS, measured_steps // 100))
 
 
 def _token_budget(simulate: dict) -> int:
@@ -290,12 +301,12 @@ def calibrate_from_runs(
                 "priced as computed in full (vLLM: --enable-prompt-tokens-details gives it)"
             )
         lines.append(f"{run.path}: {steps.usable_line()}")
-        held = np.zeros(len(steps.seconds), dtype=bool)
+        features, seconds, starts = steps.windows(window_size(len(steps.seconds)))
+        held = np.zeros(len(seconds), dtype=bool)
         if len(held):
-            cut = np.quantile(steps.starts, 1 - HOLDOUT_SHARE)
-            held = steps.starts > cut
-        xs.append(steps.features)
-        ys.append(steps.seconds)
+            held = starts > np.quantile(starts, 1 - HOLDOUT_SHARE)
+        xs.append(features)
+        ys.append(seconds)
         helds.append(held)
         rebuilt.append(steps)
     x, y, held = np.concatenate(xs), np.concatenate(ys), np.concatenate(helds)
@@ -306,6 +317,9 @@ def calibrate_from_runs(
             model=first.served_model,
             source=", ".join(str(r.path) for r in runs),
             held=held,
+            # windows are of like sizes: plain least squares, which queueing's total
+            # time wants (weighted, the short ones' noise pulled the total low)
+            power=0.0,
         )
     except CalibrationError as exc:
         raise FromRunError(f"{exc} (steps rebuilt from the streams)") from None
@@ -313,14 +327,17 @@ def calibrate_from_runs(
     stats = {
         **fitted.fit,
         "method": "steps rebuilt from client token times (calibrate --from-run)",
-        "holdout": f"the last {HOLDOUT_SHARE:.0%} of each run's measured steps",
+        "holdout": f"the windows of the last {HOLDOUT_SHARE:.0%} of each run's measured steps",
         "requests": sum(s.requests for s in rebuilt),
         "streamed_requests": sum(s.streamed_requests for s in rebuilt),
         "steps_seen": sum(s.steps for s in rebuilt),
-        "steps_measured": int(len(y)),
+        "steps_measured": sum(len(s.seconds) for s in rebuilt),
+        "windows": int(len(y)),
+        "window_steps": window_size(min(len(s.seconds) for s in rebuilt)),
         "steps_not_bounded": sum(s.steps_not_bounded for s in rebuilt),
         "generator_limited_steps_left_out": sum(s.generator_limited_steps for s in rebuilt),
         "coalesced_chunks": sum(s.coalesced_chunks for s in rebuilt),
+        "steps_read_late": sum(s.steps_read_late for s in rebuilt),
         **latency_stats,
     }
     model = dataclasses.replace(

@@ -15,11 +15,13 @@ simulator prices a step (:func:`rebuild`).
 
 Assumptions, and where they break (docs/simulator.md, "A cost model of your engine"):
 
-- one token per request per step, streamed as it is made. Speculative decoding, or a
-  server that sends several steps' tokens in one chunk (vLLM's ``--stream-interval``
-  above 1, a lagging API server), puts several tokens in one chunk: such chunks are
-  counted (``coalesced_chunks``) and their requests' decodes are not placed;
-- a cluster is one step: arrivals closer than :func:`cluster_gap` are one step's, and
+- one token per request per step, streamed as it is made. A server that sends several
+  steps' tokens in one chunk (vLLM's ``--stream-interval`` above 1, a busy API server),
+  or a client that reads two chunks at once, puts several tokens in one arrival: such
+  chunks are counted (``coalesced_chunks``), and their step and the one after it are
+  not measured (``steps_read_late``): they end and start when the client read them.
+  Speculative decoding (several tokens per step) breaks this;
+- a cluster is one step: arrivals closer than :func:`gaps_of` are one step's, and
   one request never has two tokens in one step. Delivery jitter above that gap splits
   a step in two (a short and a long duration instead of one);
 - a step's duration is measured only while the engine was busy throughout: some
@@ -41,12 +43,20 @@ from engine.core.cost_model import FEATURES, step_features
 from engine.sim.cost_fit import Stretches, started_inside
 
 #: A cluster closes at a gap wider than this share of the run's short steps (the 5th
-#: percentile of the gaps between a request's tokens): distinct steps are at least one
-#: step apart, one step's chunks reach the client within the delivery jitter.
+#: percentile of the gaps between a request's tokens that are steps, not reads: above
+#: :data:`READ_SHARE` of their median): distinct steps are at least a short step apart,
+#: one step's chunks reach the client within the delivery jitter. A client that reads two
+#: chunks in one read (two steps' tokens, delivered together by a busy server) stamps
+#: them microseconds apart: on a real vLLM a quarter of the gaps were such (9-40 us
+#: against 2.1 ms steps), and a low percentile of all gaps was one of those.
 CLUSTER_SHARE = 0.5
+READ_SHARE = 0.1
 #: ...and never wider than this (s): a run whose every step is long still has jitter of
 #: a few milliseconds, not a tenth of a second.
 MAX_CLUSTER_GAP_S = 0.05
+#: Consecutive measured steps are fitted in windows of up to this many
+#: (:meth:`StreamSteps.windows`).
+WINDOW_STEPS = 8
 
 
 class StreamStepsError(ValueError):
@@ -74,6 +84,9 @@ class StreamSteps:
     steps_not_bounded: int
     #: steps dropped because they started while the load generator lagged
     generator_limited_steps: int
+    #: steps dropped because a chunk of theirs (or of the step before) carried several
+    #: steps' tokens: the client read them late
+    steps_read_late: int
     #: chunks that carried more than one token (several steps' tokens in one chunk)
     coalesced_chunks: int
     #: the gap that separated steps (s)
@@ -84,15 +97,42 @@ class StreamSteps:
     #: one step)
     lone_prefills: list[tuple[int, np.ndarray]] = field(default_factory=list)
 
+    def windows(self, size: int = WINDOW_STEPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(features, seconds, starts) of the measured steps summed in windows of up to
+        ``size`` consecutive steps (each starting where the one before it ended). A
+        step's measured duration carries the delivery jitter of its two ends, but a
+        window's is its last end less its first start: the jitter of the ends inside it
+        cancels, while its features add up exactly. On a real vLLM (the CPU backend, its
+        API server sharing a core with its engine) steps of 1.4-6 ms around a 3.4 ms mean
+        fitted one by one came out 29% short in total; in windows of 8, 4%."""
+        if size < 1:
+            raise ValueError(f"a window holds at least one step, got {size}")
+        ends = self.starts + self.seconds
+        rows, seconds, starts = [], [], []
+        i = 0
+        while i < len(self.seconds):
+            j = i
+            while j + 1 < len(self.seconds) and j + 1 - i < size and self.starts[j + 1] == ends[j]:
+                j += 1
+            rows.append(self.features[i : j + 1].sum(axis=0))
+            seconds.append(ends[j] - self.starts[i])
+            starts.append(self.starts[i])
+            i = j + 1
+        return (
+            np.array(rows, dtype=np.float64).reshape(-1, len(FEATURES)),
+            np.array(seconds),
+            np.array(starts),
+        )
+
     def usable_line(self) -> str:
         """How much of the run the fit could use, for people."""
         return (
             f"{self.streamed_requests:,} of {self.requests:,} requests streamed tokens; "
             f"{self.steps:,} steps seen in their token times (gap {self.cluster_gap_s * 1e3:.1f} "
             f"ms), {len(self.seconds):,} measured: {self.steps_not_bounded:,} followed an idle "
-            f"or unseen stretch, {self.generator_limited_steps:,} started while the load "
-            f"generator lagged (dropped); {self.coalesced_chunks:,} chunks carried several "
-            "tokens"
+            f"or unseen stretch, {self.steps_read_late:,} were read late (a chunk carried "
+            f"several steps' tokens: {self.coalesced_chunks:,} such chunks), "
+            f"{self.generator_limited_steps:,} started while the load generator lagged"
         )
 
 
@@ -105,10 +145,11 @@ class _Arrival:
     tokens: int
 
 
-def arrivals(first_token_at, itl_s) -> tuple[list[_Arrival], int]:
+def arrivals(first_token_at, itl_s, merge_s: float = 0.0) -> tuple[list[_Arrival], int]:
     """Each request's chunks as arrivals (request ``i`` is the i-th of the two lists),
     and how many chunks carried several tokens. Tokens 0 s apart in ``itl_s`` came in
-    one chunk (harness/loadgen/client.py)."""
+    one chunk (harness/loadgen/client.py); so did tokens within ``merge_s`` of the one
+    before (read together: no step is that short)."""
     out: list[_Arrival] = []
     coalesced = 0
     for i, (first, gaps) in enumerate(zip(first_token_at, itl_s, strict=True)):
@@ -121,12 +162,12 @@ def arrivals(first_token_at, itl_s) -> tuple[list[_Arrival], int]:
         for gap in gaps or ():
             if gap is None or not np.isfinite(gap) or gap < 0:
                 break  # a gap the client could not measure ends what can be placed
-            if gap == 0:
-                current.tokens += 1
+            at += float(gap)
+            if gap <= merge_s and current.position > 0:
+                current.tokens += 1  # a decode read with the one before
             else:
                 if current.tokens > 1:
                     coalesced += 1
-                at += float(gap)
                 current = _Arrival(at, i, position, 1)
                 out.append(current)
             position += 1
@@ -136,13 +177,17 @@ def arrivals(first_token_at, itl_s) -> tuple[list[_Arrival], int]:
     return out, coalesced
 
 
-def cluster_gap(itl_s) -> float:
-    """The gap that separates steps: :data:`CLUSTER_SHARE` of the 5th percentile of the
-    positive gaps between a request's tokens, at most :data:`MAX_CLUSTER_GAP_S`."""
+def gaps_of(itl_s) -> tuple[float, float]:
+    """(the gap that separates steps, the gap below which two of a request's tokens were
+    read together) of a run: :data:`CLUSTER_SHARE` of the 5th percentile of the gaps
+    between a request's tokens above :data:`READ_SHARE` of their median (at most
+    :data:`MAX_CLUSTER_GAP_S`), and that share of the median."""
     gaps = np.array([g for row in itl_s if row for g in row if g and g > 0], dtype=float)
     if gaps.size == 0:
-        return 0.0
-    return float(min(MAX_CLUSTER_GAP_S, CLUSTER_SHARE * np.quantile(gaps, 0.05)))
+        return 0.0, 0.0
+    read = READ_SHARE * float(np.median(gaps))
+    steps = gaps[gaps > read]
+    return float(min(MAX_CLUSTER_GAP_S, CLUSTER_SHARE * np.quantile(steps, 0.05))), read
 
 
 def clusters(events: list[_Arrival], gap_s: float) -> list[list[_Arrival]]:
@@ -178,7 +223,8 @@ def rebuild(
     itl_s = [list(row) if row is not None else [] for row in itl_s]
     if token_budget < 1:
         raise StreamStepsError(f"the token budget must be >= 1, got {token_budget}")
-    events, coalesced = arrivals(first_token_at, itl_s)
+    gap, read = gaps_of(itl_s)
+    events, coalesced = arrivals(first_token_at, itl_s, read)
     streamed = len({e.request for e in events})
     if not events:
         raise StreamStepsError(
@@ -189,7 +235,6 @@ def rebuild(
             "no request received a second token: without token times there are no steps "
             "to rebuild (the run's requests were not streamed, or asked one token each)"
         )
-    gap = cluster_gap(itl_s)
     steps = clusters(events, gap)
     ends = np.array([step[0].time for step in steps])
     prompts = [int(p or 0) for p in prompt_tokens]
@@ -205,6 +250,8 @@ def rebuild(
     # whether some request decoded in this step and in the one before (the engine ran
     # the two back to back)
     bounded = np.zeros(len(steps), dtype=bool)
+    # whether a chunk of the step carried several steps' tokens
+    read_late = np.zeros(len(steps), dtype=bool)
     last_step: dict[int, int] = {}
     placed_prefill: list[tuple[int, int]] = []  # (first-token step, request)
     chunks: dict[int, int] = {}  # request -> its prefill's chunks
@@ -216,9 +263,12 @@ def rebuild(
                 placed_prefill.append((k, event.request))
                 continue
             if event.tokens > 1:
-                continue  # several steps' tokens at once: not placed
-            decode_seqs[k] += 1
-            decode_context[k] += prompts[event.request] + event.position
+                read_late[k] = True
+            # a chunk of several tokens: decodes of steps up to this one, counted here
+            # (its step is not measured: below)
+            p, n = prompts[event.request] + event.position, event.tokens
+            decode_seqs[k] += n
+            decode_context[k] += n * p + n * (n - 1) // 2
             if previous == k - 1:
                 bounded[k] = True
     for k, request in placed_prefill:
@@ -256,7 +306,11 @@ def rebuild(
     durations = np.zeros(len(steps))
     durations[1:] = ends[1:] - ends[:-1]
     starts = np.concatenate([[ends[0]], ends[:-1]])
-    measured = bounded & (durations > 0)
+    # A step whose chunks carried several steps' tokens ends when the client read them,
+    # not when the engine made them, and the step after it starts then: neither is
+    # measured (a client blocked for 200 ms read 100 tokens of one stream at once).
+    late = read_late | np.concatenate([[False], read_late[:-1]])
+    measured = bounded & (durations > 0) & ~late
     lagged = measured & started_inside(starts, lagging) if lagging else np.zeros_like(measured)
     keep = measured & ~lagged
     lone = [
@@ -278,6 +332,7 @@ def rebuild(
         streamed_requests=streamed,
         steps=len(steps),
         steps_not_bounded=int((~bounded).sum()),
+        steps_read_late=int((late & bounded).sum()),
         generator_limited_steps=int(lagged.sum()),
         coalesced_chunks=coalesced,
         cluster_gap_s=gap,

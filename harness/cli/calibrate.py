@@ -256,9 +256,10 @@ def _calibrate_from_run(
     console.print(cost_model_table(fitted.model))
     fit = fitted.model.fit
     plain(
-        f"in-sample median relative error {fit['train_median_rel_error']:.1%} over "
-        f"{fit['train_points']:,} steps; "
-        + fit_summary(fitted.model, from_steps=True)
+        f"fitted in windows of up to {fit['window_steps']} consecutive steps: in-sample "
+        f"median relative error {fit['train_median_rel_error']:.1%} over "
+        f"{fit['train_points']:,} windows; "
+        + fit_summary(fitted.model, from_steps=True).replace("held-out steps", "held-out windows")
         + f" ({fit['holdout']})"
     )
     plain(f"written: {out} (simulate --cost-model target:{fitted.fingerprint.name})")

@@ -119,6 +119,9 @@ class VllmServer:
     max_model_len: int = MAX_MODEL_LEN
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
+    #: pin vLLM (its API server and engine core) to these CPU ids, its OpenMP threads
+    #: bound to them (None: vLLM's own binding over every core)
+    cpus: tuple[int, ...] | None = None
     process: subprocess.Popen | None = None
     url: str = ""
 
@@ -137,7 +140,15 @@ class VllmServer:
             TORCHINDUCTOR_CACHE_DIR=str(state / "inductor-cache"),
             TMPDIR=str(tmp),
             PYTHONUNBUFFERED="1",
-            **dict(self.extra_env),
+            **{
+                # its threads bound to its cores, unless extra_env binds them elsewhere
+                **(
+                    {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, self.cpus))}
+                    if self.cpus
+                    else {}
+                ),
+                **dict(self.extra_env),
+            },
         )
         self._log = open(tmp / "server.log", "w+b")  # noqa: SIM115 (closed in __exit__)
         self.process = subprocess.Popen(
@@ -176,6 +187,10 @@ class VllmServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stopped with its children
         )
+        if self.cpus:
+            from harness.processes.cpu_split import pin
+
+            pin(self.process.pid, self.cpus)  # its engine core, started later, inherits it
         self.url = f"http://127.0.0.1:{port}"
         try:
             self._wait_ready()

@@ -32,6 +32,7 @@ def test_the_fit_recovers_the_engine_its_network_and_its_identity(tmp_path):
     stats = fit.model.fit
     assert stats["holdout_median_rel_error"] < 0.05
     assert stats["streamed_requests"] == stats["requests"] == 300
+    assert stats["steps_read_late"] == stats["coalesced_chunks"] == 0
     assert stats["steps_measured"] + stats["steps_not_bounded"] == stats["steps_seen"]
     assert 0 < stats["holdout_points"] < stats["train_points"]
     target = fit.fingerprint

@@ -152,3 +152,49 @@ def test_records_without_a_stream_are_refused_with_the_reason():
         rebuild([None, None], [[], []], [10, 10], [None, None], 2048)
     with pytest.raises(StreamStepsError, match="no request received a second token"):
         rebuild([1.0, 2.0], [[], []], [10, 10], [None, None], 2048)
+
+
+def test_windows_add_up_consecutive_steps_and_cancel_the_jitter_inside_them():
+    requests = _load(200, seed=5, rate=25.0)
+    rng = np.random.default_rng(8)
+    delays = rng.uniform(0, 2e-3, size=(200, 80))  # jitter of a quarter of a step
+    firsts, gaps, steps = run(requests, TRUTH, jitter=lambda i, k: float(delays[i, k]))
+    rebuilt = _rebuild(requests, firsts, gaps)
+    features, seconds, starts = rebuilt.windows(8)
+    assert features.sum(axis=0).tolist() == rebuilt.features.sum(axis=0).tolist()
+    assert seconds.sum() == pytest.approx(rebuilt.seconds.sum())
+    assert len(seconds) >= len(rebuilt.seconds) / 8
+    # a window's duration is its true one within the jitter of its two ends
+    priced = features @ np.array(TRUTH.coefficients)
+    assert np.max(np.abs(seconds - priced)) < 2 * 2e-3 + 1e-9
+    per_step = np.abs(rebuilt.seconds - rebuilt.features @ np.array(TRUTH.coefficients))
+    assert np.median(np.abs(seconds - priced) / seconds) < np.median(per_step / rebuilt.seconds)
+    with pytest.raises(ValueError, match="at least one step"):
+        rebuilt.windows(0)
+
+
+def test_a_client_that_read_late_costs_the_steps_it_blurred_and_nothing_else():
+    """The client blocked for 150 ms, then read everything the server had sent meanwhile
+    at once (10 us apart per chunk, as a busy load generator does): those chunks carried
+    several steps' tokens; their steps and the ones after are not measured, and the fit
+    is the engine's still."""
+    requests = _load(300, seed=7, rate=25.0)
+    firsts, gaps, _ = run(requests, TRUTH)
+    blocked = (float(np.median([f for f in firsts if f is not None])), 0.15)
+    late_firsts, late_gaps = [], []
+    for first, row in zip(firsts, gaps, strict=True):
+        times = np.cumsum([first, *row])
+        start, length = blocked
+        inside = (times > start) & (times < start + length)
+        times[inside] = start + length + 1e-5 * np.arange(inside.sum())
+        late_firsts.append(float(times[0]))
+        late_gaps.append(np.diff(times).tolist())
+    clean = _rebuild(requests, firsts, gaps)
+    rebuilt = _rebuild(requests, late_firsts, late_gaps)
+    assert rebuilt.coalesced_chunks > 0 and rebuilt.steps_read_late > 0
+    assert clean.coalesced_chunks == clean.steps_read_late == 0
+    assert len(rebuilt.seconds) < len(clean.seconds)
+    features, seconds, _ = rebuilt.windows()
+    fitted = fit_cycles(features, seconds, power=0.0)
+    for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s"):
+        assert getattr(fitted, name) == pytest.approx(COEFFICIENTS[name], rel=0.05), name
