@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 from engine.core.cost_model import CostModel
-from engine.sim.cost_fit import step_cycles
+from engine.sim.cost_fit import fit_cycles, step_cycles
 from harness.calibration.from_run import calibrate_from_runs
 from harness.costmodel import store as cost_store
 from harness.serve.local_server import CliServer
@@ -73,12 +73,16 @@ def test_a_known_engine_is_recovered_from_its_streams_and_checks_the_next_run(tm
     errors = np.abs(priced - cycles[busy]) / cycles[busy]
     assert np.median(errors) < 0.05, np.median(errors)
     assert priced.sum() / cycles[busy].sum() == pytest.approx(1.0, abs=0.05)
+    # Shape by shape, against the same steps fitted from the engine's own records: the
+    # served steps are the truth's sleep plus the engine's Python, which grows on a busy
+    # machine (CI runs tests side by side), so TRUTH itself is only a loose bound.
+    measured = fit_cycles(features[busy], cycles[busy], power=0.0)
     for shape in ((0, 1, 300), (0, 8, 2400), (0, 32, 9600), (256, 0, 0), (1024, 4, 1200)):
         tokens, seqs, context = shape
-        want = TRUTH.predict(tokens, seqs, context, tokens * tokens, 0, 1 if tokens else 0)
-        got = fit.model.predict(tokens, seqs, context, tokens * tokens, 0, 1 if tokens else 0)
-        # the served steps are the truth's sleep plus the engine's own ~1 ms
-        assert got == pytest.approx(want, rel=0.08), shape
+        args = (tokens, seqs, context, tokens * tokens, 0, 1 if tokens else 0)
+        got = fit.model.predict(*args)
+        assert got == pytest.approx(measured.predict(*args), rel=0.08), shape
+        assert TRUTH.predict(*args) * 0.97 < got < TRUTH.predict(*args) * 1.3, shape
     assert fit.model.fit["holdout_median_rel_error"] < 0.05
     assert fit.model.fit["streamed_requests"] == fit.model.fit["requests"]
 

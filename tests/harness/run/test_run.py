@@ -296,7 +296,7 @@ def test_simulate_runs_have_no_simulator_check(tmp_path):
     assert "Simulator vs this run" not in (out / "report.md").read_text()
 
 
-def test_target_external_server(tmp_path):
+def test_target_external_server(tmp_path, own_store):
     """--target: a second bundled server (sim) stands for an external one; it exports
     its spans over OTLP/HTTP to the receiver the run starts (--target-otlp-port)."""
     out = tmp_path / "run"
@@ -330,8 +330,12 @@ def test_target_external_server(tmp_path):
     metrics = pl.read_parquet(cell / "metrics.parquet")
     assert metrics.filter(pl.col("name") == "vllm:num_requests_running").height >= 2
     assert not (cell / "steps.parquet").exists()
-    # An external engine's steps are not ours: no simulator check, no fit.
-    assert "simulator_check" not in info and "cost_fit" not in info
+    # An external engine's steps are not ours: no fit of them. Its simulator check needs
+    # a stored fit of this target (calibrate --from-run); with none it says so.
+    assert "cost_fit" not in info
+    check = info["simulator_check"]
+    assert check["model"] is None and "calibrate --from-run" in check["skipped"]
+    assert not (cell / "simulated").exists()
     assert not (cell / "simulated").exists() and cost_store.entries() == []
     summary = json.loads((out / "summary.json").read_text())
     assert "simulator_check" not in summary
