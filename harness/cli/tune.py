@@ -19,7 +19,12 @@ from harness.cli.options import check_faults, choose_cost_model, writable_dir
 from harness.cli.rate_scale import rate_scale_option
 from harness.costmodel.machine import fingerprint
 from harness.profiles import ProfileError, resolve_profile
-from harness.serve.knobs import build_engine_config, config_error, with_engine_knobs
+from harness.serve.knobs import (
+    build_engine_config,
+    config_error,
+    given_knobs,
+    with_engine_knobs,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -34,6 +39,7 @@ DEFAULT_DURATION_SCALE = 0.25
 
 @with_engine_knobs()
 def tune(
+    context: typer.Context,
     knob_values: dict,
     profile: str = options.profile_option(),
     slo: list[str] = typer.Option(
@@ -96,6 +102,16 @@ def tune(
         help="Confirm against this external server (started with the winner's flags) instead "
         "of serving the bundled engine.",
     ),
+    launch: str | None = typer.Option(
+        None,
+        "--launch",
+        help="With --target: the command that starts your engine, {flags} where each "
+        'configuration\'s flags go (e.g. "vllm serve MODEL --port 8000 {flags}"); every '
+        "configuration confirmed is started, served and stopped in turn (docs/tune.md).",
+    ),
+    launch_timeout: float = typer.Option(
+        600.0, "--launch-timeout", help="Seconds a launched engine may take to answer."
+    ),
     rate_scale: str = rate_scale_option(
         "The search's capacities are multiples of the scaled profile; auto: of the current "
         "knobs' capacity."
@@ -141,6 +157,8 @@ def tune(
         raise typer.BadParameter("must be in (0, 1)", param_hint="--precision")
     if target and not target.startswith(("http://", "https://")):
         raise typer.BadParameter("expected http://HOST:PORT", param_hint="--target")
+    if launch is not None:
+        _check_launch(launch, target, launch_timeout)
     try:
         prof = resolve_profile(profile).with_duration_scale(duration_scale)
     except ProfileError as exc:
@@ -155,6 +173,15 @@ def tune(
         chosen_space = load_space(space) if space is not None else Space()
     except SpaceError as exc:
         raise typer.BadParameter(str(exc), param_hint="--space") from None
+    target_model = options.target_cost_model(cost_model)
+    if target_model is not None:
+        # the target's engine is the current configuration where the user gave no knob
+        given = given_knobs(context)
+        knob_values = {
+            **knob_values,
+            **{k: v for k, v in target_model[1].items() if k not in given and k in knob_values},
+        }
+        err_console.print(target_model[0].line, soft_wrap=True, highlight=False, markup=False)
     try:
         config = build_engine_config(knob_values)
     except ConfigError as exc:
@@ -162,8 +189,14 @@ def tune(
     _check_kv_plan(config)
     current = dict(knob_values)
     chosen_space = chosen_space.for_current(current)
+    if launch is not None:
+        chosen_space = _launchable(chosen_space, explicit=space is not None)
     out = writable_dir(out or _default_out())  # before the search, not after it
-    choice = choose_cost_model(cost_model, fingerprint(config.model))
+    choice = (
+        target_model[0]
+        if target_model is not None
+        else choose_cost_model(cost_model, fingerprint(config.model))
+    )
     chosen = None
     if spec.auto:
         name = str(choice.path or "the built-in cost model")
@@ -195,6 +228,9 @@ def tune(
             margin=confirm_margin,
             extend=confirm_extend,
             base_rate_scale=factor,
+            launch=launch,
+            launch_timeout_s=launch_timeout,
+            launch_knobs=tuple(chosen_space.names) if launch is not None else (),
         ),
         rate_scale=factor,
         rate_scale_auto=chosen.to_dict() if chosen is not None else None,
@@ -207,6 +243,46 @@ def tune(
 
 def _default_out() -> Path:
     return Path("runs") / f"tune-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _check_launch(launch: str, target: str | None, timeout_s: float) -> None:
+    from harness.tune.launch import check_command
+
+    if not target:
+        raise typer.BadParameter(
+            "--launch starts your engine for --target URL: give --target", param_hint="--launch"
+        )
+    if not timeout_s > 0:
+        raise typer.BadParameter("must be > 0", param_hint="--launch-timeout")
+    try:
+        check_command(launch)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--launch") from None
+
+
+def _launchable(space, explicit: bool):
+    """The searched space cut to the knobs a launched engine takes as flags; a --space
+    that names others is refused (its search would tune knobs no engine is given)."""
+    from harness.tune.launch import launchable
+
+    kept, dropped = launchable(space)
+    if dropped and explicit:
+        raise typer.BadParameter(
+            f"--launch gives the engine vLLM's flags only; the space searches {', '.join(dropped)}"
+            ": drop them (docs/tune.md)",
+            param_hint="--space",
+        )
+    if not kept.params:
+        raise typer.BadParameter(
+            "nothing left to search that a launched engine takes as a flag", param_hint="--space"
+        )
+    if dropped:
+        err_console.print(
+            f"tune: --launch searches only the engine's flags; not searched: {', '.join(dropped)}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    return kept
 
 
 def _check_kv_plan(config) -> None:
@@ -284,9 +360,9 @@ def _run(ctx, space, current, profile_name, duration_scale, **kw) -> dict[str, P
     settings = ConfirmSettings(**kw["confirm_settings"])
     if kw["confirm"] > 0:
         labels = [f"c{i + 1}" for i in range(kw["confirm"]) if f"c{i + 1}" in finalists]
-        if settings.target:
-            labels = labels[:1]
-        elif not result.current.skipped:
+        if settings.target and not settings.launch:
+            labels = labels[:1]  # the engine runs with one configuration: the winner's
+        if (settings.launch or not settings.target) and not result.current.skipped:
             labels.append("current")
         candidates = [Candidate(label, finalists[label]) for label in labels]
         if candidates:

@@ -19,13 +19,17 @@ served run missed is flagged.
 
 ``--target URL``: an external engine takes no knobs from us: the winner's flags are
 printed for it (``vllm serve ...``) and the target, started with them, is served at the
-winner's rates instead.
+winner's rates instead. With ``--launch "COMMAND {flags}"`` it does: every configuration
+(the finalists and the current one) is started in turn with its flags, served at its
+rates and stopped (:mod:`harness.tune.launch`); each one's rounds live under
+``<label>/`` of the confirm root, and a launch that fails is that configuration's, the
+others go on.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -39,6 +43,8 @@ from harness.tune.slo import meets
 #: A served cell's status when it wrote no summary.json (it failed): unknown, neither a
 #: meet nor a miss.
 NO_DATA = "no data"
+#: A rate's status when its configuration's engine did not start (--launch): no data.
+LAUNCH_FAILED = "launch failed"
 
 
 @dataclass
@@ -64,6 +70,16 @@ class ConfirmSettings:
     #: the factor the searched profile's rates already carry (``tune --rate-scale``): a
     #: confirming cell at rate r is served at r x this, its name keeps r
     base_rate_scale: float = 1.0
+    #: with ``target``: the command that starts the engine, ``{flags}`` for each
+    #: configuration's (harness/tune/launch.py); None: the engine is started by hand
+    launch: str | None = None
+    #: seconds a launched engine may take to answer at ``target``
+    launch_timeout_s: float = 600.0
+    #: the knobs spelled into ``{flags}`` (the searched ones)
+    launch_knobs: tuple[str, ...] = ()
+    #: the served run's --target-knobs (a launched configuration's flags: run.json says
+    #: with what the engine ran)
+    target_knobs: str | None = None
 
     def run_settings(self) -> RunSettings:
         """What every confirming cell runs with (harness/run/settings.py)."""
@@ -72,6 +88,7 @@ class ConfirmSettings:
             cost_model=self.cost_model,
             torch_threads=self.torch_threads,
             target=self.target,
+            target_knobs=self.target_knobs,
             grace_s=self.grace_s,
             start_timeout_s=self.start_timeout_s,
         )
@@ -99,6 +116,8 @@ class Confirmed:
     #: rates the simulator said meet the SLOs and the served run missed
     missed: list[float] = field(default_factory=list)
     traps: list[dict] = field(default_factory=list)
+    #: with --launch: {"command", "status": "ok" | "failed", "error", "log"}
+    launch: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -112,6 +131,7 @@ class Confirmed:
             "missed": self.missed,
             "flagged": bool(self.missed),
             "traps": self.traps,
+            "launch": self.launch,
         }
 
 
@@ -122,6 +142,16 @@ def confirm_rates(evaluation: Evaluation, objective: str, margin: float) -> list
         return [1.0]
     factors = (1.0,) if margin <= 0 else (1 - margin, 1.0, 1 + margin)
     return sorted({float(f"{capacity * f:.3g}") for f in factors})
+
+
+def predicted_meets(rate: float, evaluation: Evaluation, objective: str) -> bool:
+    """Whether the simulator said ``rate`` meets every SLO: at or below the predicted
+    capacity as :func:`confirm_rates` serves it (rounded to 3 significant digits, so
+    the capacity served is a rate predicted to meet), or the profile rate's verdict."""
+    if objective != CAPACITY:
+        return bool(evaluation.meets_at_profile_rate)
+    capacity = evaluation.capacity or 0.0
+    return rate <= max(capacity, float(f"{capacity:.3g}")) * (1 + 1e-9)
 
 
 def extension_rate(entry: Confirmed, margin: float) -> float | None:
@@ -195,6 +225,11 @@ def confirm(
     """Serve every candidate's cells under ``out`` (a ``schedscope run`` root; further
     rounds' under ``out/extend-<i>``) and compare. Returns the comparisons and the root."""
     results = {c.label: Confirmed(c.label, predicted(c.evaluation)) for c in candidates}
+    if settings.launch:
+        for cand in candidates:
+            _confirm_launched(cand, results[cand.label], ctx, profile_name, duration_scale,
+                              settings, out, console)  # fmt: skip
+        return list(results.values()), out
     planned = plan_cells(candidates, ctx.objective, settings)
     _serve_round(planned, results, ctx, profile_name, duration_scale, settings, out, "", console)
     for entry in results.values():
@@ -226,6 +261,73 @@ def confirm(
         for label in more:
             _compare(results[label], ctx.objective)
     return list(results.values()), out
+
+
+def _confirm_launched(
+    cand: Candidate,
+    entry: Confirmed,
+    ctx: Context,
+    profile_name: str,
+    duration_scale: float,
+    settings: ConfirmSettings,
+    out: Path,
+    console: Console,
+) -> None:
+    """One configuration on the user's engine: started with its flags, served at its
+    rates (and its extension rounds) under ``out/<label>/``, stopped. A launch that fails
+    leaves its rates without data (status ``launch failed``), said in ``entry.launch``."""
+    import shlex
+
+    from harness.tune.launch import LaunchError, check_command, launch_flags, launched
+
+    assert settings.target is not None and settings.launch is not None
+    words = check_command(settings.launch)
+    flags = launch_flags(cand.evaluation.knobs, list(settings.launch_knobs))
+    log = out / f"launch-{cand.label}.log"
+    command = shlex.join(
+        [*words[: words.index("{flags}")], *flags, *words[words.index("{flags}") + 1 :]]
+    )
+    entry.launch = {"command": command, "status": "ok", "error": None, "log": str(log)}
+    console.print(
+        f"confirm: {cand.label}: launching {command}", soft_wrap=True, highlight=False, markup=False
+    )
+    root = out / cand.label
+    settings = replace(settings, target_knobs=shlex.join(flags) if flags else None)
+    try:
+        with launched(words, flags, settings.target, log, settings.launch_timeout_s):
+            planned = plan_cells([cand], ctx.objective, settings)
+            results = {cand.label: entry}
+            _serve_round(planned, results, ctx, profile_name, duration_scale, settings, root,
+                         f"{cand.label}/", console)  # fmt: skip
+            _compare(entry, ctx.objective)
+            for round_ in range(1, settings.extend + 1 if ctx.objective == CAPACITY else 1):
+                rate = extension_rate(entry, settings.margin)
+                if rate is None:
+                    break
+                console.print(
+                    f"confirm: {cand.label}: capacity not bracketed yet, serving {rate:g}x"
+                )
+                planned = plan_cells([cand], ctx.objective, settings, {cand.label: [rate]})
+                _serve_round(planned, results, ctx, profile_name, duration_scale, settings,
+                             root / f"extend-{round_}", f"{cand.label}/extend-{round_}/",
+                             console)  # fmt: skip
+                _compare(entry, ctx.objective)
+    except LaunchError as exc:
+        console.print(
+            f"confirm: {cand.label}: launch failed: {exc}",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
+        entry.launch = {**entry.launch, "status": "failed", "error": str(exc)}
+        for rate in confirm_rates(cand.evaluation, ctx.objective, settings.margin):
+            entry.measured.setdefault(
+                rate,
+                {"cell": None, "status": LAUNCH_FAILED, "meets": None, "tails": {},
+                 "goodput_rps": None,
+                 "predicted_meets": predicted_meets(rate, cand.evaluation, ctx.objective)},
+            )  # fmt: skip
+        _compare(entry, ctx.objective)
 
 
 def _serve_round(
@@ -295,12 +397,7 @@ def _measured(cell_dir: Path, cell: Cell, rate: float, e: Evaluation, ctx: Conte
     from harness.records.summary import group_summary
     from harness.tune.slo import request_slos
 
-    predicted_meets = (
-        rate <= (e.capacity or 0.0) * (1 + 1e-9)
-        if ctx.objective == CAPACITY
-        else e.meets_at_profile_rate
-    )
-    entry = {"cell": cell.name, "predicted_meets": predicted_meets}
+    entry = {"cell": cell.name, "predicted_meets": predicted_meets(rate, e, ctx.objective)}
     try:
         summary = json.loads((cell_dir / "summary.json").read_text())
         policy = summary["policies"][cell.name]

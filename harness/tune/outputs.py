@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.profiles.rate_scale import ChosenScale
 from harness.serve.knobs import flag_name, knob_defaults, knob_flags
-from harness.tune.confirm import NO_DATA, Confirmed
+from harness.tune.confirm import LAUNCH_FAILED, NO_DATA, Confirmed
 from harness.tune.front import front_axes
 from harness.tune.objective import CAPACITY, Evaluation
 from harness.tune.search import SearchResult
@@ -192,7 +192,7 @@ def confirm_rows(outcome: Outcome) -> list[list[str]]:
                 [
                     conf.label,
                     f"{rate:g}",
-                    m["cell"],
+                    m["cell"] or "-",  # none served: its engine did not start
                     "yes" if m["predicted_meets"] else "no",
                     _measured_meets(m),
                     *[
@@ -210,13 +210,17 @@ def confirm_rows(outcome: Outcome) -> list[list[str]]:
 
 def _measured_meets(m: dict) -> str:
     """yes, no, or "no data" for a cell that wrote no summary.json (neither)."""
+    if m.get("status") == LAUNCH_FAILED:
+        return LAUNCH_FAILED
     if m.get("status") == NO_DATA or m.get("meets") is None:
         return NO_DATA
     return "yes" if m["meets"] else "no"
 
 
 def _no_data_rates(c: Confirmed) -> list[float]:
-    return [r for r, m in sorted(c.measured.items()) if _measured_meets(m) == NO_DATA]
+    return [
+        r for r, m in sorted(c.measured.items()) if _measured_meets(m) in (NO_DATA, LAUNCH_FAILED)
+    ]
 
 
 def off_by_text(c: Confirmed) -> str:
@@ -251,6 +255,10 @@ def confirm_lines(outcome: Outcome) -> list[str]:
                 f"; no data at {', '.join(f'{r:g}x' for r in no_data)} (the cell wrote no "
                 "summary.json: neither met nor missed)"
             )
+        if c.launch and c.launch["status"] != "ok":
+            line += f"; its engine did not start (`{c.launch['command']}`: {c.launch['log']})"
+        elif c.launch:
+            line += f"; served on `{c.launch['command']}`"
         if c.off_by is not None:
             line += f"; the simulator was off by {off_by_text(c)}"
         if c.missed:

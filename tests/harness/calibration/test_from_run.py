@@ -14,6 +14,7 @@ from engine.core.cost_model import CostModel
 from harness.calibration.from_run import FromRunError, calibrate_from_runs
 from harness.cli.app import app
 from harness.costmodel import store as cost_store
+from tests.support.paths import DATA
 from tests.support.target_runs import CACHE_LABELS, VLLM_INFO, write_cell
 
 pytestmark = [pytest.mark.usefixtures("own_store")]
@@ -151,6 +152,31 @@ def test_the_command_stores_the_fit_shows_it_and_simulate_uses_its_engine(tmp_pa
     assert config["scheduler"]["max_num_batched_tokens"] == 1024  # given: the user's
     assert config["cache"]["num_gpu_blocks_override"] == 4096
     assert summary["cost_model"]["step_overhead_s"] == pytest.approx(entry.model.step_overhead_s)
+
+
+def test_tune_searches_the_targets_engine_with_its_fit(tmp_path, own_store):
+    """tune --cost-model target:NAME: the target's knobs are the current configuration
+    where none is given, and its fit prices the search."""
+    write_cell(tmp_path / "run" / "target", TRUTH, target_knobs="--max-num-seqs 48")
+    runner = CliRunner()
+    assert runner.invoke(app, ["calibrate", "--from-run", str(tmp_path / "run")]).exit_code == 0
+    space = tmp_path / "space.toml"
+    space.write_text('base = "empty"\n[params.max_num_seqs]\nchoices = [16, 48]\n')
+    args = ["tune", "--cost-model", "target:vllm-0.32.0-tiny", "--space", str(space)]
+    args += ["--profile", str(DATA / "tune_starvation.toml"), "--duration-scale", "0.25"]
+    args += ["--max-num-batched-tokens", "1024", "--trials", "2", "--workers", "1"]
+    args += ["--confirm", "0", "--out", str(tmp_path / "tune")]
+    done = runner.invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert "the fit of vllm 0.32.0 serving tiny" in done.output
+    tune = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    assert tune["current"]["knobs"] == {"max_num_seqs": 48}  # the target's, searched
+    # the rest of the target's engine rides in every configuration: the winner's command
+    (serve,) = [line for line in done.output.splitlines() if line.startswith("schedscope: ")]
+    assert "--preemption-mode recompute" in serve and "--num-gpu-blocks-override 4096" in serve
+    assert "--max-num-batched-tokens 1024" in serve  # given: the user's
+    (entry,) = cost_store.target_entries()
+    assert tune["cost_model"] == str(entry.path)
 
 
 def test_an_unknown_target_names_the_stored_ones(tmp_path):

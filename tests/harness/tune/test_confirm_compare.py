@@ -298,3 +298,20 @@ def test_the_confirm_step_reads_a_cell_without_summary_json_as_no_data(tmp_path,
     assert [r for label, r in served if label == "current"] == [1.0, 1.14, 1.28]
     assert current.measured_capacity is None and current.off_by is None
     assert not current.missed  # 1.0x was promised to meet: no data is not a miss
+
+
+def test_the_capacity_served_rounded_up_is_still_predicted_to_meet():
+    """A regression: a capacity of 1.1892x is served at 1.19x (3 digits), which the
+    comparison read as beyond the prediction ("predicted meets: no" at the capacity)."""
+    from harness.tune.confirm import confirm_rates, predicted_meets
+
+    e = Evaluation(knobs={}, value=1.1892, capacity=1.1892)
+    rates = confirm_rates(e, "capacity", 0.15)
+    assert rates == [1.01, 1.19, 1.37]
+    assert [predicted_meets(r, e, "capacity") for r in rates] == [True, True, False]
+    assert predicted_meets(1.2, e, "capacity") is False
+    # a capacity rounded down is not widened
+    assert predicted_meets(1.2, Evaluation(knobs={}, value=1.2004, capacity=1.2004), "capacity")
+    assert not predicted_meets(
+        1.2005, Evaluation(knobs={}, value=1.2004, capacity=1.2004), "capacity"
+    )
