@@ -280,8 +280,9 @@ def _confirm_launched(
 
     from harness.tune.launch import LaunchError, check_command, launch_flags, launched
 
-    assert settings.target is not None and settings.launch is not None
-    words = check_command(settings.launch)
+    url, command_text = settings.target, settings.launch
+    assert url is not None and command_text is not None
+    words = check_command(command_text)
     flags = launch_flags(cand.evaluation.knobs, list(settings.launch_knobs))
     log = out / f"launch-{cand.label}.log"
     command = shlex.join(
@@ -294,7 +295,7 @@ def _confirm_launched(
     root = out / cand.label
     settings = replace(settings, target_knobs=shlex.join(flags) if flags else None)
     try:
-        with launched(words, flags, settings.target, log, settings.launch_timeout_s):
+        with launched(words, flags, url, log, settings.launch_timeout_s):
             planned = plan_cells([cand], ctx.objective, settings)
             results = {cand.label: entry}
             _serve_round(planned, results, ctx, profile_name, duration_scale, settings, root,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness.processes.stop import stop_process
 from harness.serve.knobs import flag_name
-from harness.tune.outputs import VLLM_KNOBS, VLLM_POLICIES
+from harness.serve.vllm_flags import NOT_IN_V1, VLLM_KNOBS, VLLM_POLICIES
 from harness.tune.space import Param, Space
 
 #: The placeholder the command must hold.
@@ -33,9 +33,6 @@ POLL_S = 0.5
 STOP_TIMEOUT_S = 30.0
 
 
-#: vLLM's flags that vLLM V1 no longer takes (its preemption is recompute only, it has
-#: no swap space); a launched engine is sent none of them.
-NOT_IN_V1 = ("preemption_mode", "swap_space")
 #: The knobs a launched engine is given as flags: vLLM's (which ``schedscope serve``
 #: takes too), but those V1 lacks and the pool-sizing ones a search has no business in.
 LAUNCH_KNOBS = tuple(

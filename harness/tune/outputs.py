@@ -14,29 +14,12 @@ from pathlib import Path
 
 from harness.profiles.rate_scale import ChosenScale
 from harness.serve.knobs import flag_name, knob_defaults, knob_flags
+from harness.serve.vllm_flags import VLLM_KNOBS, VLLM_POLICIES
 from harness.tune.confirm import LAUNCH_FAILED, NO_DATA, Confirmed
 from harness.tune.front import front_axes
 from harness.tune.objective import CAPACITY, Evaluation
 from harness.tune.search import SearchResult
 from harness.tune.slo import Target
-
-#: The knobs vLLM's own ``vllm serve`` takes under the same name (the rest are
-#: schedscope's scheduler's: aging, the max-wait bound, sjf, static batching...).
-VLLM_KNOBS = (
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "scheduling_policy",
-    "preemption_mode",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "block_size",
-    "gpu_memory_utilization",
-    "swap_space",
-    "num_gpu_blocks_override",
-)
-#: vLLM's --scheduling-policy values.
-VLLM_POLICIES = ("fcfs", "priority")
 
 
 @dataclass
