@@ -114,6 +114,20 @@ class SchedulerConfig:
         default=None,
         metadata=_help("Admission bound: new requests are refused while this many wait."),
     )
+    max_num_queued_reqs: int | None = field(
+        default=None,
+        metadata=_help(
+            "vLLM 0.32's admission cap: a new request is refused (503) when the unfinished "
+            "ones (waiting, running, preempted) plus it would exceed this; unset: no cap."
+        ),
+    )
+    max_num_queued_tokens: int | None = field(
+        default=None,
+        metadata=_help(
+            "vLLM 0.32's prefill backlog cap: a new request is refused (503) while the "
+            "prompt tokens of the requests with no token out yet reach this; unset: no cap."
+        ),
+    )
     sjf_size_estimator: str = field(
         default="request",
         metadata=_help(
@@ -156,6 +170,9 @@ class SchedulerConfig:
             self.max_waiting is None or self.max_waiting >= 1,
             f"max_waiting must be >= 1 (or unset), got {self.max_waiting}",
         )
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            value = getattr(self, name)
+            _require(value is None or value >= 0, f"{name} must be >= 0 (or unset), got {value}")
         if self.max_num_batched_tokens is not None:
             _require(
                 self.max_num_batched_tokens >= 1,

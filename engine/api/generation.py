@@ -171,6 +171,18 @@ def _rejected(state: ServerState, exc: RequestRejected, req: GenerateRequest) ->
             "queue_full",
             {"Retry-After": str(state.settings.retry_after_s)},
         )
+    if exc.reason in (d.REASON_MAX_NUM_QUEUED_REQS, d.REASON_MAX_NUM_QUEUED_TOKENS):
+        # vLLM 0.32's admission caps: its 503 and its words, so a client (or a load
+        # balancer) reads the bundled engine as it reads vLLM
+        what = (
+            "is currently busy and cannot accept new requests"
+            if exc.reason == d.REASON_MAX_NUM_QUEUED_REQS
+            else "has reached its prefill token backlog limit"
+        )
+        return unavailable(
+            f"The engine {what} (--{exc.reason.replace('_', '-')}). Please try again later "
+            "or on a different instance."
+        )
     if exc.reason == d.REASON_EXCEEDS_KV_POOL:
         config = state.engine.config
         block_size = config.cache.block_size

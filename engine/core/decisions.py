@@ -51,6 +51,9 @@ REASON_RECOMPUTE_CHEAPER = "recompute_cheaper"  # auto: re-prefilling costs less
 REASON_EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"
 REASON_EXCEEDS_KV_POOL = "exceeds_kv_pool"
 REASON_QUEUE_FULL = "queue_full"  # max_waiting reached (a server answers 429)
+# vLLM 0.32's admission caps (a server answers 503; vLLM's reason label values)
+REASON_MAX_NUM_QUEUED_REQS = "max_num_queued_reqs"  # that many requests unfinished
+REASON_MAX_NUM_QUEUED_TOKENS = "max_num_queued_tokens"  # that many prompt tokens pre-token
 REASON_STATIC_BATCH = "static_batch"  # static batching: the batch is closed to joins
 REASON_CLIENT = "client"  # abort requested from outside
 REASON_EXECUTOR_ERROR = "executor_error"  # the step's execution raised

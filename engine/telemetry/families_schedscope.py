@@ -160,6 +160,8 @@ def build_schedscope(f: FamilyFactory, sched) -> SchedscopeMetrics:
         "enable_chunked_prefill": sched.enable_chunked_prefill,
         "batching": sched.batching,
         "max_waiting": sched.max_waiting,
+        "max_num_queued_reqs": sched.max_num_queued_reqs,
+        "max_num_queued_tokens": sched.max_num_queued_tokens,
         "aging_rate": sched.aging_rate,
         "max_wait_s": sched.max_wait_s,
         "sjf_size_estimator": sched.sjf_size_estimator,

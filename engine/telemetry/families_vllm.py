@@ -41,9 +41,14 @@ SOURCE_COMPUTE = "local_compute"
 SOURCE_CACHE_HIT = "local_cache_hit"
 PROMPT_SOURCES = (SOURCE_COMPUTE, SOURCE_CACHE_HIT, "external_kv_transfer")
 
-#: Reject reasons that are admission control (a full queue: the server's 429), counted
-#: by vllm:admission_rejections_total; the others are requests that can never run.
-ADMISSION_REJECT_REASONS = (d.REASON_QUEUE_FULL,)
+#: Reject reasons that are admission control (a full queue: the server's 429; vLLM's
+#: caps: its 503), counted by vllm:admission_rejections_total; the others are requests
+#: that can never run.
+ADMISSION_REJECT_REASONS = (
+    d.REASON_QUEUE_FULL,
+    d.REASON_MAX_NUM_QUEUED_REQS,
+    d.REASON_MAX_NUM_QUEUED_TOKENS,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,9 @@ VLLM_FLAG_KNOBS = {
     "--enable-chunked-prefill": "enable_chunked_prefill",
     "--scheduling-policy": "scheduling_policy",
     "--watermark": "watermark",
+    # vLLM 0.32's admission caps (a 503 beyond them)
+    "--max-num-queued-reqs": "max_num_queued_reqs",
+    "--max-num-queued-tokens": "max_num_queued_tokens",
     # vLLM V0's (and the bundled engine's); V1 has neither
     "--preemption-mode": "preemption_mode",
     "--swap-space": "swap_space",
@@ -47,6 +50,8 @@ _INT_KNOBS = {
     "max_model_len",
     "block_size",
     "num_gpu_blocks_override",
+    "max_num_queued_reqs",
+    "max_num_queued_tokens",
 }
 _BOOL_KNOBS = {"enable_prefix_caching", "enable_chunked_prefill"}
 _FLOAT_KNOBS = {"watermark", "swap_space"}

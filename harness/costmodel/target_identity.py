@@ -31,6 +31,8 @@ _SCHEDULER_LABEL_FLAGS = {
     "enable_chunked_prefill": "--enable-chunked-prefill",
     "max_model_len": "--max-model-len",
     "preemption_mode": "--preemption-mode",
+    "max_num_queued_reqs": "--max-num-queued-reqs",
+    "max_num_queued_tokens": "--max-num-queued-tokens",
 }
 _CACHE_LABEL_FLAGS = {"watermark": "--watermark", "swap_space": "--swap-space"}
 

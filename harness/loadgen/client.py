@@ -279,6 +279,12 @@ def traceparent() -> str:
 error_message = tv.error_message
 
 
+#: The statuses of a request the server refused before starting it: a full queue's 429,
+#: vLLM's admission caps' 503 (--max-num-queued-reqs/-tokens; a draining server's too).
+#: The row is ``rejected``; the user waits the answer's Retry-After (1 s without one).
+REFUSED = (429, 503)
+
+
 def retry_after_s(value: str | None) -> float:
     """A 429's Retry-After in seconds: 1 s when absent, an HTTP date, negative or not a
     finite number (a NaN would reach a sleep)."""
@@ -492,7 +498,7 @@ class OpenAIClient:
                 message = tv.clean_text(f"{type(e).__name__}: {e}")
                 response.discard()
             row["error"] = message
-            if response.status == 429:
+            if response.status in REFUSED:
                 row["status"] = "rejected"
                 return retry_after_s(response.headers.get("retry-after"))
             row["status"] = "error"

@@ -16,6 +16,8 @@ VLLM_KNOBS = (
     "gpu_memory_utilization",
     "swap_space",
     "num_gpu_blocks_override",
+    "max_num_queued_reqs",
+    "max_num_queued_tokens",
 )
 #: vLLM's --scheduling-policy values.
 VLLM_POLICIES = ("fcfs", "priority")

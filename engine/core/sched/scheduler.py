@@ -177,7 +177,22 @@ class Scheduler:
             return d.REASON_EXCEEDS_KV_POOL
         if self.config.max_waiting is not None and self.num_waiting >= self.config.max_waiting:
             return d.REASON_QUEUE_FULL
+        # vLLM 0.32 (AsyncLLM.check_admission): the unfinished requests plus this one
+        # past the cap; the prompt tokens of requests with no token out yet (its API
+        # server cannot see prefill progress or cache hits: whole prompts) at the cap.
+        cap = self.config.max_num_queued_reqs
+        if cap is not None and len(self.requests) + 1 > cap:
+            return d.REASON_MAX_NUM_QUEUED_REQS
+        cap = self.config.max_num_queued_tokens
+        if cap is not None and self._prefill_backlog_tokens() >= cap:
+            return d.REASON_MAX_NUM_QUEUED_TOKENS
         return None
+
+    def _prefill_backlog_tokens(self) -> int:
+        """The prompt tokens of the unfinished requests that have produced no token."""
+        return sum(
+            s.num_prompt_tokens for s in self.requests.values() if s.first_token_time is None
+        )
 
     def abort(self, request_id: str, now: float) -> Sequence | None:
         """Finish a request as aborted and free its blocks. Call between steps."""

@@ -373,6 +373,8 @@ def test_config_info_gauges():
             "enable_chunked_prefill": "True",
             "batching": "continuous",
             "max_waiting": "None",
+            "max_num_queued_reqs": "None",
+            "max_num_queued_tokens": "None",
             "aging_rate": "0.0",
             "max_wait_s": "None",
             "sjf_size_estimator": "request",

@@ -257,6 +257,23 @@ def test_429s_are_rejected_rows(tmp_path):
     )
 
 
+def test_vllms_admission_cap_503s_are_rejected_rows(tmp_path):
+    """--max-num-queued-reqs (vLLM 0.32's cap, in the bundled engine): beyond it a 503,
+    read as a refusal (``rejected``) and counted under vLLM's metric, as vLLM counts it."""
+    cost = constant_cost_model_file(tmp_path, 0.01)
+    args = ["--executor", "sim", "--cost-model", cost, "--max-num-seqs", "1"]
+    with CliServer([*args, "--max-num-queued-reqs", "2"]) as server:
+        run_locust(server.url, tmp_path / "rec", "--duration-scale", "0.5", failures=True)
+        rejections = metric_sum(server.url, "vllm:admission_rejections_total")
+    merge_records(tmp_path / "rec")
+    frame = pl.read_parquet(tmp_path / "rec" / "requests.parquet")
+    rejected = frame.filter(pl.col("status") == "rejected")
+    assert rejected.height > 0 and (rejected["http_status"] == 503).all()
+    assert rejected["error"].str.contains("max-num-queued-reqs").all()
+    assert rejected.height == rejections
+    assert frame.filter(pl.col("status") == "error").height == 0
+
+
 def test_server_shutdown_mid_run_gives_error_and_aborted_rows(tmp_path):
     cost = constant_cost_model_file(tmp_path, 0.005)
     server = CliServer(["--executor", "sim", "--cost-model", cost, "--shutdown-timeout-s", "0.1"])
