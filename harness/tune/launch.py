@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness.processes.stop import stop_process
 from harness.serve.knobs import flag_name
-from harness.serve.vllm_flags import NOT_IN_V1, VLLM_KNOBS, VLLM_POLICIES
+from harness.serve.vllm_flags import VLLM_KNOBS, VLLM_POLICIES
 from harness.tune.space import Param, Space
 
 #: The placeholder the command must hold.
@@ -34,11 +34,9 @@ STOP_TIMEOUT_S = 30.0
 
 
 #: The knobs a launched engine is given as flags: vLLM's (which ``schedscope serve``
-#: takes too), but those V1 lacks and the pool-sizing ones a search has no business in.
+#: takes too), but the pool-sizing ones a search has no business in.
 LAUNCH_KNOBS = tuple(
-    k
-    for k in VLLM_KNOBS
-    if k not in NOT_IN_V1 + ("block_size", "max_model_len", "num_gpu_blocks_override")
+    k for k in VLLM_KNOBS if k not in ("block_size", "max_model_len", "num_gpu_blocks_override")
 )
 
 

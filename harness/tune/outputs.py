@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.profiles.rate_scale import ChosenScale
 from harness.serve.knobs import flag_name, knob_defaults, knob_flags
-from harness.serve.vllm_flags import VLLM_KNOBS, VLLM_POLICIES
+from harness.serve.vllm_flags import V1_FIXED, VLLM_KNOBS, VLLM_POLICIES
 from harness.tune.confirm import LAUNCH_FAILED, NO_DATA, Confirmed
 from harness.tune.front import front_axes
 from harness.tune.objective import CAPACITY, Evaluation
@@ -67,6 +67,8 @@ def vllm_command(knobs: dict) -> tuple[str, list[str]]:
     for name, value in knobs.items():
         if value is None or value == defaults.get(name) or name == "model":
             continue
+        if name in V1_FIXED and value == V1_FIXED[name]:
+            continue  # what vLLM V1 does anyway
         if name not in VLLM_KNOBS or (name == "scheduling_policy" and value not in VLLM_POLICIES):
             left.append(f"{flag_name(name)} {value}")
             continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -125,62 +126,80 @@ class VllmServer:
     process: subprocess.Popen | None = None
     url: str = ""
 
+    def server_env(self, state: Path, tmp: Path) -> dict[str, str]:
+        """What the server's environment adds to :func:`vllm_env`'s."""
+        return {
+            # vLLM exports OTLP over gRPC unless told otherwise; the run's receiver is HTTP
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_SERVICE_NAME": "vllm",
+            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: plenty for the tiny model
+            "VLLM_CACHE_ROOT": str(state / "vllm-cache"),
+            "TORCHINDUCTOR_CACHE_DIR": str(state / "inductor-cache"),
+            "TMPDIR": str(tmp),
+            "PYTHONUNBUFFERED": "1",
+            # its threads bound to its cores, unless extra_env binds them elsewhere
+            **({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, self.cpus))} if self.cpus else {}),
+            **dict(self.extra_env),
+        }
+
+    def server_args(self, port: int, scheduler_flags: bool = True) -> list[str]:
+        """The server's command line; without ``scheduler_flags``, no --scheduling-policy
+        and --max-num-seqs (a launch spells its own: ``tune --launch``)."""
+        return [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            SERVED_MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--dtype",
+            "float32",
+            "--seed",
+            "0",
+            *(
+                [
+                    "--scheduling-policy",
+                    self.scheduling_policy,
+                    "--max-num-seqs",
+                    str(self.max_num_seqs),
+                ]
+                if scheduler_flags
+                else []
+            ),  # fmt: skip
+            "--otlp-traces-endpoint",
+            f"http://127.0.0.1:{self.otlp_port}/v1/traces",
+            # usage.prompt_tokens_details.cached_tokens in its responses (off in vLLM
+            # by default; OpenAI sends it always)
+            "--enable-prompt-tokens-details",
+            *self.extra_args,
+        ]
+
+    def launch_command(self, port: int, tmp: Path) -> str:
+        """This server as one ``tune --launch`` command on ``port``: ``env`` sets its
+        environment (no shell runs it), ``{flags}`` where tune puts each configuration's."""
+        state = vllm_state_dir(self.python)
+        env = [f"{k}={v}" for k, v in self.server_env(state, tmp).items()]
+        env += ["HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "VLLM_NO_USAGE_STATS=1"]
+        words = ["env", "-u", "PYTHONPATH", *env, *self.server_args(port, False), "{flags}"]
+        return shlex.join(words)
+
     def __enter__(self) -> VllmServer:
         state = vllm_state_dir(self.python)
         tmp = Path(tempfile.mkdtemp(prefix="vllm-tmp-", dir=state))
         self._tmp = tmp
         port = free_port()
         self.otlp_port = self.otlp_port or free_port()
-        env = vllm_env(
-            # vLLM exports OTLP over gRPC unless told otherwise; the run's receiver is HTTP
-            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
-            OTEL_SERVICE_NAME="vllm",
-            VLLM_CPU_KVCACHE_SPACE="1",  # GiB: plenty for the tiny model
-            VLLM_CACHE_ROOT=str(state / "vllm-cache"),
-            TORCHINDUCTOR_CACHE_DIR=str(state / "inductor-cache"),
-            TMPDIR=str(tmp),
-            PYTHONUNBUFFERED="1",
-            **{
-                # its threads bound to its cores, unless extra_env binds them elsewhere
-                **(
-                    {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, self.cpus))}
-                    if self.cpus
-                    else {}
-                ),
-                **dict(self.extra_env),
-            },
-        )
+        env = vllm_env(**self.server_env(state, tmp))
         self._log = open(tmp / "server.log", "w+b")  # noqa: SIM115 (closed in __exit__)
         self.process = subprocess.Popen(
-            [
-                str(self.python),
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                str(self.model_dir),
-                "--served-model-name",
-                SERVED_MODEL_NAME,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--max-model-len",
-                str(self.max_model_len),
-                "--dtype",
-                "float32",
-                "--seed",
-                "0",
-                "--scheduling-policy",
-                self.scheduling_policy,
-                "--max-num-seqs",
-                str(self.max_num_seqs),
-                "--otlp-traces-endpoint",
-                f"http://127.0.0.1:{self.otlp_port}/v1/traces",
-                # usage.prompt_tokens_details.cached_tokens in its responses (off in vLLM
-                # by default; OpenAI sends it always)
-                "--enable-prompt-tokens-details",
-                *self.extra_args,
-            ],
+            self.server_args(port),
             cwd=tmp,
             env=env,
             stdout=self._log,

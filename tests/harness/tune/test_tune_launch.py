@@ -237,3 +237,18 @@ def test_an_engine_that_never_answers_is_stopped_at_the_timeout(tmp_path):
             pass
     assert time.monotonic() - started < 30
     assert "--x 1" in (tmp_path / "l.log").read_text()
+
+
+def test_the_winners_vllm_line_holds_only_flags_vllm_v1_takes():
+    """A regression: a target's knobs (recompute, no swap space) printed
+    ``--preemption-mode recompute --swap-space 0`` for vLLM V1, which has neither flag, and
+    called its ``--watermark`` missing."""
+    from harness.tune.outputs import vllm_command
+
+    line, left = vllm_command(
+        {"max_num_seqs": 8, "preemption_mode": "recompute", "swap_space": 0.0, "watermark": 0.0}
+    )
+    assert line == "vllm serve MODEL --max-num-seqs 8 --watermark 0" and left == []
+    line, left = vllm_command({"preemption_mode": "swap", "max_num_queued_reqs": 64})
+    assert line == "vllm serve MODEL --max-num-queued-reqs 64"
+    assert left == ["--preemption-mode swap"]
