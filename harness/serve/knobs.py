@@ -182,8 +182,13 @@ def knob_flags(values: dict, with_policy: bool = False) -> list[str]:
             continue
         if value == defaults.get(name) or value is None:
             continue
-        if isinstance(value, bool):
-            args.append(flag_name(name) if value else f"--no-{name.replace('_', '-')}")
-        else:
-            args += [flag_name(name), f"{value:g}" if isinstance(value, float) else str(value)]
+        args += knob_flag(name, value)
     return args
+
+
+def knob_flag(name: str, value) -> list[str]:
+    """One knob's value as its flag: ``--max-num-seqs 64``, ``--enable-prefix-caching``
+    or ``--no-enable-prefix-caching``, a float in its shortest form."""
+    if isinstance(value, bool):
+        return [flag_name(name) if value else f"--no-{name.replace('_', '-')}"]
+    return [flag_name(name), f"{value:g}" if isinstance(value, float) else str(value)]

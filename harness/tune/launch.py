@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.processes.stop import stop_process
-from harness.serve.knobs import flag_name
+from harness.serve.knobs import knob_flag
 from harness.serve.vllm_flags import VLLM_KNOBS, VLLM_POLICIES
 from harness.tune.space import Param, Space
 
@@ -89,13 +89,8 @@ def launch_flags(knobs: dict, names: list[str]) -> list[str]:
     whether or not it is a default: the engine's defaults are not ours."""
     flags: list[str] = []
     for name in names:
-        value = knobs.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            flags.append(flag_name(name) if value else f"--no-{name.replace('_', '-')}")
-        else:
-            flags += [flag_name(name), f"{value:g}" if isinstance(value, float) else str(value)]
+        if knobs.get(name) is not None:
+            flags += knob_flag(name, knobs[name])
     return flags
 
 
