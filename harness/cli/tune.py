@@ -182,6 +182,15 @@ def tune(
             **{k: v for k, v in target_model[1].items() if k not in given and k in knob_values},
         }
         err_console.print(target_model[0].line, soft_wrap=True, highlight=False, markup=False)
+    elif target:
+        err_console.print(
+            "tune: the search simulates the bundled engine on this machine, not the engine at "
+            f"{target}: `--cost-model target:NAME` (a fit of it: `schedscope calibrate "
+            "--from-run` on a `schedscope run --target` of it) simulates yours",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
     try:
         config = build_engine_config(knob_values)
     except ConfigError as exc:

@@ -109,6 +109,8 @@ def test_every_configuration_is_launched_with_its_flags_served_and_stopped(tmp_p
         assert log.startswith("$ ") and flags in log.splitlines()[0]
         assert run["target_info"]["before"]["engine"] == "schedscope"
     assert f"served on `{command} --port {port}" in result.output
+    # the builtin model prices the bundled engine, and the user is told so
+    assert "the search simulates the bundled engine on this machine" in result.output
 
 
 @pytest.mark.slow
