@@ -139,17 +139,12 @@ def errors(served_cell: Path, simulated: Path, streamed_only: bool = False) -> d
 
 
 def read_at_once(served: pl.DataFrame) -> list[str]:
-    """The requests whose stream the client read in one go (nine in ten of its token
-    gaps below the read threshold of harness/calibration/stream_steps.py): their TTFT is
-    their E2E, the load generator's or the API server's delay, not the engine's."""
-    from harness.calibration.stream_steps import gaps_of
+    """The requests whose stream the client read in one go (harness/records/
+    stream_reads.py): their TTFT is their E2E, the load generator's or the API server's
+    delay, not the engine's."""
+    from harness.records.stream_reads import read_at_once as at_once
 
-    _, read = gaps_of(served["itl_s"].to_list())
-    late = []
-    for request_id, gaps in zip(served["request_id"], served["itl_s"], strict=True):
-        if gaps is not None and len(gaps) >= 4 and np.mean(np.array(gaps) <= read) >= 0.9:
-            late.append(request_id)
-    return late
+    return at_once(served["request_id"].to_list(), served["itl_s"].to_list())
 
 
 def table(name: str, rows: dict[str, dict]) -> str:

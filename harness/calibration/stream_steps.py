@@ -41,16 +41,14 @@ import numpy as np
 
 from engine.core.cost_model import FEATURES, step_features
 from engine.sim.cost_fit import Stretches, started_inside
+from harness.records.stream_reads import positive_gaps, read_gap_s
 
 #: A cluster closes at a gap wider than this share of the run's short steps (the 5th
-#: percentile of the gaps between a request's tokens that are steps, not reads: above
-#: :data:`READ_SHARE` of their median): distinct steps are at least a short step apart,
-#: one step's chunks reach the client within the delivery jitter. A client that reads two
-#: chunks in one read (two steps' tokens, delivered together by a busy server) stamps
-#: them microseconds apart: on a real vLLM a quarter of the gaps were such (9-40 us
-#: against 2.1 ms steps), and a low percentile of all gaps was one of those.
+#: percentile of the gaps between a request's tokens that are steps, not reads:
+#: harness/records/stream_reads.py): distinct steps are at least a short step apart, one
+#: step's chunks reach the client within the delivery jitter (a low percentile of all
+#: gaps, reads included, would be a read).
 CLUSTER_SHARE = 0.5
-READ_SHARE = 0.1
 #: ...and never wider than this (s): a run whose every step is long still has jitter of
 #: a few milliseconds, not a tenth of a second.
 MAX_CLUSTER_GAP_S = 0.05
@@ -179,13 +177,13 @@ def arrivals(first_token_at, itl_s, merge_s: float = 0.0) -> tuple[list[_Arrival
 
 def gaps_of(itl_s) -> tuple[float, float]:
     """(the gap that separates steps, the gap below which two of a request's tokens were
-    read together) of a run: :data:`CLUSTER_SHARE` of the 5th percentile of the gaps
-    between a request's tokens above :data:`READ_SHARE` of their median (at most
-    :data:`MAX_CLUSTER_GAP_S`), and that share of the median."""
-    gaps = np.array([g for row in itl_s if row for g in row if g and g > 0], dtype=float)
+    read together: :func:`harness.records.stream_reads.read_gap_s`) of a run:
+    :data:`CLUSTER_SHARE` of the 5th percentile of the gaps above the read gap (at most
+    :data:`MAX_CLUSTER_GAP_S`), and the read gap."""
+    gaps = positive_gaps(itl_s)
     if gaps.size == 0:
         return 0.0, 0.0
-    read = READ_SHARE * float(np.median(gaps))
+    read = read_gap_s(itl_s)
     steps = gaps[gaps > read]
     return float(min(MAX_CLUSTER_GAP_S, CLUSTER_SHARE * np.quantile(steps, 0.05))), read
 

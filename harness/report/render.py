@@ -232,6 +232,15 @@ def simulator_lines(report: Report) -> list[str]:
             text = cost_fit_text(cell.get("cost_fit") or {})
             if text:
                 lines.append(f"{rr.run.label}/{name}: {text}")
+            late = cell.get("read_at_once") or {}
+            if late.get("requests"):
+                lines.append(
+                    f"{rr.run.label}/{name}: {late['requests']} of {late['of']} served "
+                    "requests reached the client in one go (nine in ten of their tokens "
+                    "read together): their TTFT is their E2E, a delivery delay of the load "
+                    "generator or the server's API process that the simulator does not "
+                    "model; the served TTFT percentiles carry it"
+                )
         for group, classes in check["rankings"].items():
             prefix = f"{rr.run.label}" + (f" [{group.lstrip('-')}]" if group else "")
             for cls, by in classes.items():

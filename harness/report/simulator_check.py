@@ -195,6 +195,20 @@ class CheckedCell(TypedDict):
     classes: dict[str, dict]  # class_rows
     speed_band: NotRequired[dict[str, dict]]  # the band's time_ratios and sources
     cost_fit: NotRequired[dict]  # its run.json refit entry, when it has one
+    read_at_once: dict | None  # read_at_once_count of its served requests
+
+
+def read_at_once_count(frame: pl.DataFrame) -> dict | None:
+    """{"requests": how many of the cell's ok requests reached the client in one go
+    (harness/records/stream_reads.py), "of": how many ok requests had a stream}; None
+    without token gaps (a simulated cell's frame, records without ``itl_s``)."""
+    from harness.records.stream_reads import read_at_once
+
+    if "itl_s" not in frame.columns or "request_id" not in frame.columns:
+        return None
+    ok = frame.filter(pl.col("status") == "ok")
+    late = read_at_once(ok["request_id"].to_list(), ok["itl_s"].to_list())
+    return {"requests": len(late), "of": ok.height}
 
 
 def compare(
@@ -223,6 +237,7 @@ def compare(
         cells[name] = {
             "model": models.get(name),
             "classes": class_rows(served[name], simulated[name], part and part["groups"]),
+            "read_at_once": read_at_once_count(served[name]),
         }
         if part:
             cells[name]["speed_band"] = {

@@ -358,3 +358,38 @@ def test_the_report_names_what_the_cell_s_refit_left_out(tmp_path):
     fcfs = summary["simulator_check"]["cells"]["fcfs"]
     assert fcfs["cost_fit"]["generator_limited_steps_left_out"] == 1234
     assert "cost_fit" not in summary["simulator_check"]["cells"]["sjf"]
+
+
+def test_requests_read_at_once_are_counted_and_said():
+    """Requests whose tokens reached the client in one go (most gaps microseconds against
+    millisecond steps: harness/records/stream_reads.py) are counted per cell; a frame
+    without token gaps says nothing (None), a run with none read at once says 0."""
+    from harness.report.simulator_check import read_at_once_count
+
+    steps = [0.01, 0.012, 0.011, 0.009, 0.01]
+    reads = [1e-5, 2e-5, 1e-5, 1e-5, 3e-5]
+    frame = _frame([0.1, 0.2, 0.3, 0.4]).with_columns(
+        pl.Series("itl_s", [steps, reads, steps, [1e-5, 1e-5]])  # the last: too few gaps
+    )
+    assert read_at_once_count(frame) == {"requests": 1, "of": 4}
+    failed = frame.with_columns(pl.Series("status", ["ok", "error", "ok", "ok"]))
+    assert read_at_once_count(failed) == {"requests": 0, "of": 3}
+    assert read_at_once_count(_frame([0.1])) is None
+    check = compare({"fcfs": frame}, {"fcfs": _frame([0.1, 0.2, 0.3, 0.4])}, {})
+    assert check["cells"]["fcfs"]["read_at_once"] == {"requests": 1, "of": 4}
+
+
+def test_the_report_says_how_many_requests_the_client_read_at_once(tmp_path):
+    root = _run_dir(tmp_path, True)
+    cell = root / "fcfs" / "requests.parquet"
+    steps, reads = [0.01, 0.012, 0.011, 0.009], [1e-5, 2e-5, 1e-5, 1e-5]
+    pl.read_parquet(cell).with_columns(
+        pl.Series("itl_s", [steps, reads, reads, steps])
+    ).write_parquet(cell)
+    paths = generate_report([root], tmp_path / "out", ReportOptions(figures=False, resamples=20))
+    md = " ".join(paths["markdown"].read_text().split())
+    assert "run/fcfs: 2 of 4 served requests reached the client in one go" in md, md
+    assert md.count("reached the client in one go") == 1  # sjf's cell has no gaps: silent
+    summary = json.loads(paths["summary"].read_text())["simulator_check"]["cells"]
+    assert summary["fcfs"]["read_at_once"] == {"requests": 2, "of": 4}
+    assert summary["sjf"]["read_at_once"] is None
