@@ -230,15 +230,35 @@ def confirm(
             _confirm_launched(cand, results[cand.label], ctx, profile_name, duration_scale,
                               settings, out, console)  # fmt: skip
         return list(results.values()), out
+    _serve_rounds(candidates, results, ctx, profile_name, duration_scale, settings, out, "",
+                  console)  # fmt: skip
+    return list(results.values()), out
+
+
+def _serve_rounds(
+    candidates: list[Candidate],
+    results: dict[str, Confirmed],
+    ctx: Context,
+    profile_name: str,
+    duration_scale: float,
+    settings: ConfirmSettings,
+    out: Path,
+    prefix: str,
+    console: Console,
+) -> None:
+    """The first round of ``candidates``' cells under ``out``, then the extension rounds
+    under ``out/extend-<i>`` until every capacity is bracketed (or ``settings.extend``
+    rounds); each cell named ``prefix`` + its path under ``out`` in ``results``."""
     planned = plan_cells(candidates, ctx.objective, settings)
-    _serve_round(planned, results, ctx, profile_name, duration_scale, settings, out, "", console)
-    for entry in results.values():
-        _compare(entry, ctx.objective)
+    _serve_round(planned, results, ctx, profile_name, duration_scale, settings, out, prefix,
+                 console)  # fmt: skip
+    for cand in candidates:
+        _compare(results[cand.label], ctx.objective)
     for round_ in range(1, settings.extend + 1 if ctx.objective == CAPACITY else 1):
         more = {
-            label: [rate]
-            for label, entry in results.items()
-            if (rate := extension_rate(entry, settings.margin)) is not None
+            cand.label: [rate]
+            for cand in candidates
+            if (rate := extension_rate(results[cand.label], settings.margin)) is not None
         }
         if not more:
             break
@@ -255,12 +275,11 @@ def confirm(
             duration_scale,
             settings,
             out / f"extend-{round_}",
-            f"extend-{round_}/",
+            f"{prefix}extend-{round_}/",
             console,
         )
         for label in more:
             _compare(results[label], ctx.objective)
-    return list(results.values()), out
 
 
 def _confirm_launched(
@@ -278,16 +297,20 @@ def _confirm_launched(
     leaves its rates without data (status ``launch failed``), said in ``entry.launch``."""
     import shlex
 
-    from harness.tune.launch import LaunchError, check_command, launch_flags, launched
+    from harness.tune.launch import (
+        LaunchError,
+        check_command,
+        launch_flags,
+        launched,
+        with_flags,
+    )
 
     url, command_text = settings.target, settings.launch
     assert url is not None and command_text is not None
     words = check_command(command_text)
     flags = launch_flags(cand.evaluation.knobs, list(settings.launch_knobs))
     log = out / f"launch-{cand.label}.log"
-    command = shlex.join(
-        [*words[: words.index("{flags}")], *flags, *words[words.index("{flags}") + 1 :]]
-    )
+    command = shlex.join(with_flags(words, flags))
     entry.launch = {"command": command, "status": "ok", "error": None, "log": str(log)}
     console.print(
         f"confirm: {cand.label}: launching {command}", soft_wrap=True, highlight=False, markup=False
@@ -296,23 +319,8 @@ def _confirm_launched(
     settings = replace(settings, target_knobs=shlex.join(flags) if flags else None)
     try:
         with launched(words, flags, url, log, settings.launch_timeout_s):
-            planned = plan_cells([cand], ctx.objective, settings)
-            results = {cand.label: entry}
-            _serve_round(planned, results, ctx, profile_name, duration_scale, settings, root,
-                         f"{cand.label}/", console)  # fmt: skip
-            _compare(entry, ctx.objective)
-            for round_ in range(1, settings.extend + 1 if ctx.objective == CAPACITY else 1):
-                rate = extension_rate(entry, settings.margin)
-                if rate is None:
-                    break
-                console.print(
-                    f"confirm: {cand.label}: capacity not bracketed yet, serving {rate:g}x"
-                )
-                planned = plan_cells([cand], ctx.objective, settings, {cand.label: [rate]})
-                _serve_round(planned, results, ctx, profile_name, duration_scale, settings,
-                             root / f"extend-{round_}", f"{cand.label}/extend-{round_}/",
-                             console)  # fmt: skip
-                _compare(entry, ctx.objective)
+            _serve_rounds([cand], {cand.label: entry}, ctx, profile_name, duration_scale,
+                          settings, root, f"{cand.label}/", console)  # fmt: skip
     except LaunchError as exc:
         console.print(
             f"confirm: {cand.label}: launch failed: {exc}",

@@ -83,6 +83,12 @@ def launchable(space: Space) -> tuple[Space, list[str]]:
     return Space(tuple(kept)), dropped
 
 
+def with_flags(words: list[str], flags: list[str]) -> list[str]:
+    """The command of ``words`` with ``flags`` in place of its ``{flags}`` word."""
+    i = words.index(FLAGS)
+    return [*words[:i], *flags, *words[i + 1 :]]
+
+
 def launch_flags(knobs: dict, names: list[str]) -> list[str]:
     """Every knob of ``names`` spelled out with its value in ``knobs`` (vLLM's spelling:
     ``--max-num-seqs 64``, ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``),
@@ -123,8 +129,7 @@ def launched(words: list[str], flags: list[str], url: str, log: Path, timeout_s:
             f"something already answers at {url} before the launch: stop it (--launch starts "
             "the engine itself, with each configuration's flags)"
         )
-    i = words.index(FLAGS)
-    argv = [*words[:i], *flags, *words[i + 1 :]]
+    argv = with_flags(words, flags)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         out.write(("$ " + shlex.join(argv) + "\n").encode())
