@@ -102,6 +102,21 @@ def target_cost_model(value: str | None):
     return Choice(entry.model, entry.path, line), knobs
 
 
+def with_target_knobs(context: typer.Context, knob_values: dict, target) -> dict:
+    """``knob_values`` with the engine knobs of ``target`` (:func:`target_cost_model`'s
+    answer) wherever the user of the command of ``context`` gave none; says so on stderr."""
+    from harness.cli.app import err_console
+    from harness.serve.knobs import given_knobs
+
+    choice, knobs = target
+    given = given_knobs(context)
+    err_console.print(choice.line, soft_wrap=True, highlight=False, markup=False)
+    return {
+        **knob_values,
+        **{k: v for k, v in knobs.items() if k not in given and k in knob_values},
+    }
+
+
 def executor_option(default: str = "torch", there: str = ""):
     """``--executor torch|sim``: the served engine's executor."""
     return typer.Option(

@@ -10,12 +10,12 @@ import typer
 
 from engine.config import ConfigError, EngineConfig
 from harness.cli import options
-from harness.cli.app import console, err_console
+from harness.cli.app import console
 from harness.cli.options import check_faults, choose_cost_model, parse_policies
 from harness.cli.rate_scale import rate_scale_option
 from harness.costmodel.machine import fingerprint
 from harness.profiles import Profile, ProfileError, resolve_profile
-from harness.serve.knobs import build_engine_config, given_knobs, with_engine_knobs
+from harness.serve.knobs import build_engine_config, with_engine_knobs
 from harness.simulate.compare import print_comparison, print_span_counts, print_speed_band
 
 
@@ -78,13 +78,7 @@ def simulate(
     prof = _scaled_profile(profile, spec.factor or 1.0, duration_scale)
     target = options.target_cost_model(cost_model)
     if target is not None:
-        # the target's engine where the user gave no knob of their own
-        given = given_knobs(context)
-        knob_values = {
-            **knob_values,
-            **{k: v for k, v in target[1].items() if k not in given and k in knob_values},
-        }
-        err_console.print(target[0].line, soft_wrap=True, highlight=False, markup=False)
+        knob_values = options.with_target_knobs(context, knob_values, target)
     configs = _policy_configs(knob_values, policies)
     first = next(iter(configs.values()))
     machine = fingerprint(first.model)

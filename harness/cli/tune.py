@@ -22,7 +22,6 @@ from harness.profiles import ProfileError, resolve_profile
 from harness.serve.knobs import (
     build_engine_config,
     config_error,
-    given_knobs,
     with_engine_knobs,
 )
 
@@ -176,12 +175,7 @@ def tune(
     target_model = options.target_cost_model(cost_model)
     if target_model is not None:
         # the target's engine is the current configuration where the user gave no knob
-        given = given_knobs(context)
-        knob_values = {
-            **knob_values,
-            **{k: v for k, v in target_model[1].items() if k not in given and k in knob_values},
-        }
-        err_console.print(target_model[0].line, soft_wrap=True, highlight=False, markup=False)
+        knob_values = options.with_target_knobs(context, knob_values, target_model)
     elif target:
         err_console.print(
             "tune: the search simulates the bundled engine on this machine, not the engine at "
