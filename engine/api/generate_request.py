@@ -47,6 +47,9 @@ class GenerateRequest:
     is_batch: bool = False
     #: The client set max_tokens (else it is whatever context each prompt leaves).
     max_tokens_given: bool = True
+    #: A chat request's conversation turn: how many user messages it carries (0 for a
+    #: completion, whose prompt says nothing of turns).
+    turn: int = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:

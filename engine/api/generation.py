@@ -29,6 +29,7 @@ from engine.api.request_identity import (
     engine_request_ids,
     read_request_class,
     read_request_id,
+    read_session_turn,
 )
 from engine.api.state import STATE, ServerState
 from engine.api.streaming import stream, stream_batch
@@ -60,6 +61,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     request_id = read_request_id(request, kind)
     try:
         request_class = read_request_class(request)
+        header_turn = read_session_turn(request)
         raw = await read_json_body(request, settings.max_body_bytes, settings.body_timeout_s)
         if len(raw) > OFFLOAD_PARSE_BYTES:  # parsing and tokenizing must not stall the loop
             req = await state.heavy_work.run(
@@ -95,6 +97,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
                 req.priority,
                 request_class,
                 traceparent,
+                session_turn=header_turn or req.turn,
             )
         )
         for engine_id, choice in zip(engine_ids, req.choices, strict=True)

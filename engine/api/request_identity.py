@@ -1,7 +1,8 @@
 """Who a generation request is, from its headers: its id (``X-Request-Id`` or generated),
 which is the engine's request id, the body's ``id`` and the response's ``X-Request-Id``
 header, so client and engine records join; its class (``X-Request-Class``, a label in
-reports and metrics); and its trace context (``traceparent``)."""
+reports and metrics); the conversation turn it is (``X-Session-Turn``: the prefix cache's
+hit rate by turn); and its trace context (``traceparent``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from engine.api.generate_request import GenerateRequest
 
 REQUEST_ID_HEADER = "X-Request-Id"
 REQUEST_CLASS_HEADER = "X-Request-Class"
+SESSION_TURN_HEADER = "X-Session-Turn"
+#: The largest turn a client may say (any real conversation is far shorter).
+MAX_SESSION_TURN = 1_000_000
 TRACEPARENT_HEADER = "traceparent"
 _REQUEST_ID = re.compile(r"[\x20-\x7e]{1,128}")
 #: A request class is a label in reports and metrics: short, no spaces or quotes.
@@ -43,6 +47,21 @@ def read_request_class(request: web.Request) -> str:
             REQUEST_CLASS_HEADER,
         )
     return given
+
+
+def read_session_turn(request: web.Request) -> int:
+    """The client's ``X-Session-Turn`` (1 for a conversation's first turn), 0 when it
+    sends none."""
+    given = request.headers.get(SESSION_TURN_HEADER)
+    if given is None:
+        return 0
+    if not (given.isascii() and given.isdigit() and 1 <= int(given) <= MAX_SESSION_TURN):
+        raise bad_request(
+            f"{SESSION_TURN_HEADER} must be a whole number from 1 to {MAX_SESSION_TURN:,}, "
+            f"got {given[:80]!r}",
+            SESSION_TURN_HEADER,
+        )
+    return int(given)
 
 
 def engine_request_ids(request_id: str, req: GenerateRequest) -> list[str]:

@@ -304,9 +304,11 @@ def parse_generate_request(body: dict, kind: str, ctx: ServingContext) -> Genera
     (``kind="chat"``) body."""
     model = check_model(body, ctx)
     _check_unsupported(body)
+    turn = 0
     if kind == "chat":
-        text = render_chat(chat_messages(body))
-        prompts, batch = [_text_ids(text, ctx, "messages", "the prompt")], False
+        messages = chat_messages(body)
+        turn = sum(1 for role, _ in messages if role == "user")
+        prompts, batch = [_text_ids(render_chat(messages), ctx, "messages", "the prompt")], False
     else:
         prompts, batch = _prompts(body, ctx)
 
@@ -403,4 +405,5 @@ def parse_generate_request(body: dict, kind: str, ctx: ServingContext) -> Genera
         stop_string_ids,
         batch,
         max_tokens is not None,
+        turn,
     )

@@ -62,6 +62,9 @@ class EngineRequest:
     #: The true output length when it is known in advance (simulation): the simulated
     #: executor emits EOS there, and SJF's ``oracle`` estimator reads it.
     oracle_output_tokens: int | None = None
+    #: Which turn of a conversation the request is (1: its first), 0 when unknown: the
+    #: client's ``X-Session-Turn``, else a chat request's count of user messages.
+    session_turn: int = 0
 
     def stamped(self, arrival_time: float) -> EngineRequest:
         """This request with its arrival time set (when it had none)."""
@@ -76,4 +79,5 @@ class EngineRequest:
             self.request_class,
             self.traceparent,
             self.oracle_output_tokens,
+            self.session_turn,
         )

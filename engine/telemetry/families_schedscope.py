@@ -29,6 +29,16 @@ from engine.telemetry.family_factory import FamilyFactory
 #: requests folded into it.
 MAX_CLASS_LABELS = 32
 OTHER_CLASS = "other"
+#: The ``turn`` label of the by-turn prefix-cache counters: a conversation's turns 1 to 4
+#: each, later ones together, and requests that said no turn (a bounded label set).
+TURN_LABELS = ("1", "2", "3", "4", "5+", "unknown")
+
+
+def turn_label(turn: int) -> str:
+    """A request's ``turn`` label from its session turn (0: unknown)."""
+    if turn <= 0:
+        return "unknown"
+    return str(turn) if turn < 5 else "5+"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +63,9 @@ class SchedscopeMetrics:
     recomputed_tokens: Counter
     prefix_cache_evicted_blocks: Counter
     prefix_cache_evicted_prefix_tokens: Counter
+    #: turn label -> child, for every label in TURN_LABELS
+    prefix_cache_queries_by_turn: dict[str, Counter]
+    prefix_cache_hits_by_turn: dict[str, Counter]
     queue_by_class: Histogram
     queue_children: dict[str, Histogram]
     #: requests whose class was past MAX_CLASS_LABELS (observed as class="other")
@@ -124,6 +137,17 @@ def build_schedscope(f: FamilyFactory, sched) -> SchedscopeMetrics:
         "Prompt tokens admissions recomputed because the prefix cache had evicted them "
         "(cache thrash: hits lost for want of room).",
     ).labels(*values)
+    queries_by_turn = counter(
+        "schedscope_prefix_cache_queries_by_turn",
+        "Prompt tokens of first admissions, by conversation turn (X-Session-Turn, else a "
+        "chat request's user messages), with prefix caching on.",
+        ["turn"],
+    )
+    hits_by_turn = counter(
+        "schedscope_prefix_cache_hits_by_turn",
+        "Prompt tokens first admissions found in the prefix cache, by conversation turn.",
+        ["turn"],
+    )
     queue_by_class = histogram(
         "schedscope_queue_time_seconds",
         "First admission minus arrival, per request class, observed at first scheduling.",
@@ -190,6 +214,8 @@ def build_schedscope(f: FamilyFactory, sched) -> SchedscopeMetrics:
         recomputed_tokens=recomputed_tokens,
         prefix_cache_evicted_blocks=prefix_cache_evicted_blocks,
         prefix_cache_evicted_prefix_tokens=prefix_cache_evicted_prefix_tokens,
+        prefix_cache_queries_by_turn={t: queries_by_turn.labels(*values, t) for t in TURN_LABELS},
+        prefix_cache_hits_by_turn={t: hits_by_turn.labels(*values, t) for t in TURN_LABELS},
         queue_by_class=queue_by_class,
         queue_children={},
         class_overflow=class_overflow,

@@ -38,6 +38,7 @@ from engine.telemetry.families_schedscope import (
     MAX_CLASS_LABELS,
     OTHER_CLASS,
     build_schedscope,
+    turn_label,
 )
 from engine.telemetry.families_vllm import (
     DEFERRED_WAIT_REASONS,
@@ -337,6 +338,11 @@ class EngineMetrics:
     def _first_scheduled(self, seq) -> None:
         if seq.first_scheduled_time is None:
             return
+        if self.prefix_caching:  # its first admission: the prefix cache's hits by turn
+            turn = turn_label(seq.request.session_turn)
+            self.schedscope.prefix_cache_queries_by_turn[turn].inc(seq.num_prompt_tokens)
+            if seq.num_cached_tokens:
+                self.schedscope.prefix_cache_hits_by_turn[turn].inc(seq.num_cached_tokens)
         cls = seq.request_class or ""
         child = self.schedscope.queue_children.get(cls)
         if child is None:

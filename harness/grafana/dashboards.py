@@ -3,7 +3,7 @@
 Two dashboards, written as JSON under ``dashboards/`` by ``schedscope dashboards build``:
 
 - ``schedscope-scheduler``: queue depth, KV usage, the prefix cache (hit rate, tokens by
-  source, evictions), preemptions, decisions, idle-running
+  source, evictions, hit rate by conversation turn), preemptions, decisions, idle-running
   sequences (trap 1), batch tokens against the token budget.
 - ``schedscope-stalls-latency``: stalls by cause, TTFT/ITL/TPOT/E2E quantiles with
   exemplars, queue time by class (trap 3), recomputed tokens (trap 2), swap bandwidth,
@@ -60,6 +60,9 @@ def _sel(metric: str, extra: str = "") -> str:
 
 def _gauge(metric: str, by: str = "model_name") -> str:
     return f"sum by ({by}) ({_sel(metric)})"
+
+
+_BY_TURN = "model_name, turn"
 
 
 def _rate(metric: str, by: str = "model_name") -> str:
@@ -298,6 +301,30 @@ SCHEDULER_ROWS: tuple[Row, ...] = (
                         "computed {{model_name}}",
                     ),
                 ),
+            ),
+            Panel(
+                "Prefix cache hit rate by conversation turn",
+                "Share of each turn's prompt tokens found in the prefix cache at its first "
+                "admission: schedscope_prefix_cache_hits_by_turn_total over "
+                "schedscope_prefix_cache_queries_by_turn_total, by turn (the client's "
+                "X-Session-Turn header, which schedscope's load generator sends on session "
+                "turns, else a chat request's count of user messages; turns 5 and later "
+                "together; 'unknown': a completion that said no turn). Engines: schedscope only "
+                "(vLLM counts no turns). Healthy: turn 1 at the share of its shared system "
+                "prompt, later turns near their conversation's share of the prompt (everything "
+                "but the new message). Unhealthy: later turns no better than turn 1 (the "
+                "conversation was evicted during the think time: cache thrash, docs/traps.md: "
+                "more KV blocks with --gpu-memory-utilization, or fewer concurrent sequences "
+                "with --max-num-seqs; or prompts that differ between turns, e.g. a rewritten "
+                "history).",
+                (
+                    Target(
+                        f"{_rate('schedscope_prefix_cache_hits_by_turn_total', _BY_TURN)} / "
+                        f"{_rate('schedscope_prefix_cache_queries_by_turn_total', _BY_TURN)}",
+                        "turn {{turn}} {{model_name}}",
+                    ),
+                ),
+                unit="percentunit",
             ),
         ),
     ),

@@ -471,6 +471,8 @@ class OpenAIClient:
             "X-Request-Class": spec.class_name,
             "traceparent": traceparent(),
         }
+        if spec.turn is not None:  # the engine's prefix-cache hit rate by turn
+            headers["X-Session-Turn"] = str(spec.turn)
         now = unix_now
         row["sent_at"] = sent = now()
         row["send_lag_s"] = sent - row["scheduled_at"]

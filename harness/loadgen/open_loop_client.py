@@ -50,6 +50,13 @@ def prompt_ids(spec: RequestSpec, vocab_size: int) -> list[int]:
     return ids
 
 
+def _headers(spec: RequestSpec) -> dict[str, str]:
+    headers = {"X-Request-Id": spec.request_id, "X-Request-Class": spec.class_name}
+    if spec.turn is not None:  # a session turn's (the engine's hit rate by turn)
+        headers["X-Session-Turn"] = str(spec.turn)
+    return headers
+
+
 async def replay(
     url: str,
     specs: list[RequestSpec],
@@ -104,7 +111,7 @@ async def replay(
             async with session.post(
                 url + "/v1/completions",
                 json=body,
-                headers={"X-Request-Id": spec.request_id, "X-Request-Class": spec.class_name},
+                headers=_headers(spec),
             ) as response:
                 if response.status != 200:
                     raise ReplayError(

@@ -233,6 +233,7 @@ def _engine_request(spec: RequestSpec, at: float, prompt: list[int] | None) -> E
         priority=spec.priority,
         request_class=spec.class_name,
         oracle_output_tokens=spec.output_tokens,
+        session_turn=spec.turn or 0,
     )
 
 

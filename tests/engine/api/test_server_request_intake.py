@@ -1,6 +1,7 @@
 """What the server tells the engine about each request: when it arrived (stamped once
-parsed, not when the step loop picked it up), its class (``X-Request-Class``), the
-client's trace context (``traceparent``), and the engine's clock epoch so client-side
+parsed, not when the step loop picked it up), its class (``X-Request-Class``), its
+conversation turn (``X-Session-Turn``, else a chat's user messages), the client's trace
+context (``traceparent``), and the engine's clock epoch so client-side
 wall-clock records join engine records. Real HTTP on 127.0.0.1; the simulated
 executor sleeps a fixed step time on the wall clock."""
 
@@ -13,6 +14,7 @@ import time
 
 from engine.records.step_record import StepRecord
 from engine.serving.tokenizer import HashTokenizer
+from engine.telemetry.metrics import install_metrics
 from harness.serve.local_server import BackgroundServer, HttpClient, sim_engine
 
 TOKENIZER = HashTokenizer(4096)
@@ -172,3 +174,56 @@ def test_reusing_the_id_of_a_client_that_just_left_never_ends_the_new_request():
     assert outcomes[-1] == 200, outcomes
     assert json.loads(data)["usage"]["completion_tokens"] == 3
     assert health["num_unfinished"] == 0 and health["num_in_flight"] == 0
+
+
+def _metric(text: str, name: str, turn: str) -> float:
+    """The value of ``name{..., turn="<turn>"}`` in a /metrics page (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'turn="{turn}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_the_conversation_turn_comes_from_x_session_turn_else_the_chats_user_messages():
+    engine, records = recording_engine(0.0)
+    install_metrics(engine, "tiny")  # prefix caching on (the default): counted by turn
+    history = [
+        {"role": "system", "content": "you are terse"},
+        {"role": "user", "content": "one two three four five six seven eight"},
+        {"role": "assistant", "content": "nine ten"},
+        {"role": "user", "content": "eleven"},
+    ]
+    chat = {"model": "tiny", "messages": history, "max_tokens": 2, "ignore_eos": True}
+    with BackgroundServer(engine, TOKENIZER) as server:
+        client = HttpClient(server.url)
+        sent = {
+            "said": ("/v1/completions", body(), {"X-Session-Turn": "7"}),
+            "counted": ("/v1/chat/completions", chat, {}),
+            "header wins": ("/v1/chat/completions", chat, {"X-Session-Turn": "1"}),
+            "no turn": ("/v1/completions", body(), {}),
+        }
+        for request_id, (path, payload, headers) in sent.items():
+            status, _, raw = client.post_json(
+                path, payload, {"X-Request-Id": request_id, **headers}
+            )
+            assert status == 200, raw
+        for bad in ("0", "-1", "two", "1.5", "1000001", "\u00b3", ""):
+            status, _, raw = client.post_json("/v1/completions", body(), {"X-Session-Turn": bad})
+            error = json.loads(raw)["error"]
+            assert status == 400, (bad, raw)
+            assert error["param"] == "X-Session-Turn" and "X-Session-Turn" in error["message"]
+        _, _, page = client.request("GET", "/metrics")
+    turns = {rid: ended(records, rid).request.session_turn for rid in sent}
+    assert turns == {"said": 7, "counted": 2, "header wins": 1, "no turn": 0}
+    # Each first admission's prompt tokens counted under its turn's label: 7 is "5+"
+    text = page.decode()
+    queries = "schedscope_prefix_cache_queries_by_turn_total"
+    prompt = {rid: ended(records, rid).num_prompt_tokens for rid in sent}
+    assert _metric(text, queries, "5+") == prompt["said"]
+    assert _metric(text, queries, "2") == prompt["counted"]
+    assert _metric(text, queries, "1") == prompt["header wins"]
+    assert _metric(text, queries, "unknown") == prompt["no turn"]
+    # the second chat repeats the first's prompt: its full blocks are hits, under turn 1
+    hits = "schedscope_prefix_cache_hits_by_turn_total"
+    assert _metric(text, hits, "1") == ended(records, "header wins").num_cached_tokens > 0
+    assert _metric(text, hits, "2") == 0

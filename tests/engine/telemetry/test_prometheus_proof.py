@@ -8,7 +8,8 @@ While the load still runs:
 
 - every panel query of schedscope's dashboards (``harness.grafana.dashboards.panel_queries``),
   its variables substituted, returns data (at least one finite sample);
-- the prefix cache's series are scraped, with hits (the prompts share their first blocks);
+- the prefix cache's series are scraped, with hits (the prompts share their first blocks),
+  by conversation turn too (most requests say theirs in ``X-Session-Turn``);
 - so does every query of vLLM's own published Grafana dashboard (tests/data);
 - Prometheus returns exemplars for the latency histograms, whose trace ids are
   32-hex W3C trace ids.
@@ -59,6 +60,8 @@ def _request(thread: int, n: int) -> tuple[dict, dict[str, str]]:
     long = rng.random() < 0.4
     words = rng.randint(60, 120) if long else rng.randint(5, 30)
     headers = {"X-Request-Class": "long" if long else "short"}
+    if rng.random() < 0.6:  # a conversation's turn: the hit rate by turn has series
+        headers["X-Session-Turn"] = str(rng.randint(1, 6))
     if rng.random() < 0.5:
         headers["traceparent"] = f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01"
     body = {
@@ -130,6 +133,15 @@ def test_the_prefix_cache_series_are_scraped_with_hits(scraped):
     # by source: each prompt whole at its admission; prompt_tokens_total: as steps compute
     # it (a prefill in flight at the scrape is in the first, not yet all in the second)
     assert total("vllm:prompt_tokens_by_source_total") >= total("vllm:prompt_tokens_total") > 0
+    # by turn: first admissions only (vLLM's counters add recomputes' re-admissions)
+    by_turn = prometheus.query(
+        f'sum by (turn) (schedscope_prefix_cache_hits_by_turn_total{{model_name="{MODEL}"}})'
+    )
+    turns = {sample["metric"]["turn"] for sample in by_turn if float(sample["value"][1]) > 0}
+    assert {"1", "2", "5+", "unknown"} <= turns, turns
+    assert 0 < total("schedscope_prefix_cache_hits_by_turn_total") <= hits
+    queried = total("schedscope_prefix_cache_queries_by_turn_total")
+    assert 0 < queried <= total("vllm:prefix_cache_queries_total")
     for name in (
         "vllm:gpu_prefix_cache_hit_rate",
         "schedscope_prefix_cache_evicted_blocks_total",

@@ -71,6 +71,8 @@ SCHEDSCOPE = {
     "schedscope_recomputed_tokens_total",
     "schedscope_prefix_cache_evicted_blocks_total",
     "schedscope_prefix_cache_evicted_prefix_tokens_total",
+    "schedscope_prefix_cache_queries_by_turn_total",
+    "schedscope_prefix_cache_hits_by_turn_total",
     "schedscope_kv_blocks_free",
     "schedscope_kv_blocks_capacity",
     "schedscope_token_budget_tokens",
