@@ -128,6 +128,21 @@ class SchedulerConfig:
             "prompt tokens of the requests with no token out yet reach this; unset: no cap."
         ),
     )
+    long_prefill_token_threshold: int = field(
+        default=0,
+        metadata=_help(
+            "vLLM 0.32's long-prefill cap (chunked prefill): no request computes more than "
+            "this many tokens in one step while another request runs or waits, so a long "
+            "prompt cannot take the token budget from the rest; 0: no cap."
+        ),
+    )
+    long_prefill_token_threshold_adaptive: bool = field(
+        default=False,
+        metadata=_help(
+            "vLLM 0.32's floor on that cap: a fair share of the token budget, "
+            "max_num_batched_tokens over the requests running and waiting."
+        ),
+    )
     sjf_size_estimator: str = field(
         default="request",
         metadata=_help(
@@ -169,6 +184,16 @@ class SchedulerConfig:
         _require(
             self.max_waiting is None or self.max_waiting >= 1,
             f"max_waiting must be >= 1 (or unset), got {self.max_waiting}",
+        )
+        threshold = self.long_prefill_token_threshold
+        _require(
+            0 <= threshold <= self.max_model_len,
+            f"long_prefill_token_threshold must be from 0 to max_model_len "
+            f"({self.max_model_len}), got {threshold}",
+        )
+        _require(
+            not threshold or self.enable_chunked_prefill,
+            "long_prefill_token_threshold caps a prefill's chunk: it needs enable_chunked_prefill",
         )
         for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
             value = getattr(self, name)

@@ -387,9 +387,10 @@ class _Run:
 
     def prefills_fit(self, budget: int, chunked: bool) -> bool:
         """Whether every prefilling request gets a chunk of ``budget`` (else one would
-        sit the step out: ``schedule`` records that)."""
+        sit the step out: ``schedule`` records that), under the step's long-prefill cap."""
+        cap = self.scheduler.long_prefill_cap()
         for seq in self.prefilling:
-            n = prefill_chunk(seq, budget, chunked) if budget else 0
+            n = prefill_chunk(seq, budget, chunked, 0, cap) if budget else 0
             if not n:
                 return False
             budget -= n

@@ -186,6 +186,8 @@ def build_schedscope(f: FamilyFactory, sched) -> SchedscopeMetrics:
         "max_waiting": sched.max_waiting,
         "max_num_queued_reqs": sched.max_num_queued_reqs,
         "max_num_queued_tokens": sched.max_num_queued_tokens,
+        "long_prefill_token_threshold": sched.long_prefill_token_threshold,
+        "long_prefill_token_threshold_adaptive": sched.long_prefill_token_threshold_adaptive,
         "aging_rate": sched.aging_rate,
         "max_wait_s": sched.max_wait_s,
         "sjf_size_estimator": sched.sjf_size_estimator,

@@ -39,6 +39,9 @@ VLLM_FLAG_KNOBS = {
     # vLLM 0.32's admission caps (a 503 beyond them)
     "--max-num-queued-reqs": "max_num_queued_reqs",
     "--max-num-queued-tokens": "max_num_queued_tokens",
+    # vLLM 0.32's cap on one request's prefill chunk while others run or wait
+    "--long-prefill-token-threshold": "long_prefill_token_threshold",
+    "--long-prefill-token-threshold-adaptive": "long_prefill_token_threshold_adaptive",
     # vLLM V0's (and the bundled engine's); V1 has neither
     "--preemption-mode": "preemption_mode",
     "--swap-space": "swap_space",
@@ -52,8 +55,13 @@ _INT_KNOBS = {
     "num_gpu_blocks_override",
     "max_num_queued_reqs",
     "max_num_queued_tokens",
+    "long_prefill_token_threshold",
 }
-_BOOL_KNOBS = {"enable_prefix_caching", "enable_chunked_prefill"}
+_BOOL_KNOBS = {
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "long_prefill_token_threshold_adaptive",
+}
 _FLOAT_KNOBS = {"watermark", "swap_space"}
 
 #: vLLM V1's semantics where they differ from the bundled engine's defaults (vLLM 0.32

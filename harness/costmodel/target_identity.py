@@ -33,6 +33,8 @@ _SCHEDULER_LABEL_FLAGS = {
     "preemption_mode": "--preemption-mode",
     "max_num_queued_reqs": "--max-num-queued-reqs",
     "max_num_queued_tokens": "--max-num-queued-tokens",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold",
+    "long_prefill_token_threshold_adaptive": "--long-prefill-token-threshold-adaptive",
 }
 _CACHE_LABEL_FLAGS = {"watermark": "--watermark", "swap_space": "--swap-space"}
 

@@ -17,6 +17,8 @@ VLLM_KNOBS = (
     "num_gpu_blocks_override",
     "max_num_queued_reqs",
     "max_num_queued_tokens",
+    "long_prefill_token_threshold",
+    "long_prefill_token_threshold_adaptive",
     "watermark",
 )
 #: vLLM's --scheduling-policy values.

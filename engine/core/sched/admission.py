@@ -47,11 +47,16 @@ RUNNING = SequenceStatus.RUNNING
 NO_HITS: list[int] = []
 
 
-def prefill_chunk(seq: Sequence, budget: int, chunked: bool, num_cached: int = 0) -> int:
+def prefill_chunk(
+    seq: Sequence, budget: int, chunked: bool, num_cached: int = 0, cap: int = 0
+) -> int:
     """How many uncomputed tokens of ``seq`` fit ``budget`` (0: none this step), the
-    first ``num_cached`` (prefix-cache hits of a waiting request) needing no compute.
+    first ``num_cached`` (prefix-cache hits of a waiting request) needing no compute, at
+    most ``cap`` (the step's long-prefill cap, ``Scheduler.long_prefill_cap``; 0: none).
     Without chunked prefill a prefill goes whole or not at all."""
     remaining = seq.num_tokens - max(seq.num_computed_tokens, num_cached)
+    if 0 < cap < remaining:
+        remaining = cap
     if remaining <= budget:
         return remaining
     return budget if chunked else 0
@@ -79,6 +84,8 @@ class Admission:
         self.preemptor = preemptor
         #: lpm's ranking of the waiting window (None: the queue's static order)
         self.ranking = prefix_ranking(policy, waiting, block_manager)
+        #: the step's long-prefill cap (0: none), set by the scheduler at each step's start
+        self.prefill_cap = 0
         self._last_wait: tuple[int, str] | None = None  # (seq_no, reason) of the last wait record
 
     def admit(
@@ -149,7 +156,11 @@ class Admission:
             waiting.drop_stale_promotions()
             for seq in list(waiting.promoted):
                 cached = self.block_manager.lookup(seq)
-                n = prefill_chunk(seq, budget, self.chunked, self._tokens(cached)) if budget else 0
+                n = (
+                    prefill_chunk(seq, budget, self.chunked, self._tokens(cached), self.prefill_cap)
+                    if budget
+                    else 0
+                )
                 if n and self.preemptor.make_room_for_admission(
                     seq, self.max_num_seqs, now, out, d.REASON_MAX_WAIT, False, cached
                 ):
@@ -162,7 +173,9 @@ class Admission:
             if head is not None and self._lacks_room(head, cached):
                 # Worse running requests make room, and the head is admitted in this
                 # very step (before the decodes could spend that room).
-                n = prefill_chunk(head, budget, self.chunked, self._tokens(cached))
+                n = prefill_chunk(
+                    head, budget, self.chunked, self._tokens(cached), self.prefill_cap
+                )
                 if n and self.preemptor.make_room_for_admission(
                     head, self.max_num_seqs, now, out, d.REASON_PRIORITY, True, cached
                 ):
@@ -210,7 +223,9 @@ class Admission:
                 self.note_wait(out, now, d.REASON_MAX_NUM_SEQS, seq)
                 break
             cached = bm.lookup(seq) if bm.enable_prefix_caching else NO_HITS
-            n = prefill_chunk(seq, budget, self.chunked, len(cached) * bm.block_size)
+            n = prefill_chunk(
+                seq, budget, self.chunked, len(cached) * bm.block_size, self.prefill_cap
+            )
             if n == 0:
                 self.note_wait(out, now, d.REASON_TOKEN_BUDGET, seq)
                 break

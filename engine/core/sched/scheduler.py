@@ -88,6 +88,8 @@ class Scheduler:
         self.token_budget = config.token_budget
         self.max_num_seqs = config.max_num_seqs
         self.chunked = config.enable_chunked_prefill
+        self.long_prefill_threshold = config.long_prefill_token_threshold
+        self.long_prefill_adaptive = config.long_prefill_token_threshold_adaptive
         self.batching = make_batching(config, self.policy.preempts_for_waiting)
 
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
@@ -252,6 +254,8 @@ class Scheduler:
         out.decisions, out.ended_between_steps = self.drain_pending()
         self.preemptor.decode_preempted = False
         evicted_before = self.block_manager.num_evicted_blocks
+        # One cap for the whole step, from the counts at its start (as vLLM's).
+        self.admission.prefill_cap = self.long_prefill_cap()
         budget = self.batching.admit_before_running(self, out, now, self.token_budget)
         if budget is not None:
             if supplied is None:
@@ -266,6 +270,21 @@ class Scheduler:
         out.num_swapped = len(self.swapped)
         out.num_evicted_blocks = self.block_manager.num_evicted_blocks - evicted_before
         return out
+
+    def long_prefill_cap(self) -> int:
+        """vLLM's ``long_prefill_token_threshold`` as it holds for a step built now: the
+        most tokens one request computes in it, 0 for no cap — none while at most one
+        request runs or waits (nobody to starve); with the adaptive flag, at least the
+        token budget over the requests running and waiting."""
+        threshold = self.long_prefill_threshold
+        if not threshold:
+            return 0
+        eligible = len(self.running) + self.num_waiting + len(self.swapped)
+        if eligible <= 1:
+            return 0
+        if self.long_prefill_adaptive:
+            return max(threshold, self.token_budget // eligible)
+        return threshold
 
     def _schedule_running(self, out: SchedulerOutput, now: float, budget: int) -> int:
         bm = self.block_manager
@@ -329,10 +348,11 @@ class Scheduler:
     ) -> int:
         """Running prefill chunks, in running order, under ``budget``; those left out
         go to ``idle``. Returns the budget left."""
+        cap = self.admission.prefill_cap
         for seq in prefills:
             if seq.status is not RUNNING:
                 continue
-            n = prefill_chunk(seq, budget, self.chunked) if budget else 0
+            n = prefill_chunk(seq, budget, self.chunked, 0, cap) if budget else 0
             if n == 0:
                 idle.append(seq)
                 continue
@@ -394,7 +414,7 @@ class Scheduler:
                     num_blocks=len(seq.block_table),
                 )
             )
-            n = prefill_chunk(seq, budget, self.chunked)
+            n = prefill_chunk(seq, budget, self.chunked, 0, self.admission.prefill_cap)
             if n:
                 bm.append_slots(seq, n)
                 bm.register(seq, seq.num_computed_tokens + n)

@@ -68,6 +68,10 @@ def cases(draw, *, max_requests: int = 14) -> Case:
         static_batch_timeout_s=draw(st.sampled_from([0.0, 0.001, 0.01])),
         max_waiting=draw(st.sampled_from([None, None, None, None, 2, 6])),
         sjf_size_estimator=draw(st.sampled_from(["request", "oracle"])),
+        long_prefill_token_threshold=(
+            draw(st.sampled_from([0, 0, 1, 3, max_model_len])) if chunked else 0
+        ),
+        long_prefill_token_threshold_adaptive=draw(st.booleans()),
     )
     fit = blocks_for(max_model_len, block_size)
     # Pools that hold one to three of the longest requests (memory pressure, decode
@@ -195,6 +199,10 @@ class StepChecker:
         )
         assert out.num_batched_tokens <= self.budget
         assert record.total_scheduled <= self.budget
+        # vLLM's long-prefill cap: no request computes more in a step than the cap the
+        # step was built under (tests/engine/core/test_long_prefill_cap.py: its value)
+        cap = sched.admission.prefill_cap
+        assert not cap or max(record.scheduled.values(), default=0) <= cap, (cap, record)
 
         # host pool: never more in use than it has; usage equals what swapped requests hold
         host_used = bm.num_host_blocks - bm.num_free_host_blocks

@@ -375,6 +375,8 @@ def test_config_info_gauges():
             "max_waiting": "None",
             "max_num_queued_reqs": "None",
             "max_num_queued_tokens": "None",
+            "long_prefill_token_threshold": "0",
+            "long_prefill_token_threshold_adaptive": "False",
             "aging_rate": "0.0",
             "max_wait_s": "None",
             "sjf_size_estimator": "request",

@@ -118,3 +118,17 @@ def test_the_store_keeps_target_fits_apart_and_finds_the_newest(tmp_path, monkey
     assert bad.target is None and "unreadable target fingerprint" in bad.problem
     with pytest.raises(LookupError, match="no stored fit of target 'nope'.*vllm-0.32.0"):
         cost_store.find_target("nope")
+
+
+def test_a_vllm_targets_long_prefill_cap_is_simulated_and_builds_a_scheduler():
+    from engine.config import SchedulerConfig
+
+    given = parse_knobs(
+        "--long-prefill-token-threshold 256 --long-prefill-token-threshold-adaptive"
+    )
+    knobs, _, not_simulated = simulate_knobs("vllm", given, 16, 1000, 2048, None)
+    assert not not_simulated
+    assert knobs["long_prefill_token_threshold"] == 256
+    assert knobs["long_prefill_token_threshold_adaptive"] is True
+    scheduler = {k: v for k, v in knobs.items() if k in SchedulerConfig.__dataclass_fields__}
+    assert SchedulerConfig(**scheduler).long_prefill_token_threshold == 256

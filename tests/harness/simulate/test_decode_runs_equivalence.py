@@ -69,6 +69,9 @@ def cases(draw):
         enable_chunked_prefill=chunked,
         batching=draw(st.sampled_from(["continuous", "continuous", "static"])),
         max_waiting=draw(st.sampled_from([None, 5])),
+        # vLLM's long-prefill cap (chunked prefill only), now and then adaptive
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 24, 100])) if chunked else 0,
+        long_prefill_token_threshold_adaptive=draw(st.booleans()),
     )
     cache = CacheConfig(
         block_size=block_size,
