@@ -60,8 +60,8 @@ def _request(thread: int, n: int) -> tuple[dict, dict[str, str]]:
     long = rng.random() < 0.4
     words = rng.randint(60, 120) if long else rng.randint(5, 30)
     headers = {"X-Request-Class": "long" if long else "short"}
-    if rng.random() < 0.6:  # a conversation's turn: the hit rate by turn has series
-        headers["X-Session-Turn"] = str(rng.randint(1, 6))
+    if (thread + n) % 5 < 3:  # a turn on 3 in 5 (not drawn: the load's draws stay as
+        headers["X-Session-Turn"] = str(1 + (7 * thread + n) % 6)  # they were)
     if rng.random() < 0.5:
         headers["traceparent"] = f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01"
     body = {
