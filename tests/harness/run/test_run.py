@@ -52,7 +52,9 @@ def last_line(proc: subprocess.CompletedProcess) -> str:
 def test_served_torch_two_policies(tmp_path):
     out = tmp_path / "run"
     proc = run_cli(
-        ["--policy", "fcfs,sjf", "--duration-scale", "0.04", "--grace", "20", "--out", str(out)]
+        # --grace bounds the wait for the last answers (it ends when they are in): the
+        # torch executor beside other tests once left 2 of 42 in flight at 20 s
+        ["--policy", "fcfs,sjf", "--duration-scale", "0.04", "--grace", "60", "--out", str(out)]
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = Path(last_line(proc))
