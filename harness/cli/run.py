@@ -31,6 +31,7 @@ from harness.run.settings import START_TIMEOUT_S, RunSettings, RunSettingsError
 from harness.serve.knobs import with_engine_knobs
 
 if TYPE_CHECKING:
+    from engine.core.cost_model import CostModel
     from harness.costmodel.choice import Choice
     from harness.profiles import Profile
     from harness.profiles.rate_scale import ChosenScale, RateScale
@@ -327,7 +328,7 @@ def run(
         else:
             chosen = _auto_scale(
                 spec, scaled, plan.cells[0], simulate_mode, settings.executor, cost_model,
-                cost_models[first], machines[first], seed,
+                cost_models[first], machines[first], seed, settings.cpu_split,
             )  # fmt: skip
         plan.cells = [
             dataclasses.replace(c, rate_scale=c.rate_scale * chosen.factor) for c in plan.cells
@@ -404,11 +405,15 @@ def _auto_scale(
     cell_cost_model: Path | None,
     machine: Fingerprint,
     seed: int | None,
+    split: CpuSplit | None = None,
 ) -> ChosenScale:
     """``--rate-scale auto[:F]`` for a served or simulated run (harness/cli/rate_scale.py):
     the first cell's knobs simulated with the cost model of the engine the run serves —
     the one it simulates or sleeps with, or, for the torch executor, this machine's fit,
-    calibrated first when there is none (``--cost-model`` decides, as everywhere)."""
+    calibrated first when there is none (``--cost-model`` decides, as everywhere). The
+    built-in model (forced) is first brought to this machine's speed by a probe of the
+    torch executor on the CPU (harness/costmodel/speed_probe.py): it was fitted on
+    another machine, and the torch executor serves on this one."""
     from engine.core.cost_model import CostModel
     from harness.cli import rate_scale as scale_flag
 
@@ -420,7 +425,42 @@ def _auto_scale(
         lookup = dataclasses.replace(machine, executor="torch")
         choice = choose_cost_model(cost_model if cost_model is not None else "auto", lookup)
         model, name = choice.model, str(choice.path or "the built-in cost model")
+        if choice.path is None:
+            model, name = _at_this_machines_speed(model, name, cell, machine, split)
     return scale_flag.simulated_choice(spec, profile, cell.config, model, name, seed)
+
+
+def _at_this_machines_speed(
+    model: CostModel, name: str, cell: Cell, machine: Fingerprint, split: CpuSplit | None
+) -> tuple[CostModel, str]:
+    """``model`` (the built-in) at the speed a probe of the torch executor measures here,
+    named so; unchanged, with a warning, when the probe cannot run."""
+    from harness.costmodel.speed_probe import SpeedProbeError, probe_speed
+
+    assert cell.config is not None
+    if machine.device != "cpu":
+        err_console.print(
+            f"warning: {name} was fitted on a CPU and this run serves on {machine.device}: "
+            "its prices are not this engine's (--cost-model auto calibrates it)"
+        )
+        return model, name
+    err_console.print(
+        "rate scale auto: the built-in cost model was fitted on another machine; "
+        "probing this machine's speed with the torch executor (a few seconds)"
+    )
+    try:
+        probe = probe_speed(
+            model,
+            cell.config.model,
+            block_size=cell.config.cache.block_size,
+            threads=machine.torch_threads,
+            cpus=split.serve if split is not None else None,
+        )
+    except SpeedProbeError as exc:
+        err_console.print(f"warning: {exc}; the built-in cost model's prices as they are")
+        return model, name
+    scaled = f"{name} at {probe.ratio:.2f}x its step costs ({probe.line()})"
+    return model.at_speed(probe.ratio), scaled
 
 
 def _settings(base: RunSettings | None = None, **values: Any) -> RunSettings:

@@ -4,6 +4,7 @@ printed, applied to every cell and recorded in run.json and the report."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,30 @@ def test_a_bad_rate_scale_is_a_usage_error_naming_the_flag(tmp_path, value, says
     proc = _run(tmp_path, "--simulate", "--rate-scale", value, "--out", str(tmp_path / "r"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--rate-scale" in proc.stderr and says in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_built_in_model_forced_is_brought_to_this_machines_speed_first(tmp_path):
+    """A served torch run with ``--cost-model builtin``: the built-in was fitted on another
+    machine, so a probe of the torch executor here scales it before the capacity is
+    simulated; run.json says so, and the capacity is the scaled model's."""
+    from engine.config import EngineConfig
+    from harness.profiles import resolve_profile
+    from harness.simulate.capacity import simulated_capacity
+
+    out = tmp_path / "run"
+    proc = _run(
+        tmp_path, "--rate-scale", "auto:0.5", "--cost-model", "builtin", "--policy", "fcfs",
+        "--duration-scale", "0.04", "--no-report", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "probing this machine's speed with the torch executor" in proc.stderr
+    chosen = json.loads((out / "run.json").read_text())["rate_scale_auto"]
+    found = re.search(r"the built-in cost model at (\d+\.\d+)x its step costs \(a ", chosen["how"])
+    assert found, chosen["how"]
+    assert "probe of the torch executor" in chosen["how"]
+    ratio = float(found.group(1))
+    profile = resolve_profile("mixed").with_duration_scale(0.04)
+    scaled = simulated_capacity(profile, EngineConfig(), CostModel().at_speed(ratio), None, "x")
+    # the ratio is printed to 2 decimals: the capacity of the rounded ratio is within 1%
+    assert chosen["capacity_rps"] == pytest.approx(scaled.requests_per_s, rel=0.01)
