@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -74,9 +75,14 @@ def speed_ratio(reference: CostModel, features: list[list[float]], seconds: list
     price less the per-step overhead, which a bare runner does not pay)."""
     if not seconds or len(features) != len(seconds):
         raise SpeedProbeError("the probe measured no step")
-    priced = sum(reference.predict_features(f) - reference.step_overhead_s for f in features)
-    measured = sum(seconds)
-    if not (priced > 0 and measured > 0):
+    try:
+        priced = sum(reference.predict_features(f) - reference.step_overhead_s for f in features)
+        measured = float(sum(seconds))
+    except (TypeError, ValueError) as exc:  # a child's output that is not what it prints
+        raise SpeedProbeError(
+            f"the probe's result is not step features and seconds ({exc})"
+        ) from None
+    if not (0 < priced < math.inf and 0 < measured < math.inf):
         raise SpeedProbeError(
             f"the probe's steps took {measured:.3g} s against a price of {priced:.3g} s"
         )

@@ -33,7 +33,12 @@ def test_the_ratio_is_measured_time_over_the_price_of_the_compute():
 
 @pytest.mark.parametrize(
     ("features", "seconds", "says"),
-    [([], [], "measured no step"), ([[0.0] * 10], [0.01], "against a price of")],
+    [
+        ([], [], "measured no step"),
+        ([[0.0] * 10], [0.01], "against a price of"),
+        ([[1.0] * 10], [float("inf")], "against a price of"),
+        ([[1.0] * 3], [0.01], "not step features and seconds"),
+    ],
 )
 def test_a_probe_that_measured_nothing_is_an_error_naming_it(features, seconds, says):
     with pytest.raises(SpeedProbeError, match=says):
