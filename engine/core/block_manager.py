@@ -14,7 +14,8 @@ takes them by reference. A block freed by a finished or preempted request stays
 registered and joins the *eviction queue*, least recently freed first (a request's
 blocks are freed tail first, so its prefix outlives its suffix); an allocation takes
 truly free blocks first and then evicts from the queue's head, unregistering it. A block
-taken back from the queue by a hit leaves the queue. When two requests compute the same
+taken back from the queue by a hit leaves the queue. (The queue keeps runs of a chain's
+blocks, not single blocks: ``engine.core.eviction_queue``.) When two requests compute the same
 content at once, the first to register it owns it; the other's copy stays unregistered
 (freed straight to the free list).
 
@@ -38,10 +39,10 @@ reachable blocks (``PrefixCache.check``).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
+from engine.core.eviction_queue import EvictionQueue
 from engine.core.prefix_cache import PrefixCache
 from engine.core.sequence import Sequence
 
@@ -75,9 +76,9 @@ class BlockManager:
         # Prefix caching only (all unused when it is off):
         self._refs = [0] * num_device_blocks  # block tables holding each device block
         self.cache = PrefixCache(block_size, num_device_blocks)
-        # Registered blocks nobody holds, least recently freed first (an ordered set:
-        # O(1) removal of a hit from anywhere, O(1) eviction from the head).
-        self._evictable: OrderedDict[int, None] = OrderedDict()
+        # Registered blocks nobody holds, least recently freed first (runs of a chain's
+        # positions: O(1) per run freed or evicted, O(1) removal of a hit).
+        self._evictable = EvictionQueue()
         #: Cached blocks evicted so far (their key dropped to reuse the block).
         self.num_evicted_blocks = 0
 
@@ -89,7 +90,7 @@ class BlockManager:
         return len(self._free_device) + len(self._evictable)
 
     @property
-    def free_pools(self) -> tuple[list[int], OrderedDict[int, None]]:
+    def free_pools(self) -> tuple[list[int], EvictionQueue]:
         """The truly free blocks and the evictable cached ones (read only: the sum of
         their lengths is the free count, for a caller that reads it every step)."""
         return self._free_device, self._evictable
@@ -191,9 +192,12 @@ class BlockManager:
         counts the hits' tokens as computed."""
         if cached:
             refs, evictable = self._refs, self._evictable
+            chain_of, index_of = self.cache.chain_of, self.cache.index_of
             for block in cached:
                 if not refs[block]:
-                    del evictable[block]
+                    chain = chain_of[block]
+                    assert chain is not None  # a hit is registered
+                    evictable.take_back(chain, index_of[block])
                 refs[block] += 1
             seq.block_table = list(cached)
             seq.num_registered_blocks = len(cached)
@@ -270,21 +274,35 @@ class BlockManager:
     def _release(self, table: list[int], keep_cached: bool = True) -> None:
         """Drop one reference to each device block of ``table``, tail first; a block
         nobody holds any more joins the eviction queue if registered (and
-        ``keep_cached``), else the free list."""
+        ``keep_cached``), else the free list. The queue takes the registered ones as
+        runs: consecutive blocks of one chain, positions going down."""
         if not self.enable_prefix_caching:
             self._free_device.extend(reversed(table))
             return
         refs, evictable, free = self._refs, self._evictable, self._free_device
-        chain_of, forget = self.cache.chain_of, self.cache.forget
+        chain_of, index_of, forget = self.cache.chain_of, self.cache.index_of, self.cache.forget
+        run_chain = None  # the run being gathered: its chain, lowest and highest + 1
+        run_lo = run_hi = 0
         for block in reversed(table):
-            refs[block] -= 1
-            if refs[block]:
+            held = refs[block] - 1
+            refs[block] = held
+            if held:
                 continue
-            if keep_cached and chain_of[block] is not None:
-                evictable[block] = None
+            chain = chain_of[block]
+            if keep_cached and chain is not None:
+                position = index_of[block]
+                if chain is run_chain and position == run_lo - 1:
+                    run_lo = position
+                    continue
+                if run_chain is not None:
+                    evictable.push(run_chain, run_lo, run_hi)
+                run_chain, run_lo, run_hi = chain, position, position + 1
             else:
-                forget(block, False)
+                if chain is not None:
+                    forget(block, False)
                 free.append(block)
+        if run_chain is not None:
+            evictable.push(run_chain, run_lo, run_hi)
 
     # -- swap ----------------------------------------------------------------------
     def can_swap_out(self, seq: Sequence) -> bool:
@@ -379,6 +397,7 @@ class BlockManager:
                     f"{holders.get(block, 0)} block tables hold it"
                 )
         self.cache.check()
+        self._evictable.check()
         for block in self._evictable:
             if self._refs[block] or not self.cache.is_registered(block):
                 raise AssertionError(f"evictable block {block} is held or unregistered")

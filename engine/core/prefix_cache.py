@@ -31,10 +31,12 @@ again after its eviction starts a new chain that the ghosts do not continue.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from typing import cast
 
+from engine.core.eviction_queue import EvictionQueue
 from engine.core.sequence import Sequence
 
 #: A head's key: (the serial of the content before it, 0 for a first block; its tokens).
@@ -104,7 +106,8 @@ class PrefixCache:
         #: block that count just after it was last forgotten (0: never): a lookup taken
         #: when the count was ``n`` still holds while each of its hits reads <= ``n``.
         self.forgets = 0
-        self.forgotten_at = [0] * num_device_blocks
+        # (an array of C longs: storing a count makes no int object to free later)
+        self.forgotten_at = array("q", bytes(8 * num_device_blocks))
 
     # -- reading ------------------------------------------------------------------------
     def is_registered(self, block: int) -> bool:
@@ -271,26 +274,26 @@ class PrefixCache:
             if evicted:
                 self._ghost(chain)
 
-    def evict(self, queue: OrderedDict[int, None], n: int) -> list[int]:
+    def evict(self, queue: EvictionQueue, n: int) -> list[int]:
         """Take ``n`` blocks from the eviction ``queue``'s head, each :meth:`forget`-ten
-        as evicted (inlined: the hot path of a full pool)."""
-        popitem, chain_of, index_of = queue.popitem, self.chain_of, self.index_of
-        forgotten_at, forgets = self.forgotten_at, self.forgets
-        taken = []
-        for _ in range(n):
-            block = popitem(False)[0]
-            chain = chain_of[block]
-            assert chain is not None  # an evictable block is registered
-            chain_of[block] = None
-            forgets += 1
-            forgotten_at[block] = forgets
-            i = index_of[block]
-            if i < chain.valid:
-                chain.valid = i
-            if i == 0:
+        as evicted (inlined: the hot path of a full pool). The queue gives them as runs
+        of a chain's positions, top down, so a chain is cut and a head found per run."""
+        chain_of, forgotten_at, forgets = self.chain_of, self.forgotten_at, self.forgets
+        taken: list[int] = []
+        for chain, lo, hi in queue.pop(n):
+            assert isinstance(chain, Chain)
+            run = chain.blocks[lo:hi]
+            run.reverse()
+            for block in run:
+                chain_of[block] = None
+                forgets += 1
+                forgotten_at[block] = forgets
+            taken += run
+            if lo < chain.valid:
+                chain.valid = lo
+            if lo == 0:
                 del self.heads[chain.head_key]
                 self._ghost(chain)
-            taken.append(block)
         self.forgets = forgets
         return taken
 
