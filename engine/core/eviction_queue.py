@@ -52,9 +52,10 @@ class EvictionQueue:
     Iterating it yields the blocks, head first; ``len`` is their number."""
 
     def __init__(self) -> None:
-        self._runs: deque[Run] = deque()  # head first; a run emptied by hits waits here
+        self._runs: deque[Run] = deque()  # head first; a run emptied by hits may wait here
         self._runs_of: dict[int, list[Run]] = {}  # id(chain) -> its runs, in queue order
         self._num_blocks = 0
+        self._num_empty = 0  # runs in ``_runs`` that hits emptied
 
     def __len__(self) -> int:
         return self._num_blocks
@@ -99,10 +100,25 @@ class EvictionQueue:
             self._runs.insert(self._runs.index(run) + 1, lower)
             runs_of.insert(k + 1, lower)
             return
-        if run.lo == run.hi:  # emptied: the head skips it when it gets there
+        if run.lo == run.hi:  # emptied
             del runs_of[k]
             if not runs_of:
                 del self._runs_of[id(chain)]
+            self._drop_empty(run)
+
+    def _drop_empty(self, run: Run) -> None:
+        """Forget a run that hits emptied. At the tail (a hot prefix freed and hit again
+        at once) it goes now; elsewhere the head skips it when it gets there, and the
+        queue is swept once emptied runs are half of it — a pool that never evicts
+        would otherwise keep one per hit, forever."""
+        runs = self._runs
+        if runs[-1] is run:
+            runs.pop()
+            return
+        self._num_empty += 1
+        if self._num_empty > 64 and 2 * self._num_empty > len(runs):
+            self._runs = deque(r for r in runs if r.lo < r.hi)
+            self._num_empty = 0
 
     def pop(self, n: int) -> list[tuple[HasBlocks, int, int]]:
         """Dequeue ``n`` blocks from the head (the caller checked ``len``), as runs
@@ -115,7 +131,9 @@ class EvictionQueue:
             size = run.hi - run.lo
             if size <= n:
                 runs.popleft()
-                if size:
+                if not size:
+                    self._num_empty -= 1
+                else:
                     taken.append((run.chain, run.lo, run.hi))
                     n -= size
                     runs_of = self._runs_of[id(run.chain)]
@@ -129,9 +147,16 @@ class EvictionQueue:
                 n = 0
         return taken
 
+    @property
+    def num_runs(self) -> int:
+        """Runs held, emptied ones included (what the queue's memory grows with)."""
+        return len(self._runs)
+
     def check(self) -> None:
         """Raise AssertionError unless the count and the per-chain index match the runs."""
         live = [run for run in self._runs if run.lo < run.hi]
+        if len(self._runs) - len(live) != self._num_empty:
+            raise AssertionError("eviction queue: emptied runs miscounted")
         if sum(run.hi - run.lo for run in live) != self._num_blocks:
             raise AssertionError("eviction queue: block count does not match its runs")
         indexed = [run for runs in self._runs_of.values() for run in runs]

@@ -104,3 +104,26 @@ def test_the_queue_matches_a_per_block_ordered_set(ops):
         assert list(queue) == list(reference)
         assert len(queue) == len(reference)
         queue.check()
+
+
+def test_runs_emptied_by_hits_do_not_pile_up_in_a_pool_that_never_evicts():
+    """Regression: a hot prefix freed by its last holder and hit again by the next
+    request left one emptied run in the queue per hit; with free blocks to spare nothing
+    is evicted, the head never reaches them, and they were kept forever."""
+    hot, other = FakeChain([1, 2, 3]), FakeChain([7, 8, 9])
+    queue = EvictionQueue()
+    for _ in range(1000):  # freed, then hit at once: the run is the queue's tail
+        queue.push(hot, 0, 3)
+        for position in range(3):
+            queue.take_back(hot, position)
+    assert queue.num_runs == 0
+    for _ in range(1000):  # emptied behind the tail: swept once they are half the queue
+        queue.push(hot, 0, 3)
+        queue.push(other, 0, 3)
+        for position in range(3):
+            queue.take_back(hot, position)
+        for position in range(3):
+            queue.take_back(other, position)
+        queue.check()
+    assert queue.num_runs <= 130
+    assert not queue
