@@ -85,10 +85,13 @@ class EvictionQueue:
     def take_back(self, chain: HasBlocks, position: int) -> None:
         """Remove ``chain``'s queued ``position`` (a prefix hit on a block nobody held)."""
         runs_of = self._runs_of.get(id(chain), [])
-        k = next((k for k, run in enumerate(runs_of) if run.lo <= position < run.hi), None)
-        if k is None:
+        # From the last run: it holds the chain's lowest queued positions, which a hit takes.
+        for k in range(len(runs_of) - 1, -1, -1):
+            run = runs_of[k]
+            if run.lo <= position < run.hi:
+                break
+        else:
             raise KeyError(f"position {position} of its chain is not queued")
-        run = runs_of[k]
         self._num_blocks -= 1
         if position == run.lo:  # the usual case: the bottom of the run
             run.lo += 1
