@@ -10,11 +10,19 @@ The index holds **chains**: the run of blocks one request registered one after a
 Only a chain's first block (its *head*) is in a dictionary by key; every later block is
 found through its chain (the block after block ``i`` is position ``i + 1``, whose tokens
 the chain reads off the request's token lists when a lookup compares them). So a request
-that shares nothing costs one dictionary entry, not one per block, and a block evicted
-from the middle of a chain only cuts the chain there: the positions after it become
-unreachable, as they would be in a per-block index (their key names an evicted parent).
+that shares nothing costs one dictionary entry, not one per block.
 A content is registered once: a request computing a content someone registered first
 keeps its copy unregistered and follows the existing one.
+
+A serial names a *content*, not a block, as vLLM's chained hash does: a position whose
+block was evicted is a hole that the next request computing that content fills again
+(its block takes the position, and so the serial), so whatever still hangs off the
+content — the chain's later positions, other chains' heads — is reachable again, exactly
+when a per-block index keyed by whole prefixes would find it. (A request that followed
+someone else's block holds its own copy, not that block: a chain's head can outlive its
+parent's block.) A chain is kept while it holds a registered block or a kept chain hangs
+off it (:attr:`Chain.pins`); a kept chain whose head was evicted is found by its head key
+in :attr:`PrefixCache.dead_heads`.
 
 A lookup may resume from the hits of an earlier lookup of the same tokens (a waiting
 request ranked again each step: lpm, ``engine.core.sched.prefix_order``): while none of
@@ -25,8 +33,9 @@ records when (:attr:`PrefixCache.forgets`, a count), so that is checked per hit.
 
 Evicted chains are kept as *ghosts* (their heads by key, as many blocks' worth as the
 pool holds): a lookup that stops can say how many more of the request's blocks the cache
-had held and evicted (cache thrash). The ghosts are a lower bound: a content computed
-again after its eviction starts a new chain that the ghosts do not continue.
+had held and evicted (cache thrash), walking on through the chains that follow those
+contents. A lower bound: a ghost dropped for room, or a chain dropped with its last
+block, is no longer walked.
 """
 
 from __future__ import annotations
@@ -51,18 +60,26 @@ class Chain:
     ``first + i``, whose tokens are read off ``prompt`` and ``output`` (the request's
     own lists: its tokens never change, they are only appended to)."""
 
-    __slots__ = ("prompt", "output", "first", "blocks", "valid", "head_key", "serial_base")
+    __slots__ = ("prompt", "output", "first", "blocks", "pins", "parent", "head_key", "serial_base")
 
-    def __init__(self, seq: Sequence, first: int, head_key: PrefixKey, number: int) -> None:
+    def __init__(
+        self, seq: Sequence, first: int, head_key: PrefixKey, number: int, parent: Chain | None
+    ) -> None:
         #: position i's content serial is serial_base + i (unique: a chain's number
         #: shifted past any position a chain can have)
         self.serial_base = number << SERIAL_SHIFT
         self.prompt = seq.prompt_token_ids
         self.output = seq.output_token_ids
         self.first = first
+        #: position i's block (a position whose block was forgotten keeps the stale id:
+        #: it is live while that block is registered here, at i)
         self.blocks: list[int] = []
-        #: Positions still reachable: an eviction at position ``i`` cuts it to ``i``.
-        self.valid = 0
+        #: its registered blocks plus the kept chains whose head follows one of its
+        #: contents: while > 0 the chain is kept, its holes fillable
+        self.pins = 0
+        #: the chain holding the content its head follows (None: a first block, or that
+        #: chain is no longer known)
+        self.parent = parent
         self.head_key = head_key
 
     def tokens(self, position: int, size: int) -> list[int]:
@@ -96,6 +113,9 @@ class PrefixCache:
         self.chain_of: list[Chain | None] = [None] * num_device_blocks
         self.index_of = [0] * num_device_blocks
         self.heads: dict[PrefixKey, int] = {}  # a chain head's key -> its block
+        #: kept chains whose head was forgotten, by head key: a request computing that
+        #: content fills the head again (see the module docstring)
+        self.dead_heads: dict[PrefixKey, Chain] = {}
         #: serials some head was registered after (a chain's end may have a child there)
         self.parents_of_heads: set[int] = set()
         self.num_chains = 0
@@ -134,11 +154,14 @@ class PrefixCache:
             chain = self.chain_of[holder]
             i = self.index_of[holder]
             if chain is not None and chain.serial_base + i == serial:
-                if i + 1 < chain.valid:
-                    size = self.block_size
-                    same = chain.prompt is seq.prompt_token_ids and chain.first + i + 1 == block
-                    if same or chain.tokens(i + 1, size) == seq_tokens(seq, block, size):
-                        return chain.blocks[i + 1]
+                blocks = chain.blocks
+                if i + 1 < len(blocks):
+                    found = blocks[i + 1]
+                    if self.chain_of[found] is chain and self.index_of[found] == i + 1:
+                        size = self.block_size
+                        same = chain.prompt is seq.prompt_token_ids and chain.first + i + 1 == block
+                        if same or chain.tokens(i + 1, size) == seq_tokens(seq, block, size):
+                            return found
         if serial == 0 or serial in self.parents_of_heads:
             return self.heads.get(self._head_key(serial, seq, block))
         return None
@@ -172,36 +195,44 @@ class PrefixCache:
         return hits
 
     def evicted_after(self, seq: Sequence, hits: Seq[int], limit: int) -> int:
-        """How many of ``seq``'s blocks after ``hits`` (up to ``limit``) an evicted
-        chain held: the rest of the last hit's cut chain, or a ghost chain (whose head
-        was evicted) that starts where the hits end."""
+        """How many of ``seq``'s blocks after ``hits`` (up to ``limit``) the cache had
+        held and evicted, or holds past an evicted one: they would have been hits with
+        room. Walked through the contents the index still knows — the positions of the
+        last hit's chain, then chains that follow a content (live, kept or ghost heads)."""
         size = self.block_size
-        start = len(hits)
-        if start >= limit:
+        block = len(hits)
+        if block >= limit:
             return 0
         chain: Chain | None = None
-        position = 0
+        position = serial = 0
         if hits:
             chain = self.chain_of[hits[-1]]
-            if chain is not None:
-                position = self.index_of[hits[-1]] + 1
-                if position < chain.valid or position >= len(chain.blocks):
-                    chain = None  # a live continuation differs, or the chain ends there
-        if chain is None and self.ghosts:
-            parent = self.serial(hits[-1]) if hits else 0
-            chain = self.ghosts.get(self._head_key(parent, seq, start))
-            position = 0
-        if chain is None:
+            position = self.index_of[hits[-1]]
+            serial = self.serial(hits[-1])
+        elif not self.ghosts and not self.dead_heads:
             return 0
-        found = 0
-        block = start
-        while block < limit and position < len(chain.blocks):
-            if chain.tokens(position, size) != seq_tokens(seq, block, size):
+        while block < limit:
+            tokens = seq_tokens(seq, block, size)
+            if (
+                chain is not None
+                and position + 1 < len(chain.blocks)
+                and chain.tokens(position + 1, size) == tokens
+            ):
+                position += 1
+            elif serial == 0 or serial in self.parents_of_heads:
+                key = (serial, tuple(tokens))
+                head = self.heads.get(key)
+                chain = self.dead_heads.get(key) or self.ghosts.get(key)
+                if chain is None and head is not None:
+                    chain = self.chain_of[head]
+                if chain is None:
+                    break
+                position = 0
+            else:
                 break
-            found += 1
+            serial = chain.serial_base + position
             block += 1
-            position += 1
-        return found
+        return block - len(hits)
 
     # -- registering ----------------------------------------------------------------------
     def register(self, seq: Sequence, full: int) -> None:
@@ -215,9 +246,9 @@ class PrefixCache:
             chain is not None
             and block > 0
             and holder == table[block - 1]
-            and chain.valid == len(chain.blocks)
             and chain.blocks
             and chain.blocks[-1] == holder
+            and self.chain_of[holder] is chain
             and serial not in self.parents_of_heads
         ):
             # The request extends its own chain: nobody can hold these contents (their
@@ -226,18 +257,26 @@ class PrefixCache:
         else:
             while block < full:  # contents registered already: follow them
                 found = self.child(holder, serial, seq, block)
-                if found is None:
-                    break
+                if found is None:  # a content evicted from its position: fill it again
+                    found = self._refill(holder, serial, seq, block, table[block])
+                    if found is None:
+                        break
                 holder, serial = found, self.serial(found)
                 block += 1
             chain = None
             if block < full:
                 key = self._head_key(serial, seq, block)
-                self.num_chains += 1
-                chain = Chain(seq, block, key, self.num_chains)
-                self.heads[key] = table[block]
+                parent = None
                 if serial:
                     self.parents_of_heads.add(serial)
+                    parent = self.chain_of[holder] if holder is not None else None
+                    if parent is not None and self.serial(holder) == serial:
+                        parent.pins += 1
+                    else:  # (its parent's block was forgotten unwritten: not kept for it)
+                        parent = None
+                self.num_chains += 1
+                chain = Chain(seq, block, key, self.num_chains, parent)
+                self.heads[key] = table[block]
                 self._extend(chain, table[block:full])
         if chain is not None:
             holder = chain.blocks[-1]
@@ -255,7 +294,60 @@ class PrefixCache:
             index_of[block] = i
             i += 1
         chain.blocks += blocks
-        chain.valid = i
+        chain.pins += len(blocks)
+
+    def _is_live(self, chain: Chain, position: int) -> bool:
+        block = chain.blocks[position]
+        return self.chain_of[block] is chain and self.index_of[block] == position
+
+    def _refill(
+        self, holder: int | None, serial: int, seq: Sequence, block: int, new: int
+    ) -> int | None:
+        """Register block ``new`` (``seq``'s block ``block``) at the hole its content left
+        in a kept chain: the position after content ``serial`` (held by ``holder``), or
+        the head of a chain that follows ``serial``; ``new``, or None if there is none."""
+        chain: Chain | None = None
+        position = 0
+        if holder is not None:
+            holder_chain = self.chain_of[holder]
+            i = self.index_of[holder]
+            if (
+                holder_chain is not None
+                and holder_chain.serial_base + i == serial
+                and i + 1 < len(holder_chain.blocks)
+                and not self._is_live(holder_chain, i + 1)
+                and holder_chain.tokens(i + 1, self.block_size)
+                == seq_tokens(seq, block, self.block_size)
+            ):
+                chain, position = holder_chain, i + 1
+        if chain is None and self.dead_heads and (serial == 0 or serial in self.parents_of_heads):
+            key = self._head_key(serial, seq, block)
+            chain = self.dead_heads.pop(key, None)
+            if chain is None:
+                return None
+            self.heads[key] = new
+            if self.ghosts.pop(key, None) is not None:
+                self.ghost_blocks -= len(chain.blocks)
+        if chain is None:
+            return None
+        chain.blocks[position] = new
+        self.chain_of[new] = chain
+        self.index_of[new] = position
+        chain.pins += 1
+        return new
+
+    def _unpin(self, chain: Chain, n: int) -> None:
+        """``n`` of ``chain``'s blocks forgotten (its head, if among them, already out of
+        :attr:`heads`): a chain left with no pin is dropped, and unpins its parent."""
+        chain.pins -= n
+        while not chain.pins:
+            if self.dead_heads.get(chain.head_key) is chain:
+                del self.dead_heads[chain.head_key]
+            parent, chain.parent = chain.parent, None
+            if parent is None:
+                return
+            parent.pins -= 1
+            chain = parent
 
     def forget(self, block: int, evicted: bool) -> None:
         """``block`` no longer holds its content (evicted to be reused, or its KV was
@@ -266,13 +358,13 @@ class PrefixCache:
         self.chain_of[block] = None
         self.forgets += 1
         self.forgotten_at[block] = self.forgets
-        i = self.index_of[block]
-        if i < chain.valid:
-            chain.valid = i
-        if i == 0:
+        if self.index_of[block] == 0:
             del self.heads[chain.head_key]
             if evicted:
                 self._ghost(chain)
+            if chain.pins > 1:
+                self.dead_heads[chain.head_key] = chain
+        self._unpin(chain, 1)
 
     def evict(self, queue: EvictionQueue, n: int) -> list[int]:
         """Take ``n`` blocks from the eviction ``queue``'s head, each :meth:`forget`-ten
@@ -289,11 +381,12 @@ class PrefixCache:
                 forgets += 1
                 forgotten_at[block] = forgets
             taken += run
-            if lo < chain.valid:
-                chain.valid = lo
             if lo == 0:
                 del self.heads[chain.head_key]
                 self._ghost(chain)
+                if chain.pins > hi:
+                    self.dead_heads[chain.head_key] = chain
+            self._unpin(chain, hi - lo)
         self.forgets = forgets
         return taken
 
@@ -318,13 +411,19 @@ class PrefixCache:
 
     def check(self) -> None:
         """Raise AssertionError unless every head's key maps to its chain's first block,
-        every registered block is where its chain says, and no two reachable blocks hold
-        the same key."""
+        every dead head's to a kept chain whose first block was forgotten, every
+        registered block is where its chain says, no two registered blocks hold the same
+        key, and every kept chain's pins count its registered blocks and kept children."""
         for key, block in self.heads.items():
             chain = self.chain_of[block]
             if chain is None or self.index_of[block] != 0 or chain.head_key != key:
                 raise AssertionError(f"head key of block {block} does not match its chain")
-        reachable: dict[PrefixKey, int] = {}
+        for key, chain in self.dead_heads.items():
+            if chain.head_key != key or key in self.heads or self._is_live(chain, 0):
+                raise AssertionError(f"dead head {key} does not match its chain")
+        keys: dict[PrefixKey, int] = {}
+        live: dict[int, int] = {}  # id(chain) -> its registered blocks
+        kept: dict[int, Chain] = {id(c): c for c in self.dead_heads.values()}
         for block in range(self.num_device_blocks):
             chain = self.chain_of[block]
             if chain is None:
@@ -332,9 +431,19 @@ class PrefixCache:
             i = self.index_of[block]
             if i >= len(chain.blocks) or chain.blocks[i] != block:
                 raise AssertionError(f"block {block} is not at its chain's position {i}")
-            if i < chain.valid and chain.head_key in self.heads:
-                block_key = self.key_of(block)
-                assert block_key is not None
-                if block_key in reachable:
-                    raise AssertionError(f"blocks {reachable[block_key]} and {block} hold one key")
-                reachable[block_key] = block
+            live[id(chain)] = live.get(id(chain), 0) + 1
+            kept[id(chain)] = chain
+            block_key = self.key_of(block)
+            assert block_key is not None
+            if block_key in keys:
+                raise AssertionError(f"blocks {keys[block_key]} and {block} hold one key")
+            keys[block_key] = block
+        children: dict[int, int] = {}
+        for chain in kept.values():
+            if chain.parent is not None:
+                if id(chain.parent) not in kept:
+                    raise AssertionError("a kept chain's parent is not kept")
+                children[id(chain.parent)] = children.get(id(chain.parent), 0) + 1
+        for key, chain in kept.items():
+            if chain.pins != live.get(key, 0) + children.get(key, 0):
+                raise AssertionError(f"chain {chain.head_key}: {chain.pins} pins miscounted")

@@ -191,6 +191,51 @@ def test_evicted_prefix_counts_what_would_have_hit_with_room():
     assert bm.evicted_prefix(seq_of([3] * 8 + [0]), []) == 0  # never cached
 
 
+def test_evicted_prefix_walks_on_into_a_chain_that_followed_an_evicted_content():
+    """a caches (1 x4)(2 x4); b hits a's first block and caches (3 x4) after it, a chain
+    of its own; all three are evicted. c = (1 x4)(3 x4) had both of its full blocks in
+    the cache: the walk goes from a's ghost into b's chain (it stopped at a's second
+    block, whose tokens differ, before evicted contents kept their serials)."""
+    bm = manager(num_blocks=5)
+    a = prefilled(bm, [1] * 4 + [2] * 4 + [0])
+    b = prefilled(bm, [1] * 4 + [3] * 4 + [0])
+    assert b.block_table[0] == a.block_table[0]
+    bm.free(a)
+    bm.free(b)
+    prefilled(bm, [7] * 19 + [0])  # all five blocks: the three cached ones evicted
+    assert bm.num_evicted_blocks == 3
+    again = seq_of([1] * 4 + [3] * 4 + [0])
+    assert bm.lookup(again) == []
+    assert bm.evicted_prefix(again, []) == 2 * BLOCK
+    assert bm.evicted_prefix(seq_of([1] * 4 + [4] * 4 + [0]), []) == BLOCK
+
+
+def test_a_content_computed_again_takes_back_its_place():
+    """b's chain follows a's first block, which b never held (both computed it side by
+    side); a's blocks are evicted, b's stay. c computes a's first block again: d then
+    finds c's block and b's after it, as a per-block index keyed by whole prefixes does."""
+    bm = manager(num_blocks=8)
+    a = seq_of([1] * 4 + [2] * 4 + [0])
+    b = seq_of([1] * 4 + [3] * 4 + [0])
+    for seq in (a, b):  # admitted together: neither hits the other
+        bm.allocate(seq, bm.lookup(seq))
+    for seq in (a, b):
+        bm.register(seq, 9)
+        seq.num_computed_tokens = 9
+    assert b.block_table[0] != a.block_table[0]  # b's copy stays unregistered
+    b_second = b.block_table[1]
+    bm.free(a)
+    bm.free(b)  # queue: a's (2), (1); then b's (3); b's (1)-copy went to the free list
+    filler = prefilled(bm, [7] * 27 + [0])  # 7 blocks: 5 truly free, then a's two
+    assert bm.num_evicted_blocks == 2
+    assert bm.lookup(seq_of([1] * 4 + [3] * 4 + [0])) == []
+    bm.free(filler, keep_cached=False)  # back to the free list, b's block still cached
+    c = prefilled(bm, [1] * 4 + [0])
+    d = seq_of([1] * 4 + [3] * 4 + [0])
+    assert bm.lookup(d) == [c.block_table[0], b_second]
+    bm.check_invariants([c])
+
+
 def test_a_failed_steps_blocks_leave_no_ghost():
     bm = manager(num_blocks=3)
     seq = seq_of(list(range(9)))

@@ -193,3 +193,54 @@ Differential.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_the_chained_index_decides_as_the_per_block_reference = Differential.TestCase
+
+
+def test_a_content_computed_again_reaches_what_hung_off_its_evicted_block():
+    """The case hypothesis found (it failed before contents kept their serials): c and d
+    compute (1, 2, 3, 4) side by side, so d's own chain hangs off c's block, which d never
+    held; c's blocks are evicted while d's stay cached; e computes (1 .. 8) again. A
+    per-block index (vLLM's, keyed by whole prefixes) then finds d's block after e's:
+    so must the chained one, and the pools must agree block for block."""
+    machine = Differential()
+
+    def arrive(prefix: tuple[int, ...], suffix: list[int]) -> Sequence:
+        machine.arrive(prefix, suffix)
+        return machine.waiting[-1]
+
+    def admit(seq: Sequence) -> None:
+        machine.admit(_Draw(seq))  # type: ignore[arg-type]
+        machine.the_pools_agree()
+
+    def turnover() -> None:
+        machine.turnover()
+        machine.the_pools_agree()
+
+    first, second, third = PREFIXES
+    a, b, c = arrive(third, [1] * 5), arrive(third, []), arrive(first, [])
+    admit(c)
+    d = arrive(second, [1] * 8)
+    admit(d)  # nothing registered yet: d computes (1, 2, 3, 4) too
+    e = arrive(first, [])
+    turnover()  # c: its two blocks cached
+    turnover()  # d: its chain follows c's first block
+    admit(a)
+    admit(b)
+    turnover()
+    turnover()  # a and b took c's blocks (the queue's head); d's stay cached
+    admit(e)
+    turnover()  # e registered (1 .. 8) again
+    f = arrive(second, [1])
+    assert machine.bm.lookup(f) == machine.ref.lookup(f)
+    assert len(machine.bm.lookup(f)) == 2  # e's first block, then d's
+    admit(f)
+    turnover()
+
+
+class _Draw:
+    """A stand-in for hypothesis's ``data`` that draws the one sequence given."""
+
+    def __init__(self, seq: Sequence) -> None:
+        self.seq = seq
+
+    def draw(self, strategy: object) -> Sequence:
+        return self.seq
