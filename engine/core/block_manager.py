@@ -201,11 +201,12 @@ class BlockManager:
                 refs[block] += 1
             seq.block_table = list(cached)
             seq.num_registered_blocks = len(cached)
-            seq.chain_serial = self.cache.serial(cached[-1])
+            self.cache.follow(seq, self.cache.serial(cached[-1]))
             seq.chain_block = cached[-1]
         else:
             seq.num_registered_blocks = 0
-            seq.chain_serial = 0
+            if self.enable_prefix_caching:
+                self.cache.unfollow(seq)
             seq.chain_block = None
         seq.chain = None
         self._grow(seq, seq.num_tokens)
@@ -317,7 +318,8 @@ class BlockManager:
         self._release(seq.block_table)
         seq.block_table = [host for _, host in mapping]
         seq.num_registered_blocks = 0  # its device copy will be a fresh, unregistered one
-        seq.chain_serial = 0
+        if self.enable_prefix_caching:
+            self.cache.unfollow(seq)
         seq.chain_block = None
         seq.chain = None
         self._on_host.add(seq.seq_no)
@@ -355,6 +357,8 @@ class BlockManager:
             if keep_cached:
                 self.register(seq, seq.num_computed_tokens)
             self._release(seq.block_table, keep_cached)
+            if self.enable_prefix_caching:
+                self.cache.unfollow(seq)
             seq.chain = None  # it extends no chain any more (a re-admission starts anew)
         seq.block_table = []
 
@@ -365,10 +369,13 @@ class BlockManager:
         count with it), and every registered block is the one its key maps to."""
         device_owned: list[int] = []
         host_owned: list[int] = []
+        followers: dict[int, int] = {}  # id(chain) -> requests pinning it
         for seq in live:
             (host_owned if seq.seq_no in self._on_host else device_owned).extend(seq.block_table)
+            if seq.chain_pin is not None:
+                followers[id(seq.chain_pin)] = followers.get(id(seq.chain_pin), 0) + 1
         if self.enable_prefix_caching:
-            self._check_prefix_cache(device_owned)
+            self._check_prefix_cache(device_owned, followers)
             device_owned = sorted(set(device_owned))
         for name, owned, free, total in (
             (
@@ -386,7 +393,7 @@ class BlockManager:
                     f"!= {total} (or duplicated/unknown ids)"
                 )
 
-    def _check_prefix_cache(self, device_owned: list[int]) -> None:
+    def _check_prefix_cache(self, device_owned: list[int], followers: dict[int, int]) -> None:
         holders: dict[int, int] = {}
         for block in device_owned:
             holders[block] = holders.get(block, 0) + 1
@@ -396,7 +403,7 @@ class BlockManager:
                     f"block {block}: reference count {self._refs[block]} but "
                     f"{holders.get(block, 0)} block tables hold it"
                 )
-        self.cache.check()
+        self.cache.check(followers)
         self._evictable.check()
         for block in self._evictable:
             if self._refs[block] or not self.cache.is_registered(block):

@@ -20,9 +20,11 @@ block was evicted is a hole that the next request computing that content fills a
 content — the chain's later positions, other chains' heads — is reachable again, exactly
 when a per-block index keyed by whole prefixes would find it. (A request that followed
 someone else's block holds its own copy, not that block: a chain's head can outlive its
-parent's block.) A chain is kept while it holds a registered block or a kept chain hangs
-off it (:attr:`Chain.pins`); a kept chain whose head was evicted is found by its head key
-in :attr:`PrefixCache.dead_heads`.
+parent's block.) A chain is kept while it holds a registered block, a kept chain hangs
+off it, or a request's next block may (the request follows one of its contents:
+:meth:`PrefixCache.follow`) — :attr:`Chain.pins`; kept chains are found by number
+(a serial's upper bits, :attr:`PrefixCache.chains`), and a kept chain whose head was
+evicted by its head key too (:attr:`PrefixCache.dead_heads`).
 
 A lookup may resume from the hits of an earlier lookup of the same tokens (a waiting
 request ranked again each step: lpm, ``engine.core.sched.prefix_order``): while none of
@@ -53,6 +55,7 @@ PrefixKey = tuple[int, tuple[int, ...]]
 #: Content serials are a chain's number shifted left by this, plus the position: a chain
 #: holds fewer than 2**24 blocks (a pool of 16M blocks), so serials never collide.
 SERIAL_SHIFT = 24
+POSITION_MASK = (1 << SERIAL_SHIFT) - 1
 
 
 class Chain:
@@ -60,13 +63,24 @@ class Chain:
     ``first + i``, whose tokens are read off ``prompt`` and ``output`` (the request's
     own lists: its tokens never change, they are only appended to)."""
 
-    __slots__ = ("prompt", "output", "first", "blocks", "pins", "parent", "head_key", "serial_base")
+    __slots__ = (
+        "prompt",
+        "output",
+        "first",
+        "blocks",
+        "pins",
+        "parent",
+        "head_key",
+        "number",
+        "serial_base",
+    )
 
     def __init__(
         self, seq: Sequence, first: int, head_key: PrefixKey, number: int, parent: Chain | None
     ) -> None:
         #: position i's content serial is serial_base + i (unique: a chain's number
         #: shifted past any position a chain can have)
+        self.number = number
         self.serial_base = number << SERIAL_SHIFT
         self.prompt = seq.prompt_token_ids
         self.output = seq.output_token_ids
@@ -74,8 +88,9 @@ class Chain:
         #: position i's block (a position whose block was forgotten keeps the stale id:
         #: it is live while that block is registered here, at i)
         self.blocks: list[int] = []
-        #: its registered blocks plus the kept chains whose head follows one of its
-        #: contents: while > 0 the chain is kept, its holes fillable
+        #: its registered blocks, the kept chains whose head follows one of its
+        #: contents and the requests following one: while > 0 the chain is kept, its
+        #: holes fillable
         self.pins = 0
         #: the chain holding the content its head follows (None: a first block, or that
         #: chain is no longer known)
@@ -113,6 +128,7 @@ class PrefixCache:
         self.chain_of: list[Chain | None] = [None] * num_device_blocks
         self.index_of = [0] * num_device_blocks
         self.heads: dict[PrefixKey, int] = {}  # a chain head's key -> its block
+        self.chains: dict[int, Chain] = {}  # kept chains by number
         #: kept chains whose head was forgotten, by head key: a request computing that
         #: content fills the head again (see the module docstring)
         self.dead_heads: dict[PrefixKey, Chain] = {}
@@ -146,25 +162,24 @@ class PrefixCache:
     def _head_key(self, parent: int, seq: Sequence, block: int) -> PrefixKey:
         return (parent, tuple(seq_tokens(seq, block, self.block_size)))
 
-    def child(self, holder: int | None, serial: int, seq: Sequence, block: int) -> int | None:
+    def child(self, serial: int, seq: Sequence, block: int) -> int | None:
         """The registered block holding ``seq``'s block ``block`` right after content
-        ``serial`` (held by block ``holder`` when it still is; None for a first block),
-        or None."""
-        if holder is not None:
-            chain = self.chain_of[holder]
-            i = self.index_of[holder]
-            if chain is not None and chain.serial_base + i == serial:
+        ``serial`` (0 for a first block), or None."""
+        if serial:
+            chain = self.chains.get(serial >> SERIAL_SHIFT)
+            if chain is not None:
+                i = (serial & POSITION_MASK) + 1
                 blocks = chain.blocks
-                if i + 1 < len(blocks):
-                    found = blocks[i + 1]
-                    if self.chain_of[found] is chain and self.index_of[found] == i + 1:
+                if i < len(blocks):
+                    found = blocks[i]
+                    if self.chain_of[found] is chain and self.index_of[found] == i:
                         size = self.block_size
-                        same = chain.prompt is seq.prompt_token_ids and chain.first + i + 1 == block
-                        if same or chain.tokens(i + 1, size) == seq_tokens(seq, block, size):
+                        same = chain.prompt is seq.prompt_token_ids and chain.first + i == block
+                        if same or chain.tokens(i, size) == seq_tokens(seq, block, size):
                             return found
-        if serial == 0 or serial in self.parents_of_heads:
-            return self.heads.get(self._head_key(serial, seq, block))
-        return None
+            if serial not in self.parents_of_heads:
+                return None
+        return self.heads.get(self._head_key(serial, seq, block))
 
     def lookup(self, seq: Sequence, limit: int) -> list[int]:
         """The blocks holding the longest run of ``seq``'s first ``limit`` blocks."""
@@ -180,17 +195,12 @@ class PrefixCache:
 
     def _walk(self, seq: Sequence, limit: int, hits: list[int]) -> list[int]:
         """``hits`` (a valid run from ``seq``'s first block) extended as far as it goes."""
-        holder: int | None = None
-        serial = 0
-        if hits:
-            holder = hits[-1]
-            serial = self.serial(holder)
+        serial = self.serial(hits[-1]) if hits else 0
         for block in range(len(hits), limit):
-            found = self.child(holder, serial, seq, block)
+            found = self.child(serial, seq, block)
             if found is None:
                 break
             hits.append(found)
-            holder = found
             serial = self.serial(found)
         return hits
 
@@ -256,9 +266,9 @@ class PrefixCache:
             self._extend(chain, table[block:full])
         else:
             while block < full:  # contents registered already: follow them
-                found = self.child(holder, serial, seq, block)
+                found = self.child(serial, seq, block)
                 if found is None:  # a content evicted from its position: fill it again
-                    found = self._refill(holder, serial, seq, block, table[block])
+                    found = self._refill(serial, seq, block, table[block])
                     if found is None:
                         break
                 holder, serial = found, self.serial(found)
@@ -269,13 +279,12 @@ class PrefixCache:
                 parent = None
                 if serial:
                     self.parents_of_heads.add(serial)
-                    parent = self.chain_of[holder] if holder is not None else None
-                    if parent is not None and self.serial(holder) == serial:
-                        parent.pins += 1
-                    else:  # (its parent's block was forgotten unwritten: not kept for it)
-                        parent = None
+                    # (kept: the request follows it, so it pins it)
+                    parent = self.chains[serial >> SERIAL_SHIFT]
+                    parent.pins += 1
                 self.num_chains += 1
                 chain = Chain(seq, block, key, self.num_chains, parent)
+                self.chains[chain.number] = chain
                 self.heads[key] = table[block]
                 self._extend(chain, table[block:full])
         if chain is not None:
@@ -283,8 +292,26 @@ class PrefixCache:
             serial = chain.serial_base + len(chain.blocks) - 1
         seq.chain = chain
         seq.num_registered_blocks = full
-        seq.chain_serial = serial
+        self.follow(seq, serial)
         seq.chain_block = holder
+
+    def follow(self, seq: Sequence, serial: int) -> None:
+        """``seq``'s blocks so far end with content ``serial`` (0: none), which its next
+        registered block will follow: that content's chain is pinned meanwhile, so the
+        content keeps its serial (and its holes stay fillable) whoever evicts it."""
+        chain = self.chains[serial >> SERIAL_SHIFT] if serial else None
+        old = cast("Chain | None", seq.chain_pin)
+        seq.chain_serial = serial
+        if old is not chain:
+            if chain is not None:
+                chain.pins += 1
+            seq.chain_pin = chain
+            if old is not None:
+                self._unpin(old, 1)
+
+    def unfollow(self, seq: Sequence) -> None:
+        """``seq`` registers nothing more from where it was (freed, swapped out)."""
+        self.follow(seq, 0)
 
     def _extend(self, chain: Chain, blocks: list[int]) -> None:
         chain_of, index_of = self.chain_of, self.index_of
@@ -300,34 +327,29 @@ class PrefixCache:
         block = chain.blocks[position]
         return self.chain_of[block] is chain and self.index_of[block] == position
 
-    def _refill(
-        self, holder: int | None, serial: int, seq: Sequence, block: int, new: int
-    ) -> int | None:
+    def _refill(self, serial: int, seq: Sequence, block: int, new: int) -> int | None:
         """Register block ``new`` (``seq``'s block ``block``) at the hole its content left
-        in a kept chain: the position after content ``serial`` (held by ``holder``), or
-        the head of a chain that follows ``serial``; ``new``, or None if there is none."""
-        chain: Chain | None = None
-        position = 0
-        if holder is not None:
-            holder_chain = self.chain_of[holder]
-            i = self.index_of[holder]
-            if (
-                holder_chain is not None
-                and holder_chain.serial_base + i == serial
-                and i + 1 < len(holder_chain.blocks)
-                and not self._is_live(holder_chain, i + 1)
-                and holder_chain.tokens(i + 1, self.block_size)
-                == seq_tokens(seq, block, self.block_size)
-            ):
-                chain, position = holder_chain, i + 1
-        if chain is None and self.dead_heads and (serial == 0 or serial in self.parents_of_heads):
-            key = self._head_key(serial, seq, block)
-            chain = self.dead_heads.pop(key, None)
-            if chain is None:
-                return None
-            self.heads[key] = new
-            if self.ghosts.pop(key, None) is not None:
-                self.ghost_blocks -= len(chain.blocks)
+        in a kept chain: the position after content ``serial``, or the head of a chain
+        that follows ``serial``; ``new``, or None if there is none."""
+        size = self.block_size
+        chain = self.chains.get(serial >> SERIAL_SHIFT) if serial else None
+        position = (serial & POSITION_MASK) + 1
+        if not (
+            chain is not None
+            and position < len(chain.blocks)
+            and not self._is_live(chain, position)
+            and chain.tokens(position, size) == seq_tokens(seq, block, size)
+        ):
+            chain, position = None, 0
+            if self.dead_heads and (serial == 0 or serial in self.parents_of_heads):
+                key = self._head_key(serial, seq, block)
+                chain = self.dead_heads.pop(key, None)
+                if chain is None:
+                    return None
+                self.heads[key] = new
+                ghost = self.ghosts.pop(key, None)
+                if ghost is not None:
+                    self.ghost_blocks -= len(ghost.blocks)
         if chain is None:
             return None
         chain.blocks[position] = new
@@ -337,10 +359,12 @@ class PrefixCache:
         return new
 
     def _unpin(self, chain: Chain, n: int) -> None:
-        """``n`` of ``chain``'s blocks forgotten (its head, if among them, already out of
-        :attr:`heads`): a chain left with no pin is dropped, and unpins its parent."""
+        """``n`` of ``chain``'s pins gone (blocks forgotten — its head, if among them,
+        already out of :attr:`heads` — or a follower gone): a chain left with none is
+        dropped, and unpins its parent."""
         chain.pins -= n
         while not chain.pins:
+            del self.chains[chain.number]
             if self.dead_heads.get(chain.head_key) is chain:
                 del self.dead_heads[chain.head_key]
             parent, chain.parent = chain.parent, None
@@ -392,6 +416,9 @@ class PrefixCache:
 
     def _ghost(self, chain: Chain) -> None:
         ghosts = self.ghosts
+        replaced = ghosts.pop(chain.head_key, None)  # an older chain of the same head
+        if replaced is not None:
+            self.ghost_blocks -= len(replaced.blocks)
         ghosts[chain.head_key] = chain
         self.ghost_blocks += len(chain.blocks)
         while self.ghost_blocks > self.num_device_blocks and len(ghosts) > 1:
@@ -409,11 +436,13 @@ class PrefixCache:
             return chain.head_key
         return (chain.serial_base + i - 1, tuple(chain.tokens(i, self.block_size)))
 
-    def check(self) -> None:
+    def check(self, followers: dict[int, int] | None = None) -> None:
         """Raise AssertionError unless every head's key maps to its chain's first block,
         every dead head's to a kept chain whose first block was forgotten, every
         registered block is where its chain says, no two registered blocks hold the same
-        key, and every kept chain's pins count its registered blocks and kept children."""
+        key, and every kept chain's pins count its registered blocks, its kept children
+        and its ``followers`` (id(chain) -> requests following one of its contents)."""
+        followers = followers or {}
         for key, block in self.heads.items():
             chain = self.chain_of[block]
             if chain is None or self.index_of[block] != 0 or chain.head_key != key:
@@ -421,9 +450,10 @@ class PrefixCache:
         for key, chain in self.dead_heads.items():
             if chain.head_key != key or key in self.heads or self._is_live(chain, 0):
                 raise AssertionError(f"dead head {key} does not match its chain")
+            if self.chains.get(chain.number) is not chain:
+                raise AssertionError(f"dead head {key}: its chain is not kept")
         keys: dict[PrefixKey, int] = {}
         live: dict[int, int] = {}  # id(chain) -> its registered blocks
-        kept: dict[int, Chain] = {id(c): c for c in self.dead_heads.values()}
         for block in range(self.num_device_blocks):
             chain = self.chain_of[block]
             if chain is None:
@@ -431,19 +461,24 @@ class PrefixCache:
             i = self.index_of[block]
             if i >= len(chain.blocks) or chain.blocks[i] != block:
                 raise AssertionError(f"block {block} is not at its chain's position {i}")
+            if self.chains.get(chain.number) is not chain:
+                raise AssertionError(f"block {block}: its chain is not kept")
             live[id(chain)] = live.get(id(chain), 0) + 1
-            kept[id(chain)] = chain
             block_key = self.key_of(block)
             assert block_key is not None
             if block_key in keys:
                 raise AssertionError(f"blocks {keys[block_key]} and {block} hold one key")
             keys[block_key] = block
         children: dict[int, int] = {}
-        for chain in kept.values():
+        for chain in self.chains.values():
             if chain.parent is not None:
-                if id(chain.parent) not in kept:
+                if self.chains.get(chain.parent.number) is not chain.parent:
                     raise AssertionError("a kept chain's parent is not kept")
                 children[id(chain.parent)] = children.get(id(chain.parent), 0) + 1
-        for key, chain in kept.items():
-            if chain.pins != live.get(key, 0) + children.get(key, 0):
-                raise AssertionError(f"chain {chain.head_key}: {chain.pins} pins miscounted")
+        for key in followers:
+            if not any(id(chain) == key for chain in self.chains.values()):
+                raise AssertionError("a request follows a chain that is not kept")
+        for chain in self.chains.values():
+            pins = live.get(id(chain), 0) + children.get(id(chain), 0) + followers.get(id(chain), 0)
+            if chain.pins != pins or not pins:
+                raise AssertionError(f"chain {chain.head_key}: {chain.pins} pins, {pins} held")

@@ -96,6 +96,7 @@ class Sequence:
         "num_registered_blocks",
         "chain_serial",
         "chain_block",
+        "chain_pin",
         "chain",
         "num_cached_tokens",
         "num_evicted_prefix_tokens",
@@ -148,6 +149,9 @@ class Sequence:
         self.num_registered_blocks = 0
         self.chain_serial = 0
         self.chain_block: int | None = None
+        # the chain holding that content, pinned while the request may still hang its
+        # next blocks off it (see PrefixCache.follow)
+        self.chain_pin: object | None = None
         self.chain: object | None = None
         #: Prompt tokens found in the prefix cache at the first admission (vLLM's
         #: ``num_cached_tokens``; a recompute's hits are not counted here).

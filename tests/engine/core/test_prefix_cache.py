@@ -236,6 +236,88 @@ def test_a_content_computed_again_takes_back_its_place():
     bm.check_invariants([c])
 
 
+def test_a_chunked_prefill_following_an_evicted_block_hangs_off_its_content():
+    """s's first chunk follows a's first block, which s never holds; a's blocks are
+    evicted before s's second chunk registers, and r computes a's contents again (filling
+    a's places). s's second block holds a's second content: it must follow r's copy, not
+    start a chain keyed like it (two blocks under one key failed the invariants when the
+    follower was found by its stale block instead of its content's serial)."""
+    bm = manager(num_blocks=12)
+    a = seq_of([1] * 4 + [2] * 4 + [0])
+    s = seq_of([1] * 4 + [2] * 4 + [0])
+    t = seq_of([1] * 4 + [3] * 4 + [0])
+    for seq in (a, s, t):  # side by side: nobody hits
+        bm.allocate(seq, [])
+    for seq, n in ((a, 9), (t, 9), (s, 4)):
+        bm.register(seq, n)
+        seq.num_computed_tokens = n
+    bm.free(a)
+    filler = seq_of([7] * 23 + [0])
+    bm.allocate(filler, [])  # the free ones, then a's two
+    assert bm.num_evicted_blocks == 2
+    bm.free(filler, keep_cached=False)
+    r = prefilled(bm, [1] * 4 + [2] * 4 + [0])
+    bm.check_invariants([s, t, r])
+    bm.register(s, 8)
+    s.num_computed_tokens = 8
+    bm.check_invariants([s, t, r])
+    bm.free(s)
+    bm.check_invariants([t, r])
+
+
+def test_a_chain_followed_by_a_running_request_stays_fillable():
+    """s follows a's first block, then a's blocks are all evicted: a is kept for s, so
+    the chain s hangs off it later is found again once r computes a's content anew."""
+    bm = manager(num_blocks=9)
+    a = seq_of([1] * 4 + [2] * 4 + [0])
+    s = seq_of([1] * 4 + [2] * 4 + [0])
+    for seq in (a, s):
+        bm.allocate(seq, [])
+    bm.register(a, 9)
+    a.num_computed_tokens = 9
+    bm.register(s, 4)  # its first chunk: it follows a's first block
+    s.num_computed_tokens = 4
+    bm.free(a)
+    filler = seq_of([7] * 23 + [0])
+    bm.allocate(filler, [])
+    assert bm.num_evicted_blocks == 2
+    bm.free(filler, keep_cached=False)
+    bm.register(s, 8)  # its second block: a's second content, evicted, filled by s
+    s.num_computed_tokens = 8
+    r = prefilled(bm, [1] * 4 + [0])  # a's first content again
+    assert bm.lookup(seq_of([1] * 4 + [2] * 4 + [5])) == [r.block_table[0], s.block_table[1]]
+    bm.check_invariants([s, r])
+
+
+def test_the_ghosts_count_each_evicted_chain_once():
+    """The same prompt cached and evicted five times: one ghost of one block, not a
+    count growing with each time (a ghost replaced by a chain of the same head was
+    counted on, so the ghosts shrank to about one entry in a long run)."""
+    bm = manager(num_blocks=8)
+    for _ in range(5):
+        bm.free(prefilled(bm, [1] * 4 + [0]))
+        bm.free(prefilled(bm, [7] * 31 + [0]), keep_cached=False)  # evicts it
+        assert bm.cache.ghost_blocks == sum(len(c.blocks) for c in bm.cache.ghosts.values())
+    assert bm.cache.ghost_blocks == 1
+
+
+def test_a_ghost_taken_back_by_a_filled_head_is_counted_off_by_its_own_size():
+    bm = manager(num_blocks=8)
+    bm.free(prefilled(bm, [1] * 4 + [0]))  # x = (1 x4)
+    bm.free(prefilled(bm, [7] * 31 + [0]), keep_cached=False)  # evicts x: a 1-block ghost
+    p = seq_of([1] * 4 + [2] * 4 + [3] * 4 + [0])
+    q = seq_of([1] * 4 + [5] * 4 + [0])
+    bm.allocate(p, [])
+    bm.allocate(q, [])
+    bm.register(p, 12)  # y: (1 x4)(2 x4)(3 x4), the head of x's key
+    p.num_computed_tokens = 12
+    bm.register(q, 8)  # follows y's head
+    q.num_computed_tokens = 8
+    bm.free(p, keep_cached=False)  # a failed step: y's head forgotten, y kept for q
+    prefilled(bm, [1] * 4 + [0])  # fills y's head again, and x's ghost goes
+    assert bm.cache.ghost_blocks == sum(len(c.blocks) for c in bm.cache.ghosts.values()) >= 0
+
+
 def test_a_failed_steps_blocks_leave_no_ghost():
     bm = manager(num_blocks=3)
     seq = seq_of(list(range(9)))

@@ -110,6 +110,9 @@ DIGITS = 48
 #: recompute cases with caching regenerated when evicted contents' serials became
 #: fillable again: num_evicted_prefix_tokens counts through chains that follow an
 #: evicted content (7 decisions count 1-2 blocks more; every other column and file equal).
+#: swap-auto's sjf decisions.parquet when a ghost replaced by a chain of the same head
+#: stopped being counted twice (the ghosts had shrunk early: 3 recompute decisions now
+#: count 1,264-1,664 evicted tokens where they counted none; every other value equal).
 GOLDEN: dict[str, dict[str, str]] = {
     "closed-loop": {
         "decisions.parquet": "30f2d2a8836943442b461573878fad506a1286e240bff81d",
@@ -169,7 +172,7 @@ GOLDEN: dict[str, dict[str, str]] = {
         "priority/requests.parquet": "03bb056acd26a450c9452ff2d8ff6dab146ad459e6287905",
         "priority/steps.parquet": "8425fb83187c888f448647e70a1cba2a0964c40274aaa3a9",
         "priority/summary.json": "e209917833b121c2191d32989fdbaaaabb588e29ea9ccc8a",
-        "sjf/decisions.parquet": "abd3333a85d05270d66b9b2f1a55c2811595b5e1fc2191f6",
+        "sjf/decisions.parquet": "78c690156cc9716f3c83926d32e21796c429870b0ac59ed6",
         "sjf/requests.parquet": "976944fa4d233011593cf5926efe24e1debae4a9facfd40f",
         "sjf/steps.parquet": "ced974683dd7aa67396082e2eefecea5785d2702966f148c",
         "sjf/summary.json": "0149dec573a0ffca1f0c0ae0c2ea21db9c8a86c2b1574e87",
