@@ -91,15 +91,21 @@ class ReferenceCache:
                 self.key[table[j]] = key
         self.registered[seq.seq_no] = max(full, self.registered[seq.seq_no])
 
-    def release(self, seq: Sequence) -> None:
-        self.register(seq, seq.num_computed_tokens)
+    def release(self, seq: Sequence, keep: bool = True) -> None:
+        """Free ``seq``'s table tail first; ``keep=False`` (a failed step) registers
+        nothing and drops the key of each block it frees."""
+        if keep:
+            self.register(seq, seq.num_computed_tokens)
         for block in reversed(self.tables.pop(seq.seq_no)):
             self.refs[block] -= 1
             if self.refs[block]:
                 continue
-            if self.key[block] is not None:
+            if keep and self.key[block] is not None:
                 self.evictable[block] = None
             else:
+                if self.key[block] is not None:
+                    del self.by_key[self.key[block]]
+                    self.key[block] = None
                 self.free.append(block)
 
 
@@ -152,12 +158,13 @@ class Differential(RuleBasedStateMachine):
         seq.num_computed_tokens += 1
 
     @precondition(lambda self: self.running)
-    @rule(data=st.data(), finish=st.booleans())
-    def leave(self, data: st.DataObject, finish: bool) -> None:
-        """A finish, or a recompute preemption (back to waiting, nothing computed)."""
+    @rule(data=st.data(), finish=st.booleans(), failed=st.booleans())
+    def leave(self, data: st.DataObject, finish: bool, failed: bool) -> None:
+        """A finish, or a recompute preemption (back to waiting, nothing computed); after
+        a failed step (``failed``) its blocks keep nothing cached."""
         seq = data.draw(st.sampled_from(self.running))
-        self.ref.release(seq)
-        self.bm.free(seq)
+        self.ref.release(seq, keep=not failed)
+        self.bm.free(seq, keep_cached=not failed)
         self.running.remove(seq)
         seq.num_computed_tokens = 0
         if not finish:
