@@ -475,9 +475,9 @@ class PrefixCache:
                 if self.chains.get(chain.parent.number) is not chain.parent:
                     raise AssertionError("a kept chain's parent is not kept")
                 children[id(chain.parent)] = children.get(id(chain.parent), 0) + 1
-        for key in followers:
-            if not any(id(chain) == key for chain in self.chains.values()):
-                raise AssertionError("a request follows a chain that is not kept")
+        kept = {id(chain) for chain in self.chains.values()}
+        if not kept.issuperset(followers):
+            raise AssertionError("a request follows a chain that is not kept")
         for chain in self.chains.values():
             pins = live.get(id(chain), 0) + children.get(id(chain), 0) + followers.get(id(chain), 0)
             if chain.pins != pins or not pins:
