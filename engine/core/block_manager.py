@@ -205,8 +205,7 @@ class BlockManager:
             seq.chain_block = cached[-1]
         else:
             seq.num_registered_blocks = 0
-            if self.enable_prefix_caching:
-                self.cache.unfollow(seq)
+            self.cache.unfollow(seq)
             seq.chain_block = None
         seq.chain = None
         self._grow(seq, seq.num_tokens)
@@ -318,8 +317,7 @@ class BlockManager:
         self._release(seq.block_table)
         seq.block_table = [host for _, host in mapping]
         seq.num_registered_blocks = 0  # its device copy will be a fresh, unregistered one
-        if self.enable_prefix_caching:
-            self.cache.unfollow(seq)
+        self.cache.unfollow(seq)
         seq.chain_block = None
         seq.chain = None
         self._on_host.add(seq.seq_no)
@@ -357,8 +355,7 @@ class BlockManager:
             if keep_cached:
                 self.register(seq, seq.num_computed_tokens)
             self._release(seq.block_table, keep_cached)
-            if self.enable_prefix_caching:
-                self.cache.unfollow(seq)
+            self.cache.unfollow(seq)
             seq.chain = None  # it extends no chain any more (a re-admission starts anew)
         seq.block_table = []
 
