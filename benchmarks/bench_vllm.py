@@ -348,6 +348,7 @@ def run_vllm(python: Path, model_dir: Path, out: Path, args) -> EngineRun:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         extra_args=("--max-num-batched-tokens", str(args.max_num_batched_tokens)),
+        cpus=None,  # vLLM's defaults, as docs/vllm.md measured them (the tests pin it)
     )
     print("vllm: starting vLLM (40-110 s on 2 cores)", flush=True)
     with server:

@@ -24,11 +24,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from harness.processes.cpu_split import auto_split
 from harness.processes.stop import stop_process
 from tests.support.components import missing
 from tests.support.paths import REPO
@@ -103,6 +104,22 @@ def vllm_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def default_cpus() -> tuple[int, ...] | None:
+    """The cores a test's vLLM is pinned to: the first half of this machine's (rounded
+    up), the rest left to the test and its load generator; None on one core.
+
+    Why: on a 2-core VM, vLLM's three processes spread over both cores (its engine core
+    polls the worker's shared-memory queue) while anything else ran froze the whole
+    machine until vLLM's requests ended: a heartbeat process beside four 4,032-token
+    requests and one CPU burner slept 8.9 s instead of 0.2 s, and vLLM's ``/metrics``
+    answered in 9.7 s, so a test polling it saw nothing of the queue it had built (the
+    priority scenario failed all its attempts in CI). Pinned to one core, beside two
+    burners: no gap over 0.5 s, ``/metrics`` in 0.02 s, and the same requests took 12.5 s
+    (11.7 s unpinned with nothing beside them)."""
+    split = auto_split()
+    return split.serve if split else None
+
+
 @dataclass
 class VllmServer:
     """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 (the ``vllm``
@@ -121,8 +138,9 @@ class VllmServer:
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     #: pin vLLM (its API server and engine core) to these CPU ids, its OpenMP threads
-    #: bound to them (None: vLLM's own binding over every core)
-    cpus: tuple[int, ...] | None = None
+    #: bound to them (None: vLLM's own binding over every core); by default the first
+    #: half of the cores (:func:`default_cpus`)
+    cpus: tuple[int, ...] | None = field(default_factory=lambda: default_cpus())
     process: subprocess.Popen | None = None
     url: str = ""
 
