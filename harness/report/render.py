@@ -216,15 +216,9 @@ def simulator_lines(report: Report) -> list[str]:
                     None: "",
                 }[predates]
             )
-            priced = model.get("steps_priced")
-            if priced and priced.get("ratio"):
-                lines.append(
-                    f"{rr.run.label}/{name}: its {priced['steps']:,} served steps took "
-                    f"{priced['served_s']:.1f} s; the model prices the same steps at "
-                    f"{priced['model_s']:.1f} s (served/model {priced['ratio']:.2f}: the step "
-                    "costs' share of the errors below; what it leaves is the simulated "
-                    "schedule's)"
-                )
+            text = priced_steps_text(model)
+            if text:
+                lines.append(f"{rr.run.label}/{name}: {text}")
             band = cell.get("speed_band")
             text = speed_band_text(band, cell["classes"]) if band else None
             if text:
@@ -267,6 +261,43 @@ def simulator_lines(report: Report) -> list[str]:
                         f"simulated {r['simulated']}: {verdict}"
                     )
     return lines
+
+
+#: A check's model whose prices are off this run's served steps by more than this share
+#: is named stale, with the command that fits it again: near saturation a step-cost
+#: error comes out several times larger in the latencies (23% came out 21-92% on
+#: chat_sessions at 1x, docs/simulator.md).
+STALE_PRICE_BAND = 0.10
+
+
+def priced_steps_text(model: dict) -> str | None:
+    """What a simulator check's model prices the run's own served steps at, beside what
+    they took, and — where the two differ by more than :data:`STALE_PRICE_BAND` — that
+    the model is not of this machine as it ran, and how to fit it again; None when the
+    check priced no steps."""
+    priced = model.get("steps_priced") or {}
+    ratio = priced.get("ratio")
+    if not ratio:
+        return None
+    text = (
+        f"its {priced['steps']:,} served steps took {priced['served_s']:.1f} s; the model "
+        f"prices the same steps at {priced['model_s']:.1f} s (served/model {ratio:.2f}: the "
+        "step costs' share of the errors below; what it leaves is the simulated schedule's)"
+    )
+    if 1 - STALE_PRICE_BAND <= ratio <= 1 + STALE_PRICE_BAND:
+        return text
+    if model.get("target"):
+        fix = "`schedscope calibrate --from-run` of a run like this one fits it again"
+    elif model.get("model") == "builtin":
+        fix = "`schedscope calibrate --quick` fits this machine"
+    else:
+        fix = "`schedscope calibrate --quick` fits it again"
+    return (
+        f"{text}. The steps ran {abs(ratio - 1):.0%} "
+        f"{'slower' if ratio > 1 else 'faster'} than the model prices them: it is not "
+        f"of this machine as it ran, and near saturation such an error grows several "
+        f"times in the latencies; {fix}"
+    )
 
 
 def cost_fit_text(entry: dict) -> str | None:

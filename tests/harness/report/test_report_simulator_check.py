@@ -393,3 +393,47 @@ def test_the_report_says_how_many_requests_the_client_read_at_once(tmp_path):
     summary = json.loads(paths["summary"].read_text())["simulator_check"]["cells"]
     assert summary["fcfs"]["read_at_once"] == {"requests": 2, "of": 4}
     assert summary["sjf"]["read_at_once"] is None
+
+
+def _priced(ratio: float, **model) -> dict:
+    model_s = 100.0
+    return {
+        **model,
+        "steps_priced": {
+            "steps": 1000,
+            "served_s": ratio * model_s,
+            "model_s": model_s,
+            "ratio": ratio,
+        },
+    }
+
+
+@pytest.mark.parametrize("ratio", [0.77, 0.89, 1.11, 1.6])
+def test_a_model_whose_prices_miss_the_run_s_steps_is_named_stale_with_its_fix(ratio):
+    from harness.report.render import priced_steps_text
+
+    text = priced_steps_text(_priced(ratio, model="/store/cost-model-abc.json"))
+    assert f"served/model {ratio:.2f}" in text
+    assert "not of this machine as it ran" in text
+    assert "`schedscope calibrate --quick` fits it again" in text
+    assert ("faster" if ratio < 1 else "slower") in text
+
+
+@pytest.mark.parametrize("ratio", [0.9, 1.0, 1.1])
+def test_a_model_that_prices_the_run_s_steps_within_ten_percent_is_not_called_stale(ratio):
+    from harness.report.render import priced_steps_text
+
+    text = priced_steps_text(_priced(ratio, model="/store/cost-model-abc.json"))
+    assert f"served/model {ratio:.2f}" in text and "calibrate" not in text
+
+
+def test_the_fix_named_follows_the_model_and_no_priced_steps_say_nothing():
+    from harness.report.render import priced_steps_text
+
+    assert "`schedscope calibrate --quick` fits this machine" in priced_steps_text(
+        _priced(1.8, model="builtin")
+    )
+    target = priced_steps_text(_priced(0.7, model="/s/t.json", target="vllm-0.32.0-x"))
+    assert "`schedscope calibrate --from-run` of a run like this one" in target
+    assert priced_steps_text({"model": "builtin"}) is None
+    assert priced_steps_text({"steps_priced": {"steps": 0, "ratio": None}}) is None
