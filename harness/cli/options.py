@@ -152,7 +152,9 @@ def cpu_split_option():
         "cores, so a step's cost is the engine's and not its neighbour's: auto (the "
         "default: the first half of the cores, rounded up, to the server, the rest to "
         "the load generator; nothing on a 1-core machine), off (nothing pinned), or "
-        "SERVE:LOAD as CPU lists (0:1, 0-5:6,7). Recorded in each cell's run.json.",
+        "SERVE:LOAD as CPU lists (0:1, 0-5:6,7). Against a --target only SERVE:LOAD "
+        "pins anything: the load generator to LOAD (the target on SERVE is yours to "
+        "pin). Recorded in each cell's run.json.",
     )
 
 

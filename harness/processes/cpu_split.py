@@ -25,6 +25,7 @@ from pathlib import Path
 
 AUTO = "auto"
 OFF = "off"
+GIVEN = "given"  # a split spelt SERVE:LOAD
 
 
 class CpuSplitError(ValueError):
@@ -100,7 +101,7 @@ def parse_cpu_split(text: str, cpus: tuple[int, ...] | None = None) -> CpuSplit 
             f"{text!r}: CPU {_ranges(tuple(outside))} not available to this process "
             f"(it may use {_ranges(tuple(sorted(allowed)))})"
         )
-    return CpuSplit(serve, load, "given")
+    return CpuSplit(serve, load, GIVEN)
 
 
 def split_of(cores: int, cpus: tuple[int, ...] | None = None) -> CpuSplit | None:
@@ -111,6 +112,26 @@ def split_of(cores: int, cpus: tuple[int, ...] | None = None) -> CpuSplit | None
     if cores <= 0 or cores >= len(cpus) or not hasattr(os, "sched_setaffinity"):
         return None
     return CpuSplit(cpus[:cores], cpus[cores:], AUTO)
+
+
+def load_generator_cores(split: CpuSplit | None, against_target: bool) -> tuple[int, ...] | None:
+    """The cores a cell's load generator is pinned to (None: not pinned). Beside a server
+    the run starts, the split's load side. Against a ``--target``, only a split given as
+    ``SERVE:LOAD``: the target is not ours to pin (its SERVE side says where the user runs
+    it), and the automatic split would take half the cores from a generator whose target
+    may be on another machine."""
+    if split is None or (against_target and split.chosen != GIVEN):
+        return None
+    return split.load_generator
+
+
+def target_split_line(split: CpuSplit) -> str:
+    """What a given split means against a ``--target`` (see :func:`load_generator_cores`)."""
+    return (
+        f"CPU split ({split.chosen}): the load generator on CPU {_ranges(split.load_generator)}; "
+        f"the target is not pinned by schedscope: start it on CPU {_ranges(split.serve)} "
+        f"yourself (e.g. `taskset -c {_ranges(split.serve)} vllm serve ...`)"
+    )
 
 
 def serve_cores(split: CpuSplit | None) -> int:

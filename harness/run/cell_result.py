@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.text import Text
 
+from harness.processes.cpu_split import load_generator_cores
 from harness.records.redact import redact_url
 from harness.run.matrix import Cell
 from harness.run.outcome import status as cell_status
@@ -113,10 +114,12 @@ def write_cell_info(result: CellResult, settings: CellSettings, info: dict) -> C
         "target": redact_url(settings.target) if settings.target else None,
         "executor": settings.executor if result.mode == "serve" else None,
         "torch_threads": settings.torch_threads if result.mode == "serve" else None,
-        # the served engine's and the load generator's cores (None: not pinned)
+        # the served engine's and the load generator's cores (None: not pinned; against a
+        # --target, only a split given, whose serve side the user pinned, if anyone)
         "cpu_split": (
             settings.cpu_split.to_dict()
-            if settings.cpu_split is not None and result.mode == "serve"
+            if result.mode in ("serve", "target")
+            and load_generator_cores(settings.cpu_split, result.mode == "target") is not None
             else None
         ),
         "settings": cell.settings,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from harness.costmodel.target_identity import TARGET_INFO_KEY, TARGET_KNOBS_KEY
 from harness.loadgen.options import GRACE_S, env_var
+from harness.processes.cpu_split import load_generator_cores
 from harness.records.redact import redact_argv, redact_url
 from harness.run.cell_result import CellResult, LoadCell, Show, note_files, write_cell_info
 from harness.run.cell_telemetry import (
@@ -265,10 +266,8 @@ def _run_locust(stack: ExitStack, run: LoadCell, url: str, metrics: MetricsSourc
         extra=list(settings.locust_args),
         grace_s=grace_s,
         secrets={env_var("--api-key"): settings.api_key} if settings.api_key else None,
-        # a --target's server is not ours to pin, nor then its load generator
-        cpus=settings.cpu_split.load_generator
-        if settings.cpu_split is not None and run.result.mode == "serve"
-        else None,
+        # a --target's server is not ours to pin; its load generator only where told
+        cpus=load_generator_cores(settings.cpu_split, run.result.mode == "target"),
     )
     run.info["locust_command"] = redact_argv(["locust", *locust.args])
     locust.start()

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from harness.costmodel.choice import cell_lines
 from harness.loadgen.prompt_choice import PromptChoice
-from harness.processes.cpu_split import serve_cores
+from harness.processes.cpu_split import load_generator_cores, serve_cores, target_split_line
 from harness.profiles import resolve_profile
 from harness.records.redact import redact_argv
 from harness.report import errors as error_lines
@@ -275,6 +275,10 @@ def run_matrix(options: RunOptions, console: Console) -> tuple[int, Path | None,
             console.print(served.cpu_split.line(), soft_wrap=True, highlight=False, markup=False)
         for line in cell_lines({name: c.line for name, c in checks.items()}):
             console.print(f"simulator check: {line}", soft_wrap=True, highlight=False, markup=False)
+    given = options.settings.cpu_split
+    if mode == "target" and load_generator_cores(given, True) is not None:
+        assert given is not None
+        console.print(target_split_line(given), soft_wrap=True, highlight=False, markup=False)
     results: list[CellResult] = []
     started = time.monotonic()
     with Progress(console) as progress:

@@ -17,6 +17,7 @@ from harness.processes.cpu_split import (
     CpuSplit,
     CpuSplitError,
     auto_split,
+    load_generator_cores,
     parse_cpu_split,
     pin,
     serve_cores,
@@ -125,3 +126,13 @@ def test_a_fit_stored_before_pinning_reads_back_as_unpinned():
     data = fingerprint("tiny", executor="sim", serve_cores=0).to_dict()
     del data["serve_cores"]
     assert Fingerprint.from_dict(data).serve_cores == 0
+
+
+def test_the_load_generator_is_pinned_beside_a_served_engine_and_against_a_target_only_if_told():
+    auto, given = CpuSplit((0,), (1,), "auto"), CpuSplit((0,), (1,), "given")
+    assert load_generator_cores(auto, against_target=False) == (1,)
+    assert load_generator_cores(given, against_target=False) == (1,)
+    assert load_generator_cores(given, against_target=True) == (1,)
+    assert load_generator_cores(auto, against_target=True) is None
+    assert load_generator_cores(None, against_target=False) is None
+    assert parse_cpu_split("1:0", (0, 1)) == CpuSplit((1,), (0,), "given")

@@ -280,6 +280,28 @@ def test_the_server_and_the_load_generator_run_on_the_cores_given(tmp_path):
     assert cells[4] != "-" and cells[4][0].isdigit(), row  # TTFT p50 (e.g. "47 ms")
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin apart")
+def test_a_split_given_against_a_target_pins_the_load_generator_and_says_the_rest(tmp_path):
+    """Against a --target, --cpu-split SERVE:LOAD pins the load generator to LOAD and says
+    that the target's cores (SERVE) are the user's to pin; run.json records the split."""
+    first, *_, last = sorted(os.sched_getaffinity(0))
+    out = tmp_path / "run"
+    with CliServer(["--executor", "sim"]) as server:
+        proc = run_cli(
+            ["--target", server.url, "--label", "ext", "--duration-scale", "0.03"]
+            + ["--cpu-split", f"{last}:{first}", "--grace", "10", "--no-report", "--out", str(out)]
+        )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = (
+        f"CPU split (given): the load generator on CPU {first}; the target is not pinned "
+        f"by schedscope: start it on CPU {last} yourself"
+    )
+    assert said in proc.stdout, proc.stdout
+    info = json.loads((out / "ext" / "run.json").read_text())
+    assert info["cpu_split"] == {"serve": [last], "load_generator": [first], "chosen": "given"}
+
+
 def test_a_cpu_split_outside_this_machine_is_a_usage_error(tmp_path):
     beyond = max(os.sched_getaffinity(0)) + 1
     proc = run_cli(["--simulate", "--cpu-split", f"0:{beyond}", "--out", str(tmp_path / "r")])
@@ -329,6 +351,8 @@ def test_target_external_server(tmp_path, own_store):
     info = json.loads((cell / "run.json").read_text())
     assert info["mode"] == "target" and frame.height == info["scheduled_requests"]
     assert (frame["status"] == "ok").all() and "queue_s" not in frame.columns
+    # the automatic split pins nothing against a target (it may be on another machine)
+    assert info["cpu_split"] is None and "CPU split" not in proc.stdout
     metrics = pl.read_parquet(cell / "metrics.parquet")
     assert metrics.filter(pl.col("name") == "vllm:num_requests_running").height >= 2
     assert not (cell / "steps.parquet").exists()
