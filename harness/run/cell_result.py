@@ -118,7 +118,8 @@ def write_cell_info(result: CellResult, settings: CellSettings, info: dict) -> C
         # --target, only a split given, whose serve side the user pinned, if anyone)
         "cpu_split": (
             settings.cpu_split.to_dict()
-            if result.mode in ("serve", "target")
+            if settings.cpu_split is not None
+            and result.mode in ("serve", "target")
             and load_generator_cores(settings.cpu_split, result.mode == "target") is not None
             else None
         ),
