@@ -207,9 +207,8 @@ def run(args) -> list[Figure]:
     print(f"{where}; runs in {out}", flush=True)
 
     def vllm(seqs: int) -> VllmServer:
-        # the API server starts on the load's cores; the engine core binds its threads
-        # to its own (VLLM_CPU_OMP_THREADS_BIND), as a GPU deployment's engine loop has
-        # its core to itself
+        # own: all of vLLM pinned to its core; split: its processes start on the load's
+        # cores and only the worker binds its threads to its own (VLLM_CPU_OMP_THREADS_BIND)
         own = args.vllm_cores == "own"
         return VllmServer(
             python, model_dir, scheduling_policy="fcfs", max_num_seqs=seqs,

@@ -140,7 +140,7 @@ class VllmServer:
     #: pin vLLM (its API server and engine core) to these CPU ids, its OpenMP threads
     #: bound to them (None: vLLM's own binding over every core); by default the first
     #: half of the cores (:func:`default_cpus`)
-    cpus: tuple[int, ...] | None = field(default_factory=lambda: default_cpus())
+    cpus: tuple[int, ...] | None = field(default_factory=default_cpus)
     process: subprocess.Popen | None = None
     url: str = ""
 
